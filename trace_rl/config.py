@@ -1,0 +1,129 @@
+"""The config base every trace_rl config derives from: strict, frozen, documented, YAML/TOML round-trip.
+
+- `extra="forbid"`: an unknown key is an error naming it.
+- frozen: a config is a value; derive variants with `cfg.model_copy(update=...)` or `with_overrides`.
+- every field carries a `description` (tests check this for every config class).
+- `ConfigError` turns pydantic's errors into one line per field: `path.to.field: what is wrong`.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Self
+
+import tomli_w
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+
+class ConfigError(ValueError):
+    """Invalid configuration. `str()` names each bad field, the value given and what is allowed."""
+
+    def __init__(self, message: str, fields: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.fields = fields
+
+    @classmethod
+    def from_validation(cls, err: ValidationError, source: str | None = None) -> ConfigError:
+        lines, fields = [], []
+        for e in err.errors():
+            loc = ".".join(str(p) for p in e["loc"]) or "<root>"
+            fields.append(loc)
+            msg = e["msg"]
+            if e["type"] == "extra_forbidden":
+                msg = "unknown key (not a field of this config; check the spelling)"
+            elif "input" in e and e["type"] != "missing":
+                msg = f"{msg} (got {e['input']!r})"
+            lines.append(f"  {loc}: {msg}")
+        head = f"invalid config{f' in {source}' if source else ''}:"
+        return cls("\n".join([head, *lines]), tuple(fields))
+
+
+class TraceConfig(BaseModel):
+    """Base class of all trace_rl configs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    # -- construction with readable errors --
+    @classmethod
+    def parse(cls, data: dict[str, Any], source: str | None = None) -> Self:
+        try:
+            return cls.model_validate(data)
+        except ValidationError as err:
+            raise ConfigError.from_validation(err, source) from None
+
+    @classmethod
+    def from_yaml(cls, text: str, source: str | None = None) -> Self:
+        data = yaml.safe_load(text) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"invalid config{f' in {source}' if source else ''}: top level must be a mapping")
+        return cls.parse(data, source)
+
+    @classmethod
+    def from_toml(cls, text: str, source: str | None = None) -> Self:
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"invalid TOML{f' in {source}' if source else ''}: {err}") from None
+        return cls.parse(data, source)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Self:
+        """Load a `.yaml`/`.yml`, `.toml` or `.json` file."""
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        text = path.read_text()
+        suffix = path.suffix.lower()
+        if suffix in (".yaml", ".yml"):
+            return cls.from_yaml(text, str(path))
+        if suffix == ".toml":
+            return cls.from_toml(text, str(path))
+        if suffix == ".json":
+            return cls.parse(json.loads(text), str(path))
+        raise ConfigError(f"config file {path}: unknown suffix {suffix!r}; use .yaml, .yml, .toml or .json")
+
+    # -- serialisation (None is left out: TOML has no null, and None is every optional field's default) --
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude_none=True)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def to_toml(self) -> str:
+        return tomli_w.dumps(self.to_dict())
+
+    def dump(self, path: str | Path) -> Path:
+        path = Path(path)
+        text = self.to_toml() if path.suffix.lower() == ".toml" else self.to_yaml()
+        path.write_text(text)
+        return path
+
+    def with_overrides(self, overrides: dict[str, Any]) -> Self:
+        """A copy with dotted-key overrides applied (`{"rollout.sampling.temperature": 0.7}`), re-validated."""
+        data = self.to_dict()
+        for key, value in overrides.items():
+            node = data
+            parts = key.split(".")
+            for part in parts[:-1]:
+                if not isinstance(node.get(part), dict):
+                    node[part] = {} if node.get(part) is None else node[part]
+                    if not isinstance(node[part], dict):
+                        raise ConfigError(f"invalid override {key}: {part} is not a section")
+                node = node[part]
+            node[parts[-1]] = value
+        return type(self).parse(data, "overrides")
+
+
+def undocumented_fields(cls: type[BaseModel]) -> list[str]:
+    """Fields of `cls` (recursively through nested configs) without a description: used by tests."""
+    missing = []
+    for name, field in cls.model_fields.items():
+        if not field.description:
+            missing.append(f"{cls.__name__}.{name}")
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            missing += undocumented_fields(ann)
+    return missing
