@@ -1,0 +1,52 @@
+"""The trajectory TensorDict schema: every key trace_rl components read or write, in TorchRL's LLM layout.
+
+Batch dimension: one row per sampled response. Prompts and responses are right-padded; masks say which
+positions are real. Per-token tensors of the response (`log_probs.*`, `advantage` when per token,
+`guidance.*`) are aligned with `tokens.response`: position t is the t-th generated token.
+
+| key                          | shape      | dtype   | written by          |
+|------------------------------|------------|---------|---------------------|
+| ("tokens", "prompt")         | [B, Lp]    | int64   | prompt source       |
+| ("masks", "prompt")          | [B, Lp]    | bool    | prompt source       |
+| ("tokens", "response")       | [B, Lr]    | int64   | engine              |
+| ("masks", "response")        | [B, Lr]    | bool    | engine              |
+| ("tokens", "full")           | [B, Lp+Lr] | int64   | `full_sequence`     |
+| ("masks", "full")            | [B, Lp+Lr] | bool    | `full_sequence`     |
+| ("log_probs", "rollout")     | [B, Lr]    | float32 | engine (sampling distribution, after temperature/top-k/top-p) |
+| ("log_probs", "trainer")     | [B, Lr]    | float32 | trainer recomputation |
+| ("log_probs", "old")         | [B, Lr]    | float32 | trainer, before the first epoch on a batch |
+| ("log_probs", "ref")         | [B, Lr]    | float32 | reference policy (KL term), optional |
+| "reward"                     | [B]        | float32 | task                |
+| "advantage"                  | [B]        | float32 | advantage estimator |
+| "group_id"                   | [B]        | int64   | collector (responses to one prompt share it) |
+| "prompt_index"               | [B]        | int64   | engine (row of the prompt batch) |
+| "policy_version"             | [B]        | int64   | engine (weights version that sampled it) |
+| "num_generated"              | [B]        | int64   | engine (response length, stop token included) |
+| ("guidance", ...)            | per token  | packed  | engine, guided plans (TRACE records) |
+| ("correction", "weight")     | [B, Lr]    | float32 | corrections (importance weight, detached) |
+| ("correction", "mask")       | [B, Lr]    | bool    | corrections (tokens kept in the loss) |
+"""
+
+from __future__ import annotations
+
+TOKENS_PROMPT = ("tokens", "prompt")
+TOKENS_RESPONSE = ("tokens", "response")
+TOKENS_FULL = ("tokens", "full")
+MASK_PROMPT = ("masks", "prompt")
+MASK_RESPONSE = ("masks", "response")
+MASK_FULL = ("masks", "full")
+LOGP_ROLLOUT = ("log_probs", "rollout")
+LOGP_TRAINER = ("log_probs", "trainer")
+LOGP_OLD = ("log_probs", "old")
+LOGP_REF = ("log_probs", "ref")
+REWARD = "reward"
+ADVANTAGE = "advantage"
+GROUP_ID = "group_id"
+PROMPT_INDEX = "prompt_index"
+POLICY_VERSION = "policy_version"
+NUM_GENERATED = "num_generated"
+GUIDANCE = "guidance"
+CORRECTION_WEIGHT = ("correction", "weight")
+CORRECTION_MASK = ("correction", "mask")
+
+PAD_TOKEN_ID_DEFAULT = 0

@@ -1,0 +1,1 @@
+"""Rollout engines behind one interface: native (ours), hf (reference), vllm (adapter)."""
