@@ -31,10 +31,10 @@ class ConfigError(ValueError):
         for e in err.errors():
             loc = ".".join(str(p) for p in e["loc"]) or "<root>"
             fields.append(loc)
-            msg = e["msg"]
+            msg = e["msg"].removeprefix("Value error, ")
             if e["type"] == "extra_forbidden":
                 msg = "unknown key (not a field of this config; check the spelling)"
-            elif "input" in e and e["type"] != "missing":
+            elif "input" in e and e["type"] not in ("missing", "value_error"):
                 msg = f"{msg} (got {e['input']!r})"
             lines.append(f"  {loc}: {msg}")
         head = f"invalid config{f' in {source}' if source else ''}:"

@@ -1,0 +1,147 @@
+"""The `Backend` interface: how to compute with a numeric format on a device, and report which path ran.
+
+A backend provides packed weights (`prepare_weight`), a linear (`linear`), the trainer's fake
+quantization with a straight-through gradient (`fake_quantize`), and KV-cache write/read. Every call
+records which implementation ran (`paths`), e.g. `fp4.emulated` on CPU or `fp4.triton` on a GPU; the
+first use of each path is logged at INFO, so nothing is silent.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+
+from trace_rl.formats import QTensor, get_format, per_token
+
+log = logging.getLogger("trace_rl.backends")
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Whether a backend can run on a device, which path it would take there, and if not, why."""
+
+    ok: bool
+    path: str
+    reason: str = ""
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+class PathReport:
+    """Counts which implementation paths a backend took. `last` is the most recent one."""
+
+    def __init__(self, backend: str):
+        self.backend = backend
+        self.counts: Counter[str] = Counter()
+        self.last: str | None = None
+
+    def record(self, path: str) -> None:
+        if path not in self.counts:
+            log.info("backend %s: using path %s", self.backend, path)
+        self.counts[path] += 1
+        self.last = path
+
+    def summary(self) -> dict[str, int]:
+        return dict(self.counts)
+
+
+@dataclass
+class PackedWeight:
+    """A weight prepared for a backend's linear: the quantized tensor (or the plain weight for bf16).
+
+    `layout` holds kernel-specific re-arrangements (filled by the kernels on GPU); `cache` holds the
+    emulation path's dequantized weight so CPU emulation does not dequantize on every call.
+    """
+
+    fmt: str
+    out_features: int
+    in_features: int
+    q: QTensor | None = None
+    weight: torch.Tensor | None = None
+    layout: dict = field(default_factory=dict)
+    cache: dict = field(default_factory=dict)
+
+    def dequantized(self) -> torch.Tensor:
+        """float32 [N, K] weight as the quantized format represents it (cached)."""
+        if self.weight is not None:
+            return self.weight.float()
+        if "dequantized" not in self.cache:
+            self.cache["dequantized"] = self.q.dequantize()
+        return self.cache["dequantized"]
+
+
+class _StraightThrough(torch.autograd.Function):
+    """Forward: the given quantized value, exactly. Backward: the incoming gradient unchanged."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, quantized: torch.Tensor) -> torch.Tensor:  # noqa: ARG004
+        return quantized
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, None
+
+
+def straight_through(x: torch.Tensor, quantized: torch.Tensor) -> torch.Tensor:
+    return _StraightThrough.apply(x, quantized.to(x.dtype))
+
+
+class Backend(ABC):
+    """Base of the bf16, fp8 and fp4 backends. Use `get_backend(name)`; instances keep a `PathReport`."""
+
+    name: str
+    weight_formats: tuple[str, ...]
+
+    def __init__(self):
+        self.paths = PathReport(self.name)
+
+    @abstractmethod
+    def available(self, device: torch.device | str | None = None) -> Availability:
+        """Can this backend run on `device` (default: cuda if present, else cpu), by which path, or why not."""
+
+    def check_format(self, fmt: str) -> None:
+        if fmt not in self.weight_formats:
+            raise ValueError(f"backend {self.name!r} does not handle format {fmt!r}; it handles "
+                             f"{', '.join(self.weight_formats)}")
+
+    def prepare_weight(self, weight: torch.Tensor, fmt: str) -> PackedWeight:
+        """Quantize a [N, K] weight per output row (blocks along K) into this backend's packed form."""
+        self.check_format(fmt)
+        n, k = weight.shape
+        return PackedWeight(fmt, n, k, q=get_format(fmt).quantize(weight.detach()))
+
+    @abstractmethod
+    def linear(self, x: torch.Tensor, packed: PackedWeight, act_fmt: str = "bf16",
+               bias: torch.Tensor | None = None) -> torch.Tensor:
+        """y = quant_act(x) @ W^T (+ bias) in x's dtype; activations quantized per token unless bf16."""
+
+    def fake_quantize(self, x: torch.Tensor, fmt: str, guidance=None) -> torch.Tensor:
+        """Trainer-side quantize-dequantize of activations (per token) with a straight-through gradient."""
+        if guidance is not None:
+            raise NotImplementedError("guided fake quantization is provided by trace_rl.correction.guided")
+        if fmt == "bf16":
+            return x
+        self.paths.record(f"{self.name}.fake_quantize.reference")
+        return straight_through(x, get_format(per_token(fmt)).fake_quantize(x.detach()))
+
+    def fake_quantize_weight(self, w: torch.Tensor, fmt: str) -> torch.Tensor:
+        """Trainer-side quantize-dequantize of a weight (per output row), straight-through gradient."""
+        if fmt == "bf16":
+            return w
+        return straight_through(w, get_format(fmt).fake_quantize(w.detach()))
+
+    # -- KV cache: K/V of shape [..., heads, head_dim], quantized per token and head along head_dim --
+    def kv_write(self, kv: torch.Tensor, fmt: str) -> QTensor:
+        return get_format(per_token(fmt)).quantize(kv)
+
+    def kv_read(self, q: QTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return q.dequantize().to(dtype)
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
