@@ -55,7 +55,7 @@ def per_token(name: str) -> str:
         return "nvfp4:row"
     if name.startswith("fp8_") and get_format(name).scaling == "tensor":
         return name.split(":")[0] + ":row"
-    return name
+    return get_format(name).name  # canonical spelling ("fp8_e4m3" -> "fp8_e4m3:row")
 
 
 def is_fp8(name: str) -> bool:
