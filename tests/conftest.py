@@ -1,0 +1,43 @@
+"""Shared fixtures. `TRACE_RL_TEST_BACKEND` (set by each tox environment) selects the backend that the
+backend-parametrized tests run with; unset, they run with every backend."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+ALL_BACKENDS = ("bf16", "fp8", "fp4")
+# One representative weight format per backend for the parametrized tests.
+BACKEND_FORMATS = {"bf16": ("bf16", "bf16"), "fp8": ("fp8_e4m3:row", "fp8_e4m3:row"), "fp4": ("nvfp4", "nvfp4")}
+
+
+def selected_backends() -> tuple[str, ...]:
+    chosen = os.environ.get("TRACE_RL_TEST_BACKEND")
+    if not chosen:
+        return ALL_BACKENDS
+    if chosen not in ALL_BACKENDS:
+        raise pytest.UsageError(f"TRACE_RL_TEST_BACKEND={chosen!r}; allowed: {', '.join(ALL_BACKENDS)}")
+    return (chosen,)
+
+
+@pytest.fixture(params=selected_backends())
+def backend_name(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def rng() -> torch.Generator:
+    """A fresh, randomly seeded generator (seed printed on failure through the test id's repr)."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    print(f"rng seed: {seed}")
+    return torch.Generator().manual_seed(seed)
+
+
+def pytest_collection_modifyitems(config, items):
+    has_cuda = torch.cuda.is_available()
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run through the device tool)")
+    for item in items:
+        if "gpu" in item.keywords and not has_cuda:
+            item.add_marker(skip_gpu)
