@@ -16,8 +16,9 @@ positions are real. Per-token tensors of the response (`log_probs.*`, `advantage
 | ("log_probs", "trainer")     | [B, Lr]    | float32 | trainer recomputation |
 | ("log_probs", "old")         | [B, Lr]    | float32 | trainer, before the first epoch on a batch |
 | ("log_probs", "ref")         | [B, Lr]    | float32 | reference policy (KL term), optional |
+| ("log_probs", "current")     | [B, Lr]    | float32 | caller, when a loss has no actor network (carries grad) |
 | "reward"                     | [B]        | float32 | task                |
-| "advantage"                  | [B]        | float32 | advantage estimator |
+| "advantage"                  | [B] or [B, Lr] | float32 | advantage estimator (per sequence, or per token) |
 | "group_id"                   | [B]        | int64   | collector (responses to one prompt share it) |
 | "prompt_index"               | [B]        | int64   | engine (row of the prompt batch) |
 | "policy_version"             | [B]        | int64   | engine (weights version that sampled it) |
@@ -39,6 +40,7 @@ LOGP_ROLLOUT = ("log_probs", "rollout")
 LOGP_TRAINER = ("log_probs", "trainer")
 LOGP_OLD = ("log_probs", "old")
 LOGP_REF = ("log_probs", "ref")
+LOGP_CURRENT = ("log_probs", "current")
 REWARD = "reward"
 ADVANTAGE = "advantage"
 GROUP_ID = "group_id"
@@ -50,3 +52,16 @@ CORRECTION_WEIGHT = ("correction", "weight")
 CORRECTION_MASK = ("correction", "mask")
 
 PAD_TOKEN_ID_DEFAULT = 0
+
+# Keys aligned position by position with ("tokens", "response"): padded, trimmed and unpadded together.
+RESPONSE_ALIGNED_KEYS = (
+    TOKENS_RESPONSE,
+    MASK_RESPONSE,
+    LOGP_ROLLOUT,
+    LOGP_TRAINER,
+    LOGP_OLD,
+    LOGP_REF,
+    LOGP_CURRENT,
+    CORRECTION_WEIGHT,
+    CORRECTION_MASK,
+)

@@ -1,0 +1,96 @@
+"""Group-relative advantages (GRPO family): one scalar per response, from the rewards of its group.
+
+For a group g of size G (the responses to one prompt, rows sharing "group_id") with rewards r_1..r_G:
+
+- baseline "mean":           b_i = mean_j r_j
+- baseline "leave_one_out":  b_i = mean_{j != i} r_j   (RLOO; = G/(G-1) * (r_i - mean) after subtraction)
+- scale "std":   A_i = (r_i - b_i) / (std_g + eps), std_g the *unbiased* (G-1) sample std of the group's
+                 rewards (as in DeepSeek's GRPO); scale "none": A_i = r_i - b_i (Dr. GRPO drops the std).
+
+A group of one response has no baseline: its advantage is 0. Groups need not be contiguous rows.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field
+from tensordict import NestedKey, TensorDictBase
+
+from trace_rl.config import TraceConfig
+from trace_rl.data import schema as K
+
+Baseline = Literal["mean", "leave_one_out"]
+Scale = Literal["std", "none"]
+
+
+def group_advantages(
+    reward: torch.Tensor,
+    group_id: torch.Tensor,
+    *,
+    baseline: Baseline = "mean",
+    scale: Scale = "std",
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """Advantages [B] (float32) from rewards [B] and group ids [B]; formulas in the module docstring."""
+    reward = reward.float().reshape(-1)
+    _, inverse = torch.unique(group_id.reshape(-1), return_inverse=True)
+    groups = int(inverse.max()) + 1 if inverse.numel() else 0
+    count = torch.zeros(groups, device=reward.device).index_add_(0, inverse, torch.ones_like(reward))
+    total = torch.zeros(groups, device=reward.device).index_add_(0, inverse, reward)
+    n, s = count[inverse], total[inverse]
+    mean = s / n
+    if baseline == "mean":
+        centred = reward - mean
+    elif baseline == "leave_one_out":
+        centred = reward - (s - reward) / (n - 1).clamp_min(1)
+    else:
+        raise ValueError(f"unknown baseline {baseline!r}; use 'mean' or 'leave_one_out'")
+    if scale == "std":
+        sq = torch.zeros(groups, device=reward.device).index_add_(0, inverse, (reward - mean) ** 2)
+        std = (sq[inverse] / (n - 1).clamp_min(1)).sqrt()
+        centred = centred / (std + eps)
+    elif scale != "none":
+        raise ValueError(f"unknown scale {scale!r}; use 'std' or 'none'")
+    return torch.where(n > 1, centred, torch.zeros_like(centred))
+
+
+class GroupAdvantageConfig(TraceConfig):
+    """Group-relative advantage estimator."""
+
+    baseline: Baseline = Field("mean", description="'mean' (GRPO) or 'leave_one_out' (RLOO) baseline.")
+    scale: Scale = Field("std", description="'std': divide by the group's reward std (GRPO); 'none' (Dr. GRPO).")
+    eps: float = Field(1e-6, ge=0.0, description="Added to the std before dividing.")
+
+
+class GroupAdvantage:
+    """TensorDict transform: reads "reward" and "group_id", writes "advantage" [B].
+
+    Usable as a collector `postproc` or on a buffer sample. Keys are configurable (TorchRL-style
+    `in_keys` / `out_keys`).
+    """
+
+    def __init__(
+        self,
+        baseline: Baseline = "mean",
+        scale: Scale = "std",
+        eps: float = 1e-6,
+        *,
+        reward_key: NestedKey = K.REWARD,
+        group_key: NestedKey = K.GROUP_ID,
+        advantage_key: NestedKey = K.ADVANTAGE,
+    ):
+        self.baseline, self.scale, self.eps = baseline, scale, eps
+        self.in_keys = [reward_key, group_key]
+        self.out_keys = [advantage_key]
+
+    @classmethod
+    def from_config(cls, config: GroupAdvantageConfig) -> GroupAdvantage:
+        return cls(config.baseline, config.scale, config.eps)
+
+    def __call__(self, td: TensorDictBase) -> TensorDictBase:
+        reward, group = (td.get(k) for k in self.in_keys)
+        td.set(self.out_keys[0], group_advantages(reward, group, baseline=self.baseline, scale=self.scale,
+                                                  eps=self.eps))
+        return td
