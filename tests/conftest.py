@@ -41,3 +41,5 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not has_cuda:
             item.add_marker(skip_gpu)
+        if "backend_name" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.backend)  # tox's per-backend environments select these

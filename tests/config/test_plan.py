@@ -1,6 +1,7 @@
 """PrecisionPlan: presets, validation messages that name the field and allowed values, round-trips."""
 
 import pytest
+from pydantic import ValidationError
 
 from trace_rl.config import ConfigError, undocumented_fields
 from trace_rl.plan import PLAN_PRESETS, PrecisionPlan
@@ -49,7 +50,7 @@ def test_keep_high_precision_globs():
 
 def test_plan_is_frozen_and_documented():
     plan = PrecisionPlan()
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         plan.kv_cache = "nvfp4"
     assert undocumented_fields(PrecisionPlan) == []
 

@@ -5,12 +5,12 @@ is `num_blocks` pages of `block_size` token slots; slot s of the flat cache is p
 row s % block_size. Each slot holds `heads` vectors of `head_dim`, quantized per token and head along
 head_dim with the format's per-token variant (`formats.per_token`):
 
-| format     | codes                                  | scales                                  | global_scale          |
-|------------|----------------------------------------|-----------------------------------------|-----------------------|
-| bf16       | [P, S, H, D] `dtype` (bf16/fp32)       | None                                    | None                  |
-| fp8_e4m3   | [P, S, H, D] float8_e4m3fn             | [P, S, H, 1] float32                    | None                  |
-| nvfp4      | [P, S, H, D/2] uint8 (2 codes a byte)  | [P, S, H, D/16] float8_e4m3fn           | [P, S, H, 1] float32  |
-| mxfp4      | [P, S, H, D/2] uint8                   | [P, S, H, D/32] uint8 (E8M0)            | None                  |
+| format   | codes                              | scales                       | global_scale         |
+|----------|------------------------------------|------------------------------|----------------------|
+| bf16     | [P, S, H, D] `dtype` (bf16/fp32)   | None                         | None                 |
+| fp8_e4m3 | [P, S, H, D] float8_e4m3fn         | [P, S, H, 1] float32         | None                 |
+| nvfp4    | [P, S, H, D/2] uint8 (2 codes/byte)| [P, S, H, D/16] float8_e4m3fn| [P, S, H, 1] float32 |
+| mxfp4    | [P, S, H, D/2] uint8               | [P, S, H, D/32] uint8 (E8M0) | None                 |
 
 (P = num_blocks, S = block_size, H = kv heads, D = head_dim.) A sequence's tokens live in the pages its
 block table lists, in order. These are exactly the QTensor fields of `get_format(per_token(fmt))`

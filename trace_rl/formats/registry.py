@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from functools import lru_cache
+from functools import cache
 
 from trace_rl.formats.base import Format
 from trace_rl.formats.bf16 import BF16
@@ -18,7 +18,7 @@ FORMAT_NAMES = ("bf16", *FP4_FORMATS, *FP8_FORMATS, "fp8_e4m3:block128x128", "fp
 _FP8_RE = re.compile(r"^fp8_(e4m3|e5m2)(?::(tensor|row|block)(?:(\d+)x(\d+))?)?$")
 
 
-@lru_cache(maxsize=None)
+@cache
 def get_format(name: str) -> Format:
     """The format called `name`. fp8 without a scaling means per-row ("fp8_e4m3" == "fp8_e4m3:row")."""
     if name == "bf16":
