@@ -1,0 +1,206 @@
+"""Drift metrics: how far the rollout's log-probs are from the trainer's, logged every step.
+
+Notation: over the real response tokens V (N = |V| of them) and the sequences S that have at least one,
+δ_t = log π_rollout(y_t) − log π_trainer(y_t) and ρ_t = π_trainer / π_rollout = exp(−δ_t).
+
+| name                   | formula                                                       | identical policies |
+|------------------------|---------------------------------------------------------------|--------------------|
+| mismatch_k1            | mean_V δ_t            (k1 estimate of KL(π_rollout‖π_trainer)) | 0 |
+| mismatch_k3            | mean_V (ρ_t − log ρ_t − 1)     (k3 estimate of the same KL)    | 0 |
+| abs_log_ratio_mean     | mean_V |δ_t|                                                  | 0 |
+| abs_log_ratio_max      | max_V |δ_t|                                                   | 0 |
+| chi2_token             | mean_V ρ_t² − 1                                               | 0 |
+| chi2_seq               | mean_S (Π_{t∈s} ρ_t)² − 1                                     | 0 |
+| ess                    | (Σ_V ρ_t)² / (N Σ_V ρ_t²)   (normalised effective sample size) | 1 |
+| token_mult_prob_error  | mean_V exp|δ_t|                                               | 1 |
+| ppl_ratio              | mean_S PPL_trainer(s) / PPL_rollout(s) = mean_S exp(mean_{t∈s} δ_t) | 1 |
+| frac_masked_tokens     | fraction of V that the corrections masked                     | 0 |
+| frac_rejected_seqs     | fraction of S whose every real token the corrections masked   | 0 |
+
+(PPL(s) = exp(−mean_{t∈s} log π(y_t)).) Metrics describe the data, so they run over every real token,
+not only those the corrections kept. NaN in a real token's log-prob makes every metric that reads it NaN;
+with no real token at all, the means are NaN too (0/0), never a made-up 0.
+
+`mismatch_by_position` bins response positions (default edges 0, 1, 2, 4, 8, ... : KV-cache error grows
+with length, so early positions get fine bins and long tails coarse ones) and reports per bin the token
+count and the mean |δ|, δ (k1) and k3.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from tensordict import NestedKey, TensorDictBase
+
+from trace_rl.data import schema as K
+
+METRIC_NAMES = (
+    "mismatch_k1",
+    "mismatch_k3",
+    "abs_log_ratio_mean",
+    "abs_log_ratio_max",
+    "chi2_token",
+    "chi2_seq",
+    "ess",
+    "token_mult_prob_error",
+    "ppl_ratio",
+    "frac_masked_tokens",
+    "frac_rejected_seqs",
+)
+
+
+@dataclass
+class PositionMismatch:
+    """Mismatch by response position. Bin i covers positions [edges[i], edges[i+1]); empty bins hold NaN."""
+
+    edges: list[int]
+    count: list[int]
+    abs_log_ratio: list[float]
+    k1: list[float]
+    k3: list[float]
+
+    def flat(self, prefix: str = "mismatch_by_position") -> dict[str, float]:
+        """Loggable scalars, e.g. `mismatch_by_position/abs_log_ratio/8-16`."""
+        out = {}
+        for i in range(len(self.count)):
+            span = f"{self.edges[i]}-{self.edges[i + 1]}"
+            out[f"{prefix}/count/{span}"] = float(self.count[i])
+            out[f"{prefix}/abs_log_ratio/{span}"] = self.abs_log_ratio[i]
+            out[f"{prefix}/k1/{span}"] = self.k1[i]
+            out[f"{prefix}/k3/{span}"] = self.k3[i]
+        return out
+
+
+@dataclass
+class DriftReport:
+    """The scalar metrics (exactly `METRIC_NAMES`) and the by-position breakdown."""
+
+    metrics: dict[str, float]
+    by_position: PositionMismatch
+
+    def flat(self) -> dict[str, float]:
+        return {**self.metrics, **self.by_position.flat()}
+
+
+def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return torch.where(mask, values, 0.0).sum() / mask.sum()
+
+
+def drift_metrics(
+    log_p_rollout: torch.Tensor,
+    log_p_trainer: torch.Tensor,
+    mask: torch.Tensor,
+    keep: torch.Tensor | None = None,
+) -> dict[str, float]:
+    """The scalar drift metrics of the module table, as Python floats (one host sync).
+
+    `log_p_*` and `mask` are [B, Lr]; `keep` is the corrections' mask (None: nothing masked).
+    """
+    mask = mask.bool()
+    delta = torch.where(mask, log_p_rollout.detach().float() - log_p_trainer.detach().float(), 0.0)
+    neg = -delta  # log ρ
+    rho = neg.exp()
+    n = mask.sum()
+    rows_real = mask.any(-1)
+    seq_count = mask.sum(-1)
+
+    sum_rho = torch.where(mask, rho, 0.0).sum()
+    sum_rho2 = torch.where(mask, rho * rho, 0.0).sum()
+    seq_log_rho = torch.where(mask, neg, 0.0).sum(-1)
+    seq_mean_delta = torch.where(mask, delta, 0.0).sum(-1) / seq_count.clamp_min(1)
+    k3 = torch.expm1(neg) - neg
+
+    if keep is None:
+        masked_tokens = torch.zeros((), device=mask.device)
+        rejected = torch.zeros((), device=mask.device)
+    else:
+        dropped = mask & ~keep.bool()
+        masked_tokens = dropped.sum() / n
+        rejected = ((dropped.sum(-1) == seq_count) & rows_real).sum() / rows_real.sum()
+
+    values = torch.stack([
+        _masked_mean(delta, mask),
+        _masked_mean(k3, mask),
+        _masked_mean(delta.abs(), mask),
+        torch.where(n > 0, torch.where(mask, delta.abs(), -torch.inf).amax(), torch.nan),
+        sum_rho2 / n - 1,
+        (torch.where(rows_real, (2 * seq_log_rho).exp(), 0.0).sum() / rows_real.sum()) - 1,
+        sum_rho * sum_rho / (n * sum_rho2),
+        _masked_mean(delta.abs().exp(), mask),
+        torch.where(rows_real, seq_mean_delta.exp(), 0.0).sum() / rows_real.sum(),
+        masked_tokens.float(),
+        rejected.float(),
+    ])
+    return dict(zip(METRIC_NAMES, values.tolist()))
+
+
+def power_of_two_edges(length: int) -> list[int]:
+    """0, 1, 2, 4, 8, ... up to the first power of two >= length."""
+    edges, e = [0, 1], 1
+    while e < length:
+        e *= 2
+        edges.append(e)
+    return edges
+
+
+def mismatch_by_position(
+    log_p_rollout: torch.Tensor,
+    log_p_trainer: torch.Tensor,
+    mask: torch.Tensor,
+    edges: Sequence[int] | None = None,
+) -> PositionMismatch:
+    """Mean |δ|, δ and k3 per bin of response position (default `power_of_two_edges`)."""
+    mask = mask.bool()
+    length = mask.shape[-1]
+    edges = list(edges) if edges is not None else power_of_two_edges(length)
+    if len(edges) < 2 or sorted(edges) != edges:
+        raise ValueError(f"bin edges must be increasing with at least two entries, got {edges}")
+    delta = torch.where(mask, log_p_rollout.detach().float() - log_p_trainer.detach().float(), 0.0)
+    k3 = torch.expm1(-delta) + delta
+    pos = torch.arange(length, device=mask.device)
+    edge_t = torch.tensor(edges, device=mask.device)
+    bins = torch.searchsorted(edge_t, pos, right=True) - 1  # position p in [edges[b], edges[b+1])
+    in_range = (bins >= 0) & (pos < edges[-1])
+    bins = bins.clamp(0, len(edges) - 2).expand_as(mask)
+    valid = mask & in_range
+    nb = len(edges) - 1
+
+    def per_bin(values: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(nb, device=mask.device).index_add_(0, bins[valid], values[valid])
+
+    count = per_bin(torch.ones_like(delta))
+    stats = torch.stack([per_bin(delta.abs()), per_bin(delta), per_bin(k3)]) / count  # empty bin: 0/0 = NaN
+    abs_lr, k1, k3v = stats.tolist()
+    return PositionMismatch(edges=edges, count=[int(c) for c in count.tolist()], abs_log_ratio=abs_lr,
+                            k1=k1, k3=k3v)
+
+
+class DriftMetrics:
+    """Computes the drift metrics of a batch (TorchRL-style keys; reads only).
+
+    in_keys: ("log_probs", "rollout"), ("log_probs", "trainer"), ("masks", "response"), and, when
+    present, ("correction", "mask").
+    """
+
+    def __init__(
+        self,
+        edges: Sequence[int] | None = None,
+        *,
+        rollout_key: NestedKey = K.LOGP_ROLLOUT,
+        trainer_key: NestedKey = K.LOGP_TRAINER,
+        mask_key: NestedKey = K.MASK_RESPONSE,
+        keep_key: NestedKey = K.CORRECTION_MASK,
+    ):
+        self.edges = edges
+        self.in_keys = [rollout_key, trainer_key, mask_key, keep_key]
+
+    def __call__(self, td: TensorDictBase) -> DriftReport:
+        rollout_key, trainer_key, mask_key, keep_key = self.in_keys
+        lp_r, lp_t, mask = td.get(rollout_key), td.get(trainer_key), td.get(mask_key)
+        keep = td.get(keep_key, None)
+        return DriftReport(
+            metrics=drift_metrics(lp_r, lp_t, mask, keep),
+            by_position=mismatch_by_position(lp_r, lp_t, mask, self.edges),
+        )
