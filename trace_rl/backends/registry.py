@@ -40,4 +40,4 @@ def backend_for_format(fmt: str) -> Backend:
 
 def _load_builtin() -> None:
     # Imported on first use so `import trace_rl` stays light.
-    from trace_rl.backends import bf16, fp4, fp8  # noqa: F401
+    from trace_rl.backends import bf16, fp4, fp8, fp8_te  # noqa: F401
