@@ -4,9 +4,10 @@
 
 Paths: bf16 (F.linear), torch `_scaled_mm` rowwise and block (GEMM alone on pre-quantized operands, and
 the whole fp8-backend linear with the reference's activation quantization in eager torch), and TE's
-te.Linear under the delayed / current / block recipes (forward, no grad, FP8 weight cached). Times are
-eager (launch overhead included), mean of 50 back-to-back calls, best of 5; the bytes floor is the
-weight bytes over 4.0 TB/s (DESIGN.md's measured read bandwidth).
+te.Linear under the delayed / current / block recipes (forward, no grad, FP8 weight cached). Two times
+per path: `eager_us` (launch overhead included, mean of 50 back-to-back calls, best of 5) and `graph_us`
+(20 calls captured in one CUDA graph and replayed, as a decode step runs; TE is not captured: None). The
+bytes floor is the weight bytes over 4.0 TB/s (DESIGN.md's measured read bandwidth).
 """
 
 from __future__ import annotations
@@ -37,6 +38,35 @@ def timed(fn, calls: int = 50, repeats: int = 5) -> float:
         start.record()
         for _ in range(calls):
             fn()
+        end.record()
+        torch.cuda.synchronize()
+        best = min(best, start.elapsed_time(end) * 1e3 / calls)
+    return best
+
+
+def timed_graph(fn, calls: int = 20, repeats: int = 5) -> float | None:
+    """Microseconds per call replaying a CUDA graph of `calls` calls; None if capture fails."""
+    try:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                fn()
+    except RuntimeError as err:
+        print(f"  (graph capture failed: {str(err).splitlines()[0][:120]})")
+        return None
+    graph.replay()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
         end.record()
         torch.cuda.synchronize()
         best = min(best, start.elapsed_time(end) * 1e3 / calls)
@@ -130,10 +160,13 @@ def main() -> None:
             with torch.no_grad():
                 for name, (fn, wbytes) in variants(x, w, block_variant).items():
                     us = timed(fn)
-                    report["timings_us"].append({"path": name, "m": m, "k": k, "n": n, "us": round(us, 2),
-                                                 "bytes_floor_us": round(wbytes / READ_BW * 1e6, 2)})
-                    print(f"{name:28s} m={m:4d} k={k:5d} n={n:5d} {us:8.1f} us "
-                          f"(floor {wbytes / READ_BW * 1e6:6.1f})", flush=True)
+                    g = None if name.startswith("te.") else timed_graph(fn)
+                    floor = wbytes / READ_BW * 1e6
+                    report["timings_us"].append({"path": name, "m": m, "k": k, "n": n, "eager_us": round(us, 2),
+                                                 "graph_us": None if g is None else round(g, 2),
+                                                 "bytes_floor_us": round(floor, 2)})
+                    print(f"{name:26s} m={m:4d} k={k:5d} n={n:5d} eager {us:7.1f} graph "
+                          f"{'-' if g is None else f'{g:6.1f}':>6s} us (floor {floor:5.1f})", flush=True)
     print(json.dumps({k: v for k, v in report.items() if k != "timings_us"}, indent=1))
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)

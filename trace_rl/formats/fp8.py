@@ -82,7 +82,9 @@ class FP8(Format):
         grouped, dims = self._grouped(xf)
         finite = torch.isfinite(grouped)
         amax = torch.where(finite, grouped.abs(), 0.0).amax(dim=dims, keepdim=True)
-        scale = torch.where(amax > 0, amax / self.fmax, torch.ones_like(amax))
+        # A tensor divisor, not a Python float: with a scalar divisor CUDA's torch computed different scales
+        # than CPU's correctly rounded amax / 448 (seen on an H200; x * (1/448) differs on ~half of inputs).
+        scale = torch.where(amax > 0, amax / torch.full_like(amax, self.fmax), torch.ones_like(amax))
         scaled = (grouped / scale).clamp(-self.fmax, self.fmax)
         # clamp maps +-Inf to +-FMAX: put the non-finite values back (Inf -> NaN in E4M3, kept in E5M2).
         if self.element == "e4m3":
