@@ -43,7 +43,9 @@ def nvfp4_global_scale(x: torch.Tensor, per_row: bool = False) -> torch.Tensor:
         amax = xf.amax(dim=-1, keepdim=True)
     else:
         amax = xf.amax() if xf.numel() else xf.new_zeros(())
-    return torch.where(amax > 0, amax / NVFP4_GLOBAL_DIVISOR, torch.ones_like(amax))
+    # Divide by a tensor, not a Python float: CUDA turns division by a Python scalar into multiplication
+    # by its reciprocal, which is not correctly rounded and would differ from the CPU by an ulp.
+    return torch.where(amax > 0, amax / torch.full_like(amax, NVFP4_GLOBAL_DIVISOR), torch.ones_like(amax))
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,8 @@ class NVFP4(Format):
         gs = nvfp4_global_scale(xf, per_row) if global_scale is None else global_scale.float()
         gs_b = gs if gs.dim() == 0 else gs.expand(*xf.shape[:-1], 1)   # broadcast over the row's blocks
         block_amax = torch.where(finite, blocks.abs(), 0.0).amax(dim=-1)
-        scale = ((block_amax / E2M1_MAX) / gs_b).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
+        scale = ((block_amax / torch.full_like(block_amax, E2M1_MAX)) / gs_b).clamp(max=E4M3_MAX)
+        scale = scale.to(torch.float8_e4m3fn)
         scale = torch.where(bad_block, torch.full_like(scale, float("nan")), scale)
         step = (scale.float() * gs_b).unsqueeze(-1)
         scaled = torch.where(step == 0, blocks * 0, blocks / step)
