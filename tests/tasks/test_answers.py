@@ -39,8 +39,8 @@ def test_marker_line_is_the_first_marked_line():
 @pytest.mark.parametrize("text,want", [
     ("The answer is 42.", "42"),
     ("3 apples and 4 pears, 7 in all", "7"),
-    ("so #### 1,234 dollars\nand 99 later", "1,234"),   # after the last marker beats the last number
-    ("#### 5\n#### 6", "6"),
+    ("so #### 1,234 dollars\nand 99 later", "1,234"),   # after the marker beats the last number
+    ("#### 5\n#### 6", "5"),                          # the first answer counts, as in show-work answers
     ("#### $-3.50", "-3.50"),
     ("x = -5", "-5"),
     ("10-5", "5"),                                      # a '-' after a digit is subtraction, not a sign

@@ -72,6 +72,7 @@ _STEP = re.compile(r"(\d+)([-+*])(\d+)([-+])(\d+)=(-?\d+)(?: \+10=(\d+))? write 
 def test_worked_steps_are_each_right(seed):
     """Every digit step of random worked solutions is arithmetic that checks, and the target scores 1.1."""
     task = ArithmeticTask(ops=("add", "sub", "mul"), min_digits=1, max_digits=6, num_operands=3, show_work=True)
+    checked = 0
     for p in task.problems(60, seed, "train"):
         target = task.sft_target(p)
         assert task.score(p, target).reward == pytest.approx(1.1)
@@ -79,6 +80,7 @@ def test_worked_steps_are_each_right(seed):
             m = _STEP.fullmatch(line)
             if not m:
                 continue
+            checked += 1
             x, op, y, _, c, s, fixed, w, kind, k = m.groups()
             value = {"+": int(x) + int(y) + int(c), "-": int(x) - int(y) - int(c), "*": int(x) * int(y) + int(c)}[op]
             assert int(s) == value, line
@@ -87,6 +89,7 @@ def test_worked_steps_are_each_right(seed):
                 assert fixed is None or int(fixed) == value + 10
             else:
                 assert (int(w), int(k)) == (value % 10, value // 10), line
+    assert checked > 500  # the pattern does read the steps
 
 
 def test_problems_are_deterministic_and_consistent(seed):

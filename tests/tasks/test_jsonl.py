@@ -42,6 +42,7 @@ def test_loads_records(task):
     ("#### 7.0", True, True),
     ("The answer is 7.", True, False),          # right, but without the '####' format
     ("#### 7\nthen rambles about 12", True, True),
+    ("#### 7\n#### 8", True, True),               # the first answer counts
     ("7 or maybe 8", False, False),             # the last number counts
     ("#### 8", False, True),
     ("no idea", False, False),

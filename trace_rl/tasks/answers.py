@@ -63,9 +63,10 @@ def parse_number(text: str) -> Fraction | None:
 
 
 def extract_final_number(text: str, marker: str = MARKER) -> str | None:
-    """The final answer of a free-form response, as written: the first number after the last `marker`
-    when the text has one, else the last number anywhere in the text; None if there is none."""
-    at = text.rfind(marker)
+    """The final answer of a free-form response, as written: the first number after the first `marker`
+    when the text has one (like show-work answers: what follows is ignored), else the last number anywhere
+    in the text; None if there is none."""
+    at = text.find(marker)
     if at != -1:
         match = _NUMBER.search(text, at + len(marker))
         return match.group() if match else None

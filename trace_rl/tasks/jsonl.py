@@ -2,11 +2,11 @@
 
 File: one JSON object per line, `{"question": "...", "answer": "... #### 42"}` (`"prompt"` may stand for
 `"question"`; it wins when both are present). `answer` is a string or a number; its reference value is the
-number after its last `####`, else its last number. Blank lines are skipped, other keys ignored. A bad
+number after its first `####`, else its last number. Blank lines are skipped, other keys ignored. A bad
 record is an error naming the file and line.
 
 Checking (after cutting the response at the first stop string, if any):
-    extracted: the first number after the last `####` in the response, else its last number; numbers may
+    extracted: the first number after the first `####` in the response, else its last number; numbers may
                carry a sign, thousands commas, decimals or be fractions (`3/4` = 0.75);
     format_ok: the response has a `####` followed by a number;
     correct:   the extracted number equals the reference within `tolerance` (relative, absolute near 0);
