@@ -94,3 +94,38 @@ def test_sample_is_reproducible_with_generator():
 def test_rejects_non_2d_logits():
     with pytest.raises(ValueError):
         process_logits(torch.zeros(2, 3, 4))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("per_row", [False, True])
+def test_sampling_captures_in_a_cuda_graph(per_row):
+    """No host syncs or dynamic shapes: the step replays from a CUDA graph and matches eager sampling."""
+    device = torch.device("cuda")
+    logits = torch.randn(8, 1000, device=device, generator=torch.Generator(device).manual_seed(0))
+    if per_row:
+        params = (torch.full((8,), 0.8, device=device), torch.full((8,), 50, device=device),
+                  torch.full((8,), 0.9, device=device))
+    else:
+        params = (0.8, 50, 0.9)
+    gen = torch.Generator(device=device)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm up outside the graph
+        sample_from_logits(logits, *params, generator=gen)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    graph.register_generator_state(gen)
+    with torch.cuda.graph(graph):
+        tokens, lp = sample_from_logits(logits, *params, generator=gen)
+    gen.manual_seed(11)
+    graph.replay()
+    torch.cuda.synchronize()
+    expected_logq = process_logits(logits, *params)
+    torch.testing.assert_close(lp, expected_logq.gather(-1, tokens[:, None]).squeeze(-1))
+    assert torch.isfinite(lp).all()
+    seen = {tuple(tokens.tolist())}
+    for seed in (12, 13):
+        gen.manual_seed(seed)
+        graph.replay()
+        seen.add(tuple(tokens.tolist()))
+    assert len(seen) > 1  # the generator state advances between replays

@@ -35,8 +35,12 @@ import torch
 _TINY = torch.finfo(torch.float32).tiny
 
 
-def _as_row_param(value: float | int | torch.Tensor, rows: int, device: torch.device, dtype) -> torch.Tensor:
-    return torch.as_tensor(value, device=device, dtype=dtype).expand(rows).reshape(rows, 1)
+def _as_row_param(value: float | int | torch.Tensor, rows: int) -> float | int | torch.Tensor:
+    """A per-row tensor becomes [B, 1] (broadcasts over the vocabulary); a Python scalar stays a scalar,
+    so no host-to-device copy happens inside a captured graph."""
+    if isinstance(value, torch.Tensor):
+        return value.reshape(-1, 1).expand(rows, 1)
+    return value
 
 
 def _greedy_log_probs(logits: torch.Tensor) -> torch.Tensor:
@@ -53,13 +57,16 @@ def _truncate_sorted(
     rows, vocab = scaled.shape
     sorted_vals, sorted_idx = torch.sort(scaled, dim=-1, descending=True, stable=True)
     rank = torch.arange(vocab, device=scaled.device).expand(rows, vocab)
-    k = _as_row_param(top_k, rows, scaled.device, torch.int64)
-    k = torch.where(k > 0, k, vocab)  # k = 0 keeps all
+    k = _as_row_param(top_k, rows)
+    if isinstance(k, torch.Tensor):
+        k = torch.where(k > 0, k, vocab)  # k = 0 keeps all
+    elif k <= 0:
+        k = vocab
     keep = rank < k
     masked = torch.where(keep, sorted_vals, -torch.inf)
     probs = torch.softmax(masked, dim=-1)
     mass_before = torch.cumsum(probs, dim=-1) - probs
-    p = _as_row_param(top_p, rows, scaled.device, torch.float32)
+    p = _as_row_param(top_p, rows)
     # p >= 1 keeps everything: float32 cumsums can exceed 1 and would otherwise drop the far tail.
     keep = keep & ((mass_before < p) | (rank == 0) | (p >= 1.0))
     sorted_logq = torch.log_softmax(torch.where(keep, sorted_vals, -torch.inf), dim=-1)
@@ -91,9 +98,11 @@ def process_logits(
             return torch.log_softmax(scaled, dim=-1)
         return _truncate_sorted(scaled, top_k, top_p)
 
-    temp = _as_row_param(temperature, rows, logits.device, torch.float32)
+    temp = _as_row_param(temperature, rows)
+    if not isinstance(temp, torch.Tensor):
+        temp = torch.full((rows, 1), float(temperature), device=logits.device)
     greedy = temp == 0
-    scaled = logits / torch.where(greedy, 1.0, temp)
+    scaled = logits / torch.where(greedy, 1.0, temp.float())
     logq = _truncate_sorted(scaled, top_k, top_p)
     return torch.where(greedy, _greedy_log_probs(logits), logq)
 
