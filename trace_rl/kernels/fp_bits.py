@@ -1,0 +1,187 @@
+"""Bit-level Triton helpers shared by the kernels: E2M1 / E4M3 / E8M0 encode and decode.
+
+Rounding is done on integer bits, never through Triton's float casts to FP8 or BF16, so the same code is
+bit-exact on the GPU and in Triton's CPU interpreter (whose casts to those types are not faithful).
+Division is `tl.math.div_rn` (correctly rounded): Triton's `/` on float32 is approximate on the GPU.
+
+Decoding packed E2M1 (`fp4x8_to_bf16`) has three modes, picked by the launcher:
+- DECODE_PURE: Triton integer/float ops only; runs in the interpreter (CPU tests) and on the GPU.
+- DECODE_ASM: inline PTX (sm_90): `prmt` byte-permute look-ups turn 8 nibbles into 8 bf16 values in
+  ~16 instructions, then `mul.rn.bf16x2` applies the block scale (exact: a 2-bit E2M1 significand times
+  a 4-bit E4M3 one fits bf16's 8 bits). Returns 4 bf16x2 words, split into halves in Triton.
+- DECODE_ASM16: the same PTX returning the 8 bf16 values as 16-bit registers (no split in Triton).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+DECODE_PURE = 0
+DECODE_ASM = 1
+DECODE_ASM16 = 2
+
+
+def default_decode(device) -> int:
+    """The E2M1 decode mode for tensors on `device`: the PTX path needs sm_90 (`mul.rn.bf16x2`)."""
+    from trace_rl.kernels import interpreting
+
+    if interpreting() or torch.cuda.get_device_capability(device) < (9, 0):
+        return DECODE_PURE
+    return DECODE_ASM
+
+# The look-up: E2M1 magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6 are bf16 0x0000 0x3F00 0x3F80 0x3FC0 0x4000
+# 0x4040 0x4080 0x40C0; `prmt` picks, per output byte, one of 8 table bytes by a 3-bit index. The low
+# bytes table is 00 00 80 C0 00 40 80 C0, the high bytes 00 3F 3F 3F 40 40 40 40, the sign 00 or 80.
+_FP4X8_BODY = """
+    .reg .b32 sgn, sgn_lo, sgn_hi, mag, mag_hi, lo_a, lo_b, hi_a, hi_b, s_a, s_b, r0, r1, r2, r3;
+    and.b32 sgn, $IN, 0x88888888;
+    shr.u32 sgn_lo, sgn, 3;
+    shr.u32 sgn_hi, sgn, 19;
+    and.b32 mag, $IN, 0x77777777;
+    shr.u32 mag_hi, mag, 16;
+    prmt.b32 lo_a, 0xC0800000, 0xC0804000, mag;
+    prmt.b32 lo_b, 0xC0800000, 0xC0804000, mag_hi;
+    prmt.b32 hi_a, 0x3F3F3F00, 0x40404040, mag;
+    prmt.b32 hi_b, 0x3F3F3F00, 0x40404040, mag_hi;
+    prmt.b32 s_a, 0x00008000, 0, sgn_lo;
+    prmt.b32 s_b, 0x00008000, 0, sgn_hi;
+    or.b32 hi_a, hi_a, s_a;
+    or.b32 hi_b, hi_b, s_b;
+    prmt.b32 r0, lo_a, hi_a, 0x5140;
+    prmt.b32 r1, lo_a, hi_a, 0x7362;
+    prmt.b32 r2, lo_b, hi_b, 0x5140;
+    prmt.b32 r3, lo_b, hi_b, 0x7362;
+    mul.rn.bf16x2 r0, r0, $S2;
+    mul.rn.bf16x2 r1, r1, $S2;
+    mul.rn.bf16x2 r2, r2, $S2;
+    mul.rn.bf16x2 r3, r3, $S2;
+"""
+FP4X8_ASM = tl.constexpr("{" + _FP4X8_BODY.replace("$IN", "$4").replace("$S2", "$5")
+             + "mov.b32 $0, r0;\n mov.b32 $1, r1;\n mov.b32 $2, r2;\n mov.b32 $3, r3;\n}")
+FP4X8_ASM16 = tl.constexpr("{" + _FP4X8_BODY.replace("$IN", "$8").replace("$S2", "$9")
+               + "mov.b32 {$0, $1}, r0;\n mov.b32 {$2, $3}, r1;\n mov.b32 {$4, $5}, r2;\n"
+                 "mov.b32 {$6, $7}, r3;\n}")
+
+
+@triton.jit
+def e2m1_index(mag):
+    """Index 0..7 (int32) of the E2M1 magnitude nearest to float32 `mag` >= 0: ties to even, saturating.
+    NaN gives 0 (its block's scale is NaN, so the block dequantizes to NaN anyway)."""
+    idx = (mag > 0.25).to(tl.int32)
+    idx += (mag >= 0.75).to(tl.int32)
+    idx += (mag > 1.25).to(tl.int32)
+    idx += (mag >= 1.75).to(tl.int32)
+    idx += (mag > 2.5).to(tl.int32)
+    idx += (mag >= 3.5).to(tl.int32)
+    idx += (mag > 5.0).to(tl.int32)
+    return idx
+
+
+@triton.jit
+def e2m1_encode(scaled):
+    """E2M1 code (int32 0..15) of float32 `scaled`; the sign bit is the float's (so -0.0 gives code 8)."""
+    sign = (scaled.to(tl.int32, bitcast=True) < 0).to(tl.int32) << 3
+    return e2m1_index(tl.abs(scaled)) | sign
+
+
+@triton.jit
+def e2m1_value(code):
+    """float32 value of E2M1 codes (int32 0..15)."""
+    idx = code & 7
+    mag = tl.where(idx < 4, idx.to(tl.float32) * 0.5, tl.where(idx == 7, 6.0, (idx - 2).to(tl.float32)))
+    return tl.where(code >= 8, -mag, mag)
+
+
+@triton.jit
+def e4m3_round(v):
+    """Round float32 v in [0, 448] to E4M3 (nearest, ties to even). Returns (code int32 0..126, value f32).
+
+    Normal range (v >= 2**-6): round the float32 significand to 3 bits on the integer bits (a carry into
+    the exponent is the correct result). Subnormal range: the quantum is 2**-9, and (v + 2**14) - 2**14
+    rounds v to it in one correctly rounded float32 add (the ulp of 2**14 is 2**-9)."""
+    bits = v.to(tl.int32, bitcast=True)
+    rounded = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576          # -1048576 == 0xFFF00000
+    normal_code = (((rounded >> 23) - 120) << 3) | ((rounded >> 20) & 7)
+    sub_value = (v + 16384.0) - 16384.0
+    sub_code = (sub_value * 512.0).to(tl.int32)
+    is_normal = v >= 0.015625
+    code = tl.where(is_normal, normal_code, sub_code)
+    value = tl.where(is_normal, rounded.to(tl.float32, bitcast=True), sub_value)
+    return code, value
+
+
+@triton.jit
+def e4m3_to_float(code):
+    """float32 value of E4M3 (fn) codes given as int32 0..255; 0x7F/0xFF are NaN."""
+    exp = (code >> 3) & 15
+    man = code & 7
+    normal = (((exp + 120) << 23) | (man << 20)).to(tl.float32, bitcast=True)
+    value = tl.where(exp == 0, man.to(tl.float32) * 0.001953125, normal)
+    value = tl.where((code & 127) == 127, float("nan"), value)
+    return tl.where(code >= 128, -value, value)
+
+
+@triton.jit
+def e8m0_to_float(code):
+    """float32 value 2**(code - 127) of E8M0 codes (int32 0..255); 255 is NaN, 0 is 2**-127 (subnormal)."""
+    value = tl.where(code == 0, 0x00400000, code << 23).to(tl.float32, bitcast=True)
+    return tl.where(code == 255, float("nan"), value)
+
+
+@triton.jit
+def interleave8(v0, v1, v2, v3, v4, v5, v6, v7):
+    """[R, C] x 8 -> [R, 8C] with out[r, 8c + k] = vk[r, c] (register-level joins, then a reshape)."""
+    even = tl.join(tl.join(v0, v4), tl.join(v2, v6))
+    odd = tl.join(tl.join(v1, v5), tl.join(v3, v7))
+    full = tl.join(even, odd)
+    return tl.reshape(full, [v0.shape[0], v0.shape[1] * 8])
+
+
+@triton.jit
+def _bf16_halves(pair):
+    lo = (pair & 0xFFFF).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    hi = (pair >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    return lo, hi
+
+
+@triton.jit
+def fp4x8_to_bf16(words, scale, MODE: tl.constexpr):
+    """Dequantize packed E2M1: `words` int32 [R, C] holds 8 codes each (element 8c+k in bits 4k..4k+3,
+    i.e. the little-endian view of the nibble-packed bytes); `scale` float32 [R, C] is each word's block
+    scale (exactly representable in bf16). Returns bf16 [R, 8C] = code value * scale, exact."""
+    if MODE == 0:
+        v0 = (e2m1_value(words & 15) * scale).to(tl.bfloat16)
+        v1 = (e2m1_value((words >> 4) & 15) * scale).to(tl.bfloat16)
+        v2 = (e2m1_value((words >> 8) & 15) * scale).to(tl.bfloat16)
+        v3 = (e2m1_value((words >> 12) & 15) * scale).to(tl.bfloat16)
+        v4 = (e2m1_value((words >> 16) & 15) * scale).to(tl.bfloat16)
+        v5 = (e2m1_value((words >> 20) & 15) * scale).to(tl.bfloat16)
+        v6 = (e2m1_value((words >> 24) & 15) * scale).to(tl.bfloat16)
+        v7 = (e2m1_value((words >> 28) & 15) * scale).to(tl.bfloat16)
+    else:
+        s16 = (scale.to(tl.int32, bitcast=True) >> 16) & 0xFFFF          # bf16 bits of the scale
+        s2 = s16 | (s16 << 16)
+        if MODE == 1:
+            p0, p1, p2, p3 = tl.inline_asm_elementwise(
+                FP4X8_ASM, "=r,=r,=r,=r,r,r", [words, s2], dtype=(tl.int32, tl.int32, tl.int32, tl.int32),
+                is_pure=True, pack=1)
+            v0, v1 = _bf16_halves(p0)
+            v2, v3 = _bf16_halves(p1)
+            v4, v5 = _bf16_halves(p2)
+            v6, v7 = _bf16_halves(p3)
+        else:
+            v0, v1, v2, v3, v4, v5, v6, v7 = tl.inline_asm_elementwise(
+                FP4X8_ASM16, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, s2], dtype=(tl.bfloat16,) * 8,
+                is_pure=True, pack=1)
+    return interleave8(v0, v1, v2, v3, v4, v5, v6, v7)
+
+
+@triton.jit
+def dot_acc(a, b, acc, IN_F32: tl.constexpr):
+    """acc + a @ b. IN_F32 (set under the interpreter, whose bf16 `tl.dot` returns garbage in Triton 3.9)
+    upcasts the bf16 operands first: same products (bf16 values are exact in float32)."""
+    if IN_F32:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    return tl.dot(a, b, acc)

@@ -1,0 +1,235 @@
+"""Row quantization kernel: NVFP4 (tensor or row global scale), MXFP4 and FP8 E4M3 per row.
+
+One program quantizes BLOCK_M rows, walking K in BLOCK_K chunks: a first walk takes the row amax (row
+formats only; the tensor-global NVFP4 scale comes from `row_amax` + one torch op), a second quantizes.
+Output rows may be redirected (`dest_rows`), which is how the KV-cache write scatters (token, head) rows
+into their paged slots. Bit-exact with `get_format(fmt).quantize` (trace_rl/formats) on codes and scales
+of every block whose elements are finite; a block holding NaN/Inf gets the NaN scale there as here (its
+element codes are unspecified: the reference's own depend on the CPU's NaN propagation).
+
+`EMIT_BF16` is the W4A4 activation path: instead of codes it writes code value * block scale in bf16
+(exact: E2M1 x E4M3 fits bf16) and the row's global scale separately, for the GEMM to consume.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from trace_rl.formats import QTensor, get_format
+from trace_rl.formats.base import check_block_divisible
+from trace_rl.kernels.fp_bits import e2m1_encode, e2m1_value, e4m3_round
+
+FMT_NVFP4 = 0      # global scale given (per tensor)
+FMT_NVFP4_ROW = 1  # global scale per row
+FMT_MXFP4 = 2
+FMT_FP8_ROW = 3
+FORMAT_IDS = {"nvfp4": FMT_NVFP4, "nvfp4:row": FMT_NVFP4_ROW, "mxfp4": FMT_MXFP4, "fp8_e4m3:row": FMT_FP8_ROW}
+BLOCK = {FMT_NVFP4: 16, FMT_NVFP4_ROW: 16, FMT_MXFP4: 32, FMT_FP8_ROW: 1}
+
+
+@triton.jit
+def _load_rows(x_ptr, rows, row_mask, cols, K, stride_x):
+    mask = row_mask[:, None] & (cols < K)[None, :]
+    return tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _finite_abs(x):
+    xa = tl.abs(x)
+    finite = xa < float("inf")  # False for NaN too
+    return tl.where(finite, xa, 0.0), finite
+
+
+@triton.jit
+def _row_amax_kernel(x_ptr, amax_ptr, n_rows, K, stride_x, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = rows < n_rows
+    amax = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        xa, _ = _finite_abs(_load_rows(x_ptr, rows, row_mask, k0 + tl.arange(0, BLOCK_K), K, stride_x))
+        amax = tl.maximum(amax, tl.max(xa, axis=1))
+    tl.store(amax_ptr + rows, amax, mask=row_mask)
+
+
+@triton.jit
+def _quantize_rows_kernel(
+    x_ptr, codes_ptr, scales_ptr, gscale_ptr, dest_ptr,
+    n_rows, K, stride_x, stride_codes, stride_scales, heads,
+    FMT: tl.constexpr, HAS_DEST: tl.constexpr, EMIT_BF16: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    G: tl.constexpr = 16 if FMT <= 1 else (32 if FMT == 2 else BLOCK_K)  # elements per scale
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = rows < n_rows
+    if HAS_DEST:  # KV write: row r = (token r // heads, head r % heads) goes to slot dest[token]
+        slot = tl.load(dest_ptr + rows // heads, mask=row_mask, other=0)
+        out_rows = slot.to(tl.int64) * heads + rows % heads
+    else:
+        out_rows = rows.to(tl.int64)
+
+    # 1) the row-global scale: nvfp4:row (amax / 2688) and fp8 (amax / 448); 1.0 for an all-zero row.
+    if FMT == 0:
+        gscale = tl.load(gscale_ptr) + tl.zeros([BLOCK_M], dtype=tl.float32)
+    elif FMT == 1 or FMT == 3:
+        amax = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            xa, _ = _finite_abs(_load_rows(x_ptr, rows, row_mask, k0 + tl.arange(0, BLOCK_K), K, stride_x))
+            amax = tl.maximum(amax, tl.max(xa, axis=1))
+        gscale = tl.where(amax > 0, tl.math.div_rn(amax, 2688.0 if FMT == 1 else 448.0), 1.0)
+        if FMT == 1 or EMIT_BF16:
+            tl.store(gscale_ptr + out_rows, gscale, mask=row_mask)
+        else:
+            tl.store(scales_ptr + out_rows, gscale, mask=row_mask)   # fp8: the row scale is the scale
+    else:
+        gscale = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+
+    # 2) quantize BLOCK_K columns at a time
+    for k0 in range(0, K, BLOCK_K):
+        cols = k0 + tl.arange(0, BLOCK_K)
+        x = _load_rows(x_ptr, rows, row_mask, cols, K, stride_x)
+        if FMT == 3:
+            scaled = tl.minimum(tl.maximum(tl.math.div_rn(x, gscale[:, None]), -448.0), 448.0)
+            mag_code, _ = e4m3_round(tl.abs(scaled))
+            code = mag_code | ((scaled.to(tl.int32, bitcast=True) < 0).to(tl.int32) << 7)
+            code = tl.where(tl.abs(x) < float("inf"), code, 0x7F)   # NaN and +-Inf -> NaN
+            out_mask = row_mask[:, None] & (cols < K)[None, :]
+            tl.store(codes_ptr + out_rows[:, None] * stride_codes + cols[None, :], code.to(tl.uint8), mask=out_mask)
+        else:
+            blocks = tl.reshape(x, [BLOCK_M, BLOCK_K // G, G])
+            xa, finite = _finite_abs(blocks)
+            block_amax = tl.max(xa, axis=2)
+            bad = tl.max(tl.where(finite, 0, 1), axis=2) > 0
+            if FMT == 2:
+                # exponent = floor(log2(amax)) - 2 from the float's exponent bits; -127 for zero/subnormal
+                biased = (block_amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
+                scale_code = tl.minimum(tl.maximum(biased - 2, 0), 254)
+                scale_code = tl.where(bad, 255, scale_code)
+                # x / 2**e as x * 2**-e (exact): 2**-e = float bits (127 - e) << 23, e in [-127, 125]
+                inv_step = ((254 - tl.minimum(scale_code, 254)) << 23).to(tl.float32, bitcast=True)
+                scaled = blocks * inv_step[:, :, None]
+                step = (scale_code << 23).to(tl.float32, bitcast=True)
+                step = tl.where(scale_code == 0, 5.877471754111438e-39, step)    # 2**-127
+                step = tl.where(bad, float("nan"), step)
+            else:
+                v = tl.minimum(tl.math.div_rn(tl.math.div_rn(block_amax, 6.0), gscale[:, None]), 448.0)
+                scale_code, scale_val = e4m3_round(v)
+                scale_code = tl.where(bad, 0x7F, scale_code)
+                step = tl.where(bad, float("nan"), scale_val * gscale[:, None])
+                step_b = step[:, :, None]
+                scaled = tl.where(step_b == 0, blocks * 0.0, tl.math.div_rn(blocks, step_b))
+                step = tl.where(bad, float("nan"), scale_val)   # for EMIT_BF16: block scale without global
+            codes = e2m1_encode(scaled)
+            sc_cols = k0 // G + tl.arange(0, BLOCK_K // G)
+            if EMIT_BF16:
+                deq = e2m1_value(codes).to(tl.float32) * step[:, :, None]
+                deq = tl.reshape(deq, [BLOCK_M, BLOCK_K])
+                out_mask = row_mask[:, None] & (cols < K)[None, :]
+                tl.store(codes_ptr + out_rows[:, None] * stride_codes + cols[None, :], deq.to(tl.bfloat16),
+                         mask=out_mask)
+            else:
+                lo, hi = tl.split(tl.reshape(codes, [BLOCK_M, BLOCK_K // 2, 2]))
+                packed = (lo | (hi << 4)).to(tl.uint8)
+                bcols = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+                tl.store(codes_ptr + out_rows[:, None] * stride_codes + bcols[None, :], packed,
+                         mask=row_mask[:, None] & (bcols < K // 2)[None, :])
+                tl.store(scales_ptr + out_rows[:, None] * stride_scales + sc_cols[None, :],
+                         scale_code.to(tl.uint8), mask=row_mask[:, None] & (sc_cols < K // G)[None, :])
+
+
+def _interpreting() -> bool:
+    import os
+
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _tiles(n_rows: int, K: int, G: int) -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_K). On the GPU 2K elements per chunk (4K spilled registers at 4 warps, sm_90,
+    Triton 3.9's report). In the interpreter each program costs milliseconds: take the whole problem in as
+    few programs as possible."""
+    if _interpreting():
+        return max(16, min(64, triton.next_power_of_2(n_rows))), max(G, min(1024, triton.next_power_of_2(K)))
+    block_k = max(G, min(128, triton.next_power_of_2(K)))
+    return max(1, 2048 // block_k), block_k
+
+
+def row_amax(x2: torch.Tensor) -> torch.Tensor:
+    """float32 [rows] max |x| over each row's finite elements."""
+    n_rows, K = x2.shape
+    out = torch.empty(n_rows, device=x2.device, dtype=torch.float32)
+    bm, bk = _tiles(n_rows, K, 16)
+    _row_amax_kernel[(triton.cdiv(n_rows, bm),)](x2, out, n_rows, K, x2.stride(0), BLOCK_M=bm, BLOCK_K=bk)
+    return out
+
+
+def launch_quantize_rows(x2, fmt_id, codes, scales, gscale, dest=None, heads=1, emit_bf16=False):
+    """Quantize rows of x2 [rows, K] (unit column stride) into preallocated outputs (see kernel)."""
+    n_rows, K = x2.shape
+    G = BLOCK[fmt_id] if fmt_id != FMT_FP8_ROW else 16
+    bm, bk = _tiles(n_rows, K, G)
+    grid = (triton.cdiv(n_rows, bm),)
+    _quantize_rows_kernel[grid](
+        x2, codes, scales if scales is not None else codes, gscale if gscale is not None else codes,
+        dest if dest is not None else codes,
+        n_rows, K, x2.stride(0), codes.stride(0), scales.stride(0) if scales is not None else 0, heads,
+        FMT=fmt_id, HAS_DEST=dest is not None, EMIT_BF16=emit_bf16, BLOCK_M=bm, BLOCK_K=bk)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
+def quantize(x: torch.Tensor, fmt_name: str) -> QTensor:
+    """Kernel version of `get_format(fmt_name).quantize(x)`: same QTensor, bit for bit."""
+    name = get_format(fmt_name).name
+    if name not in FORMAT_IDS:
+        raise ValueError(f"no quantize kernel for format {fmt_name!r}; kernels exist for "
+                         f"{', '.join(FORMAT_IDS)} (use get_format(...).quantize for the others)")
+    fmt_id = FORMAT_IDS[name]
+    check_block_divisible(x, BLOCK[fmt_id], name)
+    lead, K = tuple(x.shape[:-1]), x.shape[-1]
+    x2 = _rows(x)
+    n_rows, dev = x2.shape[0], x.device
+    if fmt_id == FMT_FP8_ROW:
+        codes = torch.empty(n_rows, K, device=dev, dtype=torch.uint8)
+        scales = torch.empty(n_rows, 1, device=dev, dtype=torch.float32)
+        if n_rows:
+            launch_quantize_rows(x2, fmt_id, codes, scales, None)
+        return QTensor(codes.view(torch.float8_e4m3fn).reshape(x.shape), scales.reshape(*lead, 1), None,
+                       tuple(x.shape), x.dtype, name)
+    G = BLOCK[fmt_id]
+    codes = torch.empty(n_rows, K // 2, device=dev, dtype=torch.uint8)
+    scales = torch.empty(n_rows, K // G, device=dev, dtype=torch.uint8)
+    gscale = None
+    if fmt_id == FMT_NVFP4:
+        amax = row_amax(x2).amax() if n_rows else torch.zeros((), device=dev)
+        gscale = torch.where(amax > 0, amax / 2688.0, torch.ones_like(amax))
+    elif fmt_id == FMT_NVFP4_ROW:
+        gscale = torch.empty(n_rows, 1, device=dev, dtype=torch.float32)
+    if n_rows:
+        launch_quantize_rows(x2, fmt_id, codes, scales, gscale)
+    if fmt_id != FMT_MXFP4:
+        scales = scales.view(torch.float8_e4m3fn)
+        gscale = gscale.reshape(*lead, 1) if fmt_id == FMT_NVFP4_ROW else gscale
+    return QTensor(codes.reshape(*lead, K // 2), scales.reshape(*lead, K // G), gscale, tuple(x.shape), x.dtype,
+                   name)
+
+
+def quantize_dequant_bf16(x2: torch.Tensor, fmt_name: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """W4A4 activations: (bf16 [rows, K] = code value * block scale, float32 [rows] row global or None).
+
+    x2 quantized per token with `fmt_name` ("nvfp4:row" or "mxfp4"); value * global reproduces
+    `get_format(fmt_name).dequantize(quantize(x2))` up to the float32 rounding of that last product."""
+    name = get_format(fmt_name).name
+    if name not in ("nvfp4:row", "mxfp4"):
+        raise ValueError(f"W4A4 activations are quantized per token to nvfp4:row or mxfp4, not {fmt_name!r}")
+    fmt_id = FORMAT_IDS[name]
+    check_block_divisible(x2, BLOCK[fmt_id], name)
+    n_rows, K = x2.shape
+    out = torch.empty(n_rows, K, device=x2.device, dtype=torch.bfloat16)
+    gscale = torch.empty(n_rows, device=x2.device, dtype=torch.float32) if fmt_id == FMT_NVFP4_ROW else None
+    if n_rows:
+        launch_quantize_rows(x2, fmt_id, out, None, gscale, emit_bf16=True)
+    return out, gscale
