@@ -1,1 +1,23 @@
-"""trace_rl.pipelines."""
+"""Declarative assembly: `PipelineConfig` -> `build(cfg)` -> `Pipeline.run()`; presets; the default config."""
+
+from trace_rl.pipelines.config import PipelineConfig
+from trace_rl.pipelines.presets import PIPELINE_PRESETS, apply_preset
+
+__all__ = ["PIPELINE_PRESETS", "PipelineConfig", "apply_preset", "build", "default_config"]
+
+
+def build(cfg, run_dir=None, title: str = ""):
+    from trace_rl.pipelines.build import build as _build
+
+    return _build(cfg, run_dir, title)
+
+
+def default_config_path():
+    from pathlib import Path
+
+    return Path(__file__).resolve().parent / "configs" / "default.yaml"
+
+
+def default_config() -> PipelineConfig:
+    """The embedded default run (`trace-rl run` with no argument)."""
+    return PipelineConfig.load(default_config_path())

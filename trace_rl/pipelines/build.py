@@ -1,0 +1,134 @@
+"""`build(cfg) -> Pipeline`: the config tree turned into objects. Every check that can fail runs before
+anything is written to disk."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from trace_rl.config import ConfigError
+from trace_rl.pipelines.config import DEFAULT_MODEL, PipelineConfig
+from trace_rl.pipelines.pipeline import Pipeline
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+DEFAULT_POLICY_DIR = ASSETS / "default_policy"
+
+
+def resolve_device(choice: str) -> torch.device:
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("model.device: 'cuda' was asked for but no CUDA device is available here; "
+                          "use 'auto' or 'cpu'", ("model.device",))
+    if choice == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(choice)
+
+
+def load_policy(cfg: PipelineConfig, device: torch.device):
+    """(trainer model with the plan applied, tokenizer)."""
+    from trace_rl.models import loading, presets
+    from trace_rl.models.tokenizer import load_tokenizer
+
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.model.dtype]
+    if cfg.model.path is not None or cfg.model.preset == DEFAULT_MODEL:
+        folder = Path(cfg.model.path) if cfg.model.path is not None else DEFAULT_POLICY_DIR
+        if not (folder / "config.json").is_file():
+            field = "model.path" if cfg.model.path is not None else "model.preset"
+            raise ConfigError(f"{field}: no model at {folder} (expected config.json + *.safetensors there)",
+                              (field,))
+        model = loading.load(folder, plan=cfg.precision, device=device, dtype=dtype)
+        return model, load_tokenizer(folder)
+    if cfg.model.preset not in presets.PRESETS:
+        raise ConfigError(f"model.preset: unknown preset {cfg.model.preset!r}; available: "
+                          f"{', '.join([DEFAULT_MODEL, *presets.PRESETS])}", ("model.preset",))
+    model, tokenizer = presets.tiny_model(cfg.model.preset, seed=cfg.seed, device=device, dtype=dtype,
+                                          plan=cfg.precision)
+    return model, tokenizer
+
+
+def make_engine(cfg: PipelineConfig, model, tokenizer, device: torch.device):
+    engine = cfg.rollout.engine
+    if engine == "native":
+        from trace_rl.engine.native import NativeEngine
+
+        return NativeEngine(model, cfg.precision, max_batch=cfg.rollout.max_batch,
+                            max_seq_len=cfg.rollout.max_seq_len, device=device,
+                            pad_token_id=tokenizer.pad_token_id)
+    if engine == "recompute":
+        if cfg.precision.is_quantized:
+            raise ConfigError("rollout.engine: 'recompute' re-runs the plain model and has no quantized KV "
+                              "cache; use 'native' for a quantized plan", ("rollout.engine",))
+        import copy
+
+        from trace_rl.engine.recompute import RecomputeEngine
+
+        return RecomputeEngine(copy.deepcopy(model), tokenizer.pad_token_id, device=device)
+    if engine == "hf":
+        raise ConfigError("rollout.engine: 'hf' needs a transformers model; build HFEngine.from_pretrained "
+                          "yourself and assemble the Pipeline in Python (docs/pipelines.md)", ("rollout.engine",))
+    raise ConfigError(f"rollout.engine: {engine!r} is not available in this build; use 'native'",
+                      ("rollout.engine",))
+
+
+def stop_token_ids(task, tokenizer) -> tuple[int, ...]:
+    ids = [tokenizer.eos_token_id] if getattr(tokenizer, "eos_token_id", None) is not None else []
+    for s in getattr(task, "stop_strings", ()):
+        enc = tokenizer.encode(s)
+        if len(enc) != 1:
+            raise ConfigError(f"task: stop string {s!r} is {len(enc)} tokens; stop strings must be one token",
+                              ("task",))
+        ids.append(enc[0])
+    return tuple(dict.fromkeys(ids))
+
+
+def build(cfg: PipelineConfig, run_dir: str | Path | None = None, title: str = "") -> Pipeline:
+    """All objects of a run (nothing is written until `Pipeline.run`)."""
+    from trace_rl.collectors import RolloutCollector
+    from trace_rl.collectors.rewards import TaskReward
+    from trace_rl.correction import CorrectionsConfig
+    from trace_rl.data import GroupAdvantage, make_replay_buffer
+    from trace_rl.engine.base import SamplingParams
+    from trace_rl.objectives import TrainerLogProbs
+    from trace_rl.tasks import build_task
+
+    torch.manual_seed(cfg.seed)
+    device = resolve_device(cfg.model.device)
+    model, tokenizer = load_policy(cfg, device)
+    task = build_task(cfg.task)
+    engine = make_engine(cfg, model, tokenizer, device)
+    s = cfg.rollout.sampling
+    sampling = SamplingParams(n=cfg.loop.group_size, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
+                              max_new_tokens=s.max_new_tokens, stop_token_ids=stop_token_ids(task, tokenizer),
+                              seed=cfg.seed)
+    rows = cfg.loop.prompts_per_step * cfg.loop.group_size
+    staleness = cfg.loop.max_staleness
+    buffer = make_replay_buffer(rows * ((staleness or 0) + 1), max_staleness=staleness,
+                                pad_token_id=tokenizer.pad_token_id)
+    collector = RolloutCollector(engine, [], TaskReward(task, tokenizer), sampling, replay_buffer=buffer,
+                                 postproc=GroupAdvantage.from_config(cfg.trainer.advantage))
+    trainer_logprobs = TrainerLogProbs.from_sampling(model, sampling, pad_token_id=tokenizer.pad_token_id,
+                                                     micro_batch_size=cfg.trainer.micro_batch_size)
+    corrections = CorrectionsConfig(corrections=list(cfg.corrections)).build()
+    loss = cfg.trainer.loss.build(model, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
+                                  pad_token_id=tokenizer.pad_token_id)
+    params = [p for p in model.parameters() if p.requires_grad]
+    t = cfg.trainer
+    if t.optimizer == "adamw":
+        optimizer = torch.optim.AdamW(params, lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)
+    else:
+        optimizer = torch.optim.SGD(params, lr=t.lr, weight_decay=t.weight_decay)
+    if run_dir is None:
+        name = cfg.logging.name or f"{cfg.precision.label}-{time.strftime('%Y%m%d-%H%M%S')}"
+        run_dir = Path(cfg.logging.dir) / name
+    return Pipeline(
+        model=model, tokenizer=tokenizer, task=task, engine=engine, collector=collector, buffer=buffer,
+        trainer_logprobs=trainer_logprobs, corrections=corrections, loss=loss, optimizer=optimizer,
+        sampling=sampling, run_dir=Path(run_dir), steps=cfg.loop.steps, prompts_per_step=cfg.loop.prompts_per_step,
+        seed=cfg.seed, epochs_per_batch=t.epochs_per_batch, micro_batch_size=t.micro_batch_size,
+        grad_clip=t.grad_clip, eval_every=cfg.loop.eval_every, eval_prompts=cfg.loop.eval_prompts,
+        checkpoint_every=cfg.loop.checkpoint_every,
+        logging=cfg.logging.model_dump(include={"jsonl", "tensorboard", "progress", "plot"}),
+        config=cfg, title=title or f"{cfg.precision.label}, corrections: "
+                                   f"{', '.join(c.kind for c in cfg.corrections) or 'none'}",
+    )

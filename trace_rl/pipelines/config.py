@@ -1,0 +1,116 @@
+"""`PipelineConfig`: one pydantic config for a whole RL run (YAML/TOML), the typed tree of its objects.
+
+collector (engine + prompts + task reward) -> replay buffer -> trainer log-probs -> corrections -> loss ->
+optimizer -> weight sync. Every field is documented; unknown keys are errors naming the key.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from trace_rl.config import TraceConfig
+from trace_rl.correction.registry import CorrectionConfig
+from trace_rl.data.advantages import GroupAdvantageConfig
+from trace_rl.objectives.config import LossConfig
+from trace_rl.plan import PrecisionPlan
+from trace_rl.tasks.config import ArithmeticConfig, TaskConfig
+
+DEFAULT_MODEL = "default"   # the embedded char-level policy shipped in trace_rl/assets
+
+
+class ModelSection(TraceConfig):
+    """Which policy to train: the embedded default, a random-init preset, or a local HF-format folder."""
+
+    preset: str | None = Field(
+        DEFAULT_MODEL, description="'default' (the embedded SFT'd char-level policy) or a model preset "
+                                   "('tiny', 'tiny-llama': random init). Ignored when `path` is set.")
+    path: str | None = Field(None, description="Local HF-format folder (config.json + safetensors + tokenizer).")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="Trainer parameter dtype (the rollout engine casts to its own on GPU).")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="'auto': cuda when present, else cpu.")
+
+
+class SamplingSection(TraceConfig):
+    """Rollout sampling. The group size (responses per prompt) is `loop.group_size`."""
+
+    temperature: float = Field(1.0, ge=0.0, description="Softmax temperature (0: greedy).")
+    top_k: int = Field(0, ge=0, description="Keep the k most likely tokens (0: all).")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus mass (1.0: all).")
+    max_new_tokens: int = Field(16, ge=1, description="Most tokens per response.")
+
+
+class RolloutSection(TraceConfig):
+    """The rollout engine and how it samples."""
+
+    engine: Literal["native", "hf", "recompute", "vllm"] = Field(
+        "native", description="native (ours: paged quantized KV cache), hf (transformers generate, bf16 plan "
+                              "only), recompute (full re-forward per token: slow exact reference), vllm.")
+    sampling: SamplingSection = Field(default_factory=SamplingSection, description="Sampling parameters.")
+    max_batch: int = Field(64, ge=1, description="Sequences decoded at once (native engine slots).")
+    max_seq_len: int = Field(256, ge=8, description="Prompt + response tokens per sequence (KV-cache size).")
+
+
+class TrainerSection(TraceConfig):
+    """Optimisation of the policy."""
+
+    optimizer: Literal["adamw", "sgd"] = Field("adamw", description="Optimizer.")
+    lr: float = Field(1e-4, gt=0, description="Learning rate.")
+    weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay (AdamW).")
+    betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas.")
+    epochs_per_batch: int = Field(1, ge=1, description="Optimizer passes over each collected batch.")
+    micro_batch_size: int = Field(64, ge=1, description="Rows per forward/backward (gradient accumulation).")
+    grad_clip: float | None = Field(1.0, gt=0, description="Max global gradient norm (None: no clipping).")
+    loss: LossConfig = Field(default_factory=LossConfig, description="The GRPO-family objective.")
+    advantage: GroupAdvantageConfig = Field(default_factory=GroupAdvantageConfig,
+                                            description="How rewards become advantages.")
+
+
+class LoopSection(TraceConfig):
+    """How long and how much per step."""
+
+    steps: int = Field(40, ge=1, description="Training steps (one collected batch each).")
+    prompts_per_step: int = Field(16, ge=1, description="Prompts sampled per step.")
+    group_size: int = Field(8, ge=1, description="Responses per prompt (the GRPO group).")
+    max_staleness: int | None = Field(
+        0, ge=0, description="Replay buffer drops groups more than this many policy versions old.")
+    eval_every: int = Field(10, ge=0, description="Evaluate on held-out prompts every N steps (0: only at the "
+                                                  "start and the end).")
+    eval_prompts: int = Field(128, ge=1, description="Held-out prompts per evaluation (greedy decoding).")
+    checkpoint_every: int = Field(0, ge=0, description="Save a checkpoint every N steps (0: only at the end).")
+
+
+class LoggingSection(TraceConfig):
+    """Where the run writes."""
+
+    dir: str = Field("runs", description="Parent folder of run directories.")
+    name: str | None = Field(None, description="Run directory name (None: <preset-or-plan>-<timestamp>).")
+    jsonl: bool = Field(True, description="Write metrics.jsonl (one JSON object per step).")
+    tensorboard: bool = Field(False, description="Also write TensorBoard events (needs the tensorboard package).")
+    progress: bool = Field(True, description="Show a progress bar with reward, accuracy and mismatch.")
+    plot: bool = Field(True, description="Write curves.png (reward/accuracy, mismatch_k3, ess over steps).")
+
+
+class PipelineConfig(TraceConfig):
+    """A whole RL run. `trace-rl run CONFIG`, or `trace_rl.pipelines.build(cfg).run()` from Python."""
+
+    seed: int = Field(0, description="Seed of model init (presets), prompts, sampling and the trainer.")
+    model: ModelSection = Field(default_factory=ModelSection, description="The policy.")
+    task: TaskConfig = Field(default_factory=ArithmeticConfig, description="The verifiable task (kind: ...).")
+    precision: PrecisionPlan = Field(default_factory=PrecisionPlan,
+                                     description="Formats per stage: rollout weights/activations/KV, trainer.")
+    rollout: RolloutSection = Field(default_factory=RolloutSection, description="Engine and sampling.")
+    trainer: TrainerSection = Field(default_factory=TrainerSection, description="Optimisation.")
+    corrections: tuple[CorrectionConfig, ...] = Field(
+        (), description="Drift corrections applied in order (weights multiply, masks AND): "
+                        "[{kind: token_tis, params: {C: 2.0}}, ...].")
+    loop: LoopSection = Field(default_factory=LoopSection, description="Steps and batch sizes.")
+    logging: LoggingSection = Field(default_factory=LoggingSection, description="Outputs.")
+
+    @model_validator(mode="after")
+    def _check(self) -> PipelineConfig:
+        if self.rollout.engine == "hf" and self.precision.is_quantized:
+            raise ValueError(f"rollout.engine='hf' runs transformers' own bf16 model; precision "
+                             f"{self.precision.label!r} needs engine 'native' (or 'vllm')")
+        return self

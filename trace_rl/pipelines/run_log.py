@@ -1,0 +1,106 @@
+"""Run outputs: metrics.jsonl, optional TensorBoard, a progress bar, the summary table and curves.png."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+PROGRESS_KEYS = (("reward", "reward"), ("acc", "correct"), ("k3", "mismatch_k3"))
+
+
+class RunLog:
+    def __init__(self, run_dir: Path, jsonl: bool = True, tensorboard: bool = False, progress: bool = True,
+                 total_steps: int = 0, start_step: int = 0):
+        self.run_dir = run_dir
+        self.history: list[dict] = []
+        self._jsonl = (run_dir / "metrics.jsonl").open("a") if jsonl else None
+        self._tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as err:
+                raise RuntimeError("logging.tensorboard=true needs the tensorboard package: "
+                                   "pip install tensorboard (or set logging.tensorboard=false)") from err
+            self._tb = SummaryWriter(str(run_dir / "tensorboard"))
+        self._bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=total_steps, initial=start_step, desc="trace-rl", unit="step", dynamic_ncols=True)
+
+    def log(self, record: dict) -> None:
+        self.history.append(record)
+        if self._jsonl:
+            self._jsonl.write(json.dumps(record, default=float) + "\n")
+            self._jsonl.flush()
+        if self._tb:
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and key != "step":
+                    self._tb.add_scalar(key, value, record["step"])
+        if self._bar is not None and record.get("kind") == "train":
+            self._bar.update(1)
+            self._bar.set_postfix({short: f"{record[key]:.3g}" for short, key in PROGRESS_KEYS if key in record})
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        if self._jsonl:
+            self._jsonl.close()
+        if self._tb:
+            self._tb.close()
+
+
+def read_history(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def plot_curves(history: list[dict], path: Path, title: str = "") -> Path:
+    """reward/accuracy, mismatch_k3 and ess over steps (eval accuracy as markers)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    train = [r for r in history if r.get("kind") == "train"]
+    evals = [r for r in history if r.get("kind") == "eval"]
+    steps = [r["step"] for r in train]
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    ax = axes[0]
+    ax.plot(steps, [r.get("reward", math.nan) for r in train], label="train reward")
+    ax.plot(steps, [r.get("correct", math.nan) for r in train], label="train accuracy")
+    if evals:
+        ax.plot([r["step"] for r in evals], [r["eval_accuracy"] for r in evals], "o-", label="held-out accuracy")
+    ax.set_xlabel("step")
+    ax.legend()
+    ax.set_title("reward / accuracy")
+    for ax, key in zip(axes[1:], ("mismatch_k3", "ess")):
+        ax.plot(steps, [r.get(key, math.nan) for r in train])
+        ax.set_xlabel("step")
+        ax.set_title(key)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def summary_table(summary: dict) -> str:
+    rows = [
+        ("held-out accuracy (start)", summary.get("eval_accuracy_start")),
+        ("held-out accuracy (end)", summary.get("eval_accuracy_end")),
+        ("train reward (first 5 steps)", summary.get("reward_first")),
+        ("train reward (last 5 steps)", summary.get("reward_last")),
+        ("mean mismatch_k3", summary.get("mismatch_k3_mean")),
+        ("mean ess", summary.get("ess_mean")),
+        ("rollout tokens/s", summary.get("rollout_tokens_per_s")),
+        ("wall time (s)", summary.get("wall_seconds")),
+    ]
+    width = max(len(name) for name, _ in rows)
+    lines = [f"{'metric':{width}s}  value", "-" * (width + 12)]
+    for name, value in rows:
+        text = "–" if value is None else (f"{value:.4g}" if isinstance(value, float) else str(value))
+        lines.append(f"{name:{width}s}  {text}")
+    return "\n".join(lines)
