@@ -1,0 +1,76 @@
+"""Grouped-query attention with optional QK-norm, and its K/V path through the precision plan.
+
+Two ways to run, over the same projections:
+
+- trainer (`kv is None`): causal attention over the whole sequence. When the trainer is aligned with a
+  quantized KV cache (`kv_fake_fmt` set by `Decoder.apply_plan`), K and V are quantize-dequantized per
+  token and head with the cache's format (straight-through gradient), exactly what the rollout reads
+  back from its cache.
+- rollout (`kv` given): `kv.attend(layer_idx, q, k, v)` writes K/V into the engine's paged cache and
+  attends over what the cache holds (see `trace_rl.engine.kv_cache.KVStep`). The model knows nothing of
+  pages, slots or kernels; any object with that `attend` method works.
+
+K is stored after RoPE (and after QK-norm), as every paged cache does.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trace_rl.backends import straight_through
+from trace_rl.formats import get_format, per_token
+from trace_rl.models.config import ModelConfig
+from trace_rl.models.linear import Linear
+from trace_rl.models.norm import RMSNorm
+from trace_rl.models.rope import apply_rope
+
+
+class KVAttend(Protocol):
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q [B, T, Hq, D], k/v [B, T, Hkv, D] (new tokens) -> attention output [B, T, Hq, D]."""
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """[B, T, H, D] layout in and out; GQA by head groups; causal from position 0."""
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                         is_causal=True, scale=scale, enable_gqa=q.shape[2] != k.shape[2])
+    return out.transpose(1, 2)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int):
+        super().__init__()
+        c = config
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
+        self.scale = c.head_dim ** -0.5
+        self.q_proj = Linear(c.hidden_size, c.num_heads * c.head_dim, bias=c.qkv_bias)
+        self.k_proj = Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.qkv_bias)
+        self.v_proj = Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.qkv_bias)
+        self.o_proj = Linear(c.num_heads * c.head_dim, c.hidden_size, bias=c.o_bias)
+        self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps) if c.qk_norm else None
+        self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps) if c.qk_norm else None
+        self.kv_fake_fmt: str | None = None   # trainer aligned/guided with a quantized KV cache
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                kv: KVAttend | None = None) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if kv is not None:
+            out = kv.attend(self.layer_idx, q, k, v)
+        else:
+            if self.kv_fake_fmt is not None:
+                fmt = get_format(per_token(self.kv_fake_fmt))
+                k = straight_through(k, fmt.fake_quantize(k.detach()))
+                v = straight_through(v, fmt.fake_quantize(v.detach()))
+            out = causal_attention(q, k, v, self.scale)
+        return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim))

@@ -1,0 +1,156 @@
+"""`Decoder`: one module tree for Llama / Qwen2 / Qwen3 (RMSNorm, RoPE, GQA, SwiGLU, QK-norm, tied embeddings).
+
+Module names equal transformers' (`model.layers.3.self_attn.q_proj`, `lm_head`, ...), so HF state dicts
+load unchanged and `PrecisionPlan.keep_high_precision` globs read the same as in HF code.
+
+Precision is a config rewrite over this tree:
+- `apply_plan(plan)` sets each `Linear`'s formats (`plan.weight_format(name)`, ...) and the trainer mode,
+  and, for aligned/guided trainers, the attention's KV fake-quantization format.
+- `to_rollout()` turns every `Linear` into its packed `QuantLinear` form (the engine's copy).
+
+Forward: `model(tokens [B, T]) -> logits [B, T, V]` (trainer: full causal attention). The engine calls
+`model(tokens, positions=..., kv=..., logits_at=...)`: positions [B, T], a KV object (see
+`attention.KVAttend`), and optionally the index [B] of the single position whose logits it needs.
+Embeddings and norms are never quantized (an embedding lookup reads B rows, not the table).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trace_rl.models.attention import Attention, KVAttend
+from trace_rl.models.config import ModelConfig
+from trace_rl.models.linear import Linear
+from trace_rl.models.norm import RMSNorm
+from trace_rl.models.rope import inverse_frequencies, rope_cos_sin
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        h, i, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.gate_proj = Linear(h, i, bias=bias)
+        self.up_proj = Linear(h, i, bias=bias)
+        self.down_proj = Linear(i, h, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, layer_idx)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x, cos, sin, kv: KVAttend | None = None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderStack(nn.Module):
+    """HF's `model.` prefix: embeddings, layers, final norm."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class Decoder(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.model = DecoderStack(config)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.register_buffer("inv_freq", inverse_frequencies(config), persistent=False)
+        self.plan = None
+        for name, module in self.named_modules():
+            if isinstance(module, Linear):
+                module.name = name
+        self.tie_weights()
+
+    def _apply(self, fn, recurse=True):
+        # RoPE frequencies stay float32 whatever dtype the weights are cast to (as in transformers).
+        super()._apply(fn, recurse)
+        self.inv_freq = inverse_frequencies(self.config, self.inv_freq.device)
+        return self
+
+    def tie_weights(self) -> None:
+        if self.config.tie_word_embeddings and self.lm_head.quant is None:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def linears(self) -> dict[str, Linear]:
+        return {name: m for name, m in self.named_modules() if isinstance(m, Linear)}
+
+    # -- precision: config rewrites --
+    def apply_plan(self, plan) -> Decoder:
+        """Set every Linear's formats and the trainer mode from a `PrecisionPlan` (None: plain bf16)."""
+        self.plan = plan
+        for name, lin in self.linears().items():
+            if plan is None:
+                lin.set_formats("bf16", "bf16", "bf16")
+            else:
+                lin.set_formats(plan.weight_format(name), plan.activation_format(name), plan.trainer)
+        aligned_kv = plan is not None and plan.trainer != "bf16" and plan.kv_cache != "bf16"
+        for layer in self.model.layers:
+            layer.self_attn.kv_fake_fmt = plan.kv_cache if aligned_kv else None
+        return self
+
+    @torch.no_grad()
+    def to_rollout(self) -> Decoder:
+        """Pack every Linear's weight into its plan format (QuantLinear buffers), in place.
+
+        A tied bf16 `lm_head` keeps reading the embedding table (no second copy of the vocabulary)."""
+        for lin in self.linears().values():
+            lin.to_rollout()
+        if self.config.tie_word_embeddings and self.lm_head.quant.weight_fmt == "bf16":
+            self.lm_head.quant.weight = self.model.embed_tokens.weight.data
+        for p in self.parameters():
+            p.requires_grad_(False)
+        return self
+
+    @property
+    def is_rollout(self) -> bool:
+        return self.lm_head.quant is not None
+
+    # -- forward --
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
+                kv: KVAttend | None = None, logits_at: torch.Tensor | None = None) -> torch.Tensor:
+        b, t = tokens.shape
+        if positions is None:
+            positions = torch.arange(t, device=tokens.device).expand(b, t)
+        x = self.model.embed_tokens(tokens)
+        cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, kv)
+        if logits_at is not None:
+            x = x[torch.arange(b, device=x.device), logits_at]      # [B, H]: only the positions sampled from
+        return self.lm_head(self.model.norm(x))
+
+    @torch.no_grad()
+    def init_random(self, std: float = 0.02, generator: torch.Generator | None = None) -> Decoder:
+        """N(0, std) Linear/embedding weights, zero biases, unit norms (HF's init; for tests and benches)."""
+        for module in self.modules():
+            if isinstance(module, (Linear, nn.Embedding)) and module.weight is not None:
+                module.weight.normal_(0.0, std, generator=generator)
+                if getattr(module, "bias", None) is not None:
+                    module.bias.zero_()
+            elif isinstance(module, RMSNorm):
+                module.weight.fill_(1.0)
+        return self
+
+
+def build(config: ModelConfig, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+          plan=None) -> Decoder:
+    """A Decoder with uninitialised weights on `device` (built on the meta device, then materialised)."""
+    with torch.device("meta"):
+        model = Decoder(config).to(dtype)
+    model.to_empty(device=device)
+    model.tie_weights()          # to_empty materialises a tied parameter once per owner: tie again
+    return model.apply_plan(plan)

@@ -1,0 +1,82 @@
+"""`Linear`: every projection of the decoder, and the one place where activations meet the precision plan.
+
+A `Linear` is in one of two stages, chosen by a config rewrite (`Decoder.apply_plan`, `Decoder.to_rollout`),
+never by patching forward methods:
+
+- **trainer** (a `weight` Parameter): `trainer_mode == "bf16"` computes plainly. `aligned`/`guided`
+  fake-quantize the weight per output row (`backend.fake_quantize_weight`) and the input per token
+  (`backend.fake_quantize`) to the rollout's formats, with straight-through gradients.
+- **rollout** (a `QuantLinear` in `self.quant`, the weight in packed buffers): the backend quantizes the
+  input per token and runs its linear (emulated on CPU, kernels on GPU). `load_weight` re-quantizes into
+  the same buffers, so CUDA graphs that read them stay valid.
+
+`activation_hook` is the hook point for TRACE guidance: when set, it is called as `hook(self, x)` right
+where this layer's input is quantized, in both stages. In the trainer stage its return value is passed
+to `fake_quantize` as `guidance`; in the rollout stage it may record what the rollout's quantization did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trace_rl.backends import QuantLinear
+from trace_rl.backends.registry import backend_for_format
+
+ActivationHook = Callable[["Linear", torch.Tensor], object]
+
+
+class Linear(nn.Module):
+    def __init__(self, in_features: int, out_features: int, bias: bool = False,
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.empty(out_features, device=device, dtype=dtype)) if bias else None
+        self.name = ""                    # module path ("model.layers.0.mlp.up_proj"), set by the Decoder
+        self.weight_fmt = "bf16"          # the plan's formats for this layer (bf16 = high precision)
+        self.act_fmt = "bf16"
+        self.trainer_mode = "bf16"        # PrecisionPlan.trainer
+        self.quant: QuantLinear | None = None
+        self.activation_hook: ActivationHook | None = None
+
+    @property
+    def is_quantized(self) -> bool:
+        return (self.weight_fmt, self.act_fmt) != ("bf16", "bf16")
+
+    def set_formats(self, weight_fmt: str, act_fmt: str, trainer_mode: str) -> None:
+        if self.quant is not None and (weight_fmt, act_fmt) != (self.weight_fmt, self.act_fmt):
+            raise ValueError(f"{self.name}: a rollout layer's formats are fixed when it is built; build a new "
+                             f"rollout model for another plan")
+        self.weight_fmt, self.act_fmt, self.trainer_mode = weight_fmt, act_fmt, trainer_mode
+
+    @torch.no_grad()
+    def to_rollout(self) -> None:
+        """Replace the weight Parameter by a QuantLinear holding it in this layer's weight format."""
+        if self.quant is not None:
+            return
+        bias = None if self.bias is None else self.bias.detach()
+        self.quant = QuantLinear(self.weight.detach(), self.weight_fmt, self.act_fmt, bias)
+        self.weight = None
+        self.bias = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hook = self.activation_hook
+        if self.quant is not None:                           # rollout stage
+            if hook is not None:
+                hook(self, x)
+            return self.quant(x)
+        if self.trainer_mode == "bf16" or not self.is_quantized:
+            return F.linear(x, self.weight, self.bias)
+        backend = backend_for_format(self.weight_fmt)
+        guidance = hook(self, x) if hook is not None else None
+        xq = backend.fake_quantize(x, self.act_fmt, guidance)
+        wq = backend.fake_quantize_weight(self.weight, self.weight_fmt)
+        return F.linear(xq, wq, self.bias)
+
+    def extra_repr(self) -> str:
+        stage = "rollout" if self.quant is not None else f"trainer={self.trainer_mode}"
+        return f"in={self.in_features}, out={self.out_features}, weight={self.weight_fmt}, act={self.act_fmt}, {stage}"

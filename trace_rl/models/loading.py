@@ -1,0 +1,102 @@
+"""Local HF-format folders: `load(path, plan=...)` and `save_pretrained(model, tokenizer, folder)`.
+
+A folder holds `config.json`, `model.safetensors` (or shards listed in `model.safetensors.index.json`)
+and tokenizer files. Nothing is fetched from a hub. Tied checkpoints may omit `lm_head.weight` (as HF
+writes them). Missing or unexpected tensors are an error that names them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from trace_rl.models.config import ModelConfig
+from trace_rl.models.decoder import Decoder, build
+
+WEIGHTS_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16",
+                torch.float64: "float64"}
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    if (folder / WEIGHTS_FILE).is_file():
+        return [folder / WEIGHTS_FILE]
+    if (folder / INDEX_FILE).is_file():
+        index = json.loads((folder / INDEX_FILE).read_text())
+        return [folder / f for f in sorted(set(index["weight_map"].values()))]
+    raise FileNotFoundError(f"no {WEIGHTS_FILE} or {INDEX_FILE} in {folder}")
+
+
+def read_state_dict(folder: str | Path, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    sd = {}
+    for f in _weight_files(Path(folder)):
+        sd.update(load_file(str(f), device=str(device)))
+    return {k: v for k, v in sd.items() if not k.endswith(_IGNORED_SUFFIXES)}
+
+
+@torch.no_grad()
+def load_state_dict_into(model: Decoder, state_dict: dict[str, torch.Tensor]) -> None:
+    """Copy a HF-named state dict into a trainer-stage model (cast to its dtype), strictly."""
+    expected = {k: v for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        expected.pop("lm_head.weight", None)
+        state_dict = {k: v for k, v in state_dict.items() if k != "lm_head.weight"}
+    missing = sorted(set(expected) - set(state_dict))
+    unexpected = sorted(set(state_dict) - set(expected))
+    if missing or unexpected:
+        raise ValueError(f"state dict does not match the {model.config.family} decoder: missing {missing[:8]}"
+                         f"{'...' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}"
+                         f"{'...' if len(unexpected) > 8 else ''}")
+    for name, target in expected.items():
+        src = state_dict[name]
+        if src.shape != target.shape:
+            raise ValueError(f"{name}: checkpoint shape {tuple(src.shape)} != model shape {tuple(target.shape)}")
+        target.copy_(src)
+
+
+def load(path: str | Path, plan=None, device: torch.device | str = "cpu",
+         dtype: torch.dtype | None = None) -> Decoder:
+    """A trainer-stage Decoder from a local HF folder, with `plan` applied (None: plain).
+
+    `dtype` defaults to the checkpoint's `torch_dtype` (float32 if absent)."""
+    folder = Path(path)
+    config = ModelConfig.from_pretrained(folder)
+    if dtype is None:
+        raw = json.loads((folder / "config.json").read_text())
+        name = raw.get("torch_dtype") or raw.get("dtype") or "float32"
+        dtype = {v: k for k, v in _DTYPE_NAMES.items()}.get(name, torch.float32)
+    model = build(config, device=device, dtype=dtype, plan=plan)
+    load_state_dict_into(model, read_state_dict(folder, device))
+    return model
+
+
+def save_pretrained(model: Decoder, tokenizer, folder: str | Path) -> Path:
+    """Write config.json (HF format), model.safetensors and the tokenizer: loadable here and by transformers."""
+    from safetensors.torch import save_file
+
+    if model.is_rollout:
+        raise ValueError("save_pretrained saves trainer-stage models; a rollout model holds packed weights")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    dtype = next(model.parameters()).dtype
+    config = model.config
+    if tokenizer is not None and hasattr(tokenizer, "pad_token_id") and config.pad_token_id is None:
+        config = config.replace(pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                                eos_token_id=tokenizer.eos_token_id)
+    (folder / "config.json").write_text(json.dumps(config.to_hf_dict(_DTYPE_NAMES[dtype]), indent=2))
+    sd = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    if config.tie_word_embeddings:
+        sd.pop("lm_head.weight", None)        # HF omits the tied head; loaders re-tie it
+    save_file(sd, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
+    if tokenizer is not None:
+        if hasattr(tokenizer, "save"):
+            tokenizer.save(folder)
+        else:
+            tokenizer.save_pretrained(str(folder))
+    return folder
