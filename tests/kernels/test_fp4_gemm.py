@@ -81,20 +81,23 @@ def test_fp4_linear_rejects_mismatched_formats(device, gen):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
-@pytest.mark.parametrize("decode", [0, 1, 2])
 @pytest.mark.parametrize("M,N,K", [(1, 1024, 4096), (17, 4096, 12288), (200, 12288, 4096)])
-def test_fp4_gemm_qwen_shapes_gpu(fmt, decode, M, N, K, gen):
-    """Decode and prefill shapes with the GPU configs, each E2M1 decode mode (pure Triton, PTX, PTX16)."""
+def test_fp4_gemm_qwen_shapes_gpu(fmt, M, N, K, gen):
+    """Decode and prefill shapes with the GPU configs, each E2M1 decode mode (pure Triton, PTX); the
+    float64 reference is computed on the GPU."""
     from trace_rl.kernels.fp4_gemm import default_config
 
     packed = _weight(N, K, fmt, gen)
     packed_dev = packed.__class__(packed.fmt, N, K, q=packed.q.cuda())
-    x = torch.randn(M, K, generator=gen).to(torch.bfloat16)
-    cfg = default_config(M, N, K, torch.cuda.get_device_properties(0).multi_processor_count)
-    cfg = cfg.__class__(**{**cfg.__dict__, "decode": decode})
+    x = torch.randn(M, K, generator=gen).to(torch.bfloat16).cuda()
+    base = default_config(M, N, K, torch.cuda.get_device_properties(0).multi_processor_count)
     for act_fmt in ("bf16", fmt):
-        y = fp4_linear_cfg(x.cuda(), packed_dev, act_fmt, None, config=cfg)
-        assert _rel_err(y, _reference(x, packed, act_fmt, None)) < 1e-2
+        ref = _reference(x, packed_dev, act_fmt, None)
+        for decode in (0, 1):
+            cfg = base.__class__(**{**base.__dict__, "decode": decode})
+            y = fp4_linear_cfg(x, packed_dev, act_fmt, None, config=cfg)
+            err = ((y.double() - ref).norm() / ref.norm()).item()
+            assert err < 1e-2, f"act {act_fmt} decode {decode}: relative error {err}"
 
 
 @pytest.mark.gpu

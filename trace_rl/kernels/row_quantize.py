@@ -205,7 +205,9 @@ def quantize(x: torch.Tensor, fmt_name: str) -> QTensor:
     gscale = None
     if fmt_id == FMT_NVFP4:
         amax = row_amax(x2).amax() if n_rows else torch.zeros((), device=dev)
-        gscale = torch.where(amax > 0, amax / 2688.0, torch.ones_like(amax))
+        # divide by a tensor: torch on CUDA turns division by a Python float into a multiplication by
+        # its reciprocal (not correctly rounded), which would differ from the reference by an ulp
+        gscale = torch.where(amax > 0, amax / torch.full((), 2688.0, device=dev), torch.ones_like(amax))
     elif fmt_id == FMT_NVFP4_ROW:
         gscale = torch.empty(n_rows, 1, device=dev, dtype=torch.float32)
     if n_rows:
