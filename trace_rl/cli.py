@@ -1,23 +1,120 @@
-"""`trace-rl` command line (also `python -m trace_rl`)."""
+"""`trace-rl` command line (also `python -m trace_rl`).
+
+Exit codes: 0 success; 1 a check failed (e.g. `drift --fail-above`); 2 invalid input (bad config,
+unknown preset, missing file), reported before anything is written.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
+
+import yaml
 
 
-def _cmd_formats(args: argparse.Namespace) -> int:
+class UsageError(Exception):
+    """Bad command-line input: printed, exit code 2."""
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """`--set a.b=value` pairs; values are parsed as YAML (numbers, booleans, lists)."""
+    out = {}
+    for item in items or []:
+        if "=" not in item:
+            raise UsageError(f"--set {item!r}: expected KEY=VALUE, e.g. --set loop.steps=10")
+        key, value = item.split("=", 1)
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+def load_pipeline_config(path: str | None, preset: str | None, overrides: list[str]):
+    """The run's PipelineConfig: file (or the embedded default), then the preset, then --set overrides."""
+    from trace_rl.pipelines import PipelineConfig, apply_preset, default_config_path
+
+    source = Path(path) if path else default_config_path()
+    cfg = PipelineConfig.load(source)
+    if preset:
+        cfg = PipelineConfig.parse(apply_preset(cfg.to_dict(), preset), f"{source} + preset {preset}")
+    if overrides:
+        cfg = cfg.with_overrides(parse_overrides(overrides))
+    return cfg
+
+
+def _cmd_run(args) -> int:
+    from trace_rl.pipelines import build
+    from trace_rl.pipelines.run_log import summary_table
+
+    if args.resume:
+        run_dir = Path(args.resume)
+        saved = run_dir / "config.yaml"
+        if not saved.is_file():
+            raise UsageError(f"--resume {run_dir}: no config.yaml there (not a trace-rl run directory)")
+        cfg = load_pipeline_config(str(saved), None, args.set)
+    else:
+        cfg = load_pipeline_config(args.config, args.preset, args.set)
+        run_dir = Path(args.out) if args.out else None
+    pipeline = build(cfg, run_dir)          # validates everything (device, model path) before writing
+    pipeline.run_dir.mkdir(parents=True, exist_ok=True)
+    cfg.dump(pipeline.run_dir / "config.yaml")
+    print(f"run directory: {pipeline.run_dir}")
+    print(f"plan: {cfg.precision.label}  trainer: {cfg.precision.trainer}  corrections: "
+          f"{', '.join(c.kind for c in cfg.corrections) or 'none'}  engine: {cfg.rollout.engine}")
+    summary = pipeline.run(resume=bool(args.resume))
+    (pipeline.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(summary_table(summary))
+    print(f"plot: {summary.get('plot')}\nmetrics: {pipeline.run_dir / 'metrics.jsonl'}")
+    return 0
+
+
+def _cmd_validate(args) -> int:
+    from trace_rl.pipelines import build
+
+    cfg = load_pipeline_config(args.config, args.preset, args.set)
+    if args.build:
+        build(cfg, run_dir="/nonexistent-validate-only")   # builds every object, writes nothing
+    print(f"{args.config or 'embedded default'}: valid ({cfg.precision.label}, {cfg.loop.steps} steps)")
+    if args.show:
+        print(cfg.to_yaml())
+    return 0
+
+
+def _cmd_presets(args) -> int:
+    from trace_rl.pipelines.presets import PIPELINE_PRESETS
+    from trace_rl.plan import PrecisionPlan
+
+    for name, over in PIPELINE_PRESETS.items():
+        plan = PrecisionPlan(**over["precision"])
+        corr = ", ".join(f"{c['kind']}({', '.join(f'{k}={v}' for k, v in c['params'].items())})"
+                         for c in over["corrections"]) or "none"
+        print(f"{name:12s} {plan.label:18s} trainer={plan.trainer:8s} corrections={corr}")
+    return 0
+
+
+def _cmd_formats(args) -> int:
     from trace_rl.formats.report import error_table, format_table
 
     results = error_table(args.rows, args.cols, args.seed)
     print(f"Quantization error of a {args.rows}x{args.cols} weight-like tensor (Gaussian, 8 outlier channels):")
     print(format_table(results))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+        Path(args.json).write_text(json.dumps(results, indent=2))
         print(f"wrote {args.json}")
     return 0
+
+
+def _cmd_bench(args) -> int:
+    from trace_rl.engine.bench import run_rollout_bench
+
+    run_rollout_bench(args)
+    return 0
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", nargs="?", help="pipeline config (.yaml/.toml/.json); default: the embedded default")
+    p.add_argument("--preset", help="apply a preset (precision plan + corrections); see `trace-rl presets`")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field, e.g. loop.steps=10")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,6 +123,23 @@ def build_parser() -> argparse.ArgumentParser:
         description="RL for language models with low-precision (FP4/FP8) rollout and drift correction.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    p = sub.add_parser("run", help="run an RL pipeline (no CONFIG: the embedded default)",
+                       description="Run GRPO-family RL from a config. Writes a run directory with config.yaml, "
+                                   "metrics.jsonl, summary.json, curves.png and a checkpoint.")
+    _add_config_args(p)
+    p.add_argument("--out", help="run directory (default: <logging.dir>/<plan>-<time>)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its checkpoint")
+    p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("validate", help="check a config (exit 2 naming the bad field)")
+    _add_config_args(p)
+    p.add_argument("--build", action="store_true", help="also build every object (loads the model)")
+    p.add_argument("--show", action="store_true", help="print the resolved config")
+    p.set_defaults(func=_cmd_validate)
+
+    p = sub.add_parser("presets", help="list the pipeline presets")
+    p.set_defaults(func=_cmd_presets)
+
     p = sub.add_parser("formats", help="quantize a model-sized tensor in every format and print the error table")
     p.add_argument("--rows", type=int, default=4096, help="tensor rows (default 4096)")
     p.add_argument("--cols", type=int, default=4096, help="tensor columns (default 4096)")
@@ -33,16 +147,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="also write the results to this JSON file")
     p.set_defaults(func=_cmd_formats)
 
-    p = sub.add_parser("run", help="run an RL pipeline (no CONFIG: the embedded default)")
-    p.add_argument("config", nargs="?", help="pipeline config file (.yaml/.toml); default: the embedded default")
-    p.set_defaults(func=_cmd_formats, rows=4096, cols=4096, seed=0, json=None)
+    p = sub.add_parser("bench", help="benchmarks (`trace-rl bench rollout --help`)")
+    bench_sub = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
+    pr = bench_sub.add_parser("rollout", help="RL rollout throughput per precision plan")
+    try:
+        from trace_rl.engine.bench import add_rollout_bench_args
+    except ImportError:  # the bench module is optional at import time of the CLI
+        add_rollout_bench_args = None
+    if add_rollout_bench_args is not None:
+        add_rollout_bench_args(pr)
+    pr.set_defaults(func=_cmd_bench)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    from trace_rl.config import ConfigError
+
     parser = build_parser()
     args = parser.parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except (ConfigError, UsageError) as err:
+        print(f"trace-rl: error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
