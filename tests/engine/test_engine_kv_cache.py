@@ -1,0 +1,76 @@
+"""The engine's paged KV cache: decode-attention paths against the kernels' torch spec, page copies, prefill."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.engine.native_helpers import one_thread
+from trace_rl.engine import decode_attention as attn
+from trace_rl.engine.kv_cache import KVStep, PagedKVCache
+from trace_rl.formats.paged_kv import slots_for
+from trace_rl.kernels.attention_reference import decode_attention_reference
+
+single_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
+FORMATS = ("bf16", "fp8_e4m3", "nvfp4", "mxfp4")
+
+
+def _filled_cache(fmt, rng, device="cpu", dtype=torch.float32, batch=3, pages=5, block=8, hkv=2, d=32,
+                  shuffle=True):
+    cache = PagedKVCache(fmt, 1, batch * pages + 2, block, hkv, d, device=device, dtype=dtype)
+    order = torch.randperm(batch * pages + 2, generator=rng)[: batch * pages] if shuffle \
+        else torch.arange(batch * pages)
+    table = order.view(batch, pages).to(torch.int32).to(device)
+    lens = torch.randint(1, pages * block + 1, (batch,), generator=rng)
+    lens[0] = pages * block                                              # one full table
+    pos = torch.arange(pages * block).expand(batch, -1)
+    slots = slots_for(table.cpu(), pos, block).reshape(-1).to(device)
+    k = torch.randn(batch * pages * block, hkv, d, generator=rng).to(device, dtype)
+    v = torch.randn(batch * pages * block, hkv, d, generator=rng).to(device, dtype)
+    cache.write(0, slots, k, v)
+    return cache, table, lens.to(torch.int32).to(device)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_reference_decode_attention_matches_kernel_spec(fmt, rng):
+    cache, table, lens = _filled_cache(fmt, rng)
+    q = torch.randn(3, 6, 32, generator=rng)
+    got = attn.reference(q, cache.k[0], cache.v[0], table, lens, 32 ** -0.5)
+    want = decode_attention_reference(q, cache.k[0], cache.v[0], table, lens, 32 ** -0.5)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_copy_pages_copies_codes_and_scales(rng):
+    cache, table, _ = _filled_cache("nvfp4", rng)
+    src, dst = table[0, :2].long(), table[1, :2].long()
+    cache.copy_pages(src, dst)
+    for c in cache.k + cache.v:
+        for t in (c.codes, c.scales, c.global_scale):
+            assert torch.equal(t[dst].view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t[dst],
+                               t[src].view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t[src])
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
+def test_prefill_attends_over_what_was_written(fmt, rng):
+    """Prefill's causal attention reads K/V back from the cache (quantized on write), so position t of a
+    prompt sees the same K/V values a later decode step reads."""
+    cache = PagedKVCache(fmt, 1, 4, 8, 2, 32)
+    table = torch.tensor([[2, 0]], dtype=torch.int32)
+    pos = torch.arange(13)[None]
+    step = KVStep(cache, slots_for(table, pos, 8), table, torch.tensor([13], dtype=torch.int32), prefill=True)
+    q, k, v = (torch.randn(1, 13, h, 32, generator=rng) for h in (6, 2, 2))
+    out = step.attend(0, q, k, v)
+    last = attn.reference(q[:, -1], cache.k[0], cache.v[0], table, torch.tensor([13]), 32 ** -0.5)
+    torch.testing.assert_close(out[:, -1], last, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", ["flash_varlen", "sdpa_masked"])
+def test_fast_bf16_paths_match_reference(path, rng):
+    batch, pages, block = 5, 6, 16
+    cache, table, lens = _filled_cache("bf16", rng, "cuda", torch.bfloat16, batch, pages, block, hkv=8, d=128,
+                                       shuffle=False)
+    q = torch.randn(batch, 32, 128, generator=rng).to("cuda", torch.bfloat16)
+    fast = getattr(attn, path)(q, cache.k[0], cache.v[0], lens, 128 ** -0.5, pages * block)
+    ref = attn.reference(q, cache.k[0], cache.v[0], table, lens, 128 ** -0.5)
+    torch.testing.assert_close(fast.float(), ref.float(), rtol=2e-2, atol=2e-2)

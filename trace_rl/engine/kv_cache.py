@@ -1,0 +1,157 @@
+"""`PagedKVCache`: every layer's K and V as `PagedKV` pages in the plan's KV format, and `KVStep`, the
+per-forward view the model's attention calls (`kv.attend(layer, q, k, v)`).
+
+Numerics (the same in prefill, decode and the trainer's aligned mode): K/V are quantized per token and
+head when written, and attention always reads back what was written. Prefill writes the prompt's K/V,
+reads those slots back (dequantized) and runs causal SDPA over them; decode writes the new token and
+attends over the cache. So a prompt token's K/V carries the same quantization error whether it is read
+in prefill, in decode, or fake-quantized by the aligned trainer.
+
+Paths, chosen once per cache and reported (`paths`), never silently:
+- write: `kernels.kv_write` (GPU, when `trace_rl.kernels` provides it) or `torch.write_reference`.
+- decode attention: `kernels.decode_attention` (GPU, any format), `torch.flash_varlen` / `torch.sdpa_masked`
+  (bf16 cache on GPU), else `torch.reference` (gather + dequantize; the CPU path).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from trace_rl.engine import decode_attention as attn
+from trace_rl.formats.paged_kv import PagedKV
+from trace_rl.models.attention import causal_attention
+
+log = logging.getLogger("trace_rl.engine")
+
+ATTENTION_CHOICES = ("auto", "kernels", "flash_varlen", "sdpa_masked", "reference")
+
+
+def _kernels():
+    """trace_rl.kernels if it provides the KV-cache kernels and can run here, else None (and why)."""
+    try:
+        from trace_rl import kernels
+    except ImportError as err:  # pragma: no cover - the package always exists
+        return None, f"trace_rl.kernels does not import: {err}"
+    needed = ("kv_write", "decode_attention", "available")
+    if not all(hasattr(kernels, n) for n in needed):
+        return None, "trace_rl.kernels provides no kv_write/decode_attention yet"
+    ok, reason = kernels.available()
+    if not ok:
+        return None, f"trace_rl.kernels unavailable: {reason}"
+    return kernels, ""
+
+
+class PagedKVCache:
+    def __init__(self, kv_format: str, num_layers: int, num_blocks: int, block_size: int, kv_heads: int,
+                 head_dim: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16,
+                 attention: str = "auto"):
+        if attention not in ATTENTION_CHOICES:
+            raise ValueError(f"attention={attention!r}; choose one of {', '.join(ATTENTION_CHOICES)}")
+        self.kv_format, self.block_size, self.dtype = kv_format, block_size, dtype
+        self.device = torch.device(device)
+        self.k = [PagedKV.allocate(kv_format, num_blocks, block_size, kv_heads, head_dim, self.device, dtype)
+                  for _ in range(num_layers)]
+        self.v = [PagedKV.allocate(kv_format, num_blocks, block_size, kv_heads, head_dim, self.device, dtype)
+                  for _ in range(num_layers)]
+        self.write_path, self.attention_path, why = self._choose_paths(attention)
+        self.paths = {"kv_write": self.write_path, "decode_attention": self.attention_path}
+        log.info("KV cache %s: write=%s attention=%s%s", kv_format, self.write_path, self.attention_path,
+                 f" ({why})" if why else "")
+        self.why = why
+
+    def _choose_paths(self, attention: str) -> tuple[str, str, str]:
+        on_gpu = self.device.type == "cuda"
+        kernels, why = _kernels() if on_gpu else (None, "CPU")
+        write = "kernels.kv_write" if kernels is not None else "torch.write_reference"
+        if attention == "kernels":
+            if kernels is None:
+                raise RuntimeError(f"attention='kernels' requested but {why}")
+            return write, "kernels.decode_attention", ""
+        if attention != "auto":
+            if attention in ("flash_varlen", "sdpa_masked") and (not on_gpu or self.kv_format != "bf16"):
+                raise ValueError(f"attention={attention!r} needs a bf16 KV cache on a GPU")
+            return write, f"torch.{attention}", ""
+        if on_gpu and self.kv_format == "bf16":
+            return write, "torch.flash_varlen", ""
+        if kernels is not None:
+            return write, "kernels.decode_attention", ""
+        if on_gpu:
+            why += "; quantized KV on GPU falls back to the torch reference (gathers and dequantizes the whole " \
+                   "cache every step: slow)"
+            log.warning("KV cache %s on GPU without kernels: %s", self.kv_format, why)
+        return write, "torch.reference", why
+
+    # -- sizes --
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self.k + self.v)
+
+    def bytes_per_token(self) -> float:
+        """Bytes one token occupies over all layers, K and V."""
+        return sum(c.bytes_per_token() for c in self.k + self.v)
+
+    # -- operations --
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        if self.write_path == "kernels.kv_write":
+            from trace_rl import kernels
+
+            kernels.kv_write(self.k[layer], slots, k)
+            kernels.kv_write(self.v[layer], slots, v)
+        else:
+            self.k[layer].write_reference(slots, k)
+            self.v[layer].write_reference(slots, v)
+
+    def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k[layer].read_reference(slots), self.v[layer].read_reference(slots)
+
+    def decode(self, layer: int, q: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+               scale: float, capacity: int | None) -> torch.Tensor:
+        k, v = self.k[layer], self.v[layer]
+        path = self.attention_path
+        if path == "kernels.decode_attention":
+            from trace_rl import kernels
+
+            return kernels.decode_attention(q, k, v, block_table, seq_lens, scale)
+        if path == "torch.flash_varlen":
+            return attn.flash_varlen(q, k, v, seq_lens, scale, capacity)
+        if path == "torch.sdpa_masked":
+            return attn.sdpa_masked(q, k, v, seq_lens, scale, capacity)
+        return attn.reference(q, k, v, block_table, seq_lens, scale)
+
+    @torch.no_grad()
+    def copy_pages(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy whole pages (every layer, K and V, codes and scales): prompt K/V shared by a group's samples."""
+        for cache in self.k + self.v:
+            for t in (cache.codes, cache.scales, cache.global_scale):
+                if t is not None:
+                    t[dst] = t[src]
+
+
+@dataclass
+class KVStep:
+    """What one forward writes and reads: flat `slots` [B, T] of the new tokens, `block_table` [B, pages],
+    `seq_lens` [B] after the write. `capacity` (tokens per slot) is set when row b's pages are the
+    contiguous range b*P .. b*P+P-1 (the native engine's layout), which the fast bf16 paths need."""
+
+    cache: PagedKVCache
+    slots: torch.Tensor
+    block_table: torch.Tensor
+    seq_lens: torch.Tensor
+    prefill: bool
+    capacity: int | None = None
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        b, t, hkv, d = k.shape
+        flat = self.slots.reshape(-1)
+        self.cache.write(layer, flat, k.reshape(b * t, hkv, d), v.reshape(b * t, hkv, d))
+        scale = d ** -0.5
+        if self.prefill:   # attend over what was written (quantized K/V read back), from position 0
+            kr, vr = self.cache.read(layer, flat)
+            return causal_attention(q, kr.view(b, t, hkv, d).to(q.dtype), vr.view(b, t, hkv, d).to(q.dtype), scale)
+        if t != 1:
+            raise ValueError(f"decode takes one new token per sequence, got {t}")
+        out = self.cache.decode(layer, q[:, 0], self.block_table, self.seq_lens, scale, self.capacity)
+        return out.unsqueeze(1)
