@@ -89,8 +89,11 @@ def test_plan_formats_and_keep_high_precision():
     assert lin["lm_head"].weight_fmt == "bf16"
     model.to_rollout()
     assert model.lm_head.quant.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # tied, no copy
-    assert model.model.layers[1].mlp.up_proj.quant.w_codes.dtype == torch.uint8
-    assert model.model.layers[0].mlp.up_proj.quant.weight_fmt == "bf16"
+    assert model.model.layers[1].mlp.up_proj.quant.w_codes.dtype == torch.uint8    # nvfp4: never stacked
+    assert model.model.layers[1].self_attn.qkv_proj is None
+    fused = model.model.layers[0].mlp.gate_up_proj                                  # bf16 gate/up: stacked
+    assert fused.quant.weight_fmt == "bf16" and model.model.layers[0].mlp.up_proj is None
+    assert fused.fused_from == ("model.layers.0.mlp.gate_proj", "model.layers.0.mlp.up_proj")
 
 
 def test_aligned_trainer_fake_quantizes_and_has_gradients(rng):

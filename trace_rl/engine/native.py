@@ -106,14 +106,20 @@ class NativeEngine(RolloutEngine):
         sd = dict(state_dict)
         tied = self.model.config.tie_word_embeddings
         expected = set()
-        for name, lin in self.model.linears().items():
-            key = f"{name}.weight"
-            if name == "lm_head" and tied:
-                key = "lm_head.weight" if key in sd else "model.embed_tokens.weight"
-            expected |= {key} | ({f"{name}.bias"} if lin.quant.bias is not None else set())
+
+        def take(key: str) -> torch.Tensor:
+            if key == "lm_head.weight" and tied and key not in sd:
+                key = "model.embed_tokens.weight"
             if key not in sd:
                 raise KeyError(f"load_weights: {key} missing from the state dict")
-            lin.quant.load_weight(sd[key].to(self.device), sd.get(f"{name}.bias"))
+            expected.add(key)
+            return sd[key].to(self.device)
+
+        for name, lin in self.model.linears().items():
+            parts = lin.fused_from or (name,)          # a fused rollout layer stacks its parts' weights
+            weight = torch.cat([take(f"{p}.weight") for p in parts])
+            bias = torch.cat([take(f"{p}.bias") for p in parts]) if lin.quant.bias is not None else None
+            lin.quant.load_weight(weight, bias)
         for name, p in self.model.named_parameters():
             if name not in sd:
                 raise KeyError(f"load_weights: {name} missing from the state dict")

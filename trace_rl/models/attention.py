@@ -55,13 +55,17 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps) if c.qk_norm else None
         self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps) if c.qk_norm else None
         self.kv_fake_fmt: str | None = None   # trainer aligned/guided with a quantized KV cache
+        self.qkv_proj: Linear | None = None    # rollout only: q/k/v stacked (Decoder.to_rollout(fuse=True))
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 kv: KVAttend | None = None) -> torch.Tensor:
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
+        hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        if self.qkv_proj is not None:
+            q, k, v = self.qkv_proj(x).split([hq * d, hkv * d, hkv * d], dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, k, v = q.view(b, t, hq, d), k.view(b, t, hkv, d), v.view(b, t, hkv, d)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -73,4 +77,4 @@ class Attention(nn.Module):
                 k = straight_through(k, fmt.fake_quantize(k.detach()))
                 v = straight_through(v, fmt.fake_quantize(v.detach()))
             out = causal_attention(q, k, v, self.scale)
-        return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim))
+        return self.o_proj(out.reshape(b, t, hq * d))

@@ -34,9 +34,14 @@ class MLP(nn.Module):
         self.gate_proj = Linear(h, i, bias=bias)
         self.up_proj = Linear(h, i, bias=bias)
         self.down_proj = Linear(i, h, bias=bias)
+        self.gate_up_proj: Linear | None = None   # rollout only: gate/up stacked
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_proj is not None:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -103,10 +108,15 @@ class Decoder(nn.Module):
         return self
 
     @torch.no_grad()
-    def to_rollout(self) -> Decoder:
+    def to_rollout(self, fuse: bool = True) -> Decoder:
         """Pack every Linear's weight into its plan format (QuantLinear buffers), in place.
 
-        A tied bf16 `lm_head` keeps reading the embedding table (no second copy of the vocabulary)."""
+        `fuse`: layers that share an input (q/k/v -> `qkv_proj`, gate/up -> `gate_up_proj`) become one
+        stacked Linear when their weight format quantizes rows independently (`FUSABLE_WEIGHT_FORMATS`):
+        one matmul instead of three, the same numbers. A tied bf16 `lm_head` keeps reading the embedding
+        table (no second copy of the vocabulary)."""
+        if fuse:
+            self._fuse_projections()
         for lin in self.linears().values():
             lin.to_rollout()
         if self.config.tie_word_embeddings and self.lm_head.quant.weight_fmt == "bf16":
@@ -114,6 +124,18 @@ class Decoder(nn.Module):
         for p in self.parameters():
             p.requires_grad_(False)
         return self
+
+    def _fuse_projections(self) -> None:
+        for layer in self.model.layers:
+            a, m = layer.self_attn, layer.mlp
+            if a.q_proj is not None and Linear.can_fuse([a.q_proj, a.k_proj, a.v_proj]):
+                prefix = a.q_proj.name.rsplit(".", 1)[0]
+                a.qkv_proj = Linear.fuse([a.q_proj, a.k_proj, a.v_proj], f"{prefix}.qkv_proj")
+                a.q_proj = a.k_proj = a.v_proj = None
+            if m.gate_proj is not None and Linear.can_fuse([m.gate_proj, m.up_proj]):
+                prefix = m.gate_proj.name.rsplit(".", 1)[0]
+                m.gate_up_proj = Linear.fuse([m.gate_proj, m.up_proj], f"{prefix}.gate_up_proj")
+                m.gate_proj = m.up_proj = None
 
     @property
     def is_rollout(self) -> bool:

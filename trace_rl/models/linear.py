@@ -28,6 +28,11 @@ from trace_rl.backends.registry import backend_for_format
 
 ActivationHook = Callable[["Linear", torch.Tensor], object]
 
+# Weight formats whose scales depend only on one output row (or blocks within it): stacking the weights of
+# layers that share an input (q/k/v, gate/up) and quantizing the stack gives the same codes and scales as
+# quantizing each part. nvfp4 is left out: its per-tensor global scale would change.
+FUSABLE_WEIGHT_FORMATS = ("bf16", "fp8_e4m3:row", "fp8_e5m2:row", "mxfp4")
+
 
 class Linear(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = False,
@@ -42,6 +47,30 @@ class Linear(nn.Module):
         self.trainer_mode = "bf16"        # PrecisionPlan.trainer
         self.quant: QuantLinear | None = None
         self.activation_hook: ActivationHook | None = None
+        self.fused_from: tuple[str, ...] = ()   # names of the layers this one stacks (rollout fusion)
+
+    @classmethod
+    def can_fuse(cls, parts: list[Linear]) -> bool:
+        key = lambda p: (p.weight_fmt, p.act_fmt, p.bias is None, p.in_features, p.quant is None)  # noqa: E731
+        return parts[0].weight_fmt in FUSABLE_WEIGHT_FORMATS and parts[0].quant is None \
+            and all(key(p) == key(parts[0]) for p in parts)
+
+    @classmethod
+    @torch.no_grad()
+    def fuse(cls, parts: list[Linear], name: str) -> Linear:
+        """One trainer-stage Linear whose output is the parts' outputs concatenated (see FUSABLE_WEIGHT_FORMATS)."""
+        if not cls.can_fuse(parts):
+            raise ValueError(f"cannot fuse {[p.name for p in parts]}: formats, biases or input sizes differ, "
+                             f"or the weight format's scales span rows")
+        first = parts[0]
+        with torch.device("meta"):
+            fused = cls(first.in_features, sum(p.out_features for p in parts), bias=first.bias is not None)
+        fused.weight = nn.Parameter(torch.cat([p.weight.detach() for p in parts]), requires_grad=False)
+        if first.bias is not None:
+            fused.bias = nn.Parameter(torch.cat([p.bias.detach() for p in parts]), requires_grad=False)
+        fused.set_formats(first.weight_fmt, first.act_fmt, first.trainer_mode)
+        fused.name, fused.fused_from = name, tuple(p.name for p in parts)
+        return fused
 
     @property
     def is_quantized(self) -> bool:
