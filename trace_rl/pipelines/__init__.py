@@ -7,7 +7,7 @@ __all__ = ["PIPELINE_PRESETS", "PipelineConfig", "apply_preset", "build", "defau
 
 
 def build(cfg, run_dir=None, title: str = ""):
-    from trace_rl.pipelines.build import build as _build
+    from trace_rl.pipelines.assemble import build as _build
 
     return _build(cfg, run_dir, title)
 

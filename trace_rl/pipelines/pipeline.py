@@ -163,9 +163,9 @@ class Pipeline:
                     log.log(self.evaluate())
                 if self.checkpoint_every and self.step % self.checkpoint_every == 0:
                     self.save()
+            self.save()         # before the final eval: the checkpoint holds the state a longer run continues from
             if not log.history or log.history[-1].get("kind") != "eval" or log.history[-1]["step"] != self.step:
                 log.log(self.evaluate())
-            self.save()
         finally:
             log.close()
         history = read_history(self.run_dir) if self.logging.get("jsonl", True) else log.history
