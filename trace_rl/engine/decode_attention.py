@@ -9,7 +9,7 @@ All take one new query per sequence, q [B, Hq, D], the layer's K and V `PagedKV`
   it is a correctness path, not a fast one.
 - `flash_varlen` (bf16 cache on CUDA, slot-contiguous pages: row b's pages are b*P .. b*P+P-1): FlashAttention's
   varlen kernel through `torch.ops.aten._flash_attention_forward`, with `seqused_k` so that it reads
-  only the live tokens, GQA native. No gather, no mask.
+  only the live tokens; a KV head's query heads ride as query rows (K/V read once). No gather, no mask.
 - `sdpa_masked` (same layout): `scaled_dot_product_attention` over the slot's whole capacity with a
   length mask; query heads of a KV group ride in the query-length dimension (no K/V repeat).
 """
@@ -47,13 +47,17 @@ def flash_varlen(q: torch.Tensor, k_cache: PagedKV, v_cache: PagedKV, seq_lens: 
                  capacity: int) -> torch.Tensor:
     b, hq, d = q.shape
     hkv = k_cache.codes.shape[2]
+    g = hq // hkv
+    # The G query heads of a KV head become G query *rows* of a sequence (FlashAttention's own decode
+    # trick): one program per (sequence, KV head) reads that head's K/V once instead of G times.
+    qg = q.view(b, hkv, g, d).transpose(1, 2).reshape(b * g, hkv, d)
     k = k_cache.codes.view(-1, hkv, d)
     v = v_cache.codes.view(-1, hkv, d)
     rows = torch.arange(b + 1, device=q.device, dtype=torch.int32)
     out = torch.ops.aten._flash_attention_forward(
-        q.contiguous(), k, v, rows, rows * capacity, 1, capacity, 0.0, False, False,
+        qg, k, v, rows * g, rows * capacity, g, capacity, 0.0, False, False,
         scale=scale, seqused_k=seq_lens.to(torch.int32))[0]
-    return out.view(b, hq, d)
+    return out.view(b, g, hkv, d).transpose(1, 2).reshape(b, hq, d)
 
 
 def sdpa_masked(q: torch.Tensor, k_cache: PagedKV, v_cache: PagedKV, seq_lens: torch.Tensor, scale: float,

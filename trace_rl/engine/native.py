@@ -52,7 +52,7 @@ class NativeEngine(RolloutEngine):
                  max_seq_len: int = 2048, block_size: int = 16, device: torch.device | str | None = None,
                  dtype: torch.dtype | None = None, pad_token_id: int = K.PAD_TOKEN_ID_DEFAULT,
                  cuda_graphs: bool | None = None, attention: str = "auto", prefill_tokens: int = 16384,
-                 stop_check_interval: int = 8, policy_version: int = 0):
+                 stop_check_interval: int = 8, policy_version: int = 0, graph_buckets: list[int] | None = None):
         self.plan = plan or PrecisionPlan()
         src_device = next(model.buffers()).device
         self.device = torch.device(device) if device is not None else src_device
@@ -71,6 +71,8 @@ class NativeEngine(RolloutEngine):
         self.capacity = self.pages_per_slot * block_size
         self.cache = PagedKVCache(self.plan.kv_cache, c.num_layers, max_batch * self.pages_per_slot, block_size,
                                   c.num_kv_heads, c.head_dim, self.device, self.dtype, attention)
+        if stop_check_interval < 1:
+            raise ValueError(f"stop_check_interval must be >= 1, got {stop_check_interval}")
         self.pad_token_id, self.prefill_tokens = pad_token_id, prefill_tokens
         self.stop_check_interval, self.policy_version = stop_check_interval, policy_version
         dev, s = self.device, max_batch
@@ -85,7 +87,10 @@ class NativeEngine(RolloutEngine):
         use_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         if use_graphs and self.device.type != "cuda":
             raise ValueError("cuda_graphs=True needs a CUDA device")
-        self.graphs = DecodeGraphs(self._decode_forward, batch_buckets(max_batch)) if use_graphs else None
+        buckets = graph_buckets or batch_buckets(max_batch)
+        if max(buckets) != max_batch:
+            raise ValueError(f"graph_buckets {buckets} must include max_batch={max_batch}")
+        self.graphs = DecodeGraphs(self._decode_forward, buckets) if use_graphs else None
         self.recapture_after_load = any("emulated" in lin.quant.backend.available(self.device).path
                                         for lin in self.model.linears().values())
         self.stats = {"prefill_tokens": 0, "decode_steps": 0, "decode_rows": 0, "generated_tokens": 0}

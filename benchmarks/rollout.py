@@ -1,0 +1,6 @@
+"""Rollout throughput bench: `python benchmarks/rollout.py --help` (the same as `trace-rl bench rollout`)."""
+
+from trace_rl.engine.bench import main
+
+if __name__ == "__main__":
+    main()

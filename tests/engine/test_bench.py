@@ -1,0 +1,30 @@
+"""The rollout bench runs end to end on CPU with the tiny preset and writes its JSON and PNG."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from tests.engine.native_helpers import one_thread
+from trace_rl.engine.bench import add_rollout_bench_args, run_rollout_bench
+
+single_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
+
+
+def test_bench_rollout_tiny_cpu(tmp_path):
+    pytest.importorskip("transformers")
+    args = add_rollout_bench_args(argparse.ArgumentParser()).parse_args(
+        ["--models", "tiny", "--plans", "bf16,w4a4-kv4", "--prompts", "2", "--group", "2", "--prompt-len", "5",
+         "--response-lens", "24", "--iters", "2", "--e2e-tokens", "4", "--hf-batch", "2", "--hf-new-tokens", "4",
+         "--device", "cpu", "--out", str(tmp_path)])
+    report = run_rollout_bench(args)
+    assert not report["errors"], report["errors"]
+    assert {r["plan"] for r in report["results"]} == {"bf16", "w4a4-kv4"}
+    for r in report["results"]:
+        assert r["batch"] == 4 and r["tokens_per_s"] > 0 and len(r["steps"]) == 3
+        assert r["paths"]["kv"]["decode_attention"] == "torch.reference"
+    assert report["hf"][0]["hf_tokens_per_s"] > 0
+    assert json.loads((tmp_path / "rollout.json").read_text())["results"]
+    assert (tmp_path / "rollout.png").stat().st_size > 1000

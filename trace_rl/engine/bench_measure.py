@@ -1,0 +1,93 @@
+"""Measurement helpers of the rollout bench: timers, bandwidth ceilings, memory sizing, random caches."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from trace_rl.engine.kv_cache import PagedKVCache
+from trace_rl.formats.paged_kv import PagedKV
+
+
+def median_ms(fn: Callable[[], object], device: torch.device, iters: int = 10, warmup: int = 3) -> float:
+    """Median time of one call, CUDA events on GPU (each call timed alone), perf_counter on CPU."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        for _ in range(iters):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+    else:
+        for _ in range(iters):
+            t = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def wall_s(fn: Callable[[], object], device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t
+
+
+def bandwidth_ceilings(device: torch.device, gbytes: float = 4.0) -> dict:
+    """Measured read-only (sum over a bf16 tensor) and copy (read + write counted) bandwidth, bytes/s."""
+    if device.type != "cuda":
+        return {"read": None, "copy": None}
+    n = int(gbytes * 2**30) // 2
+    src = torch.randn(n, device=device, dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    out = torch.empty((), device=device, dtype=torch.float32)
+    read_ms = median_ms(lambda: torch.sum(src, dtype=torch.float32, out=out), device, iters=10)
+    copy_ms = median_ms(lambda: dst.copy_(src), device, iters=10)
+    return {"read": src.nbytes / (read_ms * 1e-3), "copy": 2 * src.nbytes / (copy_ms * 1e-3)}
+
+
+def kv_bytes_per_token(kv_format: str, num_layers: int, kv_heads: int, head_dim: int) -> float:
+    """Cache bytes one token takes over all layers, K and V, scales included."""
+    one = PagedKV.allocate(kv_format, 1, 1, kv_heads, head_dim, "cpu", torch.bfloat16)
+    return 2 * num_layers * one.bytes_per_token()
+
+
+@torch.no_grad()
+def fill_random(cache: PagedKVCache, generator: torch.Generator) -> None:
+    """Random but valid values in every cache tensor (timing on zeros can flatter a kernel)."""
+    for c in cache.k + cache.v:
+        if c.fmt == "bf16":
+            c.codes.normal_(generator=generator)
+        elif c.codes.dtype == torch.uint8:                     # packed E2M1: every byte is a valid pair
+            c.codes.random_(0, 256, generator=generator)
+        else:                                                  # fp8 codes
+            c.codes.copy_(torch.randn(c.codes.shape, device=c.codes.device, generator=generator))
+        if c.scales is not None:
+            if c.scales.dtype == torch.uint8:                  # E8M0 exponents near 2**-4
+                c.scales.random_(121, 125, generator=generator)
+            else:
+                s = torch.rand(c.scales.shape, device=c.scales.device, generator=generator) + 0.5
+                c.scales.copy_(s if c.scales.dtype == torch.float32 else s.to(c.scales.dtype))
+        if c.global_scale is not None:
+            c.global_scale.fill_(1.0 / 448)
+
+
+def weight_bytes(model) -> int:
+    """Bytes a decode step reads from the rollout weights (every Linear's packed buffers)."""
+    total = 0
+    for lin in model.linears().values():
+        q = lin.quant
+        tensors = (q.weight,) if q.weight_fmt == "bf16" else (q.w_codes, q.w_scales, q.w_global_scale)
+        total += sum(t.nbytes for t in tensors if t is not None)
+    return total
