@@ -62,6 +62,18 @@ def test_fp4_linear_split_k_and_tails(fmt, device, gen):
     assert _rel_err(y3.reshape(17, N), _reference(x.to(torch.bfloat16), packed, "bf16", None)) < 1e-2
 
 
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_fp4_linear_scale_words(fmt, device, gen):
+    """K a multiple of 4 scales per word: the scales are read as int32 words (the GPU's fast path)."""
+    N, K = 40, 384
+    packed = _weight(N, K, fmt, gen)
+    packed_dev = packed.__class__(packed.fmt, N, K, q=packed.q.to(device))
+    x = torch.randn(3, K, generator=gen).to(torch.bfloat16)
+    cfg = GemmConfig(16, 32, 128, split_k=2, decode=0 if device == "cpu" else 1)
+    y = fp4_linear_cfg(x.to(device), packed_dev, "bf16", None, config=cfg)
+    assert _rel_err(y, _reference(x, packed, "bf16", None)) < 1e-2
+
+
 def test_fp4_linear_nan_weight_block_propagates(device, gen):
     packed = _weight(16, 64, "nvfp4", gen)
     scales = packed.q.scales.clone()

@@ -57,7 +57,7 @@ def _check_same(q, ref, x, fmt):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("rows,K", [(1, 32), (3, 96), (17, 160)])
+@pytest.mark.parametrize("rows,K", [(1, 32), (3, 96), (17, 160), (2, 1056)])   # 1056: two K chunks, ragged
 def test_quantize_matches_reference(fmt, rows, K, device, gen):
     x = _inputs(rows, K, gen)
     ref = get_format(fmt).quantize(x)

@@ -31,6 +31,7 @@ from trace_rl.kernels.fp_bits import (
     e4m3_to_float,
     e8m0_to_float,
     fp4x8_to_bf16,
+    scale_per_word,
 )
 
 
@@ -40,7 +41,7 @@ def _fp4_gemm_kernel(
     M, N, K, stride_xm, stride_wn, stride_wsn, stride_om,
     SCALE_E8M0: tl.constexpr, HAS_GLOBAL: tl.constexpr, HAS_ROW_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DECODE: tl.constexpr, DOT_F32: tl.constexpr,
+    DECODE: tl.constexpr, DOT_F32: tl.constexpr, SCALE_WORDS: tl.constexpr,
 ):
     G: tl.constexpr = 32 if SCALE_E8M0 else 16          # elements per block scale
     pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -56,16 +57,22 @@ def _fp4_gemm_kernel(
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         kw = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-        ks = k0 // G + tl.arange(0, BLOCK_K // G)
         words = tl.load(w_rows + kw[None, :], mask=n_mask[:, None] & (kw < K // 8)[None, :], other=0)
-        sc = tl.load(s_rows + ks[None, :], mask=n_mask[:, None] & (ks < K // G)[None, :], other=0).to(tl.int32)
-        if SCALE_E8M0:
-            scale = e8m0_to_float(sc)
-            scale = tl.join(tl.join(scale, scale), tl.join(scale, scale))   # 4 words per scale
-        else:
-            scale = e4m3_to_float(sc)
-            scale = tl.join(scale, scale)                                   # 2 words per scale
-        w = fp4x8_to_bf16(words, tl.reshape(scale, [BLOCK_N, BLOCK_K // 8]), DECODE)
+        if SCALE_WORDS:   # ws_ptr: the scales viewed as int32, 4 per word (K % (4G) == 0)
+            ks = k0 // (4 * G) + tl.arange(0, BLOCK_K // (4 * G))
+            sw = tl.load(s_rows + ks[None, :], mask=n_mask[:, None] & (ks < K // (4 * G))[None, :], other=0)
+            scale = scale_per_word(sw, G, SCALE_E8M0)
+        else:             # byte loads (any K multiple of G; not pipelined by Triton)
+            ks = k0 // G + tl.arange(0, BLOCK_K // G)
+            sc = tl.load(s_rows + ks[None, :], mask=n_mask[:, None] & (ks < K // G)[None, :], other=0).to(tl.int32)
+            if SCALE_E8M0:
+                scale = e8m0_to_float(sc)
+                scale = tl.join(tl.join(scale, scale), tl.join(scale, scale))   # 4 words per scale
+            else:
+                scale = e4m3_to_float(sc)
+                scale = tl.join(scale, scale)                                   # 2 words per scale
+            scale = tl.reshape(scale, [BLOCK_N, BLOCK_K // 8])
+        w = fp4x8_to_bf16(words, scale, DECODE)
         kx = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_rows + kx[None, :], mask=m_mask[:, None] & (kx < K)[None, :], other=0.0)
         acc = dot_acc(w, tl.trans(x), acc, DOT_F32)
@@ -126,20 +133,25 @@ class GemmConfig:
 
 def default_config(M: int, N: int, K: int, num_sms: int = 132, interpret: bool = False,
                    decode: int = DECODE_ASM) -> GemmConfig:
-    """Tiles by M bucket; split K until ~2 programs per SM are in flight (decode shapes are a single
-    wave of N tiles otherwise: 4096/128 = 32 programs on 132 SMs for the down projection)."""
+    """Tiles by M bucket, then split K until ~2 programs per SM are in flight, keeping >= 8 K steps per
+    split. From the first H200 sweep (benchmarks/results/kernels_h200_sweep1.json, nvfp4 W4A16, before the
+    scale loads were pipelined): at M <= 16, 16x64x256 tiles with split 2 (K=4096, N=12288) / 4 (K=12288,
+    N=4096) beat every 128-wide tile and every 128-deep K step; at M = 64, 64x64x128 with 4 warps."""
     if interpret:   # few programs, big tiles: each interpreted program costs milliseconds
         return GemmConfig(max(16, min(64, triton.next_power_of_2(M))), max(16, min(64, triton.next_power_of_2(N))),
                           max(32, min(256, triton.next_power_of_2(K))), decode=DECODE_PURE)
-    bm = 16 if M <= 16 else 32 if M <= 32 else 64 if M <= 64 else 128
-    bn = 128
-    bk = 256 if bm <= 32 else 128
+    if M <= 16:
+        bm, bn, bk, warps, stages = 16, 64, 256, 4, 4
+    elif M <= 64:
+        bm, bn, bk, warps, stages = triton.next_power_of_2(max(M, 32)), 64, 128, 4, 3
+    else:
+        bm, bn, bk, warps, stages = 128, 64, 128, 4, 3
     tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+    target = 2 * num_sms if M <= 64 else num_sms   # at large M the float32 partials cost as much as the weight
     split = 1
-    while tiles * split < 2 * num_sms and K // (bk * split * 2) >= 4:
+    while tiles * split < target and K // (bk * split * 2) >= 8:
         split *= 2
-    return GemmConfig(bm, bn, bk, split, num_warps=4 if bm <= 32 else 8, num_stages=4 if bm <= 32 else 3,
-                      decode=decode)
+    return GemmConfig(bm, bn, bk, split, num_warps=warps, num_stages=stages, decode=decode)
 
 
 def fp4_matmul(x2: torch.Tensor, words: torch.Tensor, scales: torch.Tensor, w_global: torch.Tensor | None,
@@ -160,10 +172,13 @@ def fp4_matmul(x2: torch.Tensor, words: torch.Tensor, scales: torch.Tensor, w_gl
     gl, rs, bs = (t if t is not None else dummy for t in (w_global, row_scale, bias))
     grid = (triton.cdiv(N, c.block_n), triton.cdiv(M, c.block_m), c.split_k)
     target = out if c.split_k == 1 else torch.empty(c.split_k, M, N, device=x2.device, dtype=torch.float32)
+    G = 32 if scale_e8m0 else 16
+    scale_words = K % (4 * G) == 0 and c.block_k % (4 * G) == 0
     _fp4_gemm_kernel[grid](
-        x2, words, scales, target, rs, bs, gl, M, N, K, x2.stride(0), words.stride(0), scales.stride(0),
+        x2, words, scales.view(torch.int32) if scale_words else scales, target, rs, bs, gl, M, N, K, x2.stride(0),
+        words.stride(0), scales.stride(0) // 4 if scale_words else scales.stride(0),
         out.stride(0), SCALE_E8M0=scale_e8m0, SPLIT_K=c.split_k, BLOCK_M=c.block_m, BLOCK_N=c.block_n,
-        BLOCK_K=c.block_k, DECODE=c.decode, DOT_F32=interpreting(), num_warps=c.num_warps,
+        BLOCK_K=c.block_k, DECODE=c.decode, DOT_F32=interpreting(), SCALE_WORDS=scale_words, num_warps=c.num_warps,
         num_stages=c.num_stages, **flags)
     if c.split_k > 1:
         bm, bn = min(64, triton.next_power_of_2(M)), 64

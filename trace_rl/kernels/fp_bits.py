@@ -114,6 +114,7 @@ def e4m3_to_float(code):
     Normal codes: the exponent/mantissa bits shifted into float32's, exponent rebiased (+120). A
     subnormal m * 2**-9 is decoded as if its exponent field were 1, (1 + m/8) * 2**-6, minus 2**-6
     (exact): no int -> float conversion."""
+    code = code.to(tl.int32)
     mag = code & 127
     sub = mag < 8
     value = (((mag | tl.where(sub, 8, 0)) << 20) + (120 << 23)).to(tl.float32, bitcast=True)
@@ -125,6 +126,7 @@ def e4m3_to_float(code):
 @triton.jit
 def e8m0_to_float(code):
     """float32 value 2**(code - 127) of E8M0 codes (int32 0..255); 255 is NaN, 0 is 2**-127 (subnormal)."""
+    code = code.to(tl.int32)
     value = tl.where(code == 0, 0x00400000, code << 23).to(tl.float32, bitcast=True)
     return tl.where(code == 255, float("nan"), value)
 
@@ -179,3 +181,21 @@ def dot_acc(a, b, acc, IN_F32: tl.constexpr):
     if IN_F32:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
     return tl.dot(a, b, acc)
+
+
+@triton.jit
+def scale_per_word(sw, G: tl.constexpr, E8M0: tl.constexpr):
+    """Block scales loaded as int32 words (4 scale bytes each, little-endian: the uint8 scale tensor
+    viewed as int32, so the load is 16-byte wide and Triton pipelines it; byte loads were not, and
+    stalled every K step) -> float32 scale of each packed code word (8 elements): [R, C] -> [R, C*G/2].
+    Decoded once per scale, then repeated with register-level joins."""
+    b0, b1, b2, b3 = sw & 0xFF, (sw >> 8) & 0xFF, (sw >> 16) & 0xFF, (sw >> 24) & 0xFF
+    if E8M0:
+        f0, f1, f2, f3 = e8m0_to_float(b0), e8m0_to_float(b1), e8m0_to_float(b2), e8m0_to_float(b3)
+    else:
+        f0, f1, f2, f3 = e4m3_to_float(b0), e4m3_to_float(b1), e4m3_to_float(b2), e4m3_to_float(b3)
+    s = tl.reshape(tl.join(tl.join(f0, f2), tl.join(f1, f3)), [sw.shape[0], sw.shape[1] * 4])   # per scale
+    s = tl.join(s, s)                                   # G = 16: 2 code words per scale
+    if G == 32:
+        s = tl.join(s, s)                               # G = 32: 4 code words per scale
+    return tl.reshape(s, [sw.shape[0], sw.shape[1] * G // 2])

@@ -17,7 +17,14 @@ import triton
 import triton.language as tl
 
 from trace_rl.formats.paged_kv import PagedKV
-from trace_rl.kernels.fp_bits import default_decode, dot_acc, e4m3_to_float, e8m0_to_float, fp4x8_to_bf16
+from trace_rl.kernels.fp_bits import (
+    default_decode,
+    dot_acc,
+    e4m3_to_float,
+    e8m0_to_float,
+    fp4x8_to_bf16,
+    scale_per_word,
+)
 
 KV_BF16, KV_FP8, KV_NVFP4, KV_MXFP4 = 0, 1, 2, 3
 KV_FORMAT_IDS = {"bf16": KV_BF16, "fp8_e4m3:row": KV_FP8, "nvfp4:row": KV_NVFP4, "mxfp4": KV_MXFP4}
@@ -25,36 +32,58 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _fp8x4_to_bf16(words, DECODE: tl.constexpr):
+    """int32 [R, C] words of 4 E4M3 codes (little-endian) -> bf16 [R, 4C] (exact)."""
+    b0, b1, b2, b3 = words & 0xFF, (words >> 8) & 0xFF, (words >> 16) & 0xFF, (words >> 24) & 0xFF
+    if DECODE == 0:
+        f0, f1 = e4m3_to_float(b0).to(tl.bfloat16), e4m3_to_float(b1).to(tl.bfloat16)
+        f2, f3 = e4m3_to_float(b2).to(tl.bfloat16), e4m3_to_float(b3).to(tl.bfloat16)
+    else:
+        f0 = b0.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
+        f1 = b1.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
+        f2 = b2.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
+        f3 = b3.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
+    return tl.reshape(tl.join(tl.join(f0, f2), tl.join(f1, f3)), [words.shape[0], words.shape[1] * 4])
+
+
+@triton.jit
 def _load_kv(c_ptr, s_ptr, g_ptr, row, t_mask, KV_FMT: tl.constexpr, HEAD_DIM: tl.constexpr,
-             DECODE: tl.constexpr):
-    """Rows (flat slot * heads + head) of one cache -> (bf16 [T, D] values, float32 [T] row factor)."""
+             DECODE: tl.constexpr, SCALE_WORDS: tl.constexpr):
+    """Rows (flat slot * heads + head) of one cache -> (bf16 [T, D] values, float32 [T] row factor).
+    Codes are read as int32 words (16-byte loads; byte-wide loads of FP8 codes went through shared
+    memory a byte at a time, and byte-wide scale loads were not pipelined: H200 run 1)."""
     if KV_FMT == 0:
         d = tl.arange(0, HEAD_DIM)
         x = tl.load(c_ptr + row[:, None] * HEAD_DIM + d[None, :], mask=t_mask[:, None], other=0.0)
         fac = tl.where(t_mask, 1.0, 0.0)
     elif KV_FMT == 1:
-        d = tl.arange(0, HEAD_DIM)
-        codes = tl.load(c_ptr + row[:, None] * HEAD_DIM + d[None, :], mask=t_mask[:, None], other=0)
-        if DECODE == 0:
-            x = e4m3_to_float(codes.to(tl.int32)).to(tl.bfloat16)
-        else:
-            x = codes.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
+        w = tl.arange(0, HEAD_DIM // 4)
+        words = tl.load(c_ptr + row[:, None] * (HEAD_DIM // 4) + w[None, :], mask=t_mask[:, None], other=0)
+        x = _fp8x4_to_bf16(words, DECODE)
         fac = tl.load(s_ptr + row, mask=t_mask, other=0.0)
     else:
         G: tl.constexpr = 16 if KV_FMT == 2 else 32
         w = tl.arange(0, HEAD_DIM // 8)
         words = tl.load(c_ptr + row[:, None] * (HEAD_DIM // 8) + w[None, :], mask=t_mask[:, None], other=0)
-        sg = tl.arange(0, HEAD_DIM // G)
-        sc = tl.load(s_ptr + row[:, None] * (HEAD_DIM // G) + sg[None, :], mask=t_mask[:, None], other=0)
+        if SCALE_WORDS:   # s_ptr: the scales viewed as int32 (head_dim % (4G) == 0)
+            sw_i = tl.arange(0, HEAD_DIM // (4 * G))
+            sw = tl.load(s_ptr + row[:, None] * (HEAD_DIM // (4 * G)) + sw_i[None, :], mask=t_mask[:, None], other=0)
+            scale = scale_per_word(sw, G, KV_FMT == 3)
+        else:
+            sg = tl.arange(0, HEAD_DIM // G)
+            sc = tl.load(s_ptr + row[:, None] * (HEAD_DIM // G) + sg[None, :], mask=t_mask[:, None], other=0)
+            if KV_FMT == 2:
+                scale = e4m3_to_float(sc.to(tl.int32))
+                scale = tl.join(scale, scale)
+            else:
+                scale = e8m0_to_float(sc.to(tl.int32))
+                scale = tl.join(tl.join(scale, scale), tl.join(scale, scale))
+            scale = tl.reshape(scale, [row.shape[0], HEAD_DIM // 8])
         if KV_FMT == 2:
-            scale = e4m3_to_float(sc.to(tl.int32))
-            scale = tl.join(scale, scale)
             fac = tl.load(g_ptr + row, mask=t_mask, other=0.0)
         else:
-            scale = e8m0_to_float(sc.to(tl.int32))
-            scale = tl.join(tl.join(scale, scale), tl.join(scale, scale))
             fac = tl.where(t_mask, 1.0, 0.0)
-        x = fp4x8_to_bf16(words, tl.reshape(scale, [row.shape[0], HEAD_DIM // 8]), DECODE)
+        x = fp4x8_to_bf16(words, scale, DECODE)
     return x, fac
 
 
@@ -64,7 +93,7 @@ def _decode_attention_kernel(
     qk_scale, stride_qb, stride_qh, stride_bt, tokens_per_split,
     HEADS_KV: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     PAGE: tl.constexpr, SPLITS: tl.constexpr, KV_FMT: tl.constexpr, BLOCK_T: tl.constexpr,
-    DECODE: tl.constexpr, DOT_F32: tl.constexpr,
+    DECODE: tl.constexpr, DOT_F32: tl.constexpr, SCALE_WORDS: tl.constexpr,
 ):
     h, split, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq_len = tl.load(lens_ptr + b)
@@ -83,14 +112,14 @@ def _decode_attention_kernel(
         t_mask = t < t_hi
         page = tl.load(bt_row + t // PAGE, mask=t_mask, other=0)
         row = (page.to(tl.int64) * PAGE + t % PAGE) * HEADS_KV + h
-        k, k_fac = _load_kv(kc_ptr, ks_ptr, kg_ptr, row, t_mask, KV_FMT, HEAD_DIM, DECODE)
+        k, k_fac = _load_kv(kc_ptr, ks_ptr, kg_ptr, row, t_mask, KV_FMT, HEAD_DIM, DECODE, SCALE_WORDS)
         s = dot_acc(q, tl.trans(k), tl.zeros([GROUP_PAD, BLOCK_T], dtype=tl.float32), DOT_F32)
         s = tl.where(t_mask[None, :], s * (k_fac * qk_scale)[None, :], float("-inf"))   # log2 domain
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.math.exp2(m_i - m_new)
         p = tl.math.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v, v_fac = _load_kv(vc_ptr, vs_ptr, vg_ptr, row, t_mask, KV_FMT, HEAD_DIM, DECODE)
+        v, v_fac = _load_kv(vc_ptr, vs_ptr, vg_ptr, row, t_mask, KV_FMT, HEAD_DIM, DECODE, SCALE_WORDS)
         acc = dot_acc((p * v_fac[None, :]).to(tl.bfloat16), v, acc * alpha[:, None], DOT_F32)
         m_i = m_new
     out_rows = (b * GROUP * HEADS_KV + h * GROUP + g).to(tl.int64) * SPLITS + split   # [B, Hq, SPLITS]
@@ -120,21 +149,27 @@ def _merge_splits_kernel(part_ptr, ml_ptr, out_ptr, stride_ob, stride_oh, HQ: tl
     tl.store(out_ptr + b.to(tl.int64) * stride_ob + head * stride_oh + d, out.to(out_ptr.dtype.element_ty))
 
 
+def _scale_words(c: PagedKV) -> bool:
+    """FP4 block scales can be read 4 to an int32 word when a row's scales fill whole words."""
+    return c.fmt in ("nvfp4:row", "mxfp4") and c.scales.shape[-1] % 4 == 0
+
+
 def _cache_args(c: PagedKV):
-    """Flat pointers of one cache: codes (int32 words for FP4, uint8 for FP8), scales, global scales."""
+    """Flat pointers of one cache: codes (int32 words for FP4/FP8), scales (int32 words where possible),
+    global scales."""
     for t in (c.codes, c.scales, c.global_scale):
         if t is not None and not t.is_contiguous():
             raise ValueError("decode_attention needs the PagedKV tensors contiguous (as PagedKV.allocate makes them)")
-    if c.fmt in ("nvfp4:row", "mxfp4"):
-        codes = c.codes.view(torch.int32)
-    elif c.fmt == "fp8_e4m3:row":
-        codes = c.codes.view(torch.uint8)
-    else:
+    if c.fmt == "bf16":
         if c.codes.dtype != torch.bfloat16:
             raise ValueError(f"the decode-attention kernel reads bf16 caches in bfloat16, not {c.codes.dtype}")
-        codes = c.codes
-    scales = codes if c.scales is None else (c.scales.view(torch.uint8) if c.scales.dtype != torch.float32
-                                             else c.scales)
+        return c.codes, c.codes, c.codes
+    codes = c.codes.view(torch.uint8).view(torch.int32)
+    if c.fmt == "fp8_e4m3:row":
+        scales = c.scales
+    else:
+        scales = c.scales.view(torch.uint8)
+        scales = scales.view(torch.int32) if _scale_words(c) else scales
     glob = codes if c.global_scale is None else c.global_scale
     return codes, scales, glob
 
@@ -175,7 +210,7 @@ def decode_attention(q: torch.Tensor, k: PagedKV, v: PagedKV, block_table: torch
         q, kc, ks, kg, vc, vs, vg, bt, lens, part, ml, scale * LOG2E, q.stride(0), q.stride(1), bt.stride(0),
         per_split, HEADS_KV=hkv, HEAD_DIM=D, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),
         PAGE=page, SPLITS=splits, KV_FMT=KV_FORMAT_IDS[k.fmt], BLOCK_T=block_t,
-        DECODE=default_decode(q.device) if decode is None else decode, DOT_F32=interp,
+        DECODE=default_decode(q.device) if decode is None else decode, DOT_F32=interp, SCALE_WORDS=_scale_words(k),
         num_warps=4, num_stages=2)
     out = torch.empty(B, Hq, D, device=q.device, dtype=q.dtype)
     _merge_splits_kernel[(B * Hq,)](part, ml, out, out.stride(0), out.stride(1), HQ=Hq, HEAD_DIM=D,

@@ -54,12 +54,67 @@ def _row_amax_kernel(x_ptr, amax_ptr, n_rows, K, stride_x, BLOCK_M: tl.constexpr
 
 
 @triton.jit
+def _quantize_chunk(x, k0, cols, out_rows, row_mask, gscale, codes_ptr, scales_ptr, K, stride_codes,
+                    stride_scales, FMT: tl.constexpr, EMIT_BF16: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_K: tl.constexpr, G: tl.constexpr):
+    """Quantize and store x [BLOCK_M, BLOCK_K] (float32), columns k0.. of the rows."""
+    if FMT == 3:
+        scaled = tl.minimum(tl.maximum(tl.math.div_rn(x, gscale[:, None]), -448.0), 448.0)
+        mag_code, _ = e4m3_round(tl.abs(scaled))
+        code = mag_code | ((scaled.to(tl.int32, bitcast=True) < 0).to(tl.int32) << 7)
+        code = tl.where(tl.abs(x) < float("inf"), code, 0x7F)   # NaN and +-Inf -> NaN
+        out_mask = row_mask[:, None] & (cols < K)[None, :]
+        tl.store(codes_ptr + out_rows[:, None] * stride_codes + cols[None, :], code.to(tl.uint8), mask=out_mask)
+    else:
+        blocks = tl.reshape(x, [BLOCK_M, BLOCK_K // G, G])
+        xa, finite = _finite_abs(blocks)
+        block_amax = tl.max(xa, axis=2)
+        bad = tl.max(tl.where(finite, 0, 1), axis=2) > 0
+        if FMT == 2:
+            # exponent = floor(log2(amax)) - 2 from the float's exponent bits; -127 for zero/subnormal
+            biased = (block_amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
+            scale_code = tl.minimum(tl.maximum(biased - 2, 0), 254)
+            scale_code = tl.where(bad, 255, scale_code)
+            # x / 2**e as x * 2**-e (exact): 2**-e = float bits (127 - e) << 23, e in [-127, 125]
+            inv_step = ((254 - tl.minimum(scale_code, 254)) << 23).to(tl.float32, bitcast=True)
+            scaled = blocks * inv_step[:, :, None]
+            step = (scale_code << 23).to(tl.float32, bitcast=True)
+            step = tl.where(scale_code == 0, 5.877471754111438e-39, step)    # 2**-127
+            step = tl.where(bad, float("nan"), step)
+        else:
+            v = tl.minimum(tl.math.div_rn(tl.math.div_rn(block_amax, 6.0), gscale[:, None]), 448.0)
+            scale_code, scale_val = e4m3_round(v)
+            scale_code = tl.where(bad, 0x7F, scale_code)
+            step = tl.where(bad, float("nan"), scale_val * gscale[:, None])
+            step_b = step[:, :, None]
+            scaled = tl.where(step_b == 0, blocks * 0.0, tl.math.div_rn(blocks, step_b))
+            step = tl.where(bad, float("nan"), scale_val)   # for EMIT_BF16: block scale without global
+        codes = e2m1_encode(scaled)
+        sc_cols = k0 // G + tl.arange(0, BLOCK_K // G)
+        if EMIT_BF16:
+            deq = e2m1_value(codes).to(tl.float32) * step[:, :, None]
+            deq = tl.reshape(deq, [BLOCK_M, BLOCK_K])
+            out_mask = row_mask[:, None] & (cols < K)[None, :]
+            tl.store(codes_ptr + out_rows[:, None] * stride_codes + cols[None, :], deq.to(tl.bfloat16),
+                     mask=out_mask)
+        else:
+            lo, hi = tl.split(tl.reshape(codes, [BLOCK_M, BLOCK_K // 2, 2]))
+            packed = (lo | (hi << 4)).to(tl.uint8)
+            bcols = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+            tl.store(codes_ptr + out_rows[:, None] * stride_codes + bcols[None, :], packed,
+                     mask=row_mask[:, None] & (bcols < K // 2)[None, :])
+            tl.store(scales_ptr + out_rows[:, None] * stride_scales + sc_cols[None, :],
+                     scale_code.to(tl.uint8), mask=row_mask[:, None] & (sc_cols < K // G)[None, :])
+
+
+@triton.jit
 def _quantize_rows_kernel(
     x_ptr, codes_ptr, scales_ptr, gscale_ptr, dest_ptr,
     n_rows, K, stride_x, stride_codes, stride_scales, heads,
     FMT: tl.constexpr, HAS_DEST: tl.constexpr, EMIT_BF16: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SINGLE: tl.constexpr,
 ):
+    """SINGLE (K <= BLOCK_K): each row is loaded once, for its amax and its codes."""
     G: tl.constexpr = 16 if FMT <= 1 else (32 if FMT == 2 else BLOCK_K)  # elements per scale
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < n_rows
@@ -68,15 +123,21 @@ def _quantize_rows_kernel(
         out_rows = slot.to(tl.int64) * heads + rows % heads
     else:
         out_rows = rows.to(tl.int64)
+    cols0 = tl.arange(0, BLOCK_K)
+    if SINGLE:
+        x_all = _load_rows(x_ptr, rows, row_mask, cols0, K, stride_x)
 
     # 1) the row-global scale: nvfp4:row (amax / 2688) and fp8 (amax / 448); 1.0 for an all-zero row.
     if FMT == 0:
         gscale = tl.load(gscale_ptr) + tl.zeros([BLOCK_M], dtype=tl.float32)
     elif FMT == 1 or FMT == 3:
-        amax = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            xa, _ = _finite_abs(_load_rows(x_ptr, rows, row_mask, k0 + tl.arange(0, BLOCK_K), K, stride_x))
-            amax = tl.maximum(amax, tl.max(xa, axis=1))
+        if SINGLE:
+            amax = tl.max(_finite_abs(x_all)[0], axis=1)
+        else:
+            amax = tl.zeros([BLOCK_M], dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                xa, _ = _finite_abs(_load_rows(x_ptr, rows, row_mask, k0 + cols0, K, stride_x))
+                amax = tl.maximum(amax, tl.max(xa, axis=1))
         gscale = tl.where(amax > 0, tl.math.div_rn(amax, 2688.0 if FMT == 1 else 448.0), 1.0)
         if FMT == 1 or EMIT_BF16:
             tl.store(gscale_ptr + out_rows, gscale, mask=row_mask)
@@ -86,56 +147,14 @@ def _quantize_rows_kernel(
         gscale = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
 
     # 2) quantize BLOCK_K columns at a time
-    for k0 in range(0, K, BLOCK_K):
-        cols = k0 + tl.arange(0, BLOCK_K)
-        x = _load_rows(x_ptr, rows, row_mask, cols, K, stride_x)
-        if FMT == 3:
-            scaled = tl.minimum(tl.maximum(tl.math.div_rn(x, gscale[:, None]), -448.0), 448.0)
-            mag_code, _ = e4m3_round(tl.abs(scaled))
-            code = mag_code | ((scaled.to(tl.int32, bitcast=True) < 0).to(tl.int32) << 7)
-            code = tl.where(tl.abs(x) < float("inf"), code, 0x7F)   # NaN and +-Inf -> NaN
-            out_mask = row_mask[:, None] & (cols < K)[None, :]
-            tl.store(codes_ptr + out_rows[:, None] * stride_codes + cols[None, :], code.to(tl.uint8), mask=out_mask)
-        else:
-            blocks = tl.reshape(x, [BLOCK_M, BLOCK_K // G, G])
-            xa, finite = _finite_abs(blocks)
-            block_amax = tl.max(xa, axis=2)
-            bad = tl.max(tl.where(finite, 0, 1), axis=2) > 0
-            if FMT == 2:
-                # exponent = floor(log2(amax)) - 2 from the float's exponent bits; -127 for zero/subnormal
-                biased = (block_amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
-                scale_code = tl.minimum(tl.maximum(biased - 2, 0), 254)
-                scale_code = tl.where(bad, 255, scale_code)
-                # x / 2**e as x * 2**-e (exact): 2**-e = float bits (127 - e) << 23, e in [-127, 125]
-                inv_step = ((254 - tl.minimum(scale_code, 254)) << 23).to(tl.float32, bitcast=True)
-                scaled = blocks * inv_step[:, :, None]
-                step = (scale_code << 23).to(tl.float32, bitcast=True)
-                step = tl.where(scale_code == 0, 5.877471754111438e-39, step)    # 2**-127
-                step = tl.where(bad, float("nan"), step)
-            else:
-                v = tl.minimum(tl.math.div_rn(tl.math.div_rn(block_amax, 6.0), gscale[:, None]), 448.0)
-                scale_code, scale_val = e4m3_round(v)
-                scale_code = tl.where(bad, 0x7F, scale_code)
-                step = tl.where(bad, float("nan"), scale_val * gscale[:, None])
-                step_b = step[:, :, None]
-                scaled = tl.where(step_b == 0, blocks * 0.0, tl.math.div_rn(blocks, step_b))
-                step = tl.where(bad, float("nan"), scale_val)   # for EMIT_BF16: block scale without global
-            codes = e2m1_encode(scaled)
-            sc_cols = k0 // G + tl.arange(0, BLOCK_K // G)
-            if EMIT_BF16:
-                deq = e2m1_value(codes).to(tl.float32) * step[:, :, None]
-                deq = tl.reshape(deq, [BLOCK_M, BLOCK_K])
-                out_mask = row_mask[:, None] & (cols < K)[None, :]
-                tl.store(codes_ptr + out_rows[:, None] * stride_codes + cols[None, :], deq.to(tl.bfloat16),
-                         mask=out_mask)
-            else:
-                lo, hi = tl.split(tl.reshape(codes, [BLOCK_M, BLOCK_K // 2, 2]))
-                packed = (lo | (hi << 4)).to(tl.uint8)
-                bcols = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-                tl.store(codes_ptr + out_rows[:, None] * stride_codes + bcols[None, :], packed,
-                         mask=row_mask[:, None] & (bcols < K // 2)[None, :])
-                tl.store(scales_ptr + out_rows[:, None] * stride_scales + sc_cols[None, :],
-                         scale_code.to(tl.uint8), mask=row_mask[:, None] & (sc_cols < K // G)[None, :])
+    if SINGLE:
+        _quantize_chunk(x_all, 0, cols0, out_rows, row_mask, gscale, codes_ptr, scales_ptr, K, stride_codes,
+                        stride_scales, FMT, EMIT_BF16, BLOCK_M, BLOCK_K, G)
+    else:
+        for k0 in range(0, K, BLOCK_K):
+            x = _load_rows(x_ptr, rows, row_mask, k0 + cols0, K, stride_x)
+            _quantize_chunk(x, k0, k0 + cols0, out_rows, row_mask, gscale, codes_ptr, scales_ptr, K,
+                            stride_codes, stride_scales, FMT, EMIT_BF16, BLOCK_M, BLOCK_K, G)
 
 
 def _interpreting() -> bool:
@@ -144,22 +163,25 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def _tiles(n_rows: int, K: int, G: int) -> tuple[int, int]:
-    """(BLOCK_M, BLOCK_K). On the GPU 2K elements per chunk (4K spilled registers at 4 warps, sm_90,
-    Triton 3.9's report). In the interpreter each program costs milliseconds: take the whole problem in as
-    few programs as possible."""
+def _tiles(n_rows: int, K: int, G: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_K, num_warps). On the GPU a whole row up to 16K elements is one tile (one load,
+    single pass; the first H200 run walked K in 128-wide chunks: one program per 16 rows of a 4096-wide
+    activation took 108 us, latency-bound), with 16-32 elements per thread. In the interpreter each program
+    costs milliseconds: take the whole problem in as few programs as possible."""
     if _interpreting():
-        return max(16, min(64, triton.next_power_of_2(n_rows))), max(G, min(1024, triton.next_power_of_2(K)))
-    block_k = max(G, min(128, triton.next_power_of_2(K)))
-    return max(1, 2048 // block_k), block_k
+        return max(16, min(64, triton.next_power_of_2(n_rows))), max(G, min(1024, triton.next_power_of_2(K))), 4
+    block_k = max(G, min(16384, triton.next_power_of_2(K)))
+    block_m = max(1, min(16, 2048 // block_k))
+    return block_m, block_k, max(1, min(16, block_m * block_k // 512))
 
 
 def row_amax(x2: torch.Tensor) -> torch.Tensor:
     """float32 [rows] max |x| over each row's finite elements."""
     n_rows, K = x2.shape
     out = torch.empty(n_rows, device=x2.device, dtype=torch.float32)
-    bm, bk = _tiles(n_rows, K, 16)
-    _row_amax_kernel[(triton.cdiv(n_rows, bm),)](x2, out, n_rows, K, x2.stride(0), BLOCK_M=bm, BLOCK_K=bk)
+    bm, bk, warps = _tiles(n_rows, K, 16)
+    _row_amax_kernel[(triton.cdiv(n_rows, bm),)](x2, out, n_rows, K, x2.stride(0), BLOCK_M=bm, BLOCK_K=bk,
+                                                  num_warps=warps)
     return out
 
 
@@ -167,13 +189,14 @@ def launch_quantize_rows(x2, fmt_id, codes, scales, gscale, dest=None, heads=1, 
     """Quantize rows of x2 [rows, K] (unit column stride) into preallocated outputs (see kernel)."""
     n_rows, K = x2.shape
     G = BLOCK[fmt_id] if fmt_id != FMT_FP8_ROW else 16
-    bm, bk = _tiles(n_rows, K, G)
+    bm, bk, warps = _tiles(n_rows, K, G)
     grid = (triton.cdiv(n_rows, bm),)
     _quantize_rows_kernel[grid](
         x2, codes, scales if scales is not None else codes, gscale if gscale is not None else codes,
         dest if dest is not None else codes,
         n_rows, K, x2.stride(0), codes.stride(0), scales.stride(0) if scales is not None else 0, heads,
-        FMT=fmt_id, HAS_DEST=dest is not None, EMIT_BF16=emit_bf16, BLOCK_M=bm, BLOCK_K=bk)
+        FMT=fmt_id, HAS_DEST=dest is not None, EMIT_BF16=emit_bf16, BLOCK_M=bm, BLOCK_K=bk, SINGLE=K <= bk,
+        num_warps=warps)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
