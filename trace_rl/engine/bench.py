@@ -43,7 +43,8 @@ def add_rollout_bench_args(parser: argparse.ArgumentParser) -> argparse.Argument
     a("--mode", choices=("steps", "full"), default="steps", help="steps: timed decode steps at 3 contexts; "
       "full: time whole generations")
     a("--iters", type=int, default=10, help="timed repetitions per measurement")
-    a("--e2e-tokens", type=int, default=32, help="response length of the end-to-end check")
+    a("--e2e-tokens", type=int, default=16, help="response length of the end-to-end check (32 rows)")
+    a("--prefill-tokens", type=int, default=4096, help="prompt tokens per prefill chunk")
     a("--bf16-attention", default="flash_varlen,kernels", help="decode-attention paths timed for bf16 KV")
     a("--hf-batch", type=int, default=64, help="sequences in the HF comparison (0 skips it)")
     a("--hf-new-tokens", type=int, default=64, help="response length of the HF comparison")
@@ -56,8 +57,8 @@ def add_rollout_bench_args(parser: argparse.ArgumentParser) -> argparse.Argument
 
 
 def _free(*objs) -> None:
-    for o in objs:
-        del o
+    """Collect garbage (engines and their graphs form reference cycles) and return cached GPU memory."""
+    del objs
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -80,7 +81,9 @@ def _fit_batch(args, model, plan, capacity: int, device) -> tuple[int, dict]:
         want = min(want, args.max_batch)
     if device.type != "cuda":
         return want, {"kv_bytes_per_token": per_token}
+    _free()
     free, total = torch.cuda.mem_get_info(device)
+    free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)   # cached, reusable
     emulated = sum(4 * lin.quant.out_features * lin.quant.in_features for lin in model.linears().values()
                    if "emulated" in lin.quant.backend.available(device).path and lin.quant.weight_fmt != "bf16")
     per_seq = capacity * per_token + 40 * c.vocab_size          # KV + sampling temporaries over the vocab
@@ -133,6 +136,7 @@ def _bench_plan(args, name: str, plan_name: str, response: int, device, bw, atte
     from trace_rl.engine.native import NativeEngine
     from trace_rl.plan import PrecisionPlan
 
+    _free()                                   # the previous configuration's engine, graphs and cache
     plan = PrecisionPlan.preset(plan_name)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     if device.type == "cuda":
@@ -144,23 +148,31 @@ def _bench_plan(args, name: str, plan_name: str, response: int, device, bw, atte
     capacity = math.ceil((p + r) / block) * block
     batch, fit = _fit_batch(args, model, plan, capacity, device)
     engine = NativeEngine(model, plan, max_batch=batch, max_seq_len=p + r, block_size=block, device=device,
-                          attention=attention, graph_buckets=[batch])
+                          attention=attention, graph_buckets=[batch], prefill_tokens=args.prefill_tokens)
     bm.fill_random(engine.cache, torch.Generator(device=device).manual_seed(args.seed))
     sampling = SamplingParams(temperature=1.0, max_new_tokens=r, ignore_stop=True, seed=args.seed)
     lengths = [p + 1, p + r // 2, p + r - 1]
     steps = _engine_steps(engine, batch, lengths, args, sampling)
-    prompts = _random_prompts(batch, p, model.config.vocab_size, device, args.seed)
+    # Prefill is compute-bound and linear in the prompts at a fixed chunk size: time 64 prompts (after a
+    # warm-up chunk that compiles the kernels for the chunk's shape) and scale to B.
+    vocab = model.config.vocab_size
     one = sampling.model_copy(update={"max_new_tokens": 1})
-    engine.generate(prompts, one)                                           # warm-up (graphs exist already)
-    prefill_s = bm.wall_s(lambda: engine.generate(prompts, one), device)
-    e2e_new = min(args.e2e_tokens, r)
-    e2e_s = bm.wall_s(lambda: engine.generate(prompts, sampling.model_copy(update={"max_new_tokens": e2e_new})),
+    warm = max(1, engine.prefill_tokens // p)
+    engine.generate(_random_prompts(min(warm, batch), p, vocab, device, args.seed), one)
+    timed = min(64, batch)
+    prefill_s = bm.wall_s(lambda: engine.generate(_random_prompts(timed, p, vocab, device, args.seed + 1), one),
+                          device) * batch / timed
+    # End to end: a short generate through the same captured graph (bucket B) vs prefill + steps predicted.
+    e2e_rows, e2e_new = min(32, batch), min(args.e2e_tokens, r)
+    e2e_prompts = _random_prompts(e2e_rows, p, vocab, device, args.seed + 2)
+    e2e_s = bm.wall_s(lambda: engine.generate(e2e_prompts, sampling.model_copy(update={"max_new_tokens": e2e_new})),
                       device)
-    predicted = prefill_s + (e2e_new - 1) * steps[0]["step_ms"] * 1e-3
+    predicted = prefill_s * e2e_rows / batch + (e2e_new - 1) * steps[0]["step_ms"] * 1e-3
     step_mean = _simpson([s["step_ms"] for s in steps])
     fwd_mean = _simpson([s["forward_ms"] for s in steps])
     if args.mode == "full":
-        wave_s = bm.wall_s(lambda: engine.generate(prompts, sampling), device)
+        wave_s = bm.wall_s(lambda: engine.generate(_random_prompts(batch, p, vocab, device, args.seed), sampling),
+                           device)
     else:
         wave_s = prefill_s + (r - 1) * step_mean * 1e-3
     wbytes = bm.weight_bytes(engine.model)
@@ -178,7 +190,8 @@ def _bench_plan(args, name: str, plan_name: str, response: int, device, bw, atte
         "weight_GB": wbytes / 1e9, "kv_bytes_per_token": per_token, "steps": steps,
         "forward_ms_mean": fwd_mean, "step_ms_mean": step_mean, "decode_tokens_per_s": batch / (fwd_mean * 1e-3),
         "prefill_s": prefill_s, "wave_s": wave_s, "tokens_per_s": batch * r / wave_s,
-        "e2e": {"new_tokens": e2e_new, "seconds": e2e_s, "predicted_s": predicted, "ratio": e2e_s / predicted},
+        "e2e": {"rows": e2e_rows, "new_tokens": e2e_new, "seconds": e2e_s, "predicted_s": predicted,
+                "ratio": e2e_s / predicted},
         "paths": engine.report(), "mode": args.mode,
         "peak_memory_GB": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
     }
@@ -190,6 +203,7 @@ def _bench_baseline(args, name: str, response: int, batch: int, device, bw) -> d
     from trace_rl.engine.bench_baseline import PlainDecode
     from trace_rl.models import preset
 
+    _free()
     p, r = args.prompt_len, response
     base = PlainDecode(preset(name), batch, p + r, device, seed=args.seed)
     read_bw = bw.get("read") or 4.0e12
@@ -200,8 +214,10 @@ def _bench_baseline(args, name: str, response: int, batch: int, device, bw) -> d
         steps.append({"L": length, "forward_ms": ms, "floor_ms": nbytes / read_bw * 1e3,
                       "roofline_frac": nbytes / read_bw * 1e3 / ms})
     mean = _simpson([s["forward_ms"] for s in steps])
+    backend = base.sdpa_backend
     _free(base)
-    return {"model": name, "response_len": r, "batch": batch, "steps": steps, "forward_ms_mean": mean,
+    return {"model": name, "response_len": r, "batch": batch, "sdpa_backend": backend, "steps": steps,
+            "forward_ms_mean": mean,
             "decode_tokens_per_s": batch / (mean * 1e-3)}
 
 
@@ -215,6 +231,7 @@ def _bench_hf(args, name: str, device) -> dict:
     from trace_rl.models import preset
     from trace_rl.plan import PrecisionPlan
 
+    _free()
     batch, new, p = args.hf_batch, args.hf_new_tokens, args.prompt_len
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     prompts = _random_prompts(batch, p, preset(name).vocab_size, device, args.seed)
@@ -263,6 +280,7 @@ def run_rollout_bench(args) -> dict:
                         res = _bench_plan(args, name, plan_name, r, device, bw, attention)
                         report["results"].append(res)
                         _print_result(res)
+                        _write(report, out_dir)
                     except Exception as err:  # one failing configuration must not hide the others
                         report["errors"].append({"model": name, "plan": plan_name, "response_len": r,
                                                  "attention": attention, "error": f"{type(err).__name__}: {err}"})
@@ -281,10 +299,15 @@ def run_rollout_bench(args) -> dict:
             except Exception as err:
                 report["errors"].append({"model": name, "hf": True, "error": f"{type(err).__name__}: {err}"})
     report["summary"] = _summary(report)
-    (out_dir / "rollout.json").write_text(json.dumps(report, indent=1, default=str))
+    _write(report, out_dir)
     _plot(report, out_dir / "rollout.png")
     _print_summary(report)
     return report
+
+
+def _write(report: dict, out_dir: Path) -> None:
+    """Written after every configuration, so a run cut short still leaves its numbers."""
+    (out_dir / "rollout.json").write_text(json.dumps(report, indent=1, default=str))
 
 
 def _best(results, **match):

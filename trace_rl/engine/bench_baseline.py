@@ -39,6 +39,7 @@ class PlainDecode:
         self.inv_freq = inverse_frequencies(c, device)
         self.tokens = torch.randint(0, c.vocab_size, (batch, 1), device=device, generator=g)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.sdpa_backend = "flash"   # forced, so a silent fallback to a slow SDPA kernel cannot flatter us
 
     @property
     def weight_bytes(self) -> int:
@@ -72,17 +73,29 @@ class PlainDecode:
             x = x + (F.silu(gate) * up) @ lw["w2"].T
         return (_rms(x, self.norm, c.rms_norm_eps) @ self.lm_head.T)[:, 0]
 
+    def _step(self, length: int) -> torch.Tensor:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        if self.sdpa_backend == "default":
+            return self.step(length)
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return self.step(length)
+
     def capture(self, length: int) -> None:
+        try:
+            self._step(length)
+        except RuntimeError:                       # flash refused these shapes: let SDPA choose, and say so
+            self.sdpa_backend = "default"
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                self.step(length)
+                self._step(length)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         pool = next(iter(self.graphs.values()))[0].pool() if self.graphs else None
         with torch.cuda.graph(graph, pool=pool):
-            out = self.step(length)
+            out = self._step(length)
         self.graphs[length] = (graph, out)
 
     def replay(self, length: int) -> torch.Tensor:

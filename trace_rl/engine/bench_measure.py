@@ -64,21 +64,30 @@ def kv_bytes_per_token(kv_format: str, num_layers: int, kv_heads: int, head_dim:
 
 
 @torch.no_grad()
-def fill_random(cache: PagedKVCache, generator: torch.Generator) -> None:
-    """Random but valid values in every cache tensor (timing on zeros can flatter a kernel)."""
+def fill_random(cache: PagedKVCache, generator: torch.Generator, chunk: int = 2**26) -> None:
+    """Random but valid values in every cache tensor (timing on zeros can flatter a kernel). Filled in
+    chunks: the cache may hold nearly all free memory, so no full-size temporary."""
+    def fill(t: torch.Tensor, make) -> None:
+        flat = t.view(-1) if t.dtype != torch.float8_e4m3fn else t.view(torch.uint8).view(-1)
+        for i in range(0, flat.numel(), chunk):
+            part = flat[i:i + chunk]
+            values = make(part.numel(), part.device)
+            part.copy_(values.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else values)
+
+    randn = lambda n, dev, dt: torch.randn(n, device=dev, generator=generator).to(dt)  # noqa: E731
     for c in cache.k + cache.v:
-        if c.fmt == "bf16":
-            c.codes.normal_(generator=generator)
-        elif c.codes.dtype == torch.uint8:                     # packed E2M1: every byte is a valid pair
-            c.codes.random_(0, 256, generator=generator)
-        else:                                                  # fp8 codes
-            c.codes.copy_(torch.randn(c.codes.shape, device=c.codes.device, generator=generator))
+        if c.codes.dtype == torch.uint8:                       # packed E2M1: every byte is a valid pair
+            fill(c.codes, lambda n, dev: torch.randint(0, 256, (n,), device=dev, generator=generator,
+                                                       dtype=torch.uint8))
+        else:                                                  # bf16 values or fp8 codes
+            fill(c.codes, lambda n, dev, dt=c.codes.dtype: randn(n, dev, dt))
         if c.scales is not None:
             if c.scales.dtype == torch.uint8:                  # E8M0 exponents near 2**-4
-                c.scales.random_(121, 125, generator=generator)
+                fill(c.scales, lambda n, dev: torch.randint(121, 125, (n,), device=dev, generator=generator,
+                                                            dtype=torch.uint8))
             else:
-                s = torch.rand(c.scales.shape, device=c.scales.device, generator=generator) + 0.5
-                c.scales.copy_(s if c.scales.dtype == torch.float32 else s.to(c.scales.dtype))
+                fill(c.scales, lambda n, dev, dt=c.scales.dtype: (torch.rand(n, device=dev, generator=generator)
+                                                                  + 0.5).to(dt))
         if c.global_scale is not None:
             c.global_scale.fill_(1.0 / 448)
 

@@ -146,7 +146,7 @@ class KVStep:
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         b, t, hkv, d = k.shape
         flat = self.slots.reshape(-1)
-        self.cache.write(layer, flat, k.reshape(b * t, hkv, d), v.reshape(b * t, hkv, d))
+        self.cache.write(layer, flat, k.reshape(b * t, hkv, d).contiguous(), v.reshape(b * t, hkv, d).contiguous())
         scale = d ** -0.5
         if self.prefill:   # attend over what was written (quantized K/V read back), from position 0
             kr, vr = self.cache.read(layer, flat)
