@@ -52,7 +52,7 @@ def bandwidth_ceilings(device: torch.device, gbytes: float = 4.0) -> dict:
     src = torch.randn(n, device=device, dtype=torch.bfloat16)
     dst = torch.empty_like(src)
     out = torch.empty((), device=device, dtype=torch.float32)
-    read_ms = median_ms(lambda: torch.sum(src, dtype=torch.float32, out=out), device, iters=10)
+    read_ms = median_ms(lambda: torch.sum(src, 0, dtype=torch.float32, out=out), device, iters=10)
     copy_ms = median_ms(lambda: dst.copy_(src), device, iters=10)
     return {"read": src.nbytes / (read_ms * 1e-3), "copy": 2 * src.nbytes / (copy_ms * 1e-3)}
 
