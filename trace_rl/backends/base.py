@@ -122,10 +122,13 @@ class Backend(ABC):
 
     def fake_quantize(self, x: torch.Tensor, fmt: str, guidance=None) -> torch.Tensor:
         """Trainer-side quantize-dequantize of activations (per token) with a straight-through gradient."""
-        if guidance is not None:
-            raise NotImplementedError("guided fake quantization is provided by trace_rl.correction.guided")
         if fmt == "bf16":
             return x
+        if guidance is not None:  # TRACE: reproduce the rollout's scales and rounding choices
+            from trace_rl.correction.guided import guided_quantize
+
+            self.paths.record(f"{self.name}.fake_quantize.guided.reference")
+            return straight_through(x, guided_quantize(x.detach(), guidance, per_token(fmt)))
         self.paths.record(f"{self.name}.fake_quantize.reference")
         return straight_through(x, get_format(per_token(fmt)).fake_quantize(x.detach()))
 
