@@ -102,8 +102,9 @@ def _engine_steps(engine, batch: int, lengths: list[int], args, sampling) -> lis
     out = []
     warmup = 3
     for length in lengths:
-        # A step advances every position: start early enough that the timed steps straddle `length`.
-        start = max(1, length - 1 - warmup - args.iters // 2)
+        # A full step advances every position: start early enough that the last timed step feeds position
+        # length-1 (the slot's capacity is the bound); the forward-only timing does not advance.
+        start = max(1, length - 1 - warmup - args.iters)
         engine.positions[:batch] = start
         engine.ngen[:batch] = 1
         engine.live[:batch] = True

@@ -64,8 +64,8 @@ def sdpa_masked(q: torch.Tensor, k_cache: PagedKV, v_cache: PagedKV, seq_lens: t
                 capacity: int) -> torch.Tensor:
     b, hq, d = q.shape
     hkv = k_cache.codes.shape[2]
-    k = k_cache.codes.view(-1, capacity, hkv, d)[:b].transpose(1, 2)     # [B, Hkv, cap, D] (a view)
-    v = v_cache.codes.view(-1, capacity, hkv, d)[:b].transpose(1, 2)
+    k = k_cache.codes.view(-1, hkv, d)[: b * capacity].view(b, capacity, hkv, d).transpose(1, 2)  # a view
+    v = v_cache.codes.view(-1, hkv, d)[: b * capacity].view(b, capacity, hkv, d).transpose(1, 2)
     live = torch.arange(capacity, device=q.device)[None, :] < seq_lens.view(b, 1)
     out = F.scaled_dot_product_attention(q.view(b, hkv, hq // hkv, d), k, v, attn_mask=live.view(b, 1, 1, capacity),
                                          scale=scale)
