@@ -196,6 +196,9 @@ def bench_quant(read_bw: float, log) -> dict:
         for w in weights[:7]:
             quantize(w, fmt)
         res[f"model_8b_{fmt}_ms"] = loop_ms(lambda f=fmt, ws=weights: [quantize(w, f) for w in ws])
+        # the same 252 calls captured in one CUDA graph: GPU time without Python/launch overhead
+        res[f"model_8b_{fmt}_graph_ms"] = graph_us([lambda f=fmt, ws=weights: [quantize(w, f) for w in ws]],
+                                                   reps=3) / 1e3
     res["model_8b_params"] = params
     del weights
     torch.cuda.empty_cache()
@@ -225,7 +228,7 @@ def _random_cache(fmt: str, blocks: int, page: int, heads: int, dim: int) -> Pag
     return c
 
 
-def bench_attn(read_bw: float, log, batch: int = 32) -> list:
+def bench_attn(read_bw: float, log, batch: int = 32, sweep: bool = False) -> list:
     from trace_rl.kernels.paged_attention import decode_attention
 
     hq, hkv, dim, page = 32, 8, 128, 16
@@ -258,6 +261,19 @@ def bench_attn(read_bw: float, log, batch: int = 32) -> list:
             row[f"{fmt}_bw_frac"] = nbytes / (us * 1e-6) / read_bw
             del k, v
             torch.cuda.empty_cache()
+        if sweep and ctx == 8192:   # tiles and splits around the launcher's defaults, bf16 and nvfp4
+            for fmt in ("bf16", "nvfp4"):
+                k, v = _random_cache(fmt, blocks, page, hkv, dim), _random_cache(fmt, blocks, page, hkv, dim)
+                for bt_ in (32, 64, 128):
+                    for sp in (3, 6, 12, 24):
+                        call = lambda q=q, k=k, v=v, b=block_table, n=lens, t=bt_, s=sp: decode_attention(  # noqa
+                            q, k, v, b, n, dim**-0.5, block_t=t, splits=s)
+                        try:
+                            row.setdefault("sweep", []).append({"fmt": fmt, "block_t": bt_, "splits": sp,
+                                                                "us": graph_us([call], reps=7)})
+                        except Exception as e:
+                            row.setdefault("sweep_errors", []).append(repr(e)[:200])
+                del k, v
         for fmt in ("fp8_e4m3", "nvfp4", "mxfp4"):
             if f"{fmt}_us" in row and "bf16_us" in row:
                 row[f"{fmt}_speedup_vs_bf16_kernel"] = row["bf16_us"] / row[f"{fmt}_us"]
@@ -302,7 +318,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="kernels.json")
     ap.add_argument("--check", action="store_true")
-    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--sweep", action="store_true", help="GEMM tile sweep (large shapes)")
+    ap.add_argument("--attn-sweep", action="store_true", help="attention tile/split sweep at 8k context")
     ap.add_argument("--sections", default="gemm,quant,attn")
     args = ap.parse_args()
     import triton
@@ -336,7 +353,8 @@ def main() -> None:
         save()
 
     for name, fn in (("gemm", lambda: bench_gemm(read_bw, args.sweep, log_gemm, res["gemm"])),
-                     ("attn", lambda: bench_attn(read_bw, log)), ("quant", lambda: bench_quant(read_bw, log))):
+                     ("quant", lambda: bench_quant(read_bw, log)),
+                     ("attn", lambda: bench_attn(read_bw, log, sweep=args.attn_sweep))):
         if name in sections:
             try:
                 res[name] = fn()

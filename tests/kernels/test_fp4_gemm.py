@@ -100,7 +100,7 @@ def test_fp4_gemm_qwen_shapes_gpu(fmt, M, N, K, gen):
     from trace_rl.kernels.fp4_gemm import default_config
 
     packed = _weight(N, K, fmt, gen)
-    packed_dev = packed.__class__(packed.fmt, N, K, q=packed.q.cuda())
+    packed_dev = packed.__class__(packed.fmt, N, K, q=packed.q.to("cuda"))
     x = torch.randn(M, K, generator=gen).to(torch.bfloat16).cuda()
     base = default_config(M, N, K, torch.cuda.get_device_properties(0).multi_processor_count)
     for act_fmt in ("bf16", fmt):

@@ -133,21 +133,22 @@ class GemmConfig:
 
 def default_config(M: int, N: int, K: int, num_sms: int = 132, interpret: bool = False,
                    decode: int = DECODE_ASM) -> GemmConfig:
-    """Tiles by M bucket, then split K until ~2 programs per SM are in flight, keeping >= 8 K steps per
-    split. From the first H200 sweep (benchmarks/results/kernels_h200_sweep1.json, nvfp4 W4A16, before the
-    scale loads were pipelined): at M <= 16, 16x64x256 tiles with split 2 (K=4096, N=12288) / 4 (K=12288,
-    N=4096) beat every 128-wide tile and every 128-deep K step; at M = 64, 64x64x128 with 4 warps."""
+    """Tiles by M bucket, then split K until enough programs are in flight, keeping >= 8 K steps per
+    split. Chosen from the H200 sweeps (benchmarks/results/kernels_h200_sweep{1,2}.json, nvfp4 W4A16):
+    M <= 16: 16x64x128 tiles, 4 warps, split to ~4 programs per SM (K=4096,N=12288: split 4, 26.7 us;
+    K=12288,N=4096: split 8, 26.6 us; 256-deep K steps and 128-wide N tiles were slower). M <= 64:
+    64x64x128 with split 2 / 4. M > 64: 128x64x128, split only while the N x M tiles leave SMs idle
+    (the float32 partials then cost as much as the weight)."""
     if interpret:   # few programs, big tiles: each interpreted program costs milliseconds
         return GemmConfig(max(16, min(64, triton.next_power_of_2(M))), max(16, min(64, triton.next_power_of_2(N))),
                           max(32, min(256, triton.next_power_of_2(K))), decode=DECODE_PURE)
     if M <= 16:
-        bm, bn, bk, warps, stages = 16, 64, 256, 4, 4
+        bm, bn, bk, warps, stages, target = 16, 64, 128, 4, 4, 4 * num_sms
     elif M <= 64:
-        bm, bn, bk, warps, stages = triton.next_power_of_2(max(M, 32)), 64, 128, 4, 3
+        bm, bn, bk, warps, stages, target = triton.next_power_of_2(max(M, 32)), 64, 128, 4, 3, 3 * num_sms // 2
     else:
-        bm, bn, bk, warps, stages = 128, 64, 128, 4, 3
+        bm, bn, bk, warps, stages, target = 128, 64, 128, 4, 3, num_sms
     tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
-    target = 2 * num_sms if M <= 64 else num_sms   # at large M the float32 partials cost as much as the weight
     split = 1
     while tiles * split < target and K // (bk * split * 2) >= 8:
         split *= 2

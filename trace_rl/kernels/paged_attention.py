@@ -90,9 +90,9 @@ def _load_kv(c_ptr, s_ptr, g_ptr, row, t_mask, KV_FMT: tl.constexpr, HEAD_DIM: t
 @triton.jit
 def _decode_attention_kernel(
     q_ptr, kc_ptr, ks_ptr, kg_ptr, vc_ptr, vs_ptr, vg_ptr, bt_ptr, lens_ptr, part_ptr, ml_ptr,
-    qk_scale, stride_qb, stride_qh, stride_bt, tokens_per_split,
+    qk_scale, stride_qb, stride_qh, stride_bt, tokens_per_split, splits,
     HEADS_KV: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-    PAGE: tl.constexpr, SPLITS: tl.constexpr, KV_FMT: tl.constexpr, BLOCK_T: tl.constexpr,
+    PAGE: tl.constexpr, KV_FMT: tl.constexpr, BLOCK_T: tl.constexpr,
     DECODE: tl.constexpr, DOT_F32: tl.constexpr, SCALE_WORDS: tl.constexpr,
 ):
     h, split, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -122,7 +122,7 @@ def _decode_attention_kernel(
         v, v_fac = _load_kv(vc_ptr, vs_ptr, vg_ptr, row, t_mask, KV_FMT, HEAD_DIM, DECODE, SCALE_WORDS)
         acc = dot_acc((p * v_fac[None, :]).to(tl.bfloat16), v, acc * alpha[:, None], DOT_F32)
         m_i = m_new
-    out_rows = (b * GROUP * HEADS_KV + h * GROUP + g).to(tl.int64) * SPLITS + split   # [B, Hq, SPLITS]
+    out_rows = (b * GROUP * HEADS_KV + h * GROUP + g).to(tl.int64) * splits + split   # [B, Hq, splits]
     g_mask = g < GROUP
     tl.store(part_ptr + out_rows[:, None] * HEAD_DIM + d[None, :], acc, mask=g_mask[:, None])
     tl.store(ml_ptr + out_rows * 2, m_i, mask=g_mask)
@@ -208,8 +208,8 @@ def decode_attention(q: torch.Tensor, k: PagedKV, v: PagedKV, block_table: torch
     bt = bt if bt.stride(-1) == 1 else bt.contiguous()
     _decode_attention_kernel[(hkv, splits, B)](
         q, kc, ks, kg, vc, vs, vg, bt, lens, part, ml, scale * LOG2E, q.stride(0), q.stride(1), bt.stride(0),
-        per_split, HEADS_KV=hkv, HEAD_DIM=D, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),
-        PAGE=page, SPLITS=splits, KV_FMT=KV_FORMAT_IDS[k.fmt], BLOCK_T=block_t,
+        per_split, splits, HEADS_KV=hkv, HEAD_DIM=D, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        PAGE=page, KV_FMT=KV_FORMAT_IDS[k.fmt], BLOCK_T=block_t,
         DECODE=default_decode(q.device) if decode is None else decode, DOT_F32=interp, SCALE_WORDS=_scale_words(k),
         num_warps=4, num_stages=2)
     out = torch.empty(B, Hq, D, device=q.device, dtype=q.dtype)

@@ -1,7 +1,7 @@
 """Row quantization kernel: NVFP4 (tensor or row global scale), MXFP4 and FP8 E4M3 per row.
 
 One program quantizes BLOCK_M rows, walking K in BLOCK_K chunks: a first walk takes the row amax (row
-formats only; the tensor-global NVFP4 scale comes from `row_amax` + one torch op), a second quantizes.
+formats only; the tensor-global NVFP4 amax comes from `_tensor_amax_kernel`), a second quantizes.
 Output rows may be redirected (`dest_rows`), which is how the KV-cache write scatters (token, head) rows
 into their paged slots. Bit-exact with `get_format(fmt).quantize` (trace_rl/formats) on codes and scales
 of every block whose elements are finite; a block holding NaN/Inf gets the NaN scale there as here (its
@@ -43,14 +43,17 @@ def _finite_abs(x):
 
 
 @triton.jit
-def _row_amax_kernel(x_ptr, amax_ptr, n_rows, K, stride_x, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+def _tensor_amax_kernel(x_ptr, amax_bits_ptr, n_rows, K, stride_x, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """max |x| over the finite elements of the whole tensor, as float32 bits in one int32 (zeroed by the
+    caller): an integer atomic max orders non-negative floats correctly, and keeps the global scale on
+    the device (no torch reduction launches between the two passes)."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < n_rows
     amax = tl.zeros([BLOCK_M], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         xa, _ = _finite_abs(_load_rows(x_ptr, rows, row_mask, k0 + tl.arange(0, BLOCK_K), K, stride_x))
         amax = tl.maximum(amax, tl.max(xa, axis=1))
-    tl.store(amax_ptr + rows, amax, mask=row_mask)
+    tl.atomic_max(amax_bits_ptr, tl.max(amax, axis=0).to(tl.int32, bitcast=True))
 
 
 @triton.jit
@@ -127,9 +130,14 @@ def _quantize_rows_kernel(
     if SINGLE:
         x_all = _load_rows(x_ptr, rows, row_mask, cols0, K, stride_x)
 
-    # 1) the row-global scale: nvfp4:row (amax / 2688) and fp8 (amax / 448); 1.0 for an all-zero row.
+    # 1) the global scale: amax / 2688 for nvfp4 (tensor amax from _tensor_amax_kernel, in dest_ptr) and
+    #    nvfp4:row, amax / 448 for fp8 rows; 1.0 for an all-zero tensor / row.
     if FMT == 0:
-        gscale = tl.load(gscale_ptr) + tl.zeros([BLOCK_M], dtype=tl.float32)
+        t_amax = tl.load(dest_ptr).to(tl.int32).to(tl.float32, bitcast=True)
+        g = tl.where(t_amax > 0, tl.math.div_rn(t_amax, 2688.0), 1.0)
+        if tl.program_id(0) == 0:
+            tl.store(gscale_ptr, g)
+        gscale = g + tl.zeros([BLOCK_M], dtype=tl.float32)
     elif FMT == 1 or FMT == 3:
         if SINGLE:
             amax = tl.max(_finite_abs(x_all)[0], axis=1)
@@ -175,18 +183,19 @@ def _tiles(n_rows: int, K: int, G: int) -> tuple[int, int, int]:
     return block_m, block_k, max(1, min(16, block_m * block_k // 512))
 
 
-def row_amax(x2: torch.Tensor) -> torch.Tensor:
-    """float32 [rows] max |x| over each row's finite elements."""
+def tensor_amax_bits(x2: torch.Tensor) -> torch.Tensor:
+    """int32 [1]: the float32 bits of max |x| over the finite elements of x2."""
     n_rows, K = x2.shape
-    out = torch.empty(n_rows, device=x2.device, dtype=torch.float32)
+    out = torch.zeros(1, device=x2.device, dtype=torch.int32)
     bm, bk, warps = _tiles(n_rows, K, 16)
-    _row_amax_kernel[(triton.cdiv(n_rows, bm),)](x2, out, n_rows, K, x2.stride(0), BLOCK_M=bm, BLOCK_K=bk,
-                                                  num_warps=warps)
+    _tensor_amax_kernel[(triton.cdiv(n_rows, bm),)](x2, out, n_rows, K, x2.stride(0), BLOCK_M=bm, BLOCK_K=bk,
+                                                     num_warps=warps)
     return out
 
 
 def launch_quantize_rows(x2, fmt_id, codes, scales, gscale, dest=None, heads=1, emit_bf16=False):
-    """Quantize rows of x2 [rows, K] (unit column stride) into preallocated outputs (see kernel)."""
+    """Quantize rows of x2 [rows, K] (unit column stride) into preallocated outputs (see kernel). `dest`:
+    the KV write's slots, or for nvfp4 (tensor scale) the int32 amax bits from `tensor_amax_bits`."""
     n_rows, K = x2.shape
     G = BLOCK[fmt_id] if fmt_id != FMT_FP8_ROW else 16
     bm, bk, warps = _tiles(n_rows, K, G)
@@ -195,8 +204,8 @@ def launch_quantize_rows(x2, fmt_id, codes, scales, gscale, dest=None, heads=1, 
         x2, codes, scales if scales is not None else codes, gscale if gscale is not None else codes,
         dest if dest is not None else codes,
         n_rows, K, x2.stride(0), codes.stride(0), scales.stride(0) if scales is not None else 0, heads,
-        FMT=fmt_id, HAS_DEST=dest is not None, EMIT_BF16=emit_bf16, BLOCK_M=bm, BLOCK_K=bk, SINGLE=K <= bk,
-        num_warps=warps)
+        FMT=fmt_id, HAS_DEST=dest is not None and fmt_id != FMT_NVFP4, EMIT_BF16=emit_bf16, BLOCK_M=bm, BLOCK_K=bk,
+        SINGLE=K <= bk, num_warps=warps)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -225,16 +234,14 @@ def quantize(x: torch.Tensor, fmt_name: str) -> QTensor:
     G = BLOCK[fmt_id]
     codes = torch.empty(n_rows, K // 2, device=dev, dtype=torch.uint8)
     scales = torch.empty(n_rows, K // G, device=dev, dtype=torch.uint8)
-    gscale = None
-    if fmt_id == FMT_NVFP4:
-        amax = row_amax(x2).amax() if n_rows else torch.zeros((), device=dev)
-        # divide by a tensor: torch on CUDA turns division by a Python float into a multiplication by
-        # its reciprocal (not correctly rounded), which would differ from the reference by an ulp
-        gscale = torch.where(amax > 0, amax / torch.full((), 2688.0, device=dev), torch.ones_like(amax))
+    gscale, amax_bits = None, None
+    if fmt_id == FMT_NVFP4:   # the kernel divides the tensor amax by 2688 (div_rn) and stores the scale
+        gscale = torch.ones((), device=dev, dtype=torch.float32)
+        amax_bits = tensor_amax_bits(x2) if n_rows else None
     elif fmt_id == FMT_NVFP4_ROW:
         gscale = torch.empty(n_rows, 1, device=dev, dtype=torch.float32)
     if n_rows:
-        launch_quantize_rows(x2, fmt_id, codes, scales, gscale)
+        launch_quantize_rows(x2, fmt_id, codes, scales, gscale, dest=amax_bits)
     if fmt_id != FMT_MXFP4:
         scales = scales.view(torch.float8_e4m3fn)
         gscale = gscale.reshape(*lead, 1) if fmt_id == FMT_NVFP4_ROW else gscale
