@@ -157,6 +157,21 @@ def build_parser() -> argparse.ArgumentParser:
     if add_rollout_bench_args is not None:
         add_rollout_bench_args(pr)
     pr.set_defaults(func=_cmd_bench)
+
+    from trace_rl.audit.commands import add_compare_args, add_drift_args, cmd_compare, cmd_drift
+
+    p = sub.add_parser("drift", help="rollout vs trainer drift per precision plan, overall and by token position",
+                       description="Generate with each rollout plan, rescore the same tokens with the trainer, "
+                                   "report every drift metric (table, drift.json, drift.png). Exit 1 when a "
+                                   "--fail-above threshold is crossed.")
+    add_drift_args(p)
+    p.set_defaults(func=cmd_drift)
+
+    p = sub.add_parser("compare", help="one config under several presets and seeds, side by side",
+                       description="Run a pipeline config per (preset, seed) into <out>/<preset>/seed<k>, then "
+                                   "write compare.md, compare.json and compare.png (mean +- std over seeds).")
+    add_compare_args(p)
+    p.set_defaults(func=cmd_compare)
     return parser
 
 
