@@ -9,8 +9,8 @@ in prefill, in decode, or fake-quantized by the aligned trainer.
 
 Paths, chosen once per cache and reported (`paths`), never silently:
 - write: `kernels.kv_write` (GPU, when `trace_rl.kernels` provides it) or `torch.write_reference`.
-- decode attention: `kernels.decode_attention` (GPU, any format), `torch.flash_varlen` / `torch.sdpa_masked`
-  (bf16 cache on GPU), else `torch.reference` (gather + dequantize; the CPU path).
+- decode attention: `kernels.decode_attention` (GPU, any format), else `torch.flash_varlen` (bf16 cache on
+  GPU; `torch.sdpa_masked` on request), else `torch.reference` (gather + dequantize; the CPU path).
 """
 
 from __future__ import annotations
@@ -74,10 +74,10 @@ class PagedKVCache:
             if attention in ("flash_varlen", "sdpa_masked") and (not on_gpu or self.kv_format != "bf16"):
                 raise ValueError(f"attention={attention!r} needs a bf16 KV cache on a GPU")
             return write, f"torch.{attention}", ""
-        if on_gpu and self.kv_format == "bf16":
-            return write, "torch.flash_varlen", ""
-        if kernels is not None:
+        if kernels is not None:   # bf16 too: 1.3-1.6x FlashAttention varlen at 8k contexts (H200, docs/benchmarks.md)
             return write, "kernels.decode_attention", ""
+        if on_gpu and self.kv_format == "bf16":
+            return write, "torch.flash_varlen", why
         if on_gpu:
             why += "; quantized KV on GPU falls back to the torch reference (gathers and dequantizes the whole " \
                    "cache every step: slow)"
