@@ -37,6 +37,7 @@ class GuidanceRecord:
     scales: torch.Tensor
     global_scale: torch.Tensor | None
     bits: torch.Tensor
+    valid: torch.Tensor | None = None   # [...] bool over rows: False rows (not recorded) round to nearest
 
     def bytes_per_row(self) -> int:
         per = lambda t: 0 if t is None else t.shape[-1] * t.element_size()  # noqa: E731
@@ -86,10 +87,65 @@ def guided_quantize(x: torch.Tensor, record: GuidanceRecord, fmt: str) -> torch.
         raise ValueError(f"guidance record covers shape {tuple(step.shape)}, activation is {tuple(xf.shape)}: "
                          f"the record must come from the same tokens and layer")
     v = torch.where(step == 0, xf * 0, xf / step).clamp(-6.0, 6.0)
-    mags = torch.tensor(E2M1_MAGNITUDES, device=xf.device)
+    if record.valid is not None and not bool(record.valid.all()):
+        valid = record.valid
+        while valid.dim() < v.dim():        # [B, T] over rows of [B, T, K] or [B, T, H, D]
+            valid = valid.unsqueeze(-1)
+        plain = get_format(fmt).fake_quantize(xf)
+        return torch.where(valid, _guided_values(v, record, step), plain)
+    return _guided_values(v, record, step)
+
+
+def _guided_values(v: torch.Tensor, record: GuidanceRecord, step: torch.Tensor) -> torch.Tensor:
+    mags = torch.tensor(E2M1_MAGNITUDES, device=v.device)
     # lower index j: the largest magnitude <= |v|, capped at 6 so the pair (j, j+1) always exists
     j = (torch.searchsorted(mags, v.abs().contiguous(), right=True) - 1).clamp(0, 6)
     want = unpack_bits(record.bits).to(j.dtype)
     idx = torch.where((j & 1) == want, j, j + 1)
     value = torch.copysign(mags[idx], v) * step
     return torch.where(torch.isnan(v), v, value)
+
+
+# -- the trainer side: serve a batch's records to the model's guided layers --
+
+GUIDANCE_VALID = ("guidance", "valid")
+
+
+def guidance_record(td, site: str) -> GuidanceRecord:
+    """The record of one site (a Linear input or a layer's K/V) stored in a trajectory TensorDict."""
+    g = td.get(("guidance", site))
+    return GuidanceRecord(g.get("scales"), g.get("global_scale", None), g.get("bits"),
+                          td.get(GUIDANCE_VALID))
+
+
+class guided_trainer:  # noqa: N801  (a context manager, used as `with guided_trainer(model, td, sites):`)
+    """Within the block, the model's guided Linears (and K/V, when the KV cache is FP4) fake-quantize
+    with the rollout's records in `td` (rows = td's rows, positions = its packed prompt+response).
+
+    `sites` maps a trainer Linear name (or "<attention module name>.k" / ".v") to the site key under
+    ("guidance", ...), as `NativeEngine.guidance_sites` reports it."""
+
+    def __init__(self, model, td, sites: dict[str, str]):
+        self.model, self.td, self.sites = model, td, sites
+        self._hooked: list = []
+
+    def __enter__(self):
+        for name, module in self.model.named_modules():
+            if getattr(module, "trainer_mode", None) == "guided" and name in self.sites:
+                record = guidance_record(self.td, self.sites[name])
+                module.activation_hook = lambda layer, x, r=record: r
+                self._hooked.append(module)
+            if hasattr(module, "kv_hook") and f"{name}.k" in self.sites:
+                k, v = (guidance_record(self.td, self.sites[f"{name}.{w}"]) for w in "kv")
+                module.kv_hook = lambda attn, k_, v_, r=(k, v): r
+                self._hooked.append(module)
+        return self
+
+    def __exit__(self, *exc):
+        for module in self._hooked:
+            if hasattr(module, "activation_hook"):
+                module.activation_hook = None
+            if hasattr(module, "kv_hook"):
+                module.kv_hook = None
+        self._hooked.clear()
+        return False

@@ -30,6 +30,7 @@ from tensordict import TensorDict
 from trace_rl.data import schema as K
 from trace_rl.engine.base import RolloutEngine, SamplingParams
 from trace_rl.engine.cuda_graphs import DecodeGraphs, batch_buckets
+from trace_rl.engine.guidance import GuidanceRecorder
 from trace_rl.engine.kv_cache import KVStep, PagedKVCache
 from trace_rl.engine.sampling import process_logits, sample
 from trace_rl.formats.paged_kv import slots_for
@@ -52,7 +53,8 @@ class NativeEngine(RolloutEngine):
                  max_seq_len: int = 2048, block_size: int = 16, device: torch.device | str | None = None,
                  dtype: torch.dtype | None = None, pad_token_id: int = K.PAD_TOKEN_ID_DEFAULT,
                  cuda_graphs: bool | None = None, attention: str = "auto", prefill_tokens: int = 16384,
-                 stop_check_interval: int = 8, policy_version: int = 0, graph_buckets: list[int] | None = None):
+                 stop_check_interval: int = 8, policy_version: int = 0, graph_buckets: list[int] | None = None,
+                 record_guidance: bool | None = None):
         self.plan = plan or PrecisionPlan()
         src_device = next(model.buffers()).device
         self.device = torch.device(device) if device is not None else src_device
@@ -84,6 +86,14 @@ class NativeEngine(RolloutEngine):
         self.live = torch.zeros(s, dtype=torch.bool, device=dev)
         self.ngen = torch.zeros(s, dtype=torch.long, device=dev)                     # tokens generated so far
         self.slot_row = torch.zeros(s, dtype=torch.long, device=dev)                 # output row of the slot
+        # TRACE guidance (plan.trainer == "guided"): record the rollout's FP4 rounding for the trainer.
+        record = self.plan.trainer == "guided" if record_guidance is None else record_guidance
+        self.recorder = GuidanceRecorder(self.model, self.plan) if record else None
+        if self.recorder is not None:
+            self.recorder.attach()
+            if cuda_graphs:
+                raise ValueError("guidance recording runs the decode step eagerly; use cuda_graphs=None/False")
+            cuda_graphs = False
         use_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         if use_graphs and self.device.type != "cuda":
             raise ValueError("cuda_graphs=True needs a CUDA device")
@@ -102,7 +112,13 @@ class NativeEngine(RolloutEngine):
         return {"plan": self.plan.label, "linear": {n: b.paths.summary() for n, b in backends.items()},
                 "kv": dict(self.cache.paths), "kv_note": self.cache.why, "cuda_graphs": self.graphs is not None,
                 "buckets": self.graphs.buckets if self.graphs else None, "max_batch": self.max_batch,
-                "kv_cache_bytes": self.cache.nbytes, **self.stats}
+                "kv_cache_bytes": self.cache.nbytes,
+                "guidance_bytes_per_token": self.recorder.bytes_per_token if self.recorder else 0, **self.stats}
+
+    @property
+    def guidance_sites(self) -> dict[str, str]:
+        """Trainer module name (Linear, or '<attention>.k'/'.v') -> its record's key under ("guidance", ...)."""
+        return dict(self.recorder.trainer_sites) if self.recorder else {}
 
     # -- weights --
     @torch.no_grad()
@@ -188,6 +204,8 @@ class _Run:
         self.prompt_tokens, self.lens, self.lens_host = prompt_tokens, lens, lens_host
         self.max_new = sampling.max_new_tokens
         self.trash = rows                          # output row written by idle slots
+        if e.recorder is not None:
+            e.recorder.begin(len(lens_host), prompt_tokens.shape[1], rows, sampling.max_new_tokens)
         self.out_tokens = torch.full((rows + 1, self.max_new), e.pad_token_id, dtype=torch.long, device=dev)
         self.out_logp = torch.zeros(rows + 1, self.max_new, dtype=torch.float32, device=dev)
         self.out_ngen = torch.zeros(rows + 1, dtype=torch.long, device=dev)
@@ -251,7 +269,11 @@ class _Run:
         positions = torch.arange(width, device=dev).expand(len(chunk), width)
         table = e.block_table[leaders]
         kv = KVStep(e.cache, slots_for(table, positions, e.block_size), table, lens.to(torch.int32), prefill=True)
+        if e.recorder is not None:
+            e.recorder.context = ("prefill", prompts, None)
         logits = e.model(tokens, positions, kv, logits_at=lens - 1)               # [prompts, V]
+        if e.recorder is not None:
+            e.recorder.context = None
         e.stats["prefill_tokens"] += int(sum(self.lens_host[p] for p, _ in chunk))
         pages = math.ceil(width / e.block_size)
         src, dst, member_rows, member_slots, member_of = [], [], [], [], []
@@ -281,7 +303,12 @@ class _Run:
 
     def _decode_step(self, n: int) -> None:
         e = self.e
+        if e.recorder is not None:   # the fed token of each slot is response token ngen - 1
+            e.recorder.context = ("decode", torch.where(e.live[:n], e.slot_row[:n], self.trash),
+                                  (e.ngen[:n] - 1).clamp(min=0))
         logits = e.decode_logits(n)
+        if e.recorder is not None:
+            e.recorder.context = None
         tok, logp = self._sample(logits)
         live = e.live[:n]
         row = torch.where(live, e.slot_row[:n], self.trash)
@@ -322,7 +349,7 @@ class _Run:
         logp = self.out_logp[:rows, :width].masked_fill(~mask, 0.0)
         prompt_index = torch.arange(rows, device=e.device) // self.sampling.n
         e.stats["generated_tokens"] += int(ngen.sum())
-        return TensorDict({
+        td = TensorDict({
             K.TOKENS_PROMPT: prompt_tokens[prompt_index],
             K.MASK_PROMPT: prompt_mask[prompt_index],
             K.TOKENS_RESPONSE: tokens,
@@ -332,3 +359,6 @@ class _Run:
             K.NUM_GENERATED: ngen.clone(),
             K.PROMPT_INDEX: prompt_index,
         }, batch_size=[rows], device=e.device)
+        if e.recorder is not None:
+            td.set(K.GUIDANCE, e.recorder.result(prompt_index, self.lens, ngen, prompt_tokens.shape[1], width))
+        return td

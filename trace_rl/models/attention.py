@@ -55,6 +55,9 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps) if c.qk_norm else None
         self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps) if c.qk_norm else None
         self.kv_fake_fmt: str | None = None   # trainer aligned/guided with a quantized KV cache
+        # TRACE hook point for K/V (as Linear.activation_hook for inputs): called `kv_hook(self, k, v)` where
+        # K/V are quantized; the rollout records there, the guided trainer gets (k_record, v_record) back.
+        self.kv_hook = None
         self.qkv_proj: Linear | None = None    # rollout only: q/k/v stacked (Decoder.to_rollout(fuse=True))
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -70,11 +73,21 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if kv is not None:
+            if self.kv_hook is not None:
+                self.kv_hook(self, k, v)
             out = kv.attend(self.layer_idx, q, k, v)
         else:
             if self.kv_fake_fmt is not None:
-                fmt = get_format(per_token(self.kv_fake_fmt))
-                k = straight_through(k, fmt.fake_quantize(k.detach()))
-                v = straight_through(v, fmt.fake_quantize(v.detach()))
+                name = per_token(self.kv_fake_fmt)
+                guidance = self.kv_hook(self, k, v) if self.kv_hook is not None else None
+                if guidance is not None:   # TRACE: the rollout's scales and rounding choices
+                    from trace_rl.correction.guided import guided_quantize
+
+                    k = straight_through(k, guided_quantize(k.detach(), guidance[0], name))
+                    v = straight_through(v, guided_quantize(v.detach(), guidance[1], name))
+                else:
+                    fmt = get_format(name)
+                    k = straight_through(k, fmt.fake_quantize(k.detach()))
+                    v = straight_through(v, fmt.fake_quantize(v.detach()))
             out = causal_attention(q, k, v, self.scale)
         return self.o_proj(out.reshape(b, t, hq * d))

@@ -7,6 +7,7 @@ Python and pass them to `Pipeline(...)` directly (docs/pipelines.md shows both).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from torch import nn
 from trace_rl.collectors import RolloutCollector
 from trace_rl.collectors.prompts import PROBLEM, prompt_batch
 from trace_rl.correction import DriftMetrics
+from trace_rl.correction.guided import guided_trainer
 from trace_rl.data import schema as K
 from trace_rl.data.replay_buffer import set_policy_version
 from trace_rl.engine.base import RolloutEngine, SamplingParams
@@ -77,7 +79,8 @@ class Pipeline:
         rollout_tokens = int(batch.get(K.MASK_RESPONSE).sum())
         set_policy_version(self.buffer, self.engine.policy_version)
         sample = self.buffer.sample(batch.batch_size[0])
-        self.trainer_logprobs(sample)
+        with self._guidance(sample):
+            self.trainer_logprobs(sample)
         self.corrections(sample)
         report = self.drift(sample)
         self.model.train()
@@ -87,7 +90,8 @@ class Pipeline:
             self.optimizer.zero_grad(set_to_none=True)
             for start in range(0, rows, self.micro_batch_size):
                 micro = sample[start:start + self.micro_batch_size]
-                out = self.loss(micro)
+                with self._guidance(micro):
+                    out = self.loss(micro)
                 loss = sum(v for k, v in out.items() if k.startswith("loss_"))
                 (loss * (micro.batch_size[0] / rows)).backward()
                 losses.append(loss.item())
@@ -128,6 +132,13 @@ class Pipeline:
         return {"kind": "eval", "step": self.step, "eval_accuracy": sum(s.correct for s in scores) / n,
                 "eval_reward": sum(s.reward for s in scores) / n,
                 "eval_format_ok": sum(s.format_ok for s in scores) / n}
+
+    def _guidance(self, td):
+        """TRACE: serve the rollout's rounding records to the guided trainer layers (no-op otherwise)."""
+        sites = getattr(self.engine, "guidance_sites", None)
+        if not sites:
+            return contextlib.nullcontext()
+        return guided_trainer(self.model, td, sites)
 
     # -- checkpoints --
     def state(self) -> dict:
