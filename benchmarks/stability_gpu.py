@@ -126,7 +126,11 @@ def main() -> None:
     ap.add_argument("--plans", default=",".join(PLANS))
     ap.add_argument("--deadline", type=float, default=230.0, help="start no plan after this many seconds")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--replot", type=Path, help="only redraw the PNGs from this stability_gpu.json")
     args = ap.parse_args()
+    if args.replot:
+        replot(args.replot, args.out)
+        return
     if args.smoke:
         args.layers, args.hidden, args.mlp, args.heads, args.kv_heads = 2, 64, 128, 2, 1
         args.sft_seconds, args.batch, args.prompts, args.max_new_tokens, args.linear_bin = 4, 4, 2, 48, 16
@@ -166,14 +170,19 @@ def main() -> None:
                        micro_batch_size=16)
     pow2 = power_of_two_edges(args.max_new_tokens)
     linear = list(range(0, args.max_new_tokens + args.linear_bin, args.linear_bin))
-    results = []
     for name in [n.strip() for n in args.plans.split(",")]:
         plan = PLANS[name]
         if time.perf_counter() - t_start > args.deadline:
             record["plans"][name] = {"skipped": f"deadline of {args.deadline:.0f}s passed"}
             log(f"{name}: skipped (deadline)")
             continue
-        raw = audit.sample(plan)
+        try:
+            raw = audit.sample(plan)
+        except Exception as err:   # one plan failing on this machine must not lose the others' results
+            record["plans"][name] = {"error": f"{type(err).__name__}: {err}"}
+            log(f"{name}: FAILED {type(err).__name__}: {err}")
+            out_json.write_text(json.dumps(json_safe(record), indent=1, default=str))
+            continue
         metrics = drift_metrics(raw.lp_rollout, raw.lp_trainer, raw.mask)
         lengths = raw.mask.sum(-1)
         texts = [tok.decode(row[m].tolist()) for row, m in zip(raw.tokens, raw.mask)]
@@ -187,34 +196,43 @@ def main() -> None:
             "rollout_seconds": raw.rollout_seconds, "rescore_seconds": raw.rescore_seconds,
             "rollout_tokens_per_s_incl_warmup": int(raw.mask.sum()) / raw.rollout_seconds, "engine": raw.engine,
             "sample_text": texts[0][:400]}
-        results.append(PlanDrift(name=name, plan=plan, metrics=metrics,
-                                 by_position=mismatch_by_position(raw.lp_rollout, raw.lp_trainer, raw.mask, pow2),
-                                 rows=raw.mask.shape[0], tokens=int(raw.mask.sum()), longest=int(lengths.max()),
-                                 rollout_seconds=raw.rollout_seconds, rescore_seconds=raw.rescore_seconds))
         log(f"{name} ({plan.label}, trainer {plan.trainer}): {int(raw.mask.sum())} tokens, mean length "
             f"{lengths.float().mean():.0f}, acc@T1 {record['plans'][name]['accuracy_t1']:.2f}, k3 "
             f"{metrics['mismatch_k3']:.3g}, |log rho| {metrics['abs_log_ratio_mean']:.3g}, rollout "
             f"{raw.rollout_seconds:.1f}s, rescore {raw.rescore_seconds:.1f}s")
         out_json.write_text(json.dumps(json_safe(record), indent=1, default=str))
     model.apply_plan(None)
-    if results:
-        plot_drift_by_position(results, args.out / "drift_gpu.png",
-                               f"{config.num_params / 1e6:.0f}M char decoder, SFT {args.sft_seconds:.0f}s on worked "
-                               f"multiplication: drift by position (pow2 bins)")
-        for r in results:   # the same samples in linear bins (the long tail in equal steps)
-            r.by_position = _as_position(record["plans"][r.name]["by_position_linear"])
-        plot_drift_by_position(results, args.out / "drift_gpu_linear.png",
-                               f"same samples, {args.linear_bin}-token bins")
     record["total_seconds"] = time.perf_counter() - t_start
     out_json.write_text(json.dumps(json_safe(record), indent=1, default=str))
+    replot(out_json, args.out)
     log(f"wrote {out_json}")
+
+
+def replot(json_path: Path, out: Path) -> None:
+    """drift_gpu.png (pow2 bins) and drift_gpu_linear.png (equal-width bins) from stability_gpu.json."""
+    record = json.loads(Path(json_path).read_text())
+    measured = {n: p for n, p in record["plans"].items() if "metrics" in p}
+    if not measured:
+        return
+    params, sft_s = record["params_m"], float(record["args"]["sft_seconds"])
+    for key, png, title in (("by_position_pow2", "drift_gpu.png", "drift by position (pow2 bins)"),
+                            ("by_position_linear", "drift_gpu_linear.png", "the same samples in equal bins")):
+        results = [PlanDrift(name=n, plan=PrecisionPlan.parse(p["plan"]), metrics=p["metrics"],
+                             by_position=_as_position(p[key]), rows=0, tokens=p["tokens"], longest=p["max_length"],
+                             rollout_seconds=p["rollout_seconds"], rescore_seconds=p["rescore_seconds"])
+                   for n, p in measured.items()]
+        plot_drift_by_position(results, Path(out) / png, f"{params:.1f}M char decoder, SFT {sft_s:.0f}s on worked "
+                                                         f"multiplication, T=1 samples: {title}")
 
 
 def _as_position(d):
     from trace_rl.correction.metrics import PositionMismatch
 
-    return PositionMismatch(edges=d["edges"], count=d["count"], abs_log_ratio=d["abs_log_ratio"], k1=d["k1"],
-                            k3=d["k3"])
+    def nan(values):   # JSON holds an empty bin's NaN as null
+        return [math.nan if v is None else v for v in values]
+
+    return PositionMismatch(edges=d["edges"], count=d["count"], abs_log_ratio=nan(d["abs_log_ratio"]), k1=nan(d["k1"]),
+                            k3=nan(d["k3"]))
 
 
 if __name__ == "__main__":

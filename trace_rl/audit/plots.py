@@ -25,7 +25,7 @@ def plot_drift_by_position(results, path: Path, title: str = "") -> Path:
     plt = _pyplot()
     edges = results[0].by_position.edges
     x = list(range(len(edges) - 1))
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
     for ax, key, label in ((axes[0], "abs_log_ratio", "mean |log ρ| (rollout vs trainer)"),
                            (axes[1], "k3", "mismatch k3 (KL estimate)")):
         floor = min((v for r in results for v in getattr(r.by_position, key) if v > 0 and math.isfinite(v)),
@@ -41,10 +41,12 @@ def plot_drift_by_position(results, path: Path, title: str = "") -> Path:
         ax.set_xlabel("response token position (bin)")
         ax.set_title(label)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+    handles, labels = axes[0].get_legend_handles_labels()
+    ncol = min(len(labels), 3)
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.04 + 0.045 * math.ceil(len(labels) / ncol), 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
