@@ -46,7 +46,7 @@ def test_bf16_float32_is_exact_fp4_drifts_and_fail_above_gates(tmp_path, capsys)
     (["--fail-above", "mismatch_k3"], "METRIC=VALUE"),
     (["--fail-above", "ess=high"], "not a number"),
     (["--plans", "bf16,fp5"], "unknown plan 'fp5'"),
-    (["--plans", "fp4-guided"], "guided"),
+    (["--plans", "fp8", "--trainer", "guided"], "guided"),
     (["--plans", "bf16", "--trainer", "aligned"], "nothing to align"),
     (["--model", "/no/such/model"], "/no/such/model"),
     (["--prompts", "missing.jsonl"], "file not found"),
@@ -79,17 +79,19 @@ def test_thresholds_treat_nan_as_crossing():
 
 
 def test_layer_groups_and_linear_bins_aligned_trainer():
-    """fp4-aligned on CPU reproduces the rollout's fake quantization: ~0 drift overall and in every part;
+    """fp4-aligned (and fp4-guided) on CPU reproduce the rollout's quantization: ~0 drift overall and in every part;
     the parts are the KV cache alone and each layer group alone; linear bins end at the longest response."""
     model, tok = inputs.load_model("tiny-llama", torch.device("cpu"), torch.float32, seed=5)
     prompts = inputs.encode_prompts(["12+7=", "3+401=", "9="], tok)
     sampling = SamplingParams(n=2, max_new_tokens=7, ignore_stop=True, seed=11)
     audit = DriftAudit(model, tok, prompts, sampling, torch.device("cpu"), bins=3)
-    aligned, plain = audit.run(resolve_plans("fp4-aligned,w4a16"), layer_groups=2, log=lambda m: None)
+    aligned, plain, guided = audit.run(resolve_plans("fp4-aligned,w4a16,fp4-guided"), layer_groups=2,
+                                       log=lambda m: None)
     assert aligned.by_position.edges == [0, 3, 6, 9] and sum(aligned.by_position.count) == 6 * 7
     assert [g["part"] for g in aligned.groups] == ["kv cache", "layers 0-0", "layers 1-1"]
     assert [g["part"] for g in plain.groups] == ["layers 0-0", "layers 1-1"]   # w4a16: bf16 KV cache
     assert aligned.metrics["abs_log_ratio_max"] < 1e-4
     assert all(g["abs_log_ratio_max"] < 1e-4 for g in aligned.groups)
     assert plain.metrics["abs_log_ratio_mean"] > 1e-4 and all(g["abs_log_ratio_mean"] > 0 for g in plain.groups)
+    assert guided.metrics["abs_log_ratio_max"] < 1e-4 and guided.plan.trainer == "guided"
     assert model.plan is None                         # the audit leaves the model without a plan

@@ -25,8 +25,8 @@ def add_drift_args(p: argparse.ArgumentParser) -> None:
     src.add_argument("--task", help="task kind ('arithmetic') or YAML mapping ('{kind: arithmetic, show_work: "
                                     "true}'); default: the config's task (its held-out prompts)")
     p.add_argument("--plans", help="comma-separated precision presets (bf16, fp8, w4a16, fp4, w4a4-kv4-mx, "
-                                   "fp4-aligned, ...); default: the config's precision plan")
-    p.add_argument("--trainer", choices=("bf16", "aligned"),
+                                   "fp4-aligned, fp4-guided, ...); default: the config's precision plan")
+    p.add_argument("--trainer", choices=("bf16", "aligned", "guided"),
                    help="trainer mode for every plan (default: each preset's own; bf16 unless it says aligned)")
     p.add_argument("--num-prompts", type=int, default=32, help="prompts (default 32; a file's first N)")
     p.add_argument("--samples", type=int, help="responses per prompt (default: the config's group size)")

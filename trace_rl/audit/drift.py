@@ -2,8 +2,9 @@
 
 For each plan: the native engine samples responses under the plan's rollout formats, then the trainer-stage
 model (the same weights, `apply_plan(plan)`: plain for `trainer=bf16`, fake-quantized like the rollout for
-`aligned`) recomputes the log-prob of every sampled token with the *same* temperature / top-k / top-p
-(`TrainerLogProbs.from_sampling`), so two identical numerics give δ = 0 exactly up to float error.
+`aligned`, and for `guided` (TRACE) fake-quantized with the rounding the rollout recorded) recomputes the
+log-prob of every sampled token with the *same* temperature / top-k / top-p (`TrainerLogProbs.from_sampling`),
+so two identical numerics give δ = 0 exactly up to float error.
 Metrics are `trace_rl.correction.metrics` (every name of `METRIC_NAMES`) overall and by response position,
 with one set of bins for all plans (up to the longest response of any plan) so the curves line up.
 
@@ -15,6 +16,7 @@ add up (errors compound through the layers).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -32,7 +34,7 @@ from trace_rl.correction.metrics import (
 from trace_rl.data import schema as K
 from trace_rl.plan import PLAN_PRESETS, PrecisionPlan
 
-TRAINER_MODES = ("bf16", "aligned")
+TRAINER_MODES = ("bf16", "aligned", "guided")
 
 
 def resolve_plans(names: str | list[str], trainer: str | None = None) -> list[tuple[str, PrecisionPlan]]:
@@ -53,11 +55,6 @@ def resolve_plans(names: str | list[str], trainer: str | None = None) -> list[tu
         if trainer is not None:
             data["trainer"] = trainer
         plan = PrecisionPlan.parse(data, f"plan {name!r} with trainer={data.get('trainer', 'bf16')!r}")
-        if plan.trainer == "guided":
-            # Without the rollout's guidance records the guided trainer would silently equal `aligned`.
-            raise ConfigError(f"--plans {name}: trainer='guided' replays guidance the rollout records (TRACE); "
-                              f"this build's engine does not record it, so the audit would measure 'aligned' "
-                              f"under another name. Use fp4-aligned (or --trainer aligned).", ("plans",))
         out.append((name, plan))
     return out
 
@@ -178,6 +175,7 @@ class DriftAudit:
 
     def sample(self, plan: PrecisionPlan) -> RawDrift:
         """Generate under `plan`, rescore with the trainer under `plan`; the model keeps the plan applied."""
+        from trace_rl.correction.guided import guided_trainer
         from trace_rl.engine.native import NativeEngine
         from trace_rl.objectives import TrainerLogProbs
 
@@ -192,8 +190,12 @@ class DriftAudit:
         batch = engine.generate(self.prompts, self.sampling)
         _sync(self.device)
         t1 = time.perf_counter()
-        TrainerLogProbs.from_sampling(self.model, self.sampling, pad_token_id=self.tokenizer.pad_token_id,
-                                      write_old=False, micro_batch_size=self.micro_batch_size)(batch)
+        sites = engine.guidance_sites     # guided (TRACE): the trainer replays the rollout's rounding records
+        with guided_trainer(self.model, batch, sites) if sites else contextlib.nullcontext():
+            # guided records cover the whole batch: the rows must line up, so no micro-batches then
+            TrainerLogProbs.from_sampling(self.model, self.sampling, pad_token_id=self.tokenizer.pad_token_id,
+                                          write_old=False,
+                                          micro_batch_size=None if sites else self.micro_batch_size)(batch)
         _sync(self.device)
         t2 = time.perf_counter()
         report = engine.report()
