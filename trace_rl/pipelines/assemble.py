@@ -94,15 +94,25 @@ def build(cfg: PipelineConfig, run_dir: str | Path | None = None, title: str = "
 
     torch.manual_seed(cfg.seed)
     device = resolve_device(cfg.model.device)
+    scale_out = None
+    if cfg.distributed.enabled:      # FSDP2 trainer ranks and/or Ray rollout workers (docs/distributed.md)
+        from trace_rl.distributed.assemble import ScaleOut
+
+        scale_out = ScaleOut.setup(cfg, device)
+        device = scale_out.device
     model, tokenizer = load_policy(cfg, device)
     task = build_task(cfg.task)
-    engine = make_engine(cfg, model, tokenizer, device)
+    if scale_out is None:
+        engine = make_engine(cfg, model, tokenizer, device)
+    else:
+        engine = scale_out.make_engine(model, tokenizer)
+        scale_out.shard(model)       # after the engine copied the full weights, before the optimizer
     s = cfg.rollout.sampling
     sampling = SamplingParams(n=cfg.loop.group_size, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
                               max_new_tokens=s.max_new_tokens, stop_token_ids=stop_token_ids(task, tokenizer),
                               seed=cfg.seed)
     rows = cfg.loop.prompts_per_step * cfg.loop.group_size
-    staleness = cfg.loop.max_staleness
+    staleness = cfg.distributed.buffer_staleness(cfg.loop.max_staleness)
     buffer = make_replay_buffer(rows * ((staleness or 0) + 1), max_staleness=staleness,
                                 pad_token_id=tokenizer.pad_token_id)
     collector = RolloutCollector(engine, [], TaskReward(task, tokenizer), sampling, replay_buffer=buffer,
@@ -123,14 +133,16 @@ def build(cfg: PipelineConfig, run_dir: str | Path | None = None, title: str = "
     if run_dir is None:
         name = cfg.logging.name or f"{cfg.precision.label}-{time.strftime('%Y%m%d-%H%M%S')}"
         run_dir = Path(cfg.logging.dir) / name
-    return Pipeline(
+    cls, extra = (Pipeline, {"run_dir": Path(run_dir)}) if scale_out is None else scale_out.pipeline_class(run_dir)
+    return cls(
         model=model, tokenizer=tokenizer, task=task, engine=engine, collector=collector, buffer=buffer,
         trainer_logprobs=trainer_logprobs, corrections=corrections, loss=loss, optimizer=optimizer,
-        sampling=sampling, run_dir=Path(run_dir), steps=cfg.loop.steps, prompts_per_step=cfg.loop.prompts_per_step,
+        sampling=sampling, steps=cfg.loop.steps, prompts_per_step=cfg.loop.prompts_per_step,
         seed=cfg.seed, epochs_per_batch=t.epochs_per_batch, micro_batch_size=t.micro_batch_size,
         grad_clip=t.grad_clip, eval_every=cfg.loop.eval_every, eval_prompts=cfg.loop.eval_prompts,
         checkpoint_every=cfg.loop.checkpoint_every,
         logging=cfg.logging.model_dump(include={"jsonl", "tensorboard", "progress", "plot"}),
         config=cfg, title=title or f"{cfg.precision.label}, corrections: "
                                    f"{', '.join(c.kind for c in cfg.corrections) or 'none'}",
+        **extra,
     )

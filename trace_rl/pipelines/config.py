@@ -13,6 +13,7 @@ from pydantic import Field, model_validator
 from trace_rl.config import TraceConfig
 from trace_rl.correction.registry import CorrectionConfig
 from trace_rl.data.advantages import GroupAdvantageConfig
+from trace_rl.distributed.config import DistributedSection
 from trace_rl.objectives.config import LossConfig
 from trace_rl.plan import PrecisionPlan
 from trace_rl.tasks.config import ArithmeticConfig, TaskConfig
@@ -107,6 +108,9 @@ class PipelineConfig(TraceConfig):
                         "[{kind: token_tis, params: {C: 2.0}}, ...].")
     loop: LoopSection = Field(default_factory=LoopSection, description="Steps and batch sizes.")
     logging: LoggingSection = Field(default_factory=LoggingSection, description="Outputs.")
+    distributed: DistributedSection = Field(
+        default_factory=DistributedSection, description="Scale-out: FSDP2 trainer ranks, Ray rollout workers, "
+                                                        "async overlap (default: one process).")
 
     @model_validator(mode="after")
     def _check(self) -> PipelineConfig:

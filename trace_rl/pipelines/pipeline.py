@@ -74,37 +74,16 @@ class Pipeline:
     # -- one RL step --
     def train_step(self) -> dict:
         t0 = time.perf_counter()
-        batch = self.collector.collect(self.train_prompts(self.step))
+        batch = self.collect_batch()
         t_rollout = time.perf_counter() - t0
         rollout_tokens = int(batch.get(K.MASK_RESPONSE).sum())
-        set_policy_version(self.buffer, self.engine.policy_version)
-        sample = self.buffer.sample(batch.batch_size[0])
-        with self._guidance(sample):
-            self.trainer_logprobs(sample)
-        self.corrections(sample)
-        report = self.drift(sample)
+        sample = self.draw_sample(batch)
+        report = self.score_sample(sample)
         self.model.train()
-        rows = sample.batch_size[0]
-        losses, outs = [], []
-        for _ in range(self.epochs_per_batch):
-            self.optimizer.zero_grad(set_to_none=True)
-            for start in range(0, rows, self.micro_batch_size):
-                micro = sample[start:start + self.micro_batch_size]
-                with self._guidance(micro):
-                    out = self.loss(micro)
-                loss = sum(v for k, v in out.items() if k.startswith("loss_"))
-                (loss * (micro.batch_size[0] / rows)).backward()
-                losses.append(loss.item())
-                outs.append(out)
-            params = [p for p in self.model.parameters() if p.grad is not None]
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip or float("inf"))
-            if not torch.isfinite(grad_norm):
-                raise FloatingPointError(f"step {self.step}: gradient norm is {grad_norm.item()}; stopping "
-                                         f"before the weights are corrupted (lower trainer.lr or add a correction)")
-            self.optimizer.step()
+        losses, outs, grad_norm = self.optimize(sample)
         self.model.eval()
         self.step += 1
-        self.engine.load_weights(self.model.state_dict(), self.step)
+        self.sync_weights()
         t_total = time.perf_counter() - t0
         record = {
             "kind": "train", "step": self.step, "policy_version": self.engine.policy_version,
@@ -118,6 +97,52 @@ class Pipeline:
             "rollout_tokens_per_s": rollout_tokens / max(t_rollout, 1e-9),
         }
         return record
+
+    # The pieces of a step, overridden by trace_rl.distributed.DistributedPipeline (Ray workers, FSDP ranks).
+    def collect_batch(self):
+        """This step's rollouts, scored and written into the buffer."""
+        return self.collector.collect(self.train_prompts(self.step))
+
+    def draw_sample(self, batch):
+        set_policy_version(self.buffer, self.engine.policy_version)
+        return self.buffer.sample(batch.batch_size[0])
+
+    def score_sample(self, sample):
+        """Trainer log-probs, corrections and drift metrics of the sample (in place); returns the drift report."""
+        with self._guidance(sample):
+            self.trainer_logprobs(sample)
+        self.corrections(sample)
+        return self.drift(sample)
+
+    def micro_batches(self, rows: int) -> list[tuple[slice, float]]:
+        """(rows, weight) of each micro-batch: a micro-batch's loss counts in proportion to its rows."""
+        m = self.micro_batch_size
+        return [(slice(s, min(s + m, rows)), (min(s + m, rows) - s) / rows) for s in range(0, rows, m)]
+
+    def optimize(self, sample) -> tuple[list[float], list, torch.Tensor]:
+        """`epochs_per_batch` optimizer steps on `sample`: (micro-batch losses, their metrics, grad norm)."""
+        losses, outs = [], []
+        for _ in range(self.epochs_per_batch):
+            self.optimizer.zero_grad(set_to_none=True)
+            for rows, weight in self.micro_batches(sample.batch_size[0]):
+                micro = sample[rows]
+                with self._guidance(micro):
+                    out = self.loss(micro)
+                loss = sum(v for k, v in out.items() if k.startswith("loss_"))
+                (loss * weight).backward()
+                if weight:       # weight 0: a data-parallel rank's filler pass, not part of the batch
+                    losses.append(loss.item())
+                    outs.append(out)
+            params = [p for p in self.model.parameters() if p.grad is not None]
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip or float("inf"))
+            if not torch.isfinite(grad_norm):
+                raise FloatingPointError(f"step {self.step}: gradient norm is {grad_norm.item()}; stopping "
+                                         f"before the weights are corrupted (lower trainer.lr or add a correction)")
+            self.optimizer.step()
+        return losses, outs, grad_norm
+
+    def sync_weights(self) -> None:
+        self.engine.load_weights(self.model.state_dict(), self.step)
 
     @torch.no_grad()
     def evaluate(self) -> dict:

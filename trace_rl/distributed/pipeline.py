@@ -1,0 +1,190 @@
+"""`DistributedPipeline`: the `Pipeline` loop with Ray rollout workers, FSDP2 trainer ranks and async overlap.
+
+Per step, on trainer rank 0 (the driver): collect the batch (through a `RayRolloutEngine` or the local
+engine), draw the sample from the replay buffer. With several trainer ranks the sample is broadcast; each
+rank computes trainer log-probs for its rows (`fsdp.rank_micro_batches`), they are all-gathered, and
+corrections and drift metrics run on the whole sample (the same numbers on every rank). Each rank then
+trains on its rows; FSDP sums the gradients. The weight sync gathers the full weights (collective) and
+rank 0 ships them to the engine(s).
+
+Async (`distributed.async`): right after collecting step k's batch, rank 0 launches the rollout of step
+k+1 (`RayRolloutEngine.prefetch`), so it runs while step k trains. That batch was sampled by version k
+and is trained on at version k+1: one version of staleness, inside the replay buffer's bound. The trainer
+recomputes log-probs with its current weights, so ρ = π_trainer / π_rollout carries both the quantization
+mismatch and the policy lag, and the configured corrections (TIS, masks) handle both. Records carry
+"rollout_lag" (trainer version minus the batch's oldest) and "sample_lag" (the same for the sample).
+
+Only rank 0 logs, evaluates and writes metrics; every rank takes part in checkpoints (torch.distributed
+.checkpoint, sharded, under `checkpoint_sharded/`) when there are several trainer ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from trace_rl.data import schema as K
+from trace_rl.distributed import fsdp
+from trace_rl.engine.base import RolloutEngine
+from trace_rl.pipelines.pipeline import Pipeline
+
+log = logging.getLogger("trace_rl.distributed")
+SHARDED_CHECKPOINT_DIR = "checkpoint_sharded"
+
+
+class FollowerEngine(RolloutEngine):
+    """The engine slot of trainer ranks > 0: they never generate; it tracks the policy version."""
+
+    def __init__(self, rank: int):
+        self.rank, self.policy_version = rank, 0
+
+    def generate(self, prompts, sampling):
+        raise RuntimeError(f"trainer rank {self.rank} does not generate: rollouts run on rank 0")
+
+    def load_weights(self, state_dict, version: int) -> None:
+        self.policy_version = int(version)
+
+
+@dataclass
+class DistributedPipeline(Pipeline):
+    rank: int = 0
+    world: int = 1
+    asynchronous: bool = False
+    device: torch.device | None = None
+
+    @property
+    def is_driver(self) -> bool:
+        return self.rank == 0
+
+    # -- rollouts: rank 0 only --
+    def collect_batch(self):
+        if not self.is_driver:
+            return fsdp.broadcast_object(None)
+        t0 = time.perf_counter()
+        batch = self.collector.collect(self.train_prompts(self.step))
+        self._rollout_wait = time.perf_counter() - t0
+        self._rollout_lag = self.step - int(batch.get(K.POLICY_VERSION).min())
+        if self.asynchronous and self.step + 1 < self.steps:
+            # the exact sampling collect() will pass for the next batch (seed + batch index)
+            upcoming = self.collector._sampling_for(self.collector.batches_collected)
+            self.engine.prefetch(self.train_prompts(self.step + 1).select(K.TOKENS_PROMPT, K.MASK_PROMPT), upcoming)
+        if self.world > 1:
+            fsdp.broadcast_object(batch.select(K.REWARD, K.MASK_RESPONSE).cpu())
+        return batch
+
+    def draw_sample(self, batch):
+        sample = super().draw_sample(batch) if self.is_driver else None
+        if self.world > 1:
+            sample = fsdp.broadcast_object(None if sample is None else sample.cpu())
+            sample = sample.to(self.device)
+        self._sample_lag = self.engine.policy_version - int(sample.get(K.POLICY_VERSION).min())
+        return sample
+
+    # -- trainer: data parallel over ranks --
+    def micro_batches(self, rows: int) -> list[tuple[slice, float]]:
+        if self.world == 1:
+            return super().micro_batches(rows)
+        return fsdp.rank_micro_batches(rows, self.micro_batch_size, self.rank, self.world)
+
+    def score_sample(self, sample):
+        if self.world == 1:
+            return super().score_sample(sample)
+        rows = sample.batch_size[0]
+        parts = []
+        for rows_slice, weight in self.micro_batches(rows):
+            lp = self.trainer_logprobs(sample[rows_slice]).get(K.LOGP_TRAINER)   # fillers too: FSDP needs
+            if weight:                                                           # every rank's forward
+                parts.append(lp)
+        local = torch.cat(parts)
+        full = fsdp.all_gather_rows(local, fsdp.rank_row_counts(rows, self.micro_batch_size, self.world))
+        for i, key in enumerate(self.trainer_logprobs.out_keys):
+            sample.set(key, full if i == 0 else full.clone())
+        self.corrections(sample)
+        return self.drift(sample)
+
+    def optimize(self, sample):
+        losses, outs, grad_norm = super().optimize(sample)
+        if self.world > 1:      # every rank's micro-batch losses and metrics, for the logged means
+            mine = (losses, [{k: float(v) for k, v in o.items()} for o in outs])
+            everyone = fsdp.gathered_floats(mine)
+            losses = [x for ls, _ in everyone for x in ls]
+            outs = [o for _, os in everyone for o in os]
+        return losses, outs, grad_norm
+
+    def sync_weights(self) -> None:
+        if self.world == 1:
+            return super().sync_weights()
+        full = fsdp.full_state_dict(self.model)          # collective: every rank gathers
+        if self.is_driver:
+            self.engine.load_weights(full, self.step)
+        else:
+            self.engine.load_weights({}, self.step)
+
+    def train_step(self) -> dict:
+        record = super().train_step()
+        record["sample_lag"] = self._sample_lag
+        if self.is_driver:
+            record["rollout_lag"] = self._rollout_lag
+            record["rollout_wait_seconds"] = self._rollout_wait
+            record.update(getattr(self.engine, "last_sync", {}))
+        return record
+
+    # -- the loop: rank 0 logs and evaluates; the other ranks follow its collective schedule --
+    def run(self, resume: bool = False) -> dict:
+        if self.is_driver:
+            return super().run(resume)
+        if resume:
+            self.resume()
+        while self.step < self.steps:
+            self.train_step()
+            if self.checkpoint_every and self.step % self.checkpoint_every == 0:
+                self.save()
+        self.save()
+        return {}
+
+    def state(self) -> dict:
+        return {**super().state(), "world": self.world}
+
+    def save(self) -> Path:
+        if self.world == 1:
+            return super().save()
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        folder = Path(self.run_dir) / SHARDED_CHECKPOINT_DIR
+        folder.mkdir(parents=True, exist_ok=True)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(folder))
+        if self.is_driver:
+            (folder / "state.json").write_text(json.dumps(self.state(), indent=2))
+            torch.save(torch.get_rng_state(), folder / "rng.pt")
+        dist.barrier()
+        return folder
+
+    def resume(self) -> None:
+        if self.world == 1:
+            return super().resume()
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        folder = Path(self.run_dir) / SHARDED_CHECKPOINT_DIR
+        if not (folder / "state.json").is_file():
+            raise FileNotFoundError(f"no sharded checkpoint in {folder} (expected state.json there); start "
+                                    f"without --resume")
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(folder))
+        set_state_dict(self.model, self.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
+        state = json.loads((folder / "state.json").read_text())
+        self.step = state["step"]
+        self.collector.batches_collected = state["batches_collected"]
+        self.collector.next_group_id = state["next_group_id"]
+        if self.is_driver:
+            torch.set_rng_state(torch.load(folder / "rng.pt"))
+        full = fsdp.full_state_dict(self.model)
+        self.engine.load_weights(full if self.is_driver else {}, state["policy_version"])
