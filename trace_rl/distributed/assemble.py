@@ -46,11 +46,20 @@ class ScaleOut:
 
     def make_engine(self, model, tokenizer):
         from trace_rl.distributed.pipeline import FollowerEngine
+
+        engine = FollowerEngine(self.rank) if self.rank != 0 else self._driver_engine(model, tokenizer)
+        if self.world > 1:          # guided plans: every rank's trainer reads the records the same way
+            from trace_rl.distributed.fsdp import broadcast_object
+
+            sites = broadcast_object(getattr(engine, "guidance_sites", {}) if self.rank == 0 else None)
+            if self.rank != 0:
+                engine.guidance_sites = sites
+        return engine
+
+    def _driver_engine(self, model, tokenizer):
         from trace_rl.pipelines.assemble import make_engine
 
         cfg, d = self.cfg, self.cfg.distributed
-        if self.rank != 0:
-            return FollowerEngine(self.rank)
         if d.rollout_workers == 0:
             return make_engine(cfg, model, tokenizer, self.device)
         if cfg.rollout.engine != "native":

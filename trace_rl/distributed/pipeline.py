@@ -38,10 +38,12 @@ SHARDED_CHECKPOINT_DIR = "checkpoint_sharded"
 
 
 class FollowerEngine(RolloutEngine):
-    """The engine slot of trainer ranks > 0: they never generate; it tracks the policy version."""
+    """The engine slot of trainer ranks > 0: they never generate; it tracks the policy version and holds
+    rank 0's `guidance_sites` (guided plans: which trainer layer reads which record)."""
 
-    def __init__(self, rank: int):
+    def __init__(self, rank: int, guidance_sites: dict[str, str] | None = None):
         self.rank, self.policy_version = rank, 0
+        self.guidance_sites = dict(guidance_sites or {})
 
     def generate(self, prompts, sampling):
         raise RuntimeError(f"trainer rank {self.rank} does not generate: rollouts run on rank 0")
@@ -97,8 +99,10 @@ class DistributedPipeline(Pipeline):
         rows = sample.batch_size[0]
         parts = []
         for rows_slice, weight in self.micro_batches(rows):
-            lp = self.trainer_logprobs(sample[rows_slice]).get(K.LOGP_TRAINER)   # fillers too: FSDP needs
-            if weight:                                                           # every rank's forward
+            micro = sample[rows_slice]
+            with self._guidance(micro):
+                lp = self.trainer_logprobs(micro).get(K.LOGP_TRAINER)   # fillers too: FSDP needs every
+            if weight:                                                  # rank's forward
                 parts.append(lp)
         local = torch.cat(parts)
         full = fsdp.all_gather_rows(local, fsdp.rank_row_counts(rows, self.micro_batch_size, self.world))
