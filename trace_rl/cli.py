@@ -56,6 +56,9 @@ def _cmd_run(args) -> int:
         cfg = load_pipeline_config(args.config, args.preset, args.set)
         run_dir = Path(args.out) if args.out else None
     pipeline = build(cfg, run_dir)          # validates everything (device, model path) before writing
+    if not getattr(pipeline, "is_driver", True):   # trainer rank > 0 under torchrun: rank 0 writes and prints
+        pipeline.run(resume=bool(args.resume))
+        return 0
     pipeline.run_dir.mkdir(parents=True, exist_ok=True)
     cfg.dump(pipeline.run_dir / "config.yaml")
     print(f"run directory: {pipeline.run_dir}")

@@ -114,7 +114,7 @@ class DistributedPipeline(Pipeline):
     def optimize(self, sample):
         losses, outs, grad_norm = super().optimize(sample)
         if self.world > 1:      # every rank's micro-batch losses and metrics, for the logged means
-            mine = (losses, [{k: float(v) for k, v in o.items()} for o in outs])
+            mine = (losses, [{k: float(v.detach()) for k, v in o.items()} for o in outs])
             everyone = fsdp.gathered_floats(mine)
             losses = [x for ls, _ in everyone for x in ls]
             outs = [o for _, os in everyone for o in os]
