@@ -138,7 +138,7 @@ def cmd_drift(args) -> int:
               "prompts": args.prompts or (task.config.to_dict() if task is not None else None),
               "num_prompts": len(prompts), "sampling": sampling.to_dict(), "seed": seed, "bins": args.bins,
               "plans": [r.to_dict() for r in results], "fail_above": thresholds, "violations": violations,
-              "command": " ".join(sys.argv)}
+              "command": " ".join(["trace-rl", *sys.argv[1:]])}
     (out / "drift.json").write_text(json.dumps(json_safe(record), indent=2, default=str))
     plot_drift_by_position(results, out / "drift.png", f"{model_spec}: rollout vs trainer drift by position")
     print(f"wrote {out / 'drift.json'}, {out / 'drift.png'}")

@@ -87,3 +87,23 @@ def plot_compare(curves: dict[str, dict], path: Path, title: str = "") -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_drift_json(json_path: Path, path: Path, title: str = "") -> Path:
+    """Redraw `plot_drift_by_position` from a drift.json (`trace-rl drift` output)."""
+    import json
+    from types import SimpleNamespace
+
+    from trace_rl.correction.metrics import PositionMismatch
+    from trace_rl.plan import PrecisionPlan
+
+    def nan(values):   # JSON holds NaN as null
+        return [math.nan if v is None else v for v in values]
+
+    record = json.loads(Path(json_path).read_text())
+    results = [SimpleNamespace(name=p["name"], plan=PrecisionPlan.parse(p["plan"]), by_position=PositionMismatch(
+        edges=p["by_position"]["edges"], count=p["by_position"]["count"],
+        abs_log_ratio=nan(p["by_position"]["abs_log_ratio"]), k1=nan(p["by_position"]["k1"]),
+        k3=nan(p["by_position"]["k3"]))) for p in record["plans"]]
+    title = title or f"{record['model']}: rollout vs trainer drift by position"
+    return plot_drift_by_position(results, Path(path), title)
