@@ -94,6 +94,8 @@ def build(cfg: PipelineConfig, run_dir: str | Path | None = None, title: str = "
 
     torch.manual_seed(cfg.seed)
     device = resolve_device(cfg.model.device)
+    if device.type == "cpu" and cfg.model.cpu_threads is not None:
+        torch.set_num_threads(cfg.model.cpu_threads)
     scale_out = None
     if cfg.distributed.enabled:      # FSDP2 trainer ranks and/or Ray rollout workers (docs/distributed.md)
         from trace_rl.distributed.assemble import ScaleOut

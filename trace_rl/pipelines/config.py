@@ -31,6 +31,9 @@ class ModelSection(TraceConfig):
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="Trainer parameter dtype (the rollout engine casts to its own on GPU).")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="'auto': cuda when present, else cpu.")
+    cpu_threads: int | None = Field(
+        1, ge=1, description="torch CPU threads when running on the CPU (1 is fastest for the tiny presets: "
+                             "their matmuls are too small to split; None keeps torch's default).")
 
 
 class SamplingSection(TraceConfig):
