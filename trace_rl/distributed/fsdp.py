@@ -85,22 +85,26 @@ def is_sharded(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
+@torch.no_grad()
 def full_state_dict(model: nn.Module, keep_on: torch.device | str | None = None) -> dict[str, torch.Tensor] | None:
     """The trainer's full (unsharded) state dict, e.g. for a weight sync.
 
     Sharded: collective (every rank must call it), one tensor gathered at a time; rank 0 keeps them (moved
     to `keep_on` if given), the other ranks get None. Unsharded: `model.state_dict()`."""
-    sd = model.state_dict()
     if not is_sharded(model):
-        return sd
+        return model.state_dict()
     from torch.distributed.tensor import DTensor
 
+    sd = model.state_dict(keep_vars=True)     # the Parameters themselves: a tied one appears twice, one object
+
     keep = dist.get_rank() == 0
-    full = {}
+    full, gathered = {}, {}          # gathered: by id, so a tied parameter is all-gathered once
     for key, value in sd.items():
-        value = value.full_tensor() if isinstance(value, DTensor) else value
+        if id(value) not in gathered:
+            whole = value.full_tensor() if isinstance(value, DTensor) else value
+            gathered[id(value)] = (whole.detach() if keep_on is None else whole.detach().to(keep_on)) if keep else None
         if keep:
-            full[key] = value.detach() if keep_on is None else value.detach().to(keep_on)
+            full[key] = gathered[id(value)]
     return full if keep else None
 
 

@@ -75,6 +75,7 @@ class RayRolloutEngine(RolloutEngine):
             dtype = torch.bfloat16 if device == "cuda" else next(model.parameters()).dtype
         self.pad_token_id = (engine_kwargs or {}).get("pad_token_id", K.PAD_TOKEN_ID_DEFAULT)
         self.max_lag, self.weight_sync, self.plan = max_lag, weight_sync, plan
+        self.tied = bool(model.config.tie_word_embeddings)
         initial = ray.put(to_wire(model.state_dict()))
         actor = ray.remote(RolloutWorker)
         self.workers = [actor.options(num_cpus=1, num_gpus=gpus_per_worker).remote(
@@ -135,7 +136,10 @@ class RayRolloutEngine(RolloutEngine):
         ray = import_ray()
         t0 = time.perf_counter()
         packed = self.packer is not None
-        payload = self.packer.pack(state_dict, version) if packed else state_dict
+        if packed:
+            payload = self.packer.pack(state_dict, version)
+        else:    # a tied lm_head is the embedding table: the engines read it from there
+            payload = {k: v for k, v in state_dict.items() if not (self.tied and k == "lm_head.weight")}
         wire = to_wire(payload)
         t_pack = time.perf_counter()
         ref = ray.put(wire)
