@@ -19,6 +19,7 @@ import argparse
 import dataclasses
 import json
 import os
+import secrets
 import socket
 import statistics
 import subprocess
@@ -85,8 +86,9 @@ def cmd_sync(args) -> dict:
     from trace_rl.engine.base import SamplingParams
 
     device = torch.device(args.device)
+    torch.set_num_threads(args.threads)
     workers = [int(w) for w in args.workers.split(",")]
-    ray.init(include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
+    ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
              num_cpus=max(workers) + 1 if device.type == "cpu" else None)
     plan, out = plan_of(args.plan), {"device": args.device, "plan": args.plan, "threads": torch.get_num_threads(),
                                      "host_cpus": os.cpu_count(), "sync": {}, "rollout": {}}
@@ -138,7 +140,9 @@ def cmd_scale(args) -> dict:
     """Start a Ray head for the workers' devices (killed by pid at the end), then torchrun the ranks."""
     t, w = args.trainer_gpus, args.workers
     ray_port, out = free_port(), Path(args.out or "distributed_scale.json")
-    head_env, rank_env = dict(os.environ), dict(os.environ)
+    # a fresh token for this cluster only, passed to the head and the ranks (never written to disk)
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    head_env, rank_env = {**os.environ, **auth}, {**os.environ, **auth}
     resources = ["--num-cpus", str(w + 1)]
     if args.device == "cuda":
         if torch.cuda.device_count() < t + w:
@@ -161,6 +165,10 @@ def cmd_scale(args) -> dict:
     finally:
         head.terminate()          # `ray start --block` stops the cluster it started when terminated
         head.wait(timeout=60)
+        # it leaves its address behind, and a later ray.init() without an address would try to join it
+        marker = Path("/tmp/ray/ray_current_cluster")
+        if marker.is_file() and marker.read_text().strip().endswith(f":{ray_port}"):
+            marker.unlink()
     return json.loads(out.read_text())
 
 
@@ -173,6 +181,7 @@ def cmd_scale_rank(args) -> None:
     from trace_rl.objectives import GRPOLoss
 
     device = torch.device(args.device)
+    torch.set_num_threads(args.threads)
     rank, world, device = fsdp.init_trainer_group(args.trainer_gpus, device)
     model = bench_model(args.model, device)
     plan = plan_of(args.plan)
@@ -242,6 +251,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--max-batch", type=int, default=64)
     ap.add_argument("--micro-batch", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads of this process (CPU actors run 1 each: one CPU per actor)")
     ap.add_argument("--ray-start-wait", type=float, default=10.0, help="scale: seconds to let the Ray head start")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)

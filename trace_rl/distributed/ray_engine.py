@@ -69,7 +69,9 @@ class RayRolloutEngine(RolloutEngine):
         if weight_sync not in ("state_dict", "packed"):
             raise ValueError(f"weight_sync must be 'state_dict' or 'packed', got {weight_sync!r}")
         if not ray.is_initialized():
-            ray.init(address=ray_address, include_dashboard=False, log_to_driver=True)
+            # None: a new cluster on this host (loopback), never one another process left running
+            local = {"address": "local", "_node_ip_address": "127.0.0.1"} if ray_address is None else {}
+            ray.init(**({"address": ray_address} | local), include_dashboard=False, log_to_driver=True)
         device = "cuda" if gpus_per_worker > 0 else "cpu"
         if dtype is None:
             dtype = torch.bfloat16 if device == "cuda" else next(model.parameters()).dtype
