@@ -37,8 +37,8 @@ core = [m for m in WATCHED if m in sys.modules]
 assert not core, f"the core imports {core}"
 import trace_rl.kernels  # the package itself stays lazy; its kernel modules are Triton by definition
 for mod in pkgutil.walk_packages(trace_rl.__path__, "trace_rl."):
-    if mod.name.startswith("trace_rl.kernels.") or mod.name == "trace_rl.__main__":
-        continue  # __main__ runs the CLI
+    if mod.name.startswith(("trace_rl.kernels.", "trace_rl.vllm_plugin.")) or mod.name == "trace_rl.__main__":
+        continue  # __main__ runs the CLI; the vLLM plugin's modules subclass vLLM's (loaded by vLLM only)
     importlib.import_module(mod.name)
 assert not violations, violations
 assert "transformer_engine" not in sys.modules and "vllm" not in sys.modules

@@ -30,6 +30,7 @@ import math
 import os
 import tempfile
 from collections.abc import Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -89,6 +90,32 @@ class TraceWorkerExtension:
         if head is not None and embed is not None and head.weight.data_ptr() == embed.weight.data_ptr():
             head.quant_method.process_weights_after_loading(head)
 
+    def trace_rl_report(self) -> dict:
+        """Which path each trace_rl backend took in this worker (e.g. {'fp4': {'fp4.emulated': 96}}), and
+        vLLM's KV-cache dtype."""
+        from trace_rl.backends.registry import backend_names, get_backend
+
+        linear = {name: get_backend(name).paths.summary() for name in backend_names()}
+        return {"linear": {k: v for k, v in linear.items() if v},
+                "kv_cache_dtype": str(self.vllm_config.cache_config.cache_dtype)}
+
+
+@contextmanager
+def _env(name: str, value: str | None):
+    """Set an environment variable while vLLM reads it (building the LLM), then restore it, so one engine's
+    choice does not leak into the next."""
+    old = os.environ.get(name)
+    if value is not None:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if value is not None:
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
+
 
 def _kv_cache_bytes(cfg: dict, dtype: str, max_batch: int, max_seq_len: int, kv_cache: str) -> int:
     """KV-cache memory for max_batch sequences of max_seq_len tokens (CPU: vLLM would else reserve a
@@ -105,7 +132,9 @@ class VLLMEngine(RolloutEngine):
     global sampling seed), `kv_cache_memory_bytes` (default on CPU: enough for max_batch x max_seq_len;
     on GPU: vLLM's `gpu_memory_utilization`, lower it when the trainer shares the GPU),
     `enforce_eager` (default True on CPU, where compilation costs minutes), `multiprocessing` (vLLM's
-    engine core in a separate process: VLLM_ENABLE_V1_MULTIPROCESSING; None leaves vLLM's default), and any
+    engine core and worker in separate processes, VLLM_ENABLE_V1_MULTIPROCESSING; None: vLLM's default, yes.
+    False starts in seconds instead of ~40 s on CPU and hands weights over by reference, but vLLM's CPU
+    worker then binds this process's OpenMP threads and disables `torch.set_num_threads` in it), and any
     other `vllm.LLM` keyword in `llm_kwargs`."""
 
     def __init__(self, model_dir: str | Path, plan: PrecisionPlan | None = None, *, max_batch: int = 64,
@@ -115,8 +144,6 @@ class VLLMEngine(RolloutEngine):
                  multiprocessing: bool | None = None, **llm_kwargs):
         self.plan = plan or PrecisionPlan()
         check_plan(self.plan)
-        if multiprocessing is not None:
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocessing else "0"
         from vllm import LLM
         from vllm.platforms import current_platform
 
@@ -150,7 +177,8 @@ class VLLMEngine(RolloutEngine):
                         "nvfp4's per-tensor global scale differs from the native engine's")
         log.info("vllm engine: building vllm.LLM for %s (plan %s, kv_cache_dtype %s)", self.model_dir,
                  self.plan.label, kwargs["kv_cache_dtype"])
-        self.llm = LLM(**kwargs)
+        with _env("VLLM_ENABLE_V1_MULTIPROCESSING", None if multiprocessing is None else str(int(multiprocessing))):
+            self.llm = LLM(**kwargs)
         self.weight_names = self._checkpoint_names()
         self._rpc_in_process = self._worker_in_process()
 
@@ -263,9 +291,9 @@ class VLLMEngine(RolloutEngine):
         }, batch_size=[rows]).to(device)
 
     def report(self) -> dict:
-        """What runs where: the plan, vLLM's KV dtype, the platform."""
-        return {"engine": "vllm", "plan": self.plan.label, "kv_cache_dtype": KV_CACHE_DTYPES[self.plan.kv_cache],
-                "cpu": self.on_cpu, "model_dir": str(self.model_dir), "policy_version": self.policy_version}
+        """What ran where: the plan, the platform, and each worker's trace_rl backend paths and KV dtype."""
+        return {"engine": "vllm", "plan": self.plan.label, "cpu": self.on_cpu, "model_dir": str(self.model_dir),
+                "policy_version": self.policy_version, "workers": self.llm.collective_rpc("trace_rl_report")}
 
     def shutdown(self) -> None:
         """Stop vLLM's engine processes (the garbage collector would, later)."""

