@@ -48,8 +48,8 @@ class DistributedSection(TraceConfig):
         "off", description="FSDP2 MixedPrecisionPolicy: 'bf16' computes forward/backward with bf16 parameters "
                            "and reduces gradients in float32; 'off' computes in model.dtype.")
     ray_address: str | None = Field(
-        None, description="Ray cluster to join ('auto', 'ray://host:port'); None starts a local one on this host "
-                          "(unless this process already called ray.init).")
+        None, description="Ray cluster to join ('auto', 'ray://host:port'); None starts a new local one on this "
+                          "host, on loopback (unless this process already called ray.init).")
 
     @model_validator(mode="after")
     def _check(self) -> DistributedSection:
