@@ -37,9 +37,9 @@ class DistributedSection(TraceConfig):
         description="Overlap: launch the rollout of step k+1 before training step k (one-step off-policy). "
                     "Needs rollout_workers >= 1.")
     max_staleness: int = Field(
-        1, ge=0, description="Most policy versions a rollout may lag the trainer: older worker results are an "
-                             "error (a worker missed a sync), and in async mode it is the replay buffer's bound "
-                             "(TRACE ran with up to 3).")
+        1, ge=0, description="Async mode: most policy versions a rollout may lag the trainer (older worker results "
+                             "are an error: a worker missed a sync) and the replay buffer's bound (TRACE ran with up "
+                             "to 3). Synchronous runs accept only the current version from workers.")
     weight_sync: Literal["state_dict", "packed"] = Field(
         "packed", description="'state_dict': ship the trainer's weights, every worker re-quantizes them; "
                               "'packed': quantize once on the trainer and ship the packed buffers "
