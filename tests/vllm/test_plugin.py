@@ -97,7 +97,8 @@ def test_config_round_trip_and_fused_layer_formats():
     entry = quantization_config(plan)
     assert entry["quant_method"] == QUANT_METHOD == TraceQuantConfig.from_config(entry).get_name()
     config = TraceQuantConfig.from_config(entry)
-    config.packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+    config.packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"],
+                                     "gate_up_proj": ["gate_proj", "up_proj"]}
     assert config._formats("model.layers.1.self_attn.qkv_proj") == ("nvfp4", "nvfp4")
     assert config._formats("model.layers.0.mlp.gate_up_proj") == ("bf16", "bf16")
     split = TraceQuantConfig(plan.model_copy(update={"keep_high_precision": ("lm_head", "embed_tokens", "*k_proj")}))
@@ -121,6 +122,7 @@ def test_plans_vllm_cannot_run_are_refused(plan, match):
 def test_pipeline_config_with_an_unsupported_plan_is_a_config_error():
     from trace_rl.pipelines import build, default_config
 
-    cfg = default_config().with_overrides({"rollout.engine": "vllm", "precision": PrecisionPlan.preset("fp4").model_dump()})
+    fp4 = PrecisionPlan.preset("fp4").model_dump()
+    cfg = default_config().with_overrides({"rollout.engine": "vllm", "precision": fp4})
     with pytest.raises(ConfigError, match="kv_cache='nvfp4'"):
         build(cfg)
