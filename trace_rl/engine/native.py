@@ -32,7 +32,7 @@ from trace_rl.engine.base import RolloutEngine, SamplingParams
 from trace_rl.engine.cuda_graphs import DecodeGraphs, batch_buckets
 from trace_rl.engine.guidance import GuidanceRecorder
 from trace_rl.engine.kv_cache import KVStep, PagedKVCache
-from trace_rl.engine.sampling import process_logits, sample
+from trace_rl.engine.sampling import make_generator, process_logits, sample
 from trace_rl.formats.paged_kv import slots_for
 from trace_rl.models.decoder import Decoder, build
 from trace_rl.models.loading import load_state_dict_into
@@ -171,9 +171,7 @@ class NativeEngine(RolloutEngine):
 
     # -- generation --
     def _generator(self, seed: int | None) -> torch.Generator:
-        gen = torch.Generator(device=self.device)
-        gen.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
-        return gen
+        return make_generator(seed, self.device)
 
     @torch.no_grad()
     def generate(self, prompts: TensorDict, sampling: SamplingParams) -> TensorDict:

@@ -20,7 +20,7 @@ from torch import nn
 
 from trace_rl.data import schema as K
 from trace_rl.engine.base import RolloutEngine, SamplingParams
-from trace_rl.engine.sampling import process_logits, sample
+from trace_rl.engine.sampling import make_generator, process_logits, sample
 
 
 class RecomputeEngine(RolloutEngine):
@@ -60,10 +60,7 @@ class RecomputeEngine(RolloutEngine):
         self.policy_version = int(version)
 
     def _generator(self, seed: int | None) -> torch.Generator:
-        gen = torch.Generator(device=self.device)
-        # Unseeded: draw the seed from torch's global RNG so `torch.manual_seed` still reproduces a run.
-        gen.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
-        return gen
+        return make_generator(seed, self.device)
 
     @torch.no_grad()
     def generate(self, prompts: TensorDict, sampling: SamplingParams) -> TensorDict:

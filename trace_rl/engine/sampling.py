@@ -130,3 +130,11 @@ def sample_from_logits(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`sample(process_logits(...))`: tokens [B] and the log-probs of `q` at them."""
     return sample(process_logits(logits, temperature, top_k, top_p), generator)
+
+
+def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator:
+    """The sampling generator of one `generate` call. Unseeded, its seed is drawn from torch's global RNG,
+    so `torch.manual_seed` still reproduces a run."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
+    return gen
