@@ -148,7 +148,8 @@ def build(cfg: PipelineConfig, run_dir: str | Path | None = None, title: str = "
     else:
         optimizer = torch.optim.SGD(params, lr=t.lr, weight_decay=t.weight_decay)
     if run_dir is None:
-        name = cfg.logging.name or f"{cfg.precision.label}-{time.strftime('%Y%m%d-%H%M%S')}"
+        label = cfg.precision.label.replace("(", "-").replace(")", "").replace("/", "-")   # shell-friendly
+        name = cfg.logging.name or f"{label}-{time.strftime('%Y%m%d-%H%M%S')}"
         run_dir = Path(cfg.logging.dir) / name
     cls, extra = (Pipeline, {"run_dir": Path(run_dir)}) if scale_out is None else scale_out.pipeline_class(run_dir)
     return cls(
