@@ -8,6 +8,11 @@ import os
 import pytest
 import torch
 
+# Kernel modules read TRITON_INTERPRET when `triton.jit` decorates them, which may happen in any test that
+# touches a backend; set it before the first test module is imported, not in tests/kernels only.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 ALL_BACKENDS = ("bf16", "fp8", "fp4")
 # One representative weight format per backend for the parametrized tests.
 BACKEND_FORMATS = {"bf16": ("bf16", "bf16"), "fp8": ("fp8_e4m3:row", "fp8_e4m3:row"), "fp4": ("nvfp4", "nvfp4")}
