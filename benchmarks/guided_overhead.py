@@ -74,7 +74,8 @@ def main() -> None:
     args = ap.parse_args()
     config = preset(args.preset).replace(num_layers=args.layers)
     tokens = torch.randint(0, config.vocab_size, (args.batch, args.seq), device=args.device)
-    results = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "torch": torch.__version__, "preset": args.preset,
+    results = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+               "torch": torch.__version__, "preset": args.preset,
                "layers": args.layers, "batch": args.batch, "seq": args.seq, "ms": {}}
     for mode in ("bf16", "aligned", "guided"):
         plan = PrecisionPlan.preset("fp4-guided").model_copy(update={"trainer": "aligned" if mode == "bf16"
