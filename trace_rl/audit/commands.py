@@ -208,8 +208,9 @@ def cmd_compare(args) -> int:
         run_compare(configs, out, rerun=args.rerun, log=lambda m: print(m, flush=True))
     elif not out.is_dir():
         raise _usage(f"--out {out}: no such folder to aggregate")
-    result = write_compare(out, presets, seeds, rule, title=f"{args.config or 'embedded default'}: "
-                                                            f"{', '.join(presets)} x seeds {seeds}")
+    sets = " ".join(args.set or [])
+    result = write_compare(out, presets, seeds, rule, title=f"{args.config or 'embedded default'}"
+                                                            f"{f' ({sets})' if sets else ''}: seeds {seeds}")
     print(result["table"])
     print(f"wrote {out / 'compare.json'}, {out / 'compare.md'}, {result['plot']}")
     return 0
