@@ -153,12 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="benchmarks (`trace-rl bench rollout --help`)")
     bench_sub = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
     pr = bench_sub.add_parser("rollout", help="RL rollout throughput per precision plan")
-    try:
-        from trace_rl.engine.bench import add_rollout_bench_args
-    except ImportError:  # the bench module is optional at import time of the CLI
-        add_rollout_bench_args = None
-    if add_rollout_bench_args is not None:
-        add_rollout_bench_args(pr)
+    from trace_rl.engine.bench import add_rollout_bench_args
+
+    add_rollout_bench_args(pr)
     pr.set_defaults(func=_cmd_bench)
 
     from trace_rl.audit.commands import add_compare_args, add_drift_args, cmd_compare, cmd_drift
