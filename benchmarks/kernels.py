@@ -33,6 +33,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from trace_rl.backends import PackedWeight  # noqa: E402
+from trace_rl.engine.bench_measure import median_ms  # noqa: E402
 from trace_rl.formats.paged_kv import PagedKV  # noqa: E402
 
 DEV = "cuda"
@@ -73,16 +74,7 @@ def graph_us(calls: list, reps: int = 15) -> float:
 
 def loop_ms(fn, reps: int = 3) -> float:
     """Median milliseconds of fn() (eager: Python and launch overheads included), CUDA events."""
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return median_ms(fn, torch.device("cuda"), iters=reps, warmup=0)
 
 
 def ceilings() -> dict:

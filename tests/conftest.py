@@ -33,6 +33,16 @@ def backend_name(request) -> str:
 
 
 @pytest.fixture
+def one_torch_thread():
+    """torch's intra-op threads cost milliseconds per tiny matmul on a shared 2-core machine (15 ms instead
+    of 20 us seen here under load); tests of tiny models use one thread (`pytest.mark.usefixtures`)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture
 def rng() -> torch.Generator:
     """A fresh, randomly seeded generator (seed printed on failure through the test id's repr)."""
     seed = int.from_bytes(os.urandom(4), "little")

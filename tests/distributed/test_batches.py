@@ -14,13 +14,7 @@ from trace_rl.models.presets import tiny_model
 from trace_rl.objectives.logprobs import response_log_probs
 from trace_rl.plan import PrecisionPlan
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.mark.parametrize("num,workers", [(7, 2), (5, 3), (2, 4), (1, 1)])

@@ -29,11 +29,3 @@ def trainer_log_probs(model, out: TensorDict, sampling: SamplingParams) -> torch
                                  top_p=sampling.top_p, pad_token_id=PAD)
     return logp
 
-
-def one_thread():
-    """Fixture body: torch's intra-op threads cost milliseconds per tiny matmul on a shared 2-core machine
-    (15 ms instead of 20 us seen here under load); these tests run tiny shapes, so use one thread."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)

@@ -7,10 +7,9 @@ import json
 
 import pytest
 
-from tests.engine.native_helpers import one_thread
 from trace_rl.engine.bench import add_rollout_bench_args, run_rollout_bench
 
-single_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_bench_rollout_tiny_cpu(tmp_path):

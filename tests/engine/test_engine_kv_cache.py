@@ -5,13 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.engine.native_helpers import one_thread
 from trace_rl.engine import decode_attention as attn
 from trace_rl.engine.kv_cache import KVStep, PagedKVCache
 from trace_rl.formats.paged_kv import slots_for
 from trace_rl.kernels.attention_reference import decode_attention_reference
 
-single_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 FORMATS = ("bf16", "fp8_e4m3", "nvfp4", "mxfp4")
 
 

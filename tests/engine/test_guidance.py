@@ -17,12 +17,7 @@ from trace_rl.plan import PrecisionPlan
 PROMPTS = [(12, 7), (305, 44), (9, 9)]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def rescore(plan, kv: str, guided_layers: str = "all"):

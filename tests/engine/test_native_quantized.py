@@ -12,14 +12,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.engine.native_helpers import PAD, one_thread, random_prompts, trainer_log_probs
+from tests.engine.native_helpers import PAD, random_prompts, trainer_log_probs
 from trace_rl.data import schema as K
 from trace_rl.engine.base import SamplingParams
 from trace_rl.engine.native import NativeEngine
 from trace_rl.models import tiny_model
 from trace_rl.plan import PrecisionPlan
 
-single_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _generate(model, plan, rng, max_new: int, lengths=(6, 11), n: int = 2, max_batch: int = 3):

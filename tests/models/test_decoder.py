@@ -7,13 +7,12 @@ import json
 import pytest
 import torch
 
-from tests.engine.native_helpers import one_thread
 from tests.models.hf_tiny import FAMILIES, hf_folder
 from trace_rl.models import ModelConfig, build, load, save_pretrained, tiny_model
 from trace_rl.plan import PrecisionPlan
 
 pytest.importorskip("transformers")
-single_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
