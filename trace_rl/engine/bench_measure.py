@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import torch
 
-from trace_rl.engine.kv_cache import PagedKVCache
 from trace_rl.formats.paged_kv import PagedKV
+from trace_rl.kv import PagedKVCache
 
 
 def median_ms(fn: Callable[[], object], device: torch.device, iters: int = 10, warmup: int = 3) -> float:

@@ -31,9 +31,9 @@ from trace_rl.data import schema as K
 from trace_rl.engine.base import RolloutEngine, SamplingParams
 from trace_rl.engine.cuda_graphs import DecodeGraphs, batch_buckets
 from trace_rl.engine.guidance import GuidanceRecorder
-from trace_rl.engine.kv_cache import KVStep, PagedKVCache
 from trace_rl.engine.sampling import make_generator, process_logits, sample
 from trace_rl.formats.paged_kv import slots_for
+from trace_rl.kv import KVStep, PagedKVCache
 from trace_rl.models.decoder import Decoder, build
 from trace_rl.models.loading import load_state_dict_into
 from trace_rl.plan import PrecisionPlan

@@ -7,7 +7,7 @@ Two ways to run, over the same projections:
   token and head with the cache's format (straight-through gradient), exactly what the rollout reads
   back from its cache.
 - rollout (`kv` given): `kv.attend(layer_idx, q, k, v)` writes K/V into the engine's paged cache and
-  attends over what the cache holds (see `trace_rl.engine.kv_cache.KVStep`). The model knows nothing of
+  attends over what the cache holds (see `trace_rl.kv.KVStep`). The model knows nothing of
   pages, slots or kernels; any object with that `attend` method works.
 
 K is stored after RoPE (and after QK-norm), as every paged cache does.
@@ -18,11 +18,11 @@ from __future__ import annotations
 from typing import Protocol
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from trace_rl.backends import straight_through
 from trace_rl.formats import get_format, per_token
+from trace_rl.kv.cache import causal_attention
 from trace_rl.models.config import ModelConfig
 from trace_rl.models.linear import Linear
 from trace_rl.models.norm import RMSNorm
@@ -32,13 +32,6 @@ from trace_rl.models.rope import apply_rope
 class KVAttend(Protocol):
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [B, T, Hq, D], k/v [B, T, Hkv, D] (new tokens) -> attention output [B, T, Hq, D]."""
-
-
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """[B, T, H, D] layout in and out; GQA by head groups; causal from position 0."""
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                         is_causal=True, scale=scale, enable_gqa=q.shape[2] != k.shape[2])
-    return out.transpose(1, 2)
 
 
 class Attention(nn.Module):

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trace_rl.engine import decode_attention as attn
-from trace_rl.engine.kv_cache import KVStep, PagedKVCache
 from trace_rl.formats.paged_kv import slots_for
 from trace_rl.kernels.attention_reference import decode_attention_reference
+from trace_rl.kv import KVStep, PagedKVCache
+from trace_rl.kv import decode_attention as attn
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 FORMATS = ("bf16", "fp8_e4m3", "nvfp4", "mxfp4")
