@@ -33,7 +33,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from trace_rl.backends import PackedWeight  # noqa: E402
-from trace_rl.engine.bench_measure import median_ms  # noqa: E402
+from trace_rl.bench.measure import median_ms  # noqa: E402
 from trace_rl.formats.paged_kv import PagedKV  # noqa: E402
 
 DEV = "cuda"

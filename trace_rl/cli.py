@@ -108,7 +108,7 @@ def _cmd_formats(args) -> int:
 
 
 def _cmd_bench(args) -> int:
-    from trace_rl.engine.bench import run_rollout_bench
+    from trace_rl.bench.rollout import run_rollout_bench
 
     run_rollout_bench(args)
     return 0
@@ -153,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="benchmarks (`trace-rl bench rollout --help`)")
     bench_sub = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
     pr = bench_sub.add_parser("rollout", help="RL rollout throughput per precision plan")
-    from trace_rl.engine.bench import add_rollout_bench_args
+    from trace_rl.bench.rollout import add_rollout_bench_args
 
     add_rollout_bench_args(pr)
     pr.set_defaults(func=_cmd_bench)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from trace_rl.engine.bench import add_rollout_bench_args, run_rollout_bench
+from trace_rl.bench.rollout import add_rollout_bench_args, run_rollout_bench
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

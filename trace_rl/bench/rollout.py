@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from trace_rl.engine import bench_measure as bm
+from trace_rl.bench import measure as bm
 
 PLANS = ("bf16", "fp8", "w4a16", "w4a4-kv4", "w4a4-kv4-mx")
 
@@ -201,7 +201,7 @@ def _bench_plan(args, name: str, plan_name: str, response: int, device, bw, atte
 
 
 def _bench_baseline(args, name: str, response: int, batch: int, device, bw) -> dict:
-    from trace_rl.engine.bench_baseline import PlainDecode
+    from trace_rl.bench.baseline import PlainDecode
     from trace_rl.models import preset
 
     _free()
