@@ -11,35 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-import yaml
-
-
-class UsageError(Exception):
-    """Bad command-line input: printed, exit code 2."""
-
-
-def parse_overrides(items: list[str]) -> dict:
-    """`--set a.b=value` pairs; values are parsed as YAML (numbers, booleans, lists)."""
-    out = {}
-    for item in items or []:
-        if "=" not in item:
-            raise UsageError(f"--set {item!r}: expected KEY=VALUE, e.g. --set loop.steps=10")
-        key, value = item.split("=", 1)
-        out[key.strip()] = yaml.safe_load(value)
-    return out
-
-
-def load_pipeline_config(path: str | None, preset: str | None, overrides: list[str]):
-    """The run's PipelineConfig: file (or the embedded default), then the preset, then --set overrides."""
-    from trace_rl.pipelines import PipelineConfig, apply_preset, default_config_path
-
-    source = Path(path) if path else default_config_path()
-    cfg = PipelineConfig.load(source)
-    if preset:
-        cfg = PipelineConfig.parse(apply_preset(cfg.to_dict(), preset), f"{source} + preset {preset}")
-    if overrides:
-        cfg = cfg.with_overrides(parse_overrides(overrides))
-    return cfg
+from trace_rl.cli_common import UsageError, load_pipeline_config
 
 
 def _cmd_run(args) -> int:

@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from trace_rl.cli_common import UsageError, load_pipeline_config
+
 DEFAULT_COMPARE_PRESETS = "bf16,fp4,fp4-tis,fp4-aligned"
 
 
@@ -50,8 +52,6 @@ def add_drift_args(p: argparse.ArgumentParser) -> None:
 
 
 def _usage(message: str):
-    from trace_rl.cli import UsageError
-
     return UsageError(message)
 
 
@@ -73,7 +73,6 @@ def cmd_drift(args) -> int:
         resolve_plans,
     )
     from trace_rl.audit.plots import plot_drift_by_position
-    from trace_rl.cli import load_pipeline_config
     from trace_rl.engine.base import SamplingParams
     from trace_rl.pipelines.assemble import resolve_device, stop_token_ids
     from trace_rl.plan import PLAN_PRESETS
@@ -179,7 +178,6 @@ def parse_seeds(text: str) -> list[int]:
 
 def cmd_compare(args) -> int:
     from trace_rl.audit.compare import CollapseRule, run_compare, write_compare
-    from trace_rl.cli import load_pipeline_config
     from trace_rl.pipelines import build
     from trace_rl.pipelines.presets import PIPELINE_PRESETS
 
