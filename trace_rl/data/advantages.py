@@ -7,7 +7,16 @@ For a group g of size G (the responses to one prompt, rows sharing "group_id") w
 - scale "std":   A_i = (r_i - b_i) / (std_g + eps), std_g the *unbiased* (G-1) sample std of the group's
                  rewards (as in DeepSeek's GRPO); scale "none": A_i = r_i - b_i (Dr. GRPO drops the std).
 
-A group of one response has no baseline: its advantage is 0. Groups need not be contiguous rows.
+Exact and honest at the edges (computed in float64, returned as float32):
+
+- a group whose rewards are all equal carries no signal: its advantages are exactly 0, whatever eps (in
+  float32 the group mean leaves a one-ulp residue that a near-zero std would blow up to ~0.1);
+- a NaN reward makes its whole group's advantages NaN, in every group size (never a made-up 0);
+- a group of one response has no baseline: its advantage is 0 (NaN if its reward is NaN). Pipelines refuse
+  `loop.group_size: 1`, which would make every advantage 0; a group of one appears only when rows are
+  grouped by hand.
+
+Groups need not be contiguous rows.
 """
 
 from __future__ import annotations
@@ -34,26 +43,32 @@ def group_advantages(
     eps: float = 1e-6,
 ) -> torch.Tensor:
     """Advantages [B] (float32) from rewards [B] and group ids [B]; formulas in the module docstring."""
-    reward = reward.float().reshape(-1)
+    if baseline not in ("mean", "leave_one_out"):
+        raise ValueError(f"unknown baseline {baseline!r}; use 'mean' or 'leave_one_out'")
+    if scale not in ("std", "none"):
+        raise ValueError(f"unknown scale {scale!r}; use 'std' or 'none'")
+    r = reward.reshape(-1).to(torch.float64)
     _, inverse = torch.unique(group_id.reshape(-1), return_inverse=True)
     groups = int(inverse.max()) + 1 if inverse.numel() else 0
-    count = torch.zeros(groups, device=reward.device).index_add_(0, inverse, torch.ones_like(reward))
-    total = torch.zeros(groups, device=reward.device).index_add_(0, inverse, reward)
-    n, s = count[inverse], total[inverse]
+    per_group = lambda v: torch.zeros(groups, dtype=v.dtype, device=v.device).index_add_(0, inverse, v)  # noqa: E731
+    n, s = per_group(torch.ones_like(r))[inverse], per_group(r)[inverse]
     mean = s / n
     if baseline == "mean":
-        centred = reward - mean
-    elif baseline == "leave_one_out":
-        centred = reward - (s - reward) / (n - 1).clamp_min(1)
+        centred = r - mean
     else:
-        raise ValueError(f"unknown baseline {baseline!r}; use 'mean' or 'leave_one_out'")
+        centred = r - (s - r) / (n - 1).clamp_min(1)
     if scale == "std":
-        sq = torch.zeros(groups, device=reward.device).index_add_(0, inverse, (reward - mean) ** 2)
-        std = (sq[inverse] / (n - 1).clamp_min(1)).sqrt()
+        std = (per_group((r - mean) ** 2)[inverse] / (n - 1).clamp_min(1)).sqrt()
         centred = centred / (std + eps)
-    elif scale != "none":
-        raise ValueError(f"unknown scale {scale!r}; use 'std' or 'none'")
-    return torch.where(n > 1, centred, torch.zeros_like(centred))
+    # degenerate groups, decided explicitly rather than by what the arithmetic leaves: equal rewards (and
+    # singletons) carry no signal -> exactly 0; a NaN reward -> its whole group is NaN
+    lo = torch.full((groups,), torch.inf, dtype=r.dtype, device=r.device).scatter_reduce_(0, inverse, r, "amin")
+    hi = torch.full((groups,), -torch.inf, dtype=r.dtype, device=r.device).scatter_reduce_(0, inverse, r, "amax")
+    has_nan = per_group(torch.isnan(r).to(r.dtype))[inverse] > 0
+    equal = (lo == hi)[inverse]
+    out = torch.where(equal, torch.zeros_like(centred), centred)
+    out = torch.where(has_nan, torch.full_like(out, torch.nan), out)
+    return out.to(torch.float32)
 
 
 class GroupAdvantageConfig(TraceConfig):
@@ -61,7 +76,8 @@ class GroupAdvantageConfig(TraceConfig):
 
     baseline: Baseline = Field("mean", description="'mean' (GRPO) or 'leave_one_out' (RLOO) baseline.")
     scale: Scale = Field("std", description="'std': divide by the group's reward std (GRPO); 'none' (Dr. GRPO).")
-    eps: float = Field(1e-6, ge=0.0, description="Added to the std before dividing.")
+    eps: float = Field(1e-6, ge=0.0, description="Added to the std before dividing (0 is allowed: groups "
+                                                 "with equal rewards get exactly 0 either way).")
 
 
 class GroupAdvantage:

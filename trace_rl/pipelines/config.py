@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from trace_rl.config import TraceConfig
 from trace_rl.correction.registry import CorrectionConfig
@@ -76,12 +76,21 @@ class LoopSection(TraceConfig):
 
     steps: int = Field(40, ge=1, description="Training steps (one collected batch each).")
     prompts_per_step: int = Field(16, ge=1, description="Prompts sampled per step.")
-    group_size: int = Field(8, ge=1, description="Responses per prompt (the GRPO group).")
+    group_size: int = Field(8, description="Responses per prompt (the GRPO group; at least 2: group-relative "
+                                           "advantages compare the responses to one prompt).")
     max_staleness: int | None = Field(
         0, ge=0, description="Replay buffer drops groups more than this many policy versions old.")
     eval_every: int = Field(10, ge=0, description="Evaluate on held-out prompts every N steps (0: only at the "
                                                   "start and the end).")
     eval_prompts: int = Field(128, ge=1, description="Held-out prompts per evaluation (greedy decoding).")
+    @field_validator("group_size")
+    @classmethod
+    def _group_of_two(cls, v: int) -> int:
+        if v < 2:
+            raise ValueError(f"must be at least 2, got {v}: a group of one response has no baseline, so every "
+                             f"advantage would be 0 and nothing would be learned")
+        return v
+
     checkpoint_every: int = Field(0, ge=0, description="Save a checkpoint every N steps (0: only at the end).")
 
 
