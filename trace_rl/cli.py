@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from trace_rl.cli_common import UsageError, load_pipeline_config
+from trace_rl.cli_common import UsageError, load_pipeline_config, resolve_pipeline_config
 
 
 def _cmd_run(args) -> int:
@@ -23,9 +23,9 @@ def _cmd_run(args) -> int:
         saved = run_dir / "config.yaml"
         if not saved.is_file():
             raise UsageError(f"--resume {run_dir}: no config.yaml there (not a trace-rl run directory)")
-        cfg = load_pipeline_config(str(saved), None, args.set)
+        cfg = load_pipeline_config(str(saved), None, args.set, no_default=True)   # already complete
     else:
-        cfg = load_pipeline_config(args.config, args.preset, args.set)
+        cfg = load_pipeline_config(args.config, args.preset, args.set, no_default=args.no_default)
         run_dir = Path(args.out) if args.out else None
     pipeline = build(cfg, run_dir)          # validates everything (device, model path) before writing
     if not getattr(pipeline, "is_driver", True):   # trainer rank > 0 under torchrun: rank 0 writes and prints
@@ -46,24 +46,26 @@ def _cmd_run(args) -> int:
 def _cmd_validate(args) -> int:
     from trace_rl.pipelines import build
 
-    cfg = load_pipeline_config(args.config, args.preset, args.set)
+    cfg, layers = resolve_pipeline_config(args.config, args.preset, args.set, no_default=args.no_default)
     if args.build:
         build(cfg, run_dir="/nonexistent-validate-only")   # builds every object, writes nothing
     print(f"{args.config or 'embedded default'}: valid ({cfg.precision.label}, {cfg.loop.steps} steps)")
     if args.show:
+        print(f"# resolved from: {layers}")
         print(cfg.to_yaml())
     return 0
 
 
 def _cmd_presets(args) -> int:
-    from trace_rl.pipelines.presets import PIPELINE_PRESETS
-    from trace_rl.plan import PrecisionPlan
+    from trace_rl.plan import PRESET_ALIASES, PRESETS, PrecisionPlan
 
-    for name, over in PIPELINE_PRESETS.items():
-        plan = PrecisionPlan(**over["precision"])
+    for name, p in PRESETS.items():
+        plan = PrecisionPlan(**p.plan)
         corr = ", ".join(f"{c['kind']}({', '.join(f'{k}={v}' for k, v in c['params'].items())})"
-                         for c in over["corrections"]) or "none"
-        print(f"{name:12s} {plan.label:18s} trainer={plan.trainer:8s} corrections={corr}")
+                         for c in p.corrections) or "none"
+        print(f"{name:12s} {plan.label:18s} trainer={plan.trainer:8s} corrections={corr:22s} {p.about}")
+    print("aliases: " + ", ".join(f"{a} = {b}" for a, b in PRESET_ALIASES.items()))
+    print("the same names work in `run --preset`, `drift --plans`, `compare --presets` and PrecisionPlan.preset()")
     return 0
 
 
@@ -89,7 +91,10 @@ def _cmd_bench(args) -> int:
 def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", nargs="?", help="pipeline config (.yaml/.toml/.json); default: the embedded default")
     p.add_argument("--preset", help="apply a preset (precision plan + corrections); see `trace-rl presets`")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field, e.g. loop.steps=10")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a field, e.g. loop.steps=10 or corrections.0.params.C=3 (a number indexes a list)")
+    p.add_argument("--no-default", action="store_true",
+                   help="start from the field defaults instead of overlaying CONFIG on the embedded default")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,13 +1,11 @@
 """What every `trace-rl` subcommand shares: the usage error (exit code 2) and how a pipeline config is read
-from the command line (file or embedded default, then a preset, then `--set` overrides).
+from the command line (the embedded default overlaid by a file, then a preset, then `--set` overrides).
 
 `trace_rl.cli` and the subcommand modules (`trace_rl.audit.commands`, ...) import from here, so the arrows
 point down: no subcommand imports the entry point.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import yaml
 
@@ -27,14 +25,15 @@ def parse_overrides(items: list[str]) -> dict:
     return out
 
 
-def load_pipeline_config(path: str | None, preset: str | None, overrides: list[str]):
-    """The run's PipelineConfig: file (or the embedded default), then the preset, then --set overrides."""
-    from trace_rl.pipelines import PipelineConfig, apply_preset, default_config_path
+def resolve_pipeline_config(path: str | None, preset: str | None, overrides: list[str], *, no_default: bool = False):
+    """(PipelineConfig, description of its layers): the embedded default overlaid by the file (unless
+    `no_default`), then the preset, then the --set overrides (`trace_rl.pipelines.sources`)."""
+    from trace_rl.pipelines.sources import resolve_config
 
-    source = Path(path) if path else default_config_path()
-    cfg = PipelineConfig.load(source)
-    if preset:
-        cfg = PipelineConfig.parse(apply_preset(cfg.to_dict(), preset), f"{source} + preset {preset}")
-    if overrides:
-        cfg = cfg.with_overrides(parse_overrides(overrides))
-    return cfg
+    resolved = resolve_config(path, preset, parse_overrides(overrides), use_default=not no_default)
+    return resolved.config, resolved.describe()
+
+
+def load_pipeline_config(path: str | None, preset: str | None, overrides: list[str], *, no_default: bool = False):
+    """The run's PipelineConfig: the embedded default overlaid by the file, then the preset, then --set."""
+    return resolve_pipeline_config(path, preset, overrides, no_default=no_default)[0]

@@ -72,18 +72,7 @@ class TraceConfig(BaseModel):
     @classmethod
     def load(cls, path: str | Path) -> Self:
         """Load a `.yaml`/`.yml`, `.toml` or `.json` file."""
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        text = path.read_text()
-        suffix = path.suffix.lower()
-        if suffix in (".yaml", ".yml"):
-            return cls.from_yaml(text, str(path))
-        if suffix == ".toml":
-            return cls.from_toml(text, str(path))
-        if suffix == ".json":
-            return cls.parse(json.loads(text), str(path))
-        raise ConfigError(f"config file {path}: unknown suffix {suffix!r}; use .yaml, .yml, .toml or .json")
+        return cls.parse(read_config_file(path), str(path))
 
     # -- serialisation (None is left out: TOML has no null, and None is every optional field's default) --
     def to_dict(self) -> dict[str, Any]:
@@ -102,19 +91,73 @@ class TraceConfig(BaseModel):
         return path
 
     def with_overrides(self, overrides: dict[str, Any]) -> Self:
-        """A copy with dotted-key overrides applied (`{"rollout.sampling.temperature": 0.7}`), re-validated."""
+        """A copy with dotted-key overrides applied, re-validated: `{"rollout.sampling.temperature": 0.7}`;
+        a number indexes a list (`{"corrections.0.params.C": 3}`)."""
         data = self.to_dict()
         for key, value in overrides.items():
-            node = data
-            parts = key.split(".")
-            for part in parts[:-1]:
-                if not isinstance(node.get(part), dict):
-                    node[part] = {} if node.get(part) is None else node[part]
-                    if not isinstance(node[part], dict):
-                        raise ConfigError(f"invalid override {key}: {part} is not a section")
-                node = node[part]
-            node[parts[-1]] = value
+            set_dotted(data, key, value)
         return type(self).parse(data, "overrides")
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The raw mapping of a `.yaml`/`.yml`, `.toml` or `.json` config file (ConfigError if unreadable)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    text = path.read_text()
+    suffix = path.suffix.lower()
+    if suffix in (".yaml", ".yml"):
+        data = yaml.safe_load(text) or {}
+    elif suffix == ".toml":
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"invalid TOML in {path}: {err}") from None
+    elif suffix == ".json":
+        data = json.loads(text)
+    else:
+        raise ConfigError(f"config file {path}: unknown suffix {suffix!r}; use .yaml, .yml, .toml or .json")
+    if not isinstance(data, dict):
+        raise ConfigError(f"invalid config in {path}: top level must be a mapping")
+    return data
+
+
+def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    """Set `a.b.0.c` in nested dicts/lists, in place. Missing sections are created; a list index must exist."""
+    parts = key.split(".")
+    if not all(parts):
+        raise ConfigError(f"invalid override {key!r}: empty name between dots", (key,))
+    node: Any = data
+    for depth, part in enumerate(parts):
+        last = depth == len(parts) - 1
+        where = ".".join(parts[:depth]) or "<root>"
+        if isinstance(node, list):
+            if not part.isdigit():
+                raise ConfigError(f"invalid override {key}: {where} is a list; index it with a number, e.g. "
+                                  f"{where}.0", (key,))
+            index = int(part)
+            if index >= len(node):
+                raise ConfigError(f"invalid override {key}: {where} has {len(node)} entries (indices 0.."
+                                  f"{len(node) - 1}); to change its length set the whole list, e.g. "
+                                  f"--set '{where}=[...]'", (key,))
+            if last:
+                node[index] = value
+            else:
+                node = node[index]
+        elif isinstance(node, dict):
+            if last:
+                node[part] = value
+            else:
+                if node.get(part) is None:
+                    if parts[depth + 1].isdigit():
+                        raise ConfigError(f"invalid override {key}: {'.'.join(parts[:depth + 1])} is not set, so it "
+                                          f"has no entry {parts[depth + 1]}; set the whole list, e.g. "
+                                          f"--set '{'.'.join(parts[:depth + 1])}=[...]'", (key,))
+                    node[part] = {}
+                node = node[part]
+        else:
+            raise ConfigError(f"invalid override {key}: {where} is a value ({node!r}), not a section or list",
+                              (key,))
 
 
 def undocumented_fields(cls: type[BaseModel]) -> list[str]:

@@ -12,6 +12,7 @@ per-row variant: nvfp4 activations and KV use a per-row global scale).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Literal
 
@@ -99,19 +100,56 @@ class PrecisionPlan(TraceConfig):
 
     @classmethod
     def preset(cls, name: str) -> PrecisionPlan:
-        if name not in PLAN_PRESETS:
-            raise ConfigError(f"unknown precision preset {name!r}; allowed: {', '.join(PLAN_PRESETS)}")
-        return cls(**PLAN_PRESETS[name])
+        """The plan of a preset (`PRESETS`; the same names as `trace-rl run --preset` and `drift --plans`).
+        A preset that also names corrections (e.g. 'fp4-tis') gives its plan here; the corrections apply
+        where a pipeline is configured (`run --preset`)."""
+        return cls(**resolve_preset(name).plan)
 
 
-PLAN_PRESETS: dict[str, dict] = {
-    "bf16": {},
-    "fp8": dict(rollout_weights="fp8_e4m3:row", rollout_activations="fp8_e4m3:row", kv_cache="fp8_e4m3"),
-    "w4a16": dict(rollout_weights="nvfp4"),
-    "w4a16-mx": dict(rollout_weights="mxfp4"),
-    "fp4": dict(rollout_weights="nvfp4", rollout_activations="nvfp4", kv_cache="nvfp4"),
-    "w4a4-kv4": dict(rollout_weights="nvfp4", rollout_activations="nvfp4", kv_cache="nvfp4"),
-    "w4a4-kv4-mx": dict(rollout_weights="mxfp4", rollout_activations="mxfp4", kv_cache="mxfp4"),
-    "fp4-aligned": dict(rollout_weights="nvfp4", rollout_activations="nvfp4", kv_cache="nvfp4", trainer="aligned"),
-    "fp4-guided": dict(rollout_weights="nvfp4", rollout_activations="nvfp4", kv_cache="nvfp4", trainer="guided"),
-}
+@dataclass(frozen=True)
+class Preset:
+    """One named setting: a precision plan plus the drift corrections a pipeline applies with it."""
+
+    name: str
+    plan: dict = field(default_factory=dict)
+    corrections: tuple[dict, ...] = ()
+    about: str = ""
+
+
+_TOKEN_TIS = ({"kind": "token_tis", "params": {"C": 2.0}},)
+_NVFP4 = dict(rollout_weights="nvfp4", rollout_activations="nvfp4", kv_cache="nvfp4")
+_MXFP4 = dict(rollout_weights="mxfp4", rollout_activations="mxfp4", kv_cache="mxfp4")
+
+# The one preset namespace: `trace-rl run --preset`, `trace-rl drift --plans`, `trace-rl compare --presets`,
+# `PrecisionPlan.preset` and `trace_rl.pipelines.apply_preset` all read this table.
+PRESETS: dict[str, Preset] = {p.name: p for p in (
+    Preset("bf16", {}, (), "no quantization (reference)"),
+    Preset("fp8", dict(rollout_weights="fp8_e4m3:row", rollout_activations="fp8_e4m3:row", kv_cache="fp8_e4m3"),
+           (), "W8A8, FP8 KV cache"),
+    Preset("w4a16", dict(rollout_weights="nvfp4"), (), "nvfp4 weights only"),
+    Preset("w4a16-mx", dict(rollout_weights="mxfp4"), (), "mxfp4 weights only"),
+    Preset("fp4", dict(_NVFP4), (), "nvfp4 weights, activations and KV cache; no correction"),
+    Preset("fp4-mx", dict(_MXFP4), (), "mxfp4 weights, activations and KV cache; no correction"),
+    Preset("fp4-tis", dict(_NVFP4), _TOKEN_TIS, "fp4 + token TIS (C = 2)"),
+    Preset("fp4-aligned", dict(_NVFP4, trainer="aligned"), (), "fp4, trainer fake-quantizes the same tensors"),
+    Preset("fp4-guided", dict(_NVFP4, trainer="guided"), (), "fp4, TRACE rollout-guided trainer rounding"),
+)}
+# Earlier names, still accepted everywhere a preset is.
+PRESET_ALIASES: dict[str, str] = {"w4a4-kv4": "fp4", "w4a4-kv4-mx": "fp4-mx"}
+
+
+def preset_names(aliases: bool = False) -> list[str]:
+    return [*PRESETS, *(PRESET_ALIASES if aliases else ())]
+
+
+def resolve_preset(name: str) -> Preset:
+    """The preset called `name` (or an alias of it); an unknown name is a ConfigError listing the names."""
+    name = PRESET_ALIASES.get(name, name)
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; available: {', '.join(PRESETS)} "
+                          f"(aliases: {', '.join(f'{a} = {b}' for a, b in PRESET_ALIASES.items())})", ("preset",))
+    return PRESETS[name]
+
+
+# name -> plan fields, every preset and alias (kept for code that wants only the plans).
+PLAN_PRESETS: dict[str, dict] = {n: resolve_preset(n).plan for n in preset_names(aliases=True)}

@@ -13,9 +13,9 @@ def build(cfg, run_dir=None, title: str = ""):
 
 
 def default_config_path():
-    from pathlib import Path
+    from trace_rl.pipelines.sources import default_config_path as path
 
-    return Path(__file__).resolve().parent / "configs" / "default.yaml"
+    return path()
 
 
 def default_config() -> PipelineConfig:

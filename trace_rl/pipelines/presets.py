@@ -1,38 +1,39 @@
-"""Pipeline presets: whole precision plans + corrections, applied on top of a config.
+"""Pipeline presets: a precision plan + corrections applied on top of a config.
+
+There is one preset namespace, `trace_rl.plan.PRESETS`, shared by `trace-rl run --preset`, `trace-rl drift
+--plans`, `trace-rl compare --presets` and `PrecisionPlan.preset`; `trace-rl presets` lists it. Applying a
+preset replaces the config's `precision` and `corrections` sections whole.
 
 | preset       | rollout (weights / activations / KV) | trainer | corrections          |
 |--------------|--------------------------------------|---------|----------------------|
 | bf16         | bf16 / bf16 / bf16                   | bf16    | –                    |
 | fp8          | fp8 e4m3 rows / rows / fp8 e4m3      | bf16    | –                    |
+| w4a16        | nvfp4 / bf16 / bf16                  | bf16    | –                    |
+| w4a16-mx     | mxfp4 / bf16 / bf16                  | bf16    | –                    |
 | fp4          | nvfp4 / nvfp4 / nvfp4                | bf16    | – (no correction)    |
+| fp4-mx       | mxfp4 / mxfp4 / mxfp4                | bf16    | –                    |
 | fp4-tis      | nvfp4 / nvfp4 / nvfp4                | bf16    | token TIS, C = 2     |
 | fp4-aligned  | nvfp4 / nvfp4 / nvfp4                | aligned | –                    |
 | fp4-guided   | nvfp4 / nvfp4 / nvfp4                | guided  | –                    |
+
+Aliases (earlier names): `w4a4-kv4` = `fp4`, `w4a4-kv4-mx` = `fp4-mx`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from trace_rl.config import ConfigError
-from trace_rl.plan import PLAN_PRESETS
-
-TOKEN_TIS = [{"kind": "token_tis", "params": {"C": 2.0}}]
-
-PIPELINE_PRESETS: dict[str, dict[str, Any]] = {
-    "bf16": {"precision": PLAN_PRESETS["bf16"], "corrections": []},
-    "fp8": {"precision": PLAN_PRESETS["fp8"], "corrections": []},
-    "fp4": {"precision": PLAN_PRESETS["fp4"], "corrections": []},
-    "fp4-tis": {"precision": PLAN_PRESETS["fp4"], "corrections": TOKEN_TIS},
-    "fp4-aligned": {"precision": PLAN_PRESETS["fp4-aligned"], "corrections": []},
-    "fp4-guided": {"precision": PLAN_PRESETS["fp4-guided"], "corrections": []},
-}
+from trace_rl.plan import PRESET_ALIASES, PRESETS, resolve_preset
 
 
 def preset_overrides(name: str) -> dict[str, Any]:
-    if name not in PIPELINE_PRESETS:
-        raise ConfigError(f"unknown preset {name!r}; available: {', '.join(PIPELINE_PRESETS)}", ("preset",))
-    return PIPELINE_PRESETS[name]
+    """{"precision": ..., "corrections": [...]} of a preset or alias (ConfigError naming the choices)."""
+    p = resolve_preset(name)
+    return {"precision": dict(p.plan), "corrections": [dict(c) for c in p.corrections]}
+
+
+# every preset and alias -> its overrides
+PIPELINE_PRESETS: dict[str, dict[str, Any]] = {name: preset_overrides(name) for name in [*PRESETS, *PRESET_ALIASES]}
 
 
 def apply_preset(data: dict[str, Any], name: str) -> dict[str, Any]:
@@ -40,3 +41,6 @@ def apply_preset(data: dict[str, Any], name: str) -> dict[str, Any]:
     out = dict(data)
     out.update(preset_overrides(name))
     return out
+
+
+__all__ = ["PIPELINE_PRESETS", "PRESET_ALIASES", "apply_preset", "preset_overrides"]
