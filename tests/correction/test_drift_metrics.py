@@ -3,6 +3,8 @@
 import math
 
 import pytest
+import torch
+from tensordict import TensorDict
 
 from tests.correction.cases import RHO, batch
 from trace_rl.correction import (
@@ -113,3 +115,26 @@ def test_metrics_are_computed_in_float32_from_bf16():
     td = batch()
     got = drift_metrics(td[K.LOGP_ROLLOUT].bfloat16(), td[K.LOGP_TRAINER].bfloat16(), td[K.MASK_RESPONSE])
     assert math.isfinite(got["ess"]) and 0 < got["ess"] <= 1
+
+
+def test_zero_length_responses_give_nan_not_a_crash():
+    empty = TensorDict({K.LOGP_ROLLOUT: torch.zeros(3, 0), K.LOGP_TRAINER: torch.zeros(3, 0),
+                        K.MASK_RESPONSE: torch.zeros(3, 0, dtype=torch.bool),
+                        K.CORRECTION_MASK: torch.zeros(3, 0, dtype=torch.bool)}, batch_size=[3])
+    report = DriftMetrics()(empty)
+    assert set(report.metrics) == set(METRIC_NAMES)
+    for name in ("mismatch_k1", "mismatch_k3", "abs_log_ratio_max", "ess", "chi2_seq", "ppl_ratio"):
+        assert math.isnan(report.metrics[name]), name
+    assert report.by_position.count == [0]
+
+
+def test_ess_exact_at_log_ratios_that_overflow_float32():
+    """ρ = e^100 and e^1000 overflow float32 (and e^1000 float64); ess is scale-free: (Σρ)²/(NΣρ²) = 1/3
+    when one token dominates, 1/2 for two equal dominant ones."""
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    for big in (100.0, 1000.0):
+        lp_rollout = torch.tensor([[0.0, -big, -big / 2]])
+        got = drift_metrics(lp_rollout, torch.zeros(1, 3), mask)["ess"]
+        assert got == pytest.approx(1 / 3, rel=1e-12), big
+    two = drift_metrics(torch.tensor([[-300.0, -300.0, 0.0]]), torch.zeros(1, 3), mask)["ess"]
+    assert two == pytest.approx(2 / 3, rel=1e-12)           # (2x)² / (3 · 2x²)

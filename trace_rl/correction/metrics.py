@@ -17,9 +17,11 @@ Notation: over the real response tokens V (N = |V| of them) and the sequences S 
 | frac_masked_tokens     | fraction of V that the corrections masked                     | 0 |
 | frac_rejected_seqs     | fraction of S whose every real token the corrections masked   | 0 |
 
-(PPL(s) = exp(−mean_{t∈s} log π(y_t)).) Metrics describe the data, so they run over every real token,
-not only those the corrections kept. NaN in a real token's log-prob makes every metric that reads it NaN;
-with no real token at all, the means are NaN too (0/0), never a made-up 0.
+(PPL(s) = exp(−mean_{t∈s} log π(y_t)).) Computed in float64; ess divides every ρ_t by the largest first
+(it is scale-free), so it stays exact at log-ratios where ρ_t itself overflows. Metrics describe the data,
+so they run over every real token, not only those the corrections kept. NaN in a real token's log-prob
+makes every metric that reads it NaN; with no real token at all (zero-length responses included), the
+means are NaN too (0/0), never a made-up 0.
 
 `mismatch_by_position` bins response positions (default edges 0, 1, 2, 4, 8, ... : KV-cache error grows
 with length, so early positions get fine bins and long tails coarse ones) and reports per bin the token
@@ -99,14 +101,16 @@ def drift_metrics(
     `log_p_*` and `mask` are [B, Lr]; `keep` is the corrections' mask (None: nothing masked).
     """
     mask = mask.bool()
-    delta = torch.where(mask, log_p_rollout.detach().float() - log_p_trainer.detach().float(), 0.0)
+    delta = torch.where(mask, log_p_rollout.detach().double() - log_p_trainer.detach().double(), 0.0)
     neg = -delta  # log ρ
     rho = neg.exp()
+    # ess is invariant to scaling every ρ: divide by the largest (exp(log ρ - max) <= 1 cannot overflow)
+    top = torch.cat([torch.where(mask, neg, -torch.inf).reshape(-1), neg.new_full((1,), -torch.inf)]).amax()
+    rho_scaled = torch.where(mask, (neg - torch.where(torch.isfinite(top), top, 0.0)).exp(), 0.0)
     n = mask.sum()
     rows_real = mask.any(-1)
     seq_count = mask.sum(-1)
 
-    sum_rho = torch.where(mask, rho, 0.0).sum()
     sum_rho2 = torch.where(mask, rho * rho, 0.0).sum()
     seq_log_rho = torch.where(mask, neg, 0.0).sum(-1)
     seq_mean_delta = torch.where(mask, delta, 0.0).sum(-1) / seq_count.clamp_min(1)
@@ -124,14 +128,15 @@ def drift_metrics(
         _masked_mean(delta, mask),
         _masked_mean(k3, mask),
         _masked_mean(delta.abs(), mask),
-        torch.where(n > 0, torch.where(mask, delta.abs(), -torch.inf).amax(), torch.nan),
+        torch.where(n > 0, torch.cat([torch.where(mask, delta.abs(), -torch.inf).reshape(-1),
+                                      delta.new_full((1,), -torch.inf)]).amax(), torch.nan),
         sum_rho2 / n - 1,
         (torch.where(rows_real, (2 * seq_log_rho).exp(), 0.0).sum() / rows_real.sum()) - 1,
-        sum_rho * sum_rho / (n * sum_rho2),
+        rho_scaled.sum() ** 2 / (n * (rho_scaled * rho_scaled).sum()),
         _masked_mean(delta.abs().exp(), mask),
         torch.where(rows_real, seq_mean_delta.exp(), 0.0).sum() / rows_real.sum(),
-        masked_tokens.float(),
-        rejected.float(),
+        masked_tokens.double(),
+        rejected.double(),
     ])
     return dict(zip(METRIC_NAMES, values.tolist()))
 
