@@ -21,7 +21,12 @@ def parse_overrides(items: list[str]) -> dict:
         if "=" not in item:
             raise UsageError(f"--set {item!r}: expected KEY=VALUE, e.g. --set loop.steps=10")
         key, value = item.split("=", 1)
-        out[key.strip()] = yaml.safe_load(value)
+        try:
+            out[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError as err:
+            problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+            raise UsageError(f"--set {item!r}: the value is not valid YAML ({problem}); quote it, e.g. "
+                             f"--set '{key.strip()}=\"text\"'") from None
     return out
 
 

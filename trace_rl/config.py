@@ -1,6 +1,8 @@
 """The config base every trace_rl config derives from: strict, frozen, documented, YAML/TOML round-trip.
 
 - `extra="forbid"`: an unknown key is an error naming it.
+- `allow_inf_nan=False`: a non-finite number (`.inf`, `nan`, `Infinity`) in any float field is an error
+  naming it; an infinite learning rate would otherwise validate and train every weight to NaN.
 - frozen: a config is a value; derive variants with `cfg.model_copy(update=...)` or `with_overrides`.
 - every field carries a `description` (tests check this for every config class).
 - `ConfigError` turns pydantic's errors into one line per field: `path.to.field: what is wrong`.
@@ -38,13 +40,15 @@ class ConfigError(ValueError):
                 msg = f"{msg} (got {e['input']!r})"
             lines.append(f"  {loc}: {msg}")
         head = f"invalid config{f' in {source}' if source else ''}:"
+        if len(lines) == 1:                      # one bad field: one line
+            return cls(f"{head} {lines[0].strip()}", tuple(fields))
         return cls("\n".join([head, *lines]), tuple(fields))
 
 
 class TraceConfig(BaseModel):
     """Base class of all trace_rl configs."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
 
     # -- construction with readable errors --
     @classmethod
@@ -56,7 +60,7 @@ class TraceConfig(BaseModel):
 
     @classmethod
     def from_yaml(cls, text: str, source: str | None = None) -> Self:
-        data = yaml.safe_load(text) or {}
+        data = parse_yaml(text, source or "<string>")
         if not isinstance(data, dict):
             raise ConfigError(f"invalid config{f' in {source}' if source else ''}: top level must be a mapping")
         return cls.parse(data, source)
@@ -99,26 +103,53 @@ class TraceConfig(BaseModel):
         return type(self).parse(data, "overrides")
 
 
+def parse_yaml(text: str, source: str) -> Any:
+    """yaml.safe_load, with a syntax error turned into one ConfigError line naming the file, line and column."""
+    try:
+        return yaml.safe_load(text) or {}
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark is not None else source
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"{where}: invalid YAML ({problem}); fix the syntax there (indentation, ':' after "
+                          f"each key, matching quotes and brackets)") from None
+
+
 def read_config_file(path: str | Path) -> dict[str, Any]:
-    """The raw mapping of a `.yaml`/`.yml`, `.toml` or `.json` config file (ConfigError if unreadable)."""
+    """The raw mapping of a `.yaml`/`.yml`, `.toml` or `.json` config file. Every way the file can be unusable
+    (missing, a folder, unreadable, not UTF-8, a syntax error, not a mapping) is a one-line ConfigError that
+    names the file (and the line, for syntax errors)."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"config file not found: {path}")
-    text = path.read_text()
+    if not path.is_file():
+        raise ConfigError(f"config file {path}: is a folder, not a file; give a .yaml, .toml or .json file")
     suffix = path.suffix.lower()
+    if suffix not in (".yaml", ".yml", ".toml", ".json"):
+        raise ConfigError(f"config file {path}: unknown suffix {suffix!r}; use .yaml, .yml, .toml or .json")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"config file {path}: not UTF-8 text (byte {err.start}: {err.reason}); save it as "
+                          f"UTF-8") from None
+    except OSError as err:
+        raise ConfigError(f"config file {path}: cannot be read ({err.strerror or err})") from None
     if suffix in (".yaml", ".yml"):
-        data = yaml.safe_load(text) or {}
+        data = parse_yaml(text, str(path))
     elif suffix == ".toml":
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as err:
-            raise ConfigError(f"invalid TOML in {path}: {err}") from None
-    elif suffix == ".json":
-        data = json.loads(text)
+            raise ConfigError(f"{path}: invalid TOML ({err}); fix the syntax there") from None
     else:
-        raise ConfigError(f"config file {path}: unknown suffix {suffix!r}; use .yaml, .yml, .toml or .json")
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"{path}:{err.lineno}:{err.colno}: invalid JSON ({err.msg}); fix the syntax "
+                              f"there") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"invalid config in {path}: top level must be a mapping")
+        raise ConfigError(f"invalid config in {path}: top level must be a mapping (key: value), got "
+                          f"{type(data).__name__}")
     return data
 
 

@@ -18,6 +18,7 @@ from trace_rl.objectives.config import LossConfig
 from trace_rl.plan import PrecisionPlan
 from trace_rl.tasks.config import ArithmeticConfig, TaskConfig
 
+MAX_SEED = 2**32 - 1       # seeds are offset per step and batch; torch generators take at most 64 bits
 DEFAULT_MODEL = "default"   # the embedded char-level policy shipped in trace_rl/assets
 
 
@@ -62,13 +63,22 @@ class TrainerSection(TraceConfig):
     optimizer: Literal["adamw", "sgd"] = Field("adamw", description="Optimizer.")
     lr: float = Field(1e-4, gt=0, description="Learning rate.")
     weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay (AdamW).")
-    betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas.")
+    betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas (each in [0, 1)).")
     epochs_per_batch: int = Field(1, ge=1, description="Optimizer passes over each collected batch.")
     micro_batch_size: int = Field(64, ge=1, description="Rows per forward/backward (gradient accumulation).")
     grad_clip: float | None = Field(1.0, gt=0, description="Max global gradient norm (None: no clipping).")
     loss: LossConfig = Field(default_factory=LossConfig, description="The GRPO-family objective.")
     advantage: GroupAdvantageConfig = Field(default_factory=GroupAdvantageConfig,
                                             description="How rewards become advantages.")
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_range(cls, v: tuple[float, float]) -> tuple[float, float]:
+        for i, b in enumerate(v):
+            if not 0.0 <= b < 1.0:
+                raise ValueError(f"betas[{i}] = {b} is outside [0, 1): Adam's moving averages need 0 <= beta < 1 "
+                                 f"(typical: [0.9, 0.99])")
+        return v
 
 
 class LoopSection(TraceConfig):
@@ -83,6 +93,8 @@ class LoopSection(TraceConfig):
     eval_every: int = Field(10, ge=0, description="Evaluate on held-out prompts every N steps (0: only at the "
                                                   "start and the end).")
     eval_prompts: int = Field(128, ge=1, description="Held-out prompts per evaluation (greedy decoding).")
+    checkpoint_every: int = Field(0, ge=0, description="Save a checkpoint every N steps (0: only at the end).")
+
     @field_validator("group_size")
     @classmethod
     def _group_of_two(cls, v: int) -> int:
@@ -91,24 +103,34 @@ class LoopSection(TraceConfig):
                              f"advantage would be 0 and nothing would be learned")
         return v
 
-    checkpoint_every: int = Field(0, ge=0, description="Save a checkpoint every N steps (0: only at the end).")
-
 
 class LoggingSection(TraceConfig):
     """Where the run writes."""
 
     dir: str = Field("runs", description="Parent folder of run directories.")
-    name: str | None = Field(None, description="Run directory name (None: <preset-or-plan>-<timestamp>).")
+    name: str | None = Field(None, description="Run directory name inside `dir` (None: <preset-or-plan>-<timestamp>); "
+                                               "one path component: no '/', '\\' or '..'.")
     jsonl: bool = Field(True, description="Write metrics.jsonl (one JSON object per step).")
     tensorboard: bool = Field(False, description="Also write TensorBoard events (needs the tensorboard package).")
     progress: bool = Field(True, description="Show a progress bar with reward, accuracy and mismatch.")
     plot: bool = Field(True, description="Write curves.png (reward/accuracy, mismatch_k3, ess over steps).")
 
+    @field_validator("name")
+    @classmethod
+    def _one_component(cls, v: str | None) -> str | None:
+        if v is not None and (not v.strip() or "/" in v or "\\" in v or ".." in v or v.startswith("~")
+                              or "\0" in v):
+            raise ValueError(f"{v!r} is not a plain folder name: a run name is one path component inside "
+                             f"logging.dir (no '/', '\\', '..', '~'); to write elsewhere set logging.dir or "
+                             f"pass --out")
+        return v
+
 
 class PipelineConfig(TraceConfig):
     """A whole RL run. `trace-rl run CONFIG`, or `trace_rl.pipelines.build(cfg).run()` from Python."""
 
-    seed: int = Field(0, description="Seed of model init (presets), prompts, sampling and the trainer.")
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="Seed of model init (presets), prompts, sampling and the "
+                                                        "trainer (0 .. 2**32 - 1).")
     model: ModelSection = Field(default_factory=ModelSection, description="The policy.")
     task: TaskConfig = Field(default_factory=ArithmeticConfig, description="The verifiable task (kind: ...).")
     precision: PrecisionPlan = Field(default_factory=PrecisionPlan,
