@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from trace_rl.engine.base import SamplingParams
 from trace_rl.models.loading import save_pretrained
 from trace_rl.models.presets import tiny_model
 from trace_rl.tasks import ArithmeticTask
@@ -118,7 +119,9 @@ def main() -> None:
                 save_pretrained(copy.deepcopy(model).to(torch.bfloat16).cpu().eval(), tok, snap)
     model.eval()
     # Shipped in bfloat16 (half the bytes); the trainer upcasts to its own dtype when it loads.
-    save_pretrained(model.to(torch.bfloat16).cpu(), tok, args.out)
+    # generation_config.json: greedy, stopping at <eos> or the newline the task ends answers with
+    answer = SamplingParams(temperature=0.0, max_new_tokens=6, stop_token_ids=(tok.eos_token_id, tok.encode("\n")[0]))
+    save_pretrained(model.to(torch.bfloat16).cpu(), tok, args.out, sampling=answer)
     (args.out.parent / f"{args.out.name}-log.json").write_text(json.dumps(log, indent=1))
     print(f"saved {args.out}")
 

@@ -117,7 +117,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--show", action="store_true", help="print the resolved config")
     p.set_defaults(func=_cmd_validate)
 
-    p = sub.add_parser("presets", help="list the pipeline presets")
+    from trace_rl.pipelines.export import add_export_args, cmd_export
+
+    p = sub.add_parser("export", help="a run's checkpoint as an HF model folder (transformers, TRL, vLLM load it)",
+                       description="Copy the checkpoint of a step (default: the newest) of RUN_DIR into OUT as a "
+                                   "Hugging Face model folder: config.json, generation_config.json, "
+                                   "model.safetensors, tokenizer files; no optimizer state.")
+    add_export_args(p)
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("presets", help="list the presets (one namespace for run, drift, compare)")
     p.set_defaults(func=_cmd_presets)
 
     p = sub.add_parser("formats", help="quantize a model-sized tensor in every format and print the error table")

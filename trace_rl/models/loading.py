@@ -1,8 +1,9 @@
 """Local HF-format folders: `load(path, plan=...)` and `save_pretrained(model, tokenizer, folder)`.
 
-A folder holds `config.json`, `model.safetensors` (or shards listed in `model.safetensors.index.json`)
-and tokenizer files. Nothing is fetched from a hub. Tied checkpoints may omit `lm_head.weight` (as HF
-writes them). Missing or unexpected tensors are an error that names them.
+A folder holds `config.json`, `generation_config.json`, `model.safetensors` (or shards listed in
+`model.safetensors.index.json`) and tokenizer files (see `trace_rl.models.hf`). Nothing is fetched from a
+hub. Tied checkpoints may omit `lm_head.weight` (as HF writes them). Missing or unexpected tensors are an
+error that names them.
 """
 
 from __future__ import annotations
@@ -76,27 +77,40 @@ def load(path: str | Path, plan=None, device: torch.device | str = "cpu",
     return model
 
 
-def save_pretrained(model: Decoder, tokenizer, folder: str | Path) -> Path:
-    """Write config.json (HF format), model.safetensors and the tokenizer: loadable here and by transformers."""
+def hf_state_dict(model: Decoder, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """The weights as an HF checkpoint stores them: CPU, contiguous, a tied `lm_head.weight` left out."""
+    sd = {k: v.detach().to("cpu", dtype or v.dtype).contiguous() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        sd.pop("lm_head.weight", None)        # HF omits the tied head; loaders re-tie it
+    return sd
+
+
+def save_pretrained(model: Decoder, tokenizer, folder: str | Path, *, sampling=None,
+                    dtype: torch.dtype | None = None) -> Path:
+    """Write an HF model folder: config.json, generation_config.json (with `sampling`'s temperature, top-k/p
+    and stop tokens when given), model.safetensors (cast to `dtype` when given) and the tokenizer files.
+    transformers' `AutoModelForCausalLM` / `AutoTokenizer` and our `load` / `load_tokenizer` read it."""
     from safetensors.torch import save_file
+
+    from trace_rl.models.hf import GENERATION_CONFIG_FILE, generation_config
+    from trace_rl.models.tokenizer import CharTokenizer
 
     if model.is_rollout:
         raise ValueError("save_pretrained saves trainer-stage models; a rollout model holds packed weights")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    dtype = next(model.parameters()).dtype
+    sd = hf_state_dict(model, dtype)
     config = model.config
     if tokenizer is not None and hasattr(tokenizer, "pad_token_id") and config.pad_token_id is None:
         config = config.replace(pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
                                 eos_token_id=tokenizer.eos_token_id)
-    (folder / "config.json").write_text(json.dumps(config.to_hf_dict(_DTYPE_NAMES[dtype]), indent=2))
-    sd = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    if config.tie_word_embeddings:
-        sd.pop("lm_head.weight", None)        # HF omits the tied head; loaders re-tie it
+    dtype_name = _DTYPE_NAMES[next(iter(sd.values())).dtype]
+    (folder / "config.json").write_text(json.dumps(config.to_hf_dict(dtype_name), indent=2))
+    gen = generation_config(tokenizer, sampling, config)
+    (folder / GENERATION_CONFIG_FILE).write_text(json.dumps(gen, indent=2))
     save_file(sd, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
-    if tokenizer is not None:
-        if hasattr(tokenizer, "save"):
-            tokenizer.save(folder)
-        else:
-            tokenizer.save_pretrained(str(folder))
+    if isinstance(tokenizer, CharTokenizer):
+        tokenizer.save(folder, model_max_length=config.max_position_embeddings)
+    elif tokenizer is not None:
+        tokenizer.save_pretrained(str(folder))
     return folder

@@ -172,7 +172,8 @@ class Pipeline:
                 "next_group_id": self.collector.next_group_id}
 
     def save(self) -> Path:
-        return save_checkpoint(self.run_dir, self.model, self.optimizer, self.state())
+        return save_checkpoint(self.run_dir, self.model, self.optimizer, self.state(), tokenizer=self.tokenizer,
+                               sampling=self.sampling)
 
     def resume(self) -> None:
         state = load_checkpoint(self.run_dir, self.model, self.optimizer)
