@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from trace_rl.backends.fake_quant import WeightCache, _LastInput, fake_quantize_activation, fake_quantize_weight
+from trace_rl.backends.fake_quant import straight_through as straight_through
 from trace_rl.formats import QTensor, get_format, per_token
 
 log = logging.getLogger("trace_rl.backends")
@@ -75,22 +77,6 @@ class PackedWeight:
         return self.cache["dequantized"]
 
 
-class _StraightThrough(torch.autograd.Function):
-    """Forward: the given quantized value, exactly. Backward: the incoming gradient unchanged."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, quantized: torch.Tensor) -> torch.Tensor:  # noqa: ARG004
-        return quantized
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        return grad, None
-
-
-def straight_through(x: torch.Tensor, quantized: torch.Tensor) -> torch.Tensor:
-    return _StraightThrough.apply(x, quantized.to(x.dtype))
-
-
 class Backend(ABC):
     """Base of the bf16, fp8 and fp4 backends. Use `get_backend(name)`; instances keep a `PathReport`."""
 
@@ -99,6 +85,8 @@ class Backend(ABC):
 
     def __init__(self):
         self.paths = PathReport(self.name)
+        self.weight_cache = WeightCache()     # trainer: fake-quantized weights, once per parameter version
+        self._last_input = _LastInput()       # trainer: layers sharing an input quantize it once
 
     @abstractmethod
     def available(self, device: torch.device | str | None = None) -> Availability:
@@ -121,22 +109,19 @@ class Backend(ABC):
         """y = quant_act(x) @ W^T (+ bias) in x's dtype; activations quantized per token unless bf16."""
 
     def fake_quantize(self, x: torch.Tensor, fmt: str, guidance=None) -> torch.Tensor:
-        """Trainer-side quantize-dequantize of activations (per token) with a straight-through gradient."""
+        """Trainer-side quantize-dequantize of activations (per token) with a straight-through gradient;
+        with `guidance` (a `correction.guided.GuidanceRecord`), TRACE's rollout-guided rounding. Fused
+        Triton kernel on GPU, torch reference elsewhere (backends/fake_quant.py; path in `paths`)."""
         if fmt == "bf16":
             return x
-        if guidance is not None:  # TRACE: reproduce the rollout's scales and rounding choices
-            from trace_rl.correction.guided import guided_quantize
-
-            self.paths.record(f"{self.name}.fake_quantize.guided.reference")
-            return straight_through(x, guided_quantize(x.detach(), guidance, per_token(fmt)))
-        self.paths.record(f"{self.name}.fake_quantize.reference")
-        return straight_through(x, get_format(per_token(fmt)).fake_quantize(x.detach()))
+        return fake_quantize_activation(self, x, fmt, guidance)
 
     def fake_quantize_weight(self, w: torch.Tensor, fmt: str) -> torch.Tensor:
-        """Trainer-side quantize-dequantize of a weight (per output row), straight-through gradient."""
+        """Trainer-side quantize-dequantize of a weight (per output row), straight-through gradient; cached
+        until the parameter changes (once per optimizer step, `weight_cache`)."""
         if fmt == "bf16":
             return w
-        return straight_through(w, get_format(fmt).fake_quantize(w.detach()))
+        return fake_quantize_weight(self, w, fmt)
 
     # -- KV cache: K/V of shape [..., heads, head_dim], quantized per token and head along head_dim --
     def kv_write(self, kv: torch.Tensor, fmt: str) -> QTensor:

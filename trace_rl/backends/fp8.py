@@ -205,6 +205,10 @@ class FP8Backend(Backend):
     def check_format(self, fmt: str) -> None:
         super().check_format(fmt.removesuffix("128x128"))
 
+    def fake_quantize_weight(self, w: torch.Tensor, fmt: str) -> torch.Tensor:
+        """As the rollout's `prepare_weight`: `fp8_*:block` weights scale 128x128 blocks (activations 1x128)."""
+        return super().fake_quantize_weight(w, fmt if fmt == "bf16" else weight_format(fmt))
+
     def linear(self, x, packed, act_fmt="bf16", bias=None):
         if act_fmt != "bf16" and not act_fmt.startswith("fp8"):
             raise ValueError(f"fp8 backend: activations must be bf16 or fp8, got {act_fmt!r}")

@@ -20,8 +20,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from trace_rl.backends import straight_through
-from trace_rl.formats import get_format, per_token
+from trace_rl.backends import backend_for_format
 from trace_rl.kv.cache import causal_attention
 from trace_rl.models.config import ModelConfig
 from trace_rl.models.linear import Linear
@@ -70,17 +69,10 @@ class Attention(nn.Module):
                 self.kv_hook(self, k, v)
             out = kv.attend(self.layer_idx, q, k, v)
         else:
-            if self.kv_fake_fmt is not None:
-                name = per_token(self.kv_fake_fmt)
-                guidance = self.kv_hook(self, k, v) if self.kv_hook is not None else None
-                if guidance is not None:   # TRACE: the rollout's scales and rounding choices
-                    from trace_rl.correction.guided import guided_quantize
-
-                    k = straight_through(k, guided_quantize(k.detach(), guidance[0], name))
-                    v = straight_through(v, guided_quantize(v.detach(), guidance[1], name))
-                else:
-                    fmt = get_format(name)
-                    k = straight_through(k, fmt.fake_quantize(k.detach()))
-                    v = straight_through(v, fmt.fake_quantize(v.detach()))
+            if self.kv_fake_fmt is not None:   # per token and head; TRACE: the rollout's records if given
+                guidance = (self.kv_hook(self, k, v) if self.kv_hook is not None else None) or (None, None)
+                backend = backend_for_format(self.kv_fake_fmt)
+                k = backend.fake_quantize(k, self.kv_fake_fmt, guidance[0])
+                v = backend.fake_quantize(v, self.kv_fake_fmt, guidance[1])
             out = causal_attention(q, k, v, self.scale)
         return self.o_proj(out.reshape(b, t, hq * d))
