@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 
 from trace_rl.backends import get_backend
+from trace_rl.bench import measure as bm
 from trace_rl.correction.guided import GuidanceRecord, record_guidance
-from trace_rl.engine import bench_measure as bm
 from trace_rl.formats import get_format, per_token
 from trace_rl.models.decoder import build
 from trace_rl.models.presets import preset
