@@ -14,30 +14,81 @@ from pathlib import Path
 from trace_rl.cli_common import UsageError, load_pipeline_config, resolve_pipeline_config
 
 
+def _resume_config(args):
+    """(config, run directory) of `run --resume RUN_DIR`: RUN_DIR/config.yaml plus --set overrides of the
+    fields a resumed run may change; every other argument and override is refused (nothing is ignored)."""
+    from trace_rl.pipelines.checkpoint import RESUMABLE_FIELDS, CheckpointError, config_differences, find_checkpoint
+    from trace_rl.pipelines.run_dir import check_run_dir
+
+    given = [flag for flag, value in (("CONFIG", args.config), ("--preset", args.preset), ("--out", args.out),
+                                      ("--no-default", args.no_default), ("--overwrite", args.overwrite)) if value]
+    if given:
+        raise UsageError(f"--resume {args.resume}: {', '.join(given)} cannot apply (a resumed run continues with "
+                         f"its own config.yaml, in its own directory); drop {'it' if len(given) == 1 else 'them'}")
+    run_dir = Path(args.resume)
+    check_run_dir(run_dir, "resume")
+    saved = run_dir / "config.yaml"
+    if not saved.is_file():
+        raise UsageError(f"--resume {run_dir}: no config.yaml there (not a trace-rl run directory)")
+    base = load_pipeline_config(str(saved), None, [], no_default=True)          # already complete
+    cfg = load_pipeline_config(str(saved), None, args.set, no_default=True)
+    changed = config_differences(base.to_dict(), cfg.to_dict())
+    refused = [k for k in changed if not any(k == f or k.startswith(f + ".") for f in RESUMABLE_FIELDS)]
+    if refused:
+        raise UsageError(f"--resume {run_dir}: --set {', '.join(refused)} would make it another run; a resumed run "
+                         f"may change only {', '.join(RESUMABLE_FIELDS)} (start a new run for anything else)")
+    try:
+        step = int(find_checkpoint(run_dir).state["step"])
+    except CheckpointError as err:
+        raise UsageError(str(err)) from None
+    if step >= cfg.loop.steps:
+        raise UsageError(f"--resume {run_dir}: the run already finished (checkpoint at step {step}, loop.steps = "
+                         f"{cfg.loop.steps}); to train further pass --set loop.steps=N with N > {step}")
+    return cfg, run_dir
+
+
 def _cmd_run(args) -> int:
+    import shlex
+
     from trace_rl.pipelines import build
+    from trace_rl.pipelines.pipeline import RunInterrupted
+    from trace_rl.pipelines.run_dir import check_run_dir
     from trace_rl.pipelines.run_log import summary_table
 
+    mode = "resume" if args.resume else ("overwrite" if args.overwrite else "new")
     if args.resume:
-        run_dir = Path(args.resume)
-        saved = run_dir / "config.yaml"
-        if not saved.is_file():
-            raise UsageError(f"--resume {run_dir}: no config.yaml there (not a trace-rl run directory)")
-        cfg = load_pipeline_config(str(saved), None, args.set, no_default=True)   # already complete
+        cfg, run_dir = _resume_config(args)
     else:
         cfg = load_pipeline_config(args.config, args.preset, args.set, no_default=args.no_default)
         run_dir = Path(args.out) if args.out else None
+        if run_dir is not None:
+            check_run_dir(run_dir, mode)        # cheap, before the model is built
     pipeline = build(cfg, run_dir)          # validates everything (device, model path) before writing
     if not getattr(pipeline, "is_driver", True):   # trainer rank > 0 under torchrun: rank 0 writes and prints
         pipeline.run(resume=bool(args.resume))
         return 0
-    pipeline.run_dir.mkdir(parents=True, exist_ok=True)
-    cfg.dump(pipeline.run_dir / "config.yaml")
+    check_run_dir(pipeline.run_dir, mode)
+    resume_cmd = f"trace-rl run --resume {shlex.quote(str(pipeline.run_dir))}"
     print(f"run directory: {pipeline.run_dir}")
     print(f"plan: {cfg.precision.label}  trainer: {cfg.precision.trainer}  corrections: "
-          f"{', '.join(c.kind for c in cfg.corrections) or 'none'}  engine: {cfg.rollout.engine}")
-    summary = pipeline.run(resume=bool(args.resume))
-    (pipeline.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+          f"{', '.join(c.kind for c in cfg.corrections) or 'none'}  engine: {cfg.rollout.engine}", flush=True)
+    try:
+        summary = pipeline.run(resume=bool(args.resume), overwrite=bool(args.overwrite))
+    except RunInterrupted as stop:
+        print(f"trace-rl: {stop}", file=sys.stderr)
+        if stop.saved is not None:
+            print(f"resume with: {resume_cmd}")
+        return 128 + stop.signum
+    except KeyboardInterrupt:
+        last = (pipeline.run_dir / "checkpoint" / "state.json").is_file()
+        print("trace-rl: interrupted at once, without saving" + (f"; the last checkpoint stays: resume with: "
+                                                                f"{resume_cmd}" if last else ""), file=sys.stderr)
+        return 130
+    except FloatingPointError as err:
+        last = (pipeline.run_dir / "checkpoint" / "state.json").is_file()
+        print(f"trace-rl: error: {err}" + (f"; the last good checkpoint stays (fix the cause, then: {resume_cmd})"
+                                           if last else ""), file=sys.stderr)
+        return 1
     print(summary_table(summary))
     print(f"plot: {summary.get('plot')}\nmetrics: {pipeline.run_dir / 'metrics.jsonl'}")
     return 0
@@ -108,7 +159,11 @@ def build_parser() -> argparse.ArgumentParser:
                                    "metrics.jsonl, summary.json, curves.png and a checkpoint.")
     _add_config_args(p)
     p.add_argument("--out", help="run directory (default: <logging.dir>/<plan>-<time>)")
-    p.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its checkpoint")
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue a run from its newest complete checkpoint (its own config.yaml; --set may change "
+                        "loop.steps, trainer.lr and a few other fields: docs/pipelines.md)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run directory if it holds an earlier trace-rl run (default: refuse)")
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("validate", help="check a config (exit 2 naming the bad field)")

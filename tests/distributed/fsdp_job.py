@@ -5,8 +5,9 @@
 1. One GRPO step of `tiny-llama` sharded with FSDP2, data-parallel over the ranks with
    `rank_micro_batches`, for three trainer variants (float32 with the plain trainer, float32 with the
    aligned nvfp4 trainer, bf16 mixed precision); rank 0 writes the loss and the full gradients.
-2. A 2-step pipeline run with distributed.trainer_gpus=2 (metrics.jsonl in OUT_DIR/run), its sharded
-   checkpoint reloaded into a fresh pipeline (weights compared) that continues to step 3.
+2. A 2-step pipeline run with distributed.trainer_gpus=2 (metrics.jsonl in OUT_DIR/run), its checkpoint
+   (gathered from the shards; safetensors + JSON) reloaded into a fresh sharded pipeline (weights compared)
+   that continues to step 3.
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ def pipeline_runs(out: Path, rank: int, world: int) -> None:
     second.resume()
     loaded = fsdp.full_state_dict(second.model)
     resumed_at = second.step
-    second.run()
+    second.run(resume=True)          # resumes again (the same checkpoint), with the run directory's checks
     if rank == 0:
         same = all(torch.equal(saved[k], loaded[k]) for k in saved)
         (out / "resume.json").write_text(json.dumps({"weights_equal": same, "resumed_at": resumed_at,

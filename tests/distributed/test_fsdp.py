@@ -18,6 +18,7 @@ import torch
 from tests.distributed import fsdp_job
 from tests.distributed.configs import small_pipeline
 from trace_rl.config import ConfigError
+from trace_rl.data import schema as K
 from trace_rl.distributed.fsdp import rank_micro_batches, rank_row_counts
 from trace_rl.pipelines import build
 
@@ -52,7 +53,7 @@ def test_fsdp_step_matches_one_process(two_ranks, variant):
     mode, _ = fsdp_job.VARIANTS[variant]
     model = fsdp_job.step_model(mode, seed)
     loss = fsdp_job.grpo_step(model, fsdp_job.step_batch(seed), rank=0, world=1)
-    sharded = torch.load(out / f"step_{variant}.pt")
+    sharded = torch.load(out / f"step_{variant}.pt", weights_only=True)
     torch.testing.assert_close(sharded["loss"], loss, rtol=1e-5, atol=1e-7)
     grads = dict(model.named_parameters())
     assert sharded["grads"].keys() == grads.keys()
@@ -68,8 +69,12 @@ def test_fsdp_bf16_mixed_precision_is_close_to_float32(two_ranks):
     out, seed = two_ranks
     model = fsdp_job.step_model("bf16", seed)
     loss = fsdp_job.grpo_step(model, fsdp_job.step_batch(seed), rank=0, world=1)
-    mixed = torch.load(out / "step_mp_bf16.pt")
-    assert abs(mixed["loss"].item() - loss.item()) < 1e-2 * max(abs(loss.item()), 1e-3)
+    mixed = torch.load(out / "step_mp_bf16.pt", weights_only=True)
+    # the loss sums advantage-weighted terms that cancel (random advantages of both signs): 1% of the terms'
+    # scale (mean |advantage|), not of the sum, which can be ~0 for some seeds (seen: 7e-3, bf16 off by 3e-4)
+    batch = fsdp_job.step_batch(seed)
+    scale = batch[K.ADVANTAGE].abs().mean().item()
+    assert abs(mixed["loss"].item() - loss.item()) < 1e-2 * max(abs(loss.item()), scale)
     for name, p in model.named_parameters():
         g = mixed["grads"][name]
         assert g.dtype == torch.float32 and torch.isfinite(g).all(), name
@@ -93,7 +98,11 @@ def test_sharded_checkpoint_resumes(two_ranks):
     out, _ = two_ranks
     resumed = json.loads((out / "resume.json").read_text())
     assert resumed == {"weights_equal": True, "resumed_at": 2, "engine_version": 3}
-    assert (out / "run" / "checkpoint_sharded" / "state.json").is_file()
+    # one checkpoint format for one process and for FSDP ranks: safetensors + JSON, nothing to unpickle
+    names = {p.name for p in (out / "run" / "checkpoint").iterdir()}
+    assert {"model.safetensors", "optimizer.safetensors", "rng.safetensors", "state.json", "config.json"} <= names
+    assert all(n.endswith((".safetensors", ".json")) for n in names), names
+    assert not (out / "run" / "checkpoint_sharded").exists()
 
 
 @pytest.mark.parametrize("rows,micro,world", [(10, 3, 2), (16, 4, 2), (7, 64, 2), (5, 2, 4), (33, 8, 3)])

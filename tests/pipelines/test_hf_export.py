@@ -21,9 +21,7 @@ def trained(tmp_path_factory):
     """A 2-step run of the default policy (FP4 rollout, token TIS) with a checkpoint after each step."""
     run_dir = tmp_path_factory.mktemp("hf") / "run"
     pipeline = build(small(2, **{"loop.checkpoint_every": 1}), run_dir=run_dir)
-    pipeline.run_dir.mkdir(parents=True)
-    pipeline.config.dump(run_dir / "config.yaml")
-    pipeline.run()
+    pipeline.run()                                  # writes config.yaml too
     return run_dir, pipeline
 
 

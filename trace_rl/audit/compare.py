@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -52,14 +51,10 @@ def run_one(cfg, run_dir: Path, rerun: bool = False, log=print) -> dict:
     if done.is_file() and not rerun:
         log(f"{run_dir}: finished earlier, reused")
         return json.loads(done.read_text())
-    if run_dir.exists():
-        shutil.rmtree(run_dir)           # an interrupted run: its metrics.jsonl would be appended to
     pipeline = build(cfg, run_dir)
-    run_dir.mkdir(parents=True)
-    cfg.dump(run_dir / "config.yaml")
     t0 = time.perf_counter()
     try:
-        summary = pipeline.run()
+        summary = pipeline.run(overwrite=True)   # an unfinished earlier run there starts again from scratch
     except FloatingPointError as err:    # the pipeline stops before non-finite gradients corrupt the weights
         summary = {"diverged": str(err), "steps": pipeline.step, "wall_seconds": time.perf_counter() - t0}
     done.write_text(json.dumps(summary, indent=2, default=float))

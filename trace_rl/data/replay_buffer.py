@@ -161,7 +161,7 @@ class GroupSampler(Sampler):
         torch.save(self.state_dict(), path / "group_sampler.pt")
 
     def loads(self, path) -> None:
-        self.load_state_dict(torch.load(Path(path) / "group_sampler.pt"))
+        self.load_state_dict(torch.load(Path(path) / "group_sampler.pt", weights_only=True))
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(group_key={self.group_key!r}, max_staleness={self.max_staleness}, "

@@ -14,13 +14,15 @@ recomputes log-probs with its current weights, so ρ = π_trainer / π_rollout c
 mismatch and the policy lag, and the configured corrections (TIS, masks) handle both. Records carry
 "rollout_lag" (trainer version minus the batch's oldest) and "sample_lag" (the same for the sample).
 
-Only rank 0 logs, evaluates and writes metrics; every rank takes part in checkpoints (torch.distributed
-.checkpoint, sharded, under `checkpoint_sharded/`) when there are several trainer ranks.
+Only rank 0 logs, evaluates and writes metrics. Checkpoints have one format for one process and for FSDP
+ranks (`trace_rl.pipelines.checkpoint`: safetensors + JSON, nothing unpickled): every rank takes part in
+gathering the full model and optimizer state, rank 0 writes `checkpoint/`, and on resume every rank reads
+it and keeps its shards. SIGINT/SIGTERM are not intercepted here (ranks must stop together: use
+checkpoint_every).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -31,10 +33,11 @@ import torch
 from trace_rl.data import schema as K
 from trace_rl.distributed import fsdp
 from trace_rl.engine.base import RolloutEngine
+from trace_rl.pipelines.checkpoint import CHECKPOINT_DIR, check_same_run, find_checkpoint, promote, read_checkpoint
+from trace_rl.pipelines.checkpoint import save_checkpoint as write_checkpoint
 from trace_rl.pipelines.pipeline import Pipeline
 
 log = logging.getLogger("trace_rl.distributed")
-SHARDED_CHECKPOINT_DIR = "checkpoint_sharded"
 
 
 class FollowerEngine(RolloutEngine):
@@ -139,16 +142,18 @@ class DistributedPipeline(Pipeline):
         return record
 
     # -- the loop: rank 0 logs and evaluates; the other ranks follow its collective schedule --
-    def run(self, resume: bool = False) -> dict:
+    def run(self, resume: bool = False, overwrite: bool = False) -> dict:
         if self.is_driver:
-            return super().run(resume)
+            return super().run(resume, overwrite)
+        self._saved_step = None
         if resume:
             self.resume()
         while self.step < self.steps:
             self.train_step()
             if self.checkpoint_every and self.step % self.checkpoint_every == 0:
                 self.save()
-        self.save()
+        if self._saved_step != self.step:
+            self.save()
         return {}
 
     def state(self) -> dict:
@@ -158,37 +163,41 @@ class DistributedPipeline(Pipeline):
         if self.world == 1:
             return super().save()
         import torch.distributed as dist
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-        folder = Path(self.run_dir) / SHARDED_CHECKPOINT_DIR
-        folder.mkdir(parents=True, exist_ok=True)
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(folder))
+        # collective: full tensors gathered to rank 0 (CPU), keyed by parameter name like one process's
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer,
+                                            options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if self.is_driver:
-            (folder / "state.json").write_text(json.dumps(self.state(), indent=2))
-            torch.save(torch.get_rng_state(), folder / "rng.pt")
+            write_checkpoint(self.run_dir, model_sd, (optim_sd["state"], optim_sd["param_groups"]), self.state(),
+                             self.config_dict(), **self.hf_parts())
         dist.barrier()
-        return folder
+        self._saved_step = self.step
+        return Path(self.run_dir) / CHECKPOINT_DIR
 
-    def resume(self) -> None:
+    def resume(self) -> dict:
         if self.world == 1:
             return super().resume()
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
-        folder = Path(self.run_dir) / SHARDED_CHECKPOINT_DIR
-        if not (folder / "state.json").is_file():
-            raise FileNotFoundError(f"no sharded checkpoint in {folder} (expected state.json there); start "
-                                    f"without --resume")
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(folder))
-        set_state_dict(self.model, self.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
-        state = json.loads((folder / "state.json").read_text())
-        self.step = state["step"]
-        self.collector.batches_collected = state["batches_collected"]
-        self.collector.next_group_id = state["next_group_id"]
-        if self.is_driver:
-            torch.set_rng_state(torch.load(folder / "rng.pt"))
+        outcome = None
+        if self.is_driver:          # choose, check and promote once; every rank then reads checkpoint/
+            try:
+                found = find_checkpoint(self.run_dir)
+                changed = check_same_run(found.state, self.config_dict(), found.folder)
+                promote(self.run_dir, found)
+                outcome = {"checkpoint": found.note, "changed": {k: list(v) for k, v in changed.items()}}
+            except Exception as err:  # noqa: BLE001  (re-raised on every rank below)
+                outcome = {"error": err}
+        outcome = fsdp.broadcast_object(outcome)
+        if "error" in outcome:
+            raise outcome["error"]
+        weights, optim, rng, state = read_checkpoint(Path(self.run_dir) / CHECKPOINT_DIR)
+        if "lm_head.weight" not in weights and getattr(self.model.config, "tie_word_embeddings", False):
+            weights["lm_head.weight"] = weights["model.embed_tokens.weight"]     # HF files leave the tied head out
+        set_state_dict(self.model, self.optimizer, model_state_dict=weights, optim_state_dict=optim,
+                       options=StateDictOptions(full_state_dict=True))
+        self._restore(state, rng, {k: tuple(v) for k, v in outcome["changed"].items()})
         full = fsdp.full_state_dict(self.model)
         self.engine.load_weights(full if self.is_driver else {}, state["policy_version"])
+        return outcome

@@ -77,16 +77,19 @@ def load(path: str | Path, plan=None, device: torch.device | str = "cpu",
     return model
 
 
-def hf_state_dict(model: Decoder, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-    """The weights as an HF checkpoint stores them: CPU, contiguous, a tied `lm_head.weight` left out."""
-    sd = {k: v.detach().to("cpu", dtype or v.dtype).contiguous() for k, v in model.state_dict().items()}
+def hf_state_dict(model: Decoder, dtype: torch.dtype | None = None,
+                  state_dict: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The weights as an HF checkpoint stores them: CPU, contiguous, a tied `lm_head.weight` left out.
+    `state_dict`: the model's full state dict when `model` cannot give it (FSDP-sharded: gathered first)."""
+    full = model.state_dict() if state_dict is None else state_dict
+    sd = {k: v.detach().to("cpu", dtype or v.dtype).contiguous() for k, v in full.items()}
     if model.config.tie_word_embeddings:
         sd.pop("lm_head.weight", None)        # HF omits the tied head; loaders re-tie it
     return sd
 
 
 def save_pretrained(model: Decoder, tokenizer, folder: str | Path, *, sampling=None,
-                    dtype: torch.dtype | None = None) -> Path:
+                    dtype: torch.dtype | None = None, state_dict: dict[str, torch.Tensor] | None = None) -> Path:
     """Write an HF model folder: config.json, generation_config.json (with `sampling`'s temperature, top-k/p
     and stop tokens when given), model.safetensors (cast to `dtype` when given) and the tokenizer files.
     transformers' `AutoModelForCausalLM` / `AutoTokenizer` and our `load` / `load_tokenizer` read it."""
@@ -99,7 +102,7 @@ def save_pretrained(model: Decoder, tokenizer, folder: str | Path, *, sampling=N
         raise ValueError("save_pretrained saves trainer-stage models; a rollout model holds packed weights")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    sd = hf_state_dict(model, dtype)
+    sd = hf_state_dict(model, dtype, state_dict)
     config = model.config
     if tokenizer is not None and hasattr(tokenizer, "pad_token_id") and config.pad_token_id is None:
         config = config.replace(pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,

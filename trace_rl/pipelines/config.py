@@ -93,7 +93,8 @@ class LoopSection(TraceConfig):
     eval_every: int = Field(10, ge=0, description="Evaluate on held-out prompts every N steps (0: only at the "
                                                   "start and the end).")
     eval_prompts: int = Field(128, ge=1, description="Held-out prompts per evaluation (greedy decoding).")
-    checkpoint_every: int = Field(0, ge=0, description="Save a checkpoint every N steps (0: only at the end).")
+    checkpoint_every: int = Field(10, ge=0, description="Save a checkpoint every N steps, and always after the last "
+                                                        "step and on SIGINT/SIGTERM (0: only then).")
 
     @field_validator("group_size")
     @classmethod

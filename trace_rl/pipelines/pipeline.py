@@ -8,7 +8,10 @@ Python and pass them to `Pipeline(...)` directly (docs/pipelines.md shows both).
 from __future__ import annotations
 
 import contextlib
+import json
 import math
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,8 +27,55 @@ from trace_rl.data import schema as K
 from trace_rl.data.replay_buffer import set_policy_version
 from trace_rl.engine.base import RolloutEngine, SamplingParams
 from trace_rl.objectives import TrainerLogProbs
-from trace_rl.pipelines.checkpoint import load_checkpoint, save_checkpoint
-from trace_rl.pipelines.run_log import RunLog, plot_curves, read_history, summary_table
+from trace_rl.pipelines.checkpoint import (
+    check_same_run,
+    find_checkpoint,
+    load_named_optimizer_state,
+    named_optimizer_state,
+    promote,
+    read_checkpoint,
+    save_checkpoint,
+)
+from trace_rl.pipelines.run_dir import RunDirectory, write_text_atomic
+from trace_rl.pipelines.run_log import RunLog, plot_curves, read_history, summary_table, truncate_metrics
+
+
+class RunInterrupted(Exception):  # noqa: N818  (not an error: the run stopped on request, with a checkpoint)
+    """SIGINT/SIGTERM stopped the run after a step; `saved` is the checkpoint written then (None if no step
+    had finished). The CLI prints how to resume and exits 128 + signal number."""
+
+    def __init__(self, signum: int, step: int, run_dir: Path, saved: Path | None):
+        self.signum, self.step, self.run_dir, self.saved = signum, step, run_dir, saved
+        name = signal.Signals(signum).name
+        where = f"checkpoint saved at step {step} in {saved}" if saved else "no step had finished: nothing saved"
+        super().__init__(f"{name}: stopped after step {step}; {where}")
+
+
+class _StopRequests:
+    """SIGINT/SIGTERM set a flag the loop reads after each step (a second SIGINT stops at once, unsaved).
+    Installed only from the main thread of a single-process run."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def install(self) -> _StopRequests:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt       # the second Ctrl-C: stop now; the last checkpoint stays
+        self.signum = signum
+        print(f"\ntrace-rl: {signal.Signals(signum).name}: stopping after this step and saving a checkpoint "
+              f"(Ctrl-C again stops at once without saving)", flush=True)
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
 
 
 @dataclass
@@ -52,7 +102,7 @@ class Pipeline:
     grad_clip: float | None = 1.0
     eval_every: int = 10
     eval_prompts: int = 128
-    checkpoint_every: int = 0
+    checkpoint_every: int = 10
     logging: dict = field(default_factory=dict)
     config: object | None = None
     title: str = ""
@@ -139,7 +189,26 @@ class Pipeline:
                 raise FloatingPointError(f"step {self.step}: gradient norm is {grad_norm.item()}; stopping "
                                          f"before the weights are corrupted (lower trainer.lr or add a correction)")
             self.optimizer.step()
+            self.check_finite_update(params, grad_norm)
         return losses, outs, grad_norm
+
+    @torch.no_grad()
+    def check_finite_update(self, params: list[torch.Tensor], grad_norm: torch.Tensor) -> None:
+        """After an optimizer step: one fused norm per parameter (cheap next to the step). Non-finite weights
+        after a finite gradient mean the update itself blew up (learning rate, optimizer state): stop now,
+        naming it, before the weights reach the engine or a checkpoint."""
+        local = [p.to_local() if hasattr(p, "to_local") else p for p in params]
+        norms = torch.stack(torch._foreach_norm(local)) if local else torch.zeros(0)
+        if bool(torch.isfinite(norms).all()):
+            return
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        bad = [names.get(id(p), "?") for p, ok in zip(params, torch.isfinite(norms).tolist()) if not ok]
+        groups = self.optimizer.param_groups[0]
+        hyper = ", ".join(f"{k}={groups[k]}" for k in ("lr", "betas", "weight_decay", "momentum") if k in groups)
+        raise FloatingPointError(
+            f"step {self.step + 1}: the optimizer step made {len(bad)} parameter tensors non-finite (first: {bad[0]}) "
+            f"although the gradient norm was finite ({grad_norm.item():.4g}): the update itself overflowed; check "
+            f"the optimizer settings ({hyper}). The run stopped before these weights were used or saved")
 
     def sync_weights(self) -> None:
         self.engine.load_weights(self.model.state_dict(), self.step)
@@ -165,51 +234,122 @@ class Pipeline:
             return contextlib.nullcontext()
         return guided_trainer(self.model, td, sites)
 
-    # -- checkpoints --
+    # -- checkpoints (trace_rl.pipelines.checkpoint) --
     def state(self) -> dict:
         return {"step": self.step, "policy_version": self.engine.policy_version,
                 "batches_collected": self.collector.batches_collected,
                 "next_group_id": self.collector.next_group_id}
 
-    def save(self) -> Path:
-        return save_checkpoint(self.run_dir, self.model, self.optimizer, self.state(), tokenizer=self.tokenizer,
-                               sampling=self.sampling)
+    def config_dict(self) -> dict | None:
+        return self.config.to_dict() if self.config is not None else None
 
-    def resume(self) -> None:
-        state = load_checkpoint(self.run_dir, self.model, self.optimizer)
+    def hf_parts(self) -> dict:
+        """What makes a checkpoint an HF model folder too (our Decoder only)."""
+        from trace_rl.models.decoder import Decoder
+
+        if not isinstance(self.model, Decoder):
+            return {}
+        return {"hf_model": self.model, "tokenizer": self.tokenizer, "sampling": self.sampling}
+
+    def save(self) -> Path:
+        path = save_checkpoint(self.run_dir, self.model.state_dict(), named_optimizer_state(self.model, self.optimizer),
+                               self.state(), self.config_dict(), **self.hf_parts())
+        self._saved_step = self.step
+        return path
+
+    def resume(self) -> dict:
+        """Load the newest complete checkpoint of `run_dir` into the live objects. Refuses (CheckpointError)
+        a checkpoint written under another config; applies the resumable fields that changed (the optimizer's
+        lr). Returns {"checkpoint": which one, "changed": {field: [then, now]}}."""
+        found = find_checkpoint(self.run_dir)
+        changed = check_same_run(found.state, self.config_dict(), found.folder)
+        promote(self.run_dir, found)
+        weights, optim, rng, state = read_checkpoint(found.folder)
+        device = next(self.model.parameters()).device
+        weights = {k: v.to(device) for k, v in weights.items()}
+        if self.hf_parts():
+            from trace_rl.models.loading import load_state_dict_into
+
+            load_state_dict_into(self.model, weights)        # HF names; re-ties a tied lm_head
+        else:
+            self.model.load_state_dict(weights)
+        optim["state"] = {k: {n: v.to(device) if torch.is_tensor(v) and n != "step" else v for n, v in e.items()}
+                          for k, e in optim["state"].items()}
+        load_named_optimizer_state(self.model, self.optimizer, optim, str(found.folder / "optimizer.safetensors"))
+        self._restore(state, rng, changed)
+        self.engine.load_weights(self.model.state_dict(), state["policy_version"])
+        return {"checkpoint": found.note, "changed": {k: list(v) for k, v in changed.items()}}
+
+    def _restore(self, state: dict, rng: torch.Tensor, changed: dict) -> None:
         self.step = state["step"]
+        self._saved_step = self.step
         self.collector.batches_collected = state["batches_collected"]
         self.collector.next_group_id = state["next_group_id"]
-        self.engine.load_weights(self.model.state_dict(), state["policy_version"])
+        torch.set_rng_state(rng)
+        if "trainer.lr" in changed:          # the checkpoint restored the old lr; the config's is the one asked for
+            for group in self.optimizer.param_groups:
+                group["lr"] = changed["trainer.lr"][1]
+                if "initial_lr" in group:
+                    group["initial_lr"] = changed["trainer.lr"][1]
 
     # -- the whole run --
-    def run(self, resume: bool = False) -> dict:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+    def run(self, resume: bool = False, overwrite: bool = False) -> dict:
+        """Train to `steps`, in `run_dir`: a new directory (refused if it holds files, unless `overwrite`, which
+        empties it) or, with `resume`, the run's own directory continued from its newest complete checkpoint.
+        The directory is locked for the run's duration (a second process is refused)."""
+        mode = "resume" if resume else ("overwrite" if overwrite else "new")
+        with RunDirectory(self.run_dir, mode):
+            return self._run(resume)
+
+    def _run(self, resume: bool) -> dict:
+        self._saved_step = None
+        resumed = None
         if resume:
-            self.resume()
+            resumed = self.resume()
+            truncate_metrics(self.run_dir, self.step)
+            (self.run_dir / "summary.json").unlink(missing_ok=True)     # no longer describes the run
+            print(f"resuming from {resumed['checkpoint']}"
+                  + (f"; changed: {', '.join(f'{k} {a} -> {b}' for k, (a, b) in resumed['changed'].items())}"
+                     if resumed["changed"] else ""), flush=True)
+        if self.config is not None:
+            write_text_atomic(self.run_dir / "config.yaml", self.config.to_yaml())
         log = RunLog(self.run_dir, total_steps=self.steps, start_step=self.step,
                      **{k: v for k, v in self.logging.items() if k in ("jsonl", "tensorboard", "progress")})
+        if resumed is not None:
+            log.log({"kind": "resume", "step": self.step, **resumed})
+        stop = _StopRequests().install() if getattr(self, "world", 1) == 1 else _StopRequests()
         t0 = time.perf_counter()
         try:
             if self.step == 0:
                 log.log(self.evaluate())
             while self.step < self.steps:
+                if stop.signum is not None:
+                    raise RunInterrupted(stop.signum, self.step, self.run_dir, self._save_if_needed())
                 record = self.train_step()
                 log.log(record)
                 if self.eval_every and self.step % self.eval_every == 0 and self.step < self.steps:
                     log.log(self.evaluate())
                 if self.checkpoint_every and self.step % self.checkpoint_every == 0:
                     self.save()
-            self.save()         # before the final eval: the checkpoint holds the state a longer run continues from
+            self._save_if_needed()   # before the final eval: the checkpoint holds the state a longer run continues from
             if not log.history or log.history[-1].get("kind") != "eval" or log.history[-1]["step"] != self.step:
                 log.log(self.evaluate())
         finally:
+            stop.restore()
             log.close()
         history = read_history(self.run_dir) if self.logging.get("jsonl", True) else log.history
         summary = summarize(history, time.perf_counter() - t0)
         if self.logging.get("plot", True) is not False:
             summary["plot"] = str(plot_curves(history, self.run_dir / "curves.png", self.title))
+        write_text_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2, default=float))
         return summary
+
+    def _save_if_needed(self) -> Path | None:
+        if self.step == 0:
+            return None
+        if self._saved_step != self.step:
+            self.save()
+        return self.run_dir / "checkpoint"
 
 
 def _mean(values: list[float]) -> float:
@@ -233,4 +373,4 @@ def summarize(history: list[dict], wall_seconds: float) -> dict:
     }
 
 
-__all__ = ["Pipeline", "summarize", "summary_table"]
+__all__ = ["Pipeline", "RunInterrupted", "summarize", "summary_table"]

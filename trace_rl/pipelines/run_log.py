@@ -12,6 +12,8 @@ PROGRESS_KEYS = (("reward", "reward"), ("acc", "correct"), ("k3", "mismatch_k3")
 class RunLog:
     def __init__(self, run_dir: Path, jsonl: bool = True, tensorboard: bool = False, progress: bool = True,
                  total_steps: int = 0, start_step: int = 0):
+        """`start_step` > 0: a resumed run (metrics.jsonl was truncated to that step; TensorBoard events
+        after it are purged)."""
         self.run_dir = run_dir
         self.history: list[dict] = []
         self._jsonl = (run_dir / "metrics.jsonl").open("a") if jsonl else None
@@ -22,7 +24,7 @@ class RunLog:
             except ImportError as err:
                 raise RuntimeError("logging.tensorboard=true needs the tensorboard package: "
                                    "pip install tensorboard (or set logging.tensorboard=false)") from err
-            self._tb = SummaryWriter(str(run_dir / "tensorboard"))
+            self._tb = SummaryWriter(str(run_dir / "tensorboard"), purge_step=start_step + 1 if start_step else None)
         self._bar = None
         if progress:
             from tqdm.auto import tqdm
@@ -51,9 +53,42 @@ class RunLog:
             self._tb.close()
 
 
+def _records(text: str, path: Path) -> list[dict]:
+    """The records of a metrics.jsonl text. A last line without its newline is a record torn by a kill
+    mid-write: it is left out. Any other unparsable line is an error naming it."""
+    lines = text.split("\n")[:-1]    # the part after the last newline is "" or a torn record
+    out = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{i}: not a JSON record ({err.msg}); the metrics file was edited or "
+                             f"corrupted") from None
+    return out
+
+
 def read_history(run_dir: Path) -> list[dict]:
     path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return _records(path.read_text(), path) if path.exists() else []
+
+
+def truncate_metrics(run_dir: Path, step: int) -> int:
+    """Before a resumed run continues from a checkpoint at `step`: keep the records up to that step, drop
+    those logged after it (the resumed run logs them again) and a torn last line. Rewritten atomically.
+    Returns the number of records dropped."""
+    from trace_rl.pipelines.run_dir import write_text_atomic
+
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return 0
+    text = path.read_text()
+    records = _records(text, path)
+    keep = [r for r in records if int(r.get("step", 0)) <= step]
+    if len(keep) != len(records) or (text and not text.endswith("\n")):
+        write_text_atomic(path, "".join(json.dumps(r, default=float) + "\n" for r in keep))
+    return len(records) - len(keep)
 
 
 def plot_curves(history: list[dict], path: Path, title: str = "") -> Path:
