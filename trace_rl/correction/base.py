@@ -24,6 +24,7 @@ from typing import ClassVar
 
 import torch
 from tensordict import NestedKey, TensorDictBase
+from tensordict.nn import TensorDictModuleBase
 
 from trace_rl.config import TraceConfig
 from trace_rl.data import schema as K
@@ -110,8 +111,9 @@ def log_ratio(
     return torch.where(mask, diff, 0.0), mask
 
 
-class Corrections:
-    """A list of corrections applied together (weights multiply, masks AND); TorchRL-style keys.
+class Corrections(TensorDictModuleBase):
+    """A list of corrections applied together (weights multiply, masks AND). A `tensordict.nn`
+    `TensorDictModuleBase`: it composes in `TensorDictSequential` and its keys are configurable.
 
     Args:
         corrections: the corrections, in any order (the composition is commutative).
@@ -135,6 +137,7 @@ class Corrections:
     ):
         if max_weight <= 0:
             raise ValueError(f"max_weight must be > 0, got {max_weight}")
+        super().__init__()
         self.corrections = list(corrections)
         self.max_weight = max_weight
         self.in_keys = [rollout_key, trainer_key, mask_key]
@@ -155,7 +158,7 @@ class Corrections:
         weight = torch.where(keep, weight, 0.0)
         return CorrectionResult(weight=weight.detach(), keep=keep)
 
-    def __call__(self, td: TensorDictBase) -> TensorDictBase:
+    def forward(self, td: TensorDictBase) -> TensorDictBase:
         lr, mask = log_ratio(td, *self.in_keys)
         result = self.compute(lr, mask)
         td.set(self.out_keys[0], result.weight)

@@ -26,6 +26,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 from tensordict import NestedKey, TensorDictBase
+from tensordict.nn import TensorDictModuleBase
 
 from trace_rl.config import TraceConfig
 from trace_rl.data import schema as K
@@ -80,11 +81,11 @@ class GroupAdvantageConfig(TraceConfig):
                                                  "with equal rewards get exactly 0 either way).")
 
 
-class GroupAdvantage:
-    """TensorDict transform: reads "reward" and "group_id", writes "advantage" [B].
+class GroupAdvantage(TensorDictModuleBase):
+    """TensorDict module: reads "reward" and "group_id", writes "advantage" [B].
 
-    Usable as a collector `postproc` or on a buffer sample. Keys are configurable (TorchRL-style
-    `in_keys` / `out_keys`).
+    A `tensordict.nn.TensorDictModuleBase` (composes in `TensorDictSequential`), usable as a collector
+    `postproc` or on a buffer sample. Keys are configurable (`reward_key`, `group_key`, `advantage_key`).
     """
 
     def __init__(
@@ -97,6 +98,7 @@ class GroupAdvantage:
         group_key: NestedKey = K.GROUP_ID,
         advantage_key: NestedKey = K.ADVANTAGE,
     ):
+        super().__init__()
         self.baseline, self.scale, self.eps = baseline, scale, eps
         self.in_keys = [reward_key, group_key]
         self.out_keys = [advantage_key]
@@ -105,8 +107,11 @@ class GroupAdvantage:
     def from_config(cls, config: GroupAdvantageConfig) -> GroupAdvantage:
         return cls(config.baseline, config.scale, config.eps)
 
-    def __call__(self, td: TensorDictBase) -> TensorDictBase:
+    def forward(self, td: TensorDictBase) -> TensorDictBase:
         reward, group = (td.get(k) for k in self.in_keys)
         td.set(self.out_keys[0], group_advantages(reward, group, baseline=self.baseline, scale=self.scale,
                                                   eps=self.eps))
         return td
+
+    def extra_repr(self) -> str:
+        return f"baseline={self.baseline!r}, scale={self.scale!r}, eps={self.eps}"

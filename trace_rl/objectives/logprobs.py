@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 from tensordict import NestedKey, TensorDictBase
+from tensordict.nn import TensorDictModuleBase
 from torch import nn
 
 from trace_rl.data import schema as K
@@ -60,8 +61,9 @@ def response_log_probs(
     return token_logq, entropy
 
 
-class TrainerLogProbs:
-    """Recomputes the trainer's log-probs of a batch's responses (no grad) and writes them.
+class TrainerLogProbs(TensorDictModuleBase):
+    """Recomputes the trainer's log-probs of a batch's responses (no grad) and writes them. A
+    `tensordict.nn.TensorDictModuleBase`: composes in `TensorDictSequential`; keys configurable.
 
     in_keys: ("tokens"|"masks", "prompt"|"response"). out_keys: ("log_probs", "trainer") and, when
     `write_old`, ("log_probs", "old") (the PPO ratio's denominator for every epoch on this batch).
@@ -83,6 +85,7 @@ class TrainerLogProbs:
         trainer_key: NestedKey = K.LOGP_TRAINER,
         old_key: NestedKey = K.LOGP_OLD,
     ):
+        super().__init__()
         self.model = model
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
         self.pad_token_id = pad_token_id
@@ -96,7 +99,7 @@ class TrainerLogProbs:
         return cls(model, temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, **kwargs)
 
     @torch.no_grad()
-    def __call__(self, td: TensorDictBase) -> TensorDictBase:
+    def forward(self, td: TensorDictBase) -> TensorDictBase:
         rows = td.batch_size[0]
         step = self.micro_batch_size or rows
         parts = []
