@@ -81,3 +81,27 @@ def decode_attention_reference(q, k, v, block_table, seq_lens, scale):
     from trace_rl.kernels.attention_reference import decode_attention_reference as _ref
 
     return _ref(q, k, v, block_table, seq_lens, scale)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
+    """(weight * rmsnorm(x + residual), x + residual) in one launch; residual None: plain RMSNorm."""
+    _check_device(x, "add_rms_norm")
+    from trace_rl.kernels.rmsnorm import add_rms_norm as _add_rms_norm
+
+    return _add_rms_norm(x, residual, weight, eps)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SiLU(gate) * up over the stacked gate/up output [..., 2I] -> [..., I]."""
+    _check_device(gate_up, "silu_mul")
+    from trace_rl.kernels.swiglu import silu_mul as _silu_mul
+
+    return _silu_mul(gate_up)
+
+
+def sample_tokens(x: torch.Tensor, seed_state: torch.Tensor, mode: str, temperature: float = 1.0, out=None):
+    """Fused sampling (greedy / temperature / from log q) with counter-based noise: (tokens, log-probs)."""
+    _check_device(x, "sample_tokens")
+    from trace_rl.kernels.sampling import sample as _sample
+
+    return _sample(x, seed_state, mode, temperature, out)
