@@ -6,7 +6,7 @@ import torch
 
 from trace_rl.kernels import add_rms_norm, sample_tokens, silu_mul
 from trace_rl.kernels.rmsnorm import add_rms_norm_reference
-from trace_rl.kernels.sampling import noise_reference, sample_reference
+from trace_rl.kernels.sampling_reference import noise_reference, sample_reference
 from trace_rl.kernels.swiglu import silu_mul_reference
 
 

@@ -64,7 +64,7 @@ def test_prefill_attends_over_what_was_written(fmt, rng):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("path", ["flash_varlen", "sdpa_masked"])
+@pytest.mark.parametrize("path", ["flash_varlen", "efficient_varlen", "sdpa_masked"])
 def test_fast_bf16_paths_match_reference(path, rng):
     batch, pages, block = 5, 6, 16
     cache, table, lens = _filled_cache("bf16", rng, "cuda", torch.bfloat16, batch, pages, block, hkv=8, d=128,

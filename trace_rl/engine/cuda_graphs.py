@@ -1,17 +1,24 @@
-"""`DecodeGraphs`: the decode step captured in one CUDA graph per batch bucket (static shapes, one launch).
+"""`DecodeGraphs`: captured CUDA graphs of the decode step, one per key, captured on first use.
 
-`step(n)` must read its inputs from static buffers and return its output tensor; `run(n)` replays the
-graph of the smallest bucket >= n, whose output stays valid until the next replay. Graphs share one memory
-pool, captured largest first so that smaller ones reuse its blocks. A graph keeps reading the buffers it
-was captured with: weights must be updated in place (`QuantLinear.load_weight`), or the graphs
-invalidated and captured again (`invalidate()`).
+A key names everything a graph bakes in: the batch bucket, the decode-attention path, the sampling
+parameters (Python scalars at capture). `run(key, step, quiet)` replays the key's graph, capturing it
+first: `quiet()` is a context manager under which `step()` may run twice for warm-up (lazy allocations,
+cuBLAS handles, Triton compiles) without changing the engine's state; then the step is captured (capture
+records, it does not execute) and replayed once. Steps write their results into static buffers and return
+nothing (or a tensor kept alive as the graph's output, as `forward_only` graphs do). All graphs share one
+memory pool: they are replayed one at a time, so their temporaries may alias.
+
+A graph keeps reading the buffers it was captured with: weights must be updated in place
+(`QuantLinear.load_weight`), or the graphs invalidated and captured again (`invalidate()`).
 """
 
 from __future__ import annotations
 
 import bisect
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Hashable
+from contextlib import AbstractContextManager
 
 import torch
 
@@ -27,48 +34,49 @@ def batch_buckets(max_batch: int) -> list[int]:
     return buckets + [max_batch]
 
 
+def bucket_for(buckets: list[int], n: int) -> int:
+    i = bisect.bisect_left(buckets, n)
+    if i == len(buckets):
+        raise ValueError(f"batch {n} exceeds the largest bucket {buckets[-1]}")
+    return buckets[i]
+
+
 class DecodeGraphs:
-    def __init__(self, step: Callable[[int], torch.Tensor], buckets: list[int], warmup: int = 2):
-        self.step, self.buckets, self.warmup = step, sorted(buckets), warmup
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
+    def __init__(self, warmup: int = 2):
+        self.warmup = warmup
+        self.graphs: dict[Hashable, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[Hashable, object] = {}
         self.pool = None
+        self.capture_s = 0.0
 
     @property
     def captured(self) -> bool:
         return bool(self.graphs)
 
-    def bucket(self, n: int) -> int:
-        i = bisect.bisect_left(self.buckets, n)
-        if i == len(self.buckets):
-            raise ValueError(f"batch {n} exceeds the largest captured bucket {self.buckets[-1]}")
-        return self.buckets[i]
-
-    def capture(self) -> None:
-        self.invalidate()
+    def capture(self, key: Hashable, step: Callable[[], object], quiet: Callable[[], AbstractContextManager]) -> None:
+        t0 = time.perf_counter()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):          # warm-up: lazy allocations, cuBLAS handles, Triton compiles
-            for n in reversed(self.buckets):
-                for _ in range(self.warmup):
-                    self.step(n)
+        with torch.cuda.stream(side), quiet():
+            for _ in range(self.warmup):
+                step()
         torch.cuda.current_stream().wait_stream(side)
-        for n in reversed(self.buckets):
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                self.outputs[n] = self.step(n)
-            self.pool = graph.pool()
-            self.graphs[n] = graph
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            self.outputs[key] = step()
+        self.pool = graph.pool()
+        self.graphs[key] = graph
         torch.cuda.synchronize()
-        log.info("captured decode CUDA graphs for batch buckets %s", self.buckets)
+        self.capture_s += time.perf_counter() - t0
+        log.info("captured a decode CUDA graph for %s (%.2f s)", key, time.perf_counter() - t0)
+
+    def run(self, key: Hashable, step: Callable[[], object], quiet: Callable[[], AbstractContextManager]):
+        if key not in self.graphs:
+            self.capture(key, step, quiet)
+        self.graphs[key].replay()
+        return self.outputs[key]
 
     def invalidate(self) -> None:
         self.graphs.clear()
         self.outputs.clear()
         self.pool = None
-
-    def run(self, n: int) -> tuple[int, torch.Tensor]:
-        """Replay the bucket covering n rows; returns (bucket, output of the bucket's `step`)."""
-        b = self.bucket(n)
-        self.graphs[b].replay()
-        return b, self.outputs[b]

@@ -138,3 +138,27 @@ def make_generator(seed: int | None, device: torch.device | str) -> torch.Genera
     gen = torch.Generator(device=device)
     gen.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
     return gen
+
+
+def sample_with_counter(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
+                        rng_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The native engine's sampler: tokens [B] and the log-probs of `q` (as `process_logits` defines it) at
+    them, with counter-based noise keyed by `rng_state` = int64 [2] (seed, step) and the row index, so a
+    captured CUDA graph draws fresh noise each replay once the engine advances the step on the device.
+
+    On a GPU it is the fused kernel (`trace_rl.kernels.sample_tokens`: one read of the logits for greedy
+    and temperature-only sampling; top-k/top-p first build log q with `process_logits`). Elsewhere it is
+    the kernel's torch spec over `process_logits` (`trace_rl.kernels.sampling_reference`), whose log-probs
+    are exactly `process_logits`'s; the same seed draws the same noise on both."""
+    if logits.is_cuda:
+        from trace_rl import kernels
+
+        if temperature == 0:
+            return kernels.sample_tokens(logits, rng_state, "greedy")
+        if top_k == 0 and top_p >= 1.0:
+            return kernels.sample_tokens(logits, rng_state, "temperature", temperature)
+        return kernels.sample_tokens(process_logits(logits, temperature, top_k, top_p), rng_state, "logq")
+    from trace_rl.kernels.sampling_reference import sample_reference
+
+    seed, step = rng_state.tolist()
+    return sample_reference(process_logits(logits, temperature, top_k, top_p), seed, step, "logq")

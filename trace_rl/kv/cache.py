@@ -9,8 +9,10 @@ in prefill, in decode, or fake-quantized by the aligned trainer.
 
 Paths, chosen once per cache and reported (`paths`), never silently:
 - write: `kernels.kv_write` (GPU, when `trace_rl.kernels` provides it) or `torch.write_reference`.
-- decode attention: `kernels.decode_attention` (GPU, any format), else `torch.flash_varlen` (bf16 cache on
-  GPU; `torch.sdpa_masked` on request), else `torch.reference` (gather + dequantize; the CPU path).
+- decode attention: `kernels.decode_attention` (GPU, any format, any block table); for a bf16 cache on a
+  GPU whose pages are slot-contiguous also `torch.efficient_varlen` / `torch.flash_varlen` (`sdpa_masked`
+  on request); `torch.reference` (gather + dequantize) on CPU. `candidates()` lists what can run; the
+  engine measures them and picks per batch and context length (`KVStep.attention`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,17 @@ from trace_rl.kv import decode_attention as attn
 
 log = logging.getLogger("trace_rl.kv")
 
-ATTENTION_CHOICES = ("auto", "kernels", "flash_varlen", "sdpa_masked", "reference")
+# Tokens per page by KV format (the engine's default `block_size`; any size works with every path here).
+PAGE_SIZE = {"bf16": 16, "fp8_e4m3": 16, "nvfp4": 16, "mxfp4": 16}
+
+
+def default_page_size(kv_format: str) -> int:
+    return PAGE_SIZE.get(kv_format, 16)
+
+
+ATTENTION_CHOICES = ("auto", "kernels", "flash_varlen", "efficient_varlen", "sdpa_masked", "reference")
+# Paths that need slot-contiguous pages (row b's pages are b*P .. b*P+P-1, `KVStep.capacity` set).
+CONTIGUOUS_ONLY = ("torch.flash_varlen", "torch.efficient_varlen", "torch.sdpa_masked")
 
 
 def _kernels():
@@ -65,6 +77,7 @@ class PagedKVCache:
         self.v = [PagedKV.allocate(kv_format, num_blocks, block_size, kv_heads, head_dim, self.device, dtype)
                   for _ in range(num_layers)]
         self.write_path, self.attention_path, why = self._choose_paths(attention)
+        self.forced = attention != "auto"
         self.paths = {"kv_write": self.write_path, "decode_attention": self.attention_path}
         log.info("KV cache %s: write=%s attention=%s%s", kv_format, self.write_path, self.attention_path,
                  f" ({why})" if why else "")
@@ -74,23 +87,34 @@ class PagedKVCache:
         on_gpu = self.device.type == "cuda"
         kernels, why = _kernels() if on_gpu else (None, "CPU")
         write = "kernels.kv_write" if kernels is not None else "torch.write_reference"
+        self._kernels_ok = kernels is not None
         if attention == "kernels":
             if kernels is None:
                 raise RuntimeError(f"attention='kernels' requested but {why}")
             return write, "kernels.decode_attention", ""
         if attention != "auto":
-            if attention in ("flash_varlen", "sdpa_masked") and (not on_gpu or self.kv_format != "bf16"):
+            if f"torch.{attention}" in CONTIGUOUS_ONLY and (not on_gpu or self.kv_format != "bf16"):
                 raise ValueError(f"attention={attention!r} needs a bf16 KV cache on a GPU")
             return write, f"torch.{attention}", ""
-        if kernels is not None:   # bf16 too: 1.3-1.6x FlashAttention varlen at 8k contexts (H200, docs/benchmarks.md)
+        if kernels is not None:   # the default until the engine measures the candidates (`candidates`)
             return write, "kernels.decode_attention", ""
         if on_gpu and self.kv_format == "bf16":
-            return write, "torch.flash_varlen", why
+            return write, "torch.efficient_varlen", why
         if on_gpu:
             why += "; quantized KV on GPU falls back to the torch reference (gathers and dequantizes the whole " \
                    "cache every step: slow)"
             log.warning("KV cache %s on GPU without kernels: %s", self.kv_format, why)
         return write, "torch.reference", why
+
+    def candidates(self, contiguous: bool) -> list[str]:
+        """Decode-attention paths that can run on this cache (the engine times them per batch and length
+        when attention='auto'); `contiguous`: the block tables give each row its own contiguous pages."""
+        if self.forced:
+            return [self.attention_path]
+        out = ["kernels.decode_attention"] if self._kernels_ok else []
+        if self.device.type == "cuda" and self.kv_format == "bf16" and contiguous:
+            out += ["torch.efficient_varlen", "torch.flash_varlen"]
+        return out or [self.attention_path]
 
     # -- sizes --
     @property
@@ -116,15 +140,20 @@ class PagedKVCache:
         return self.k[layer].read_reference(slots), self.v[layer].read_reference(slots)
 
     def decode(self, layer: int, q: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
-               scale: float, capacity: int | None) -> torch.Tensor:
+               scale: float, capacity: int | None, path: str | None = None) -> torch.Tensor:
         k, v = self.k[layer], self.v[layer]
-        path = self.attention_path
+        path = path or self.attention_path
         if path == "kernels.decode_attention":
             from trace_rl import kernels
 
             return kernels.decode_attention(q, k, v, block_table, seq_lens, scale)
+        if path in CONTIGUOUS_ONLY and capacity is None:
+            raise ValueError(f"{path} needs slot-contiguous pages (KVStep.capacity); this step's block tables "
+                             f"are a shared pool")
         if path == "torch.flash_varlen":
             return attn.flash_varlen(q, k, v, seq_lens, scale, capacity)
+        if path == "torch.efficient_varlen":
+            return attn.efficient_varlen(q, k, v, seq_lens, scale, capacity)
         if path == "torch.sdpa_masked":
             return attn.sdpa_masked(q, k, v, seq_lens, scale, capacity)
         return attn.reference(q, k, v, block_table, seq_lens, scale)
@@ -150,6 +179,7 @@ class KVStep:
     seq_lens: torch.Tensor
     prefill: bool
     capacity: int | None = None
+    attention: str | None = None          # decode-attention path (None: the cache's default)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         b, t, hkv, d = k.shape
@@ -161,5 +191,6 @@ class KVStep:
             return causal_attention(q, kr.view(b, t, hkv, d).to(q.dtype), vr.view(b, t, hkv, d).to(q.dtype), scale)
         if t != 1:
             raise ValueError(f"decode takes one new token per sequence, got {t}")
-        out = self.cache.decode(layer, q[:, 0], self.block_table, self.seq_lens, scale, self.capacity)
+        out = self.cache.decode(layer, q[:, 0], self.block_table, self.seq_lens, scale, self.capacity,
+                                self.attention)
         return out.unsqueeze(1)

@@ -12,6 +12,9 @@ All take one new query per sequence, q [B, Hq, D], the layer's K and V `PagedKV`
   only the live tokens; a KV head's query heads ride as query rows (K/V read once). No gather, no mask.
 - `sdpa_masked` (same layout): `scaled_dot_product_attention` over the slot's whole capacity with a
   length mask; query heads of a KV group ride in the query-length dimension (no K/V repeat).
+- `efficient_varlen` (same layout): the CUTLASS memory-efficient kernel
+  (`torch.ops.aten._efficient_attention_forward`) with per-sequence key lengths (`seqlen_k`), reading the
+  cache in its native [tokens, heads, D] layout; query heads of a KV head ride as query rows, as above.
 """
 
 from __future__ import annotations
@@ -70,3 +73,18 @@ def sdpa_masked(q: torch.Tensor, k_cache: PagedKV, v_cache: PagedKV, seq_lens: t
     out = F.scaled_dot_product_attention(q.view(b, hkv, hq // hkv, d), k, v, attn_mask=live.view(b, 1, 1, capacity),
                                          scale=scale)
     return out.reshape(b, hq, d)
+
+
+def efficient_varlen(q: torch.Tensor, k_cache: PagedKV, v_cache: PagedKV, seq_lens: torch.Tensor, scale: float,
+                     capacity: int) -> torch.Tensor:
+    b, hq, d = q.shape
+    hkv = k_cache.codes.shape[2]
+    g = hq // hkv
+    qg = q.view(b, hkv, g, d).transpose(1, 2).reshape(1, b * g, hkv, d)
+    k = k_cache.codes.view(1, -1, hkv, d)
+    v = v_cache.codes.view(1, -1, hkv, d)
+    rows = torch.arange(b + 1, device=q.device, dtype=torch.int32)
+    out = torch.ops.aten._efficient_attention_forward(
+        qg, k, v, None, rows * g, rows * capacity, g, capacity, 0.0, 0, False, scale=scale,
+        seqlen_k=seq_lens.to(torch.int32))[0]
+    return out.view(b, g, hkv, d).transpose(1, 2).reshape(b, hq, d)

@@ -36,9 +36,16 @@ class MLP(nn.Module):
         self.down_proj = Linear(i, h, bias=bias)
         self.gate_up_proj: Linear | None = None   # rollout only: gate/up stacked
 
+        self.fused = False                          # rollout on a GPU: SiLU*mul in one kernel
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_proj is not None:
-            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+            gate_up = self.gate_up_proj(x)
+            if self.fused and gate_up.is_cuda:
+                from trace_rl import kernels
+
+                return self.down_proj(kernels.silu_mul(gate_up))
+            gate, up = gate_up.chunk(2, dim=-1)
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
         return self.down_proj(F.silu(gate) * up)
@@ -52,9 +59,14 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, cos, sin, kv: KVAttend | None = None):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, cos, sin, kv: KVAttend | None = None, residual: torch.Tensor | None = None):
+        """The residual stream is carried as (x, residual) so that each add meets its norm in one kernel:
+        returns (this layer's MLP output, the stream before it); stream after = sum of the two. Same numbers
+        as `h = h + attn(norm(h)); h = h + mlp(norm(h))`."""
+        h, residual = self.input_layernorm.add(x, residual)
+        h = self.self_attn(h, cos, sin, kv)
+        h, residual = self.post_attention_layernorm.add(h, residual)
+        return self.mlp(h), residual
 
 
 class DecoderStack(nn.Module):
@@ -114,13 +126,17 @@ class Decoder(nn.Module):
         `fuse`: layers that share an input (q/k/v -> `qkv_proj`, gate/up -> `gate_up_proj`) become one
         stacked Linear when their weight format quantizes rows independently (`FUSABLE_WEIGHT_FORMATS`):
         one matmul instead of three, the same numbers. A tied bf16 `lm_head` keeps reading the embedding
-        table (no second copy of the vocabulary)."""
+        table (no second copy of the vocabulary). Norms and SiLU*mul switch to their fused kernels
+        (`trace_rl.kernels`; used when the tensors are on a GPU, torch otherwise)."""
         if fuse:
             self._fuse_projections()
         for lin in self.linears().values():
             lin.to_rollout()
         if self.config.tie_word_embeddings and self.lm_head.quant.weight_fmt == "bf16":
             self.lm_head.quant.weight = self.model.embed_tokens.weight.data
+        for module in self.modules():              # fused kernels where the tensors are on a GPU
+            if isinstance(module, (RMSNorm, MLP)):
+                module.fused = True
         for p in self.parameters():
             p.requires_grad_(False)
         return self
@@ -149,11 +165,13 @@ class Decoder(nn.Module):
             positions = torch.arange(t, device=tokens.device).expand(b, t)
         x = self.model.embed_tokens(tokens)
         cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)
+        residual = None
         for layer in self.model.layers:
-            x = layer(x, cos, sin, kv)
-        if logits_at is not None:
-            x = x[torch.arange(b, device=x.device), logits_at]      # [B, H]: only the positions sampled from
-        return self.lm_head(self.model.norm(x))
+            x, residual = layer(x, cos, sin, kv, residual)
+        if logits_at is not None:                                   # [B, H]: only the positions sampled from
+            rows = torch.arange(b, device=x.device)
+            x, residual = x[rows, logits_at], residual[rows, logits_at]
+        return self.lm_head(self.model.norm.add(x, residual)[0])
 
     @torch.no_grad()
     def init_random(self, std: float = 0.02, generator: torch.Generator | None = None) -> Decoder:
