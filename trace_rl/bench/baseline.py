@@ -1,9 +1,17 @@
 """The plain PyTorch decode step every engine is judged against (DESIGN.md, "Performance model").
 
-gpt-fast style, bf16, random weights of a model's shape: fused QKV and gate/up matmuls (cuBLAS), RMSNorm,
-QK-norm (Qwen3), RoPE, a static KV cache [B, Hkv, L_max, D] per layer written at the new position, and
-`scaled_dot_product_attention(enable_gqa=True)` over the first L positions; the lm_head gives logits. One
-CUDA graph per context length L. No sampling: it is the forward of a decode step, nothing else.
+What a careful user writes without an engine (gpt-fast style, bf16): fused QKV and gate/up weights for
+cuBLAS, RMSNorm, QK-norm (Qwen3), RoPE, a static contiguous KV cache [B, Hkv, L_max, D] per layer written
+at the new position, `scaled_dot_product_attention(enable_gqa=True)` over the first L positions, the
+lm_head. One CUDA graph per (context L, SDPA backend). No sampling: the forward of a decode step.
+
+SDPA backends: `default` (PyTorch's own choice), `cudnn`, `efficient`, `flash`; `sweep` times every one
+that runs at a shape and keeps the fastest (reported with all timings), so the baseline is the best the
+plain step can get, not the first backend that happens to run.
+
+Memory: the baseline can run on the engine's own tensors (`from_rollout_model`: the same bf16 weights,
+and its KV caches viewed over the engine cache's memory), so a shape that fills the GPU for one fills it
+for the other and both fit in turn.
 """
 
 from __future__ import annotations
@@ -14,32 +22,76 @@ import torch.nn.functional as F
 from trace_rl.models.config import ModelConfig
 from trace_rl.models.rope import apply_rope, inverse_frequencies, rope_cos_sin
 
+BACKENDS = ("default", "cudnn", "efficient", "flash")
+
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     h = x.float()
     return w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
+def _sdpa_context(backend: str):
+    from contextlib import nullcontext
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if backend == "default":
+        return nullcontext()
+    return sdpa_kernel({"cudnn": SDPBackend.CUDNN_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                        "flash": SDPBackend.FLASH_ATTENTION}[backend])
+
+
 class PlainDecode:
-    def __init__(self, config: ModelConfig, batch: int, max_len: int, device="cuda", dtype=torch.bfloat16,
-                 seed: int = 0):
-        c, self.c, self.batch, self.max_len = config, config, batch, max_len
+    def __init__(self, config: ModelConfig, batch: int, max_len: int, layers: list[dict], embed: torch.Tensor,
+                 lm_head: torch.Tensor, norm: torch.Tensor, device="cuda"):
+        """`layers`: per layer dict(wqkv, wo, w13, w2, n1, n2, qn, kn, k, v) with k/v [B, Hkv, max_len, D]."""
+        self.c, self.batch, self.max_len = config, batch, max_len
+        self.layers, self.embed, self.lm_head, self.norm = layers, embed, lm_head, norm
+        self.device = torch.device(device)
+        self.inv_freq = inverse_frequencies(config, self.device)
+        self.tokens = torch.randint(4, min(1000, config.vocab_size), (batch, 1), device=self.device)
+        self.graphs: dict[tuple[int, str], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.pool = None
+
+    @classmethod
+    def random(cls, config: ModelConfig, batch: int, max_len: int, device="cuda", dtype=torch.bfloat16, seed=0):
         g = torch.Generator(device=device).manual_seed(seed)
         rnd = lambda *shape: (torch.randn(*shape, device=device, dtype=dtype, generator=g) * 0.02)  # noqa: E731
+        ones = lambda n: torch.ones(n, device=device, dtype=dtype)  # noqa: E731
+        c = config
         hq, hkv, d, h = c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size
-        self.layers = [dict(wqkv=rnd((hq + 2 * hkv) * d, h), wo=rnd(h, hq * d), w13=rnd(2 * c.intermediate_size, h),
-                            w2=rnd(h, c.intermediate_size), n1=torch.ones(h, device=device, dtype=dtype),
-                            n2=torch.ones(h, device=device, dtype=dtype),
-                            qn=torch.ones(d, device=device, dtype=dtype), kn=torch.ones(d, device=device, dtype=dtype),
-                            k=rnd(batch, hkv, max_len, d) * 50, v=rnd(batch, hkv, max_len, d) * 50)
-                       for _ in range(c.num_layers)]
-        self.embed = rnd(c.vocab_size, h)
-        self.lm_head = self.embed if c.tie_word_embeddings else rnd(c.vocab_size, h)
-        self.norm = torch.ones(h, device=device, dtype=dtype)
-        self.inv_freq = inverse_frequencies(c, device)
-        self.tokens = torch.randint(0, c.vocab_size, (batch, 1), device=device, generator=g)
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self.sdpa_backend = "flash"   # forced, so a silent fallback to a slow SDPA kernel cannot flatter us
+        layers = [dict(wqkv=rnd((hq + 2 * hkv) * d, h), wo=rnd(h, hq * d), w13=rnd(2 * c.intermediate_size, h),
+                       w2=rnd(h, c.intermediate_size), n1=ones(h), n2=ones(h), qn=ones(d), kn=ones(d),
+                       k=rnd(batch, hkv, max_len, d) * 50, v=rnd(batch, hkv, max_len, d) * 50)
+                  for _ in range(c.num_layers)]
+        embed = rnd(c.vocab_size, h)
+        return cls(c, batch, max_len, layers, embed, embed if c.tie_word_embeddings else rnd(c.vocab_size, h),
+                   ones(h), device)
+
+    @classmethod
+    def from_rollout_model(cls, model, cache, batch: int, max_len: int):
+        """The same bf16 weights as a (fused, bf16) rollout model, and K/V caches [B, Hkv, max_len, D] viewed
+        over the memory of the engine's `PagedKVCache` (its random contents; no copy)."""
+        c = model.config
+        layers = []
+        for i, layer in enumerate(model.model.layers):
+            a, m = layer.self_attn, layer.mlp
+            if a.qkv_proj is None or m.gate_up_proj is None or a.qkv_proj.quant.weight_fmt != "bf16":
+                raise ValueError("the plain step needs a bf16 rollout model with fused qkv and gate/up")
+            kv = []
+            for t in (cache.k[i].codes, cache.v[i].codes):
+                need = batch * c.num_kv_heads * max_len * c.head_dim
+                if t.numel() < need:
+                    raise ValueError(f"the engine cache ({t.numel()} values per layer) is smaller than "
+                                     f"B={batch} x L={max_len}")
+                kv.append(t.view(-1)[:need].view(batch, c.num_kv_heads, max_len, c.head_dim))
+            qn = a.q_norm.weight if a.q_norm is not None else None
+            kn = a.k_norm.weight if a.k_norm is not None else None
+            layers.append(dict(wqkv=a.qkv_proj.quant.weight, wo=a.o_proj.quant.weight, w13=m.gate_up_proj.quant.weight,
+                               w2=m.down_proj.quant.weight, n1=layer.input_layernorm.weight,
+                               n2=layer.post_attention_layernorm.weight, qn=qn, kn=kn, k=kv[0], v=kv[1]))
+        return cls(c, batch, max_len, layers, model.model.embed_tokens.weight, model.lm_head.quant.weight,
+                   model.model.norm.weight, model.model.embed_tokens.weight.device)
 
     @property
     def weight_bytes(self) -> int:
@@ -55,7 +107,7 @@ class PlainDecode:
         c = self.c
         hq, hkv, d = c.num_heads, c.num_kv_heads, c.head_dim
         b = self.batch
-        pos = torch.full((b, 1), length - 1, device=self.tokens.device)
+        pos = torch.full((b, 1), length - 1, device=self.device)
         x = F.embedding(self.tokens, self.embed)
         cos, sin = rope_cos_sin(pos, self.inv_freq, x.dtype)
         for lw in self.layers:
@@ -73,34 +125,42 @@ class PlainDecode:
             x = x + (F.silu(gate) * up) @ lw["w2"].T
         return (_rms(x, self.norm, c.rms_norm_eps) @ self.lm_head.T)[:, 0]
 
-    def _step(self, length: int) -> torch.Tensor:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        if self.sdpa_backend == "default":
-            return self.step(length)
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            return self.step(length)
-
-    def capture(self, length: int) -> None:
-        try:
-            self._step(length)
-        except RuntimeError:                       # flash refused these shapes: let SDPA choose, and say so
-            self.sdpa_backend = "default"
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self._step(length)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        pool = next(iter(self.graphs.values()))[0].pool() if self.graphs else None
-        with torch.cuda.graph(graph, pool=pool):
-            out = self._step(length)
-        self.graphs[length] = (graph, out)
-
-    def replay(self, length: int) -> torch.Tensor:
-        if length not in self.graphs:
-            self.capture(length)
-        graph, out = self.graphs[length]
+    def run(self, length: int, backend: str = "default") -> torch.Tensor:
+        """One decode forward with the given SDPA backend (a captured graph on GPU, eager on CPU)."""
+        if self.device.type != "cuda":
+            with _sdpa_context(backend):
+                return self.step(length)
+        key = (length, backend)
+        if key not in self.graphs:
+            with _sdpa_context(backend):
+                self.step(length)                    # raises here if the backend refuses the shape
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    self.step(length)
+                torch.cuda.current_stream().wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool):
+                    out = self.step(length)
+            self.pool = graph.pool()
+            self.graphs[key] = (graph, out)
+        graph, out = self.graphs[key]
         graph.replay()
         return out
+
+    def sweep(self, length: int, time_ms, backends=BACKENDS) -> dict:
+        """Time every SDPA backend at this context (`time_ms(fn) -> ms`); the fastest is the baseline."""
+        times, errors = {}, {}
+        for backend in backends:
+            try:
+                times[backend] = time_ms(lambda b=backend: self.run(length, b))
+            except Exception as err:           # this backend does not run at this shape: recorded, skipped
+                errors[backend] = f"{type(err).__name__}: {str(err)[:200]}"
+        if not times:
+            raise RuntimeError(f"no SDPA backend ran at L={length}: {errors}")
+        best = min(times, key=times.get)
+        return {"ms": times[best], "backend": best, "backend_ms": times, "backend_errors": errors}
+
+    def release_graphs(self) -> None:
+        self.graphs.clear()
+        self.pool = None

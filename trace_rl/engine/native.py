@@ -42,6 +42,7 @@ from trace_rl.kv import KVStep, PagedKVCache
 from trace_rl.kv.cache import default_page_size
 from trace_rl.models.decoder import Decoder, build
 from trace_rl.models.loading import load_state_dict_into
+from trace_rl.op_ranges import op_range
 from trace_rl.plan import PrecisionPlan
 
 log = logging.getLogger("trace_rl.engine")
@@ -207,7 +208,13 @@ class NativeEngine(RolloutEngine):
 
     def _step(self, n: int, path: str | None, sampling: tuple[float, int, float]) -> None:
         """Forward, sample, record the token and its log-prob at the slot's ngen, stop check, advance."""
-        tok, logp = sample_with_counter(self._decode_forward(n, path), *sampling, self.rng)
+        logits = self._decode_forward(n, path)
+        with op_range("sampling"):
+            tok, logp = sample_with_counter(logits, *sampling, self.rng)
+        with op_range("bookkeeping"):
+            self._bookkeeping(n, tok, logp)
+
+    def _bookkeeping(self, n: int, tok: torch.Tensor, logp: torch.Tensor) -> None:
         live, rows = self.live[:n], self._rows[:n]
         col = self.ngen[:n].clamp(max=self.max_seq_len - 1)
         self.hist_tokens[rows, col] = torch.where(live, tok, self.hist_tokens[rows, col])
@@ -244,11 +251,12 @@ class NativeEngine(RolloutEngine):
         self.stats["decode_steps"] += 1
         self.stats["decode_rows"] += b if self.graphs is not None else n
 
-    def decode_logits(self, n: int, max_len: int | None = None) -> torch.Tensor:
+    def decode_logits(self, n: int, max_len: int | None = None, path: str | None = None) -> torch.Tensor:
         """Logits [n, V] of the decode forward alone over slots [0, n) (a graph of its own on GPU; the
-        benches time it against the plain PyTorch step). Writes the current tokens' K/V, changes no state."""
+        benches time it against the plain PyTorch step). Writes the current tokens' K/V, changes no state.
+        `path`: a decode-attention path (default: the engine's choice for this batch and context)."""
         b = bucket_for(self.buckets, n)
-        path = self.attention_path(b, max_len or self.capacity)
+        path = path or self.attention_path(b, max_len or self.capacity)
         if self.graphs is None:
             return self._decode_forward(b, path)[:n]
         return self.graphs.run(("forward", b, path), lambda: self._decode_forward(b, path),

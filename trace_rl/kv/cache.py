@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from trace_rl.formats.paged_kv import PagedKV
 from trace_rl.kv import decode_attention as attn
+from trace_rl.op_ranges import op_range
 
 log = logging.getLogger("trace_rl.kv")
 
@@ -184,13 +185,17 @@ class KVStep:
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         b, t, hkv, d = k.shape
         flat = self.slots.reshape(-1)
-        self.cache.write(layer, flat, k.reshape(b * t, hkv, d).contiguous(), v.reshape(b * t, hkv, d).contiguous())
+        with op_range("kv_write"):
+            self.cache.write(layer, flat, k.reshape(b * t, hkv, d).contiguous(), v.reshape(b * t, hkv, d).contiguous())
         scale = d ** -0.5
         if self.prefill:   # attend over what was written (quantized K/V read back), from position 0
-            kr, vr = self.cache.read(layer, flat)
-            return causal_attention(q, kr.view(b, t, hkv, d).to(q.dtype), vr.view(b, t, hkv, d).to(q.dtype), scale)
+            with op_range("attention"):
+                kr, vr = self.cache.read(layer, flat)
+                return causal_attention(q, kr.view(b, t, hkv, d).to(q.dtype), vr.view(b, t, hkv, d).to(q.dtype),
+                                        scale)
         if t != 1:
             raise ValueError(f"decode takes one new token per sequence, got {t}")
-        out = self.cache.decode(layer, q[:, 0], self.block_table, self.seq_lens, scale, self.capacity,
-                                self.attention)
+        with op_range("attention"):
+            out = self.cache.decode(layer, q[:, 0], self.block_table, self.seq_lens, scale, self.capacity,
+                                    self.attention)
         return out.unsqueeze(1)

@@ -26,6 +26,7 @@ from trace_rl.models.config import ModelConfig
 from trace_rl.models.linear import Linear
 from trace_rl.models.norm import RMSNorm
 from trace_rl.models.rope import apply_rope
+from trace_rl.op_ranges import op_range
 
 
 class KVAttend(Protocol):
@@ -63,7 +64,8 @@ class Attention(nn.Module):
         q, k, v = q.view(b, t, hq, d), k.view(b, t, hkv, d), v.view(b, t, hkv, d)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        with op_range("rope"):
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if kv is not None:
             if self.kv_hook is not None:
                 self.kv_hook(self, k, v)

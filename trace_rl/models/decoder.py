@@ -25,6 +25,7 @@ from trace_rl.models.config import ModelConfig
 from trace_rl.models.linear import Linear
 from trace_rl.models.norm import RMSNorm
 from trace_rl.models.rope import inverse_frequencies, rope_cos_sin
+from trace_rl.op_ranges import op_range
 
 
 class MLP(nn.Module):
@@ -44,7 +45,9 @@ class MLP(nn.Module):
             if self.fused and gate_up.is_cuda:
                 from trace_rl import kernels
 
-                return self.down_proj(kernels.silu_mul(gate_up))
+                with op_range("activation"):
+                    h = kernels.silu_mul(gate_up)
+                return self.down_proj(h)
             gate, up = gate_up.chunk(2, dim=-1)
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
@@ -163,8 +166,10 @@ class Decoder(nn.Module):
         b, t = tokens.shape
         if positions is None:
             positions = torch.arange(t, device=tokens.device).expand(b, t)
-        x = self.model.embed_tokens(tokens)
-        cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)
+        with op_range("embedding"):
+            x = self.model.embed_tokens(tokens)
+        with op_range("rope"):
+            cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)
         residual = None
         for layer in self.model.layers:
             x, residual = layer(x, cos, sin, kv, residual)

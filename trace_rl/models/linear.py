@@ -25,6 +25,7 @@ from torch import nn
 
 from trace_rl.backends import QuantLinear
 from trace_rl.backends.registry import backend_for_format
+from trace_rl.op_ranges import op_range
 
 ActivationHook = Callable[["Linear", torch.Tensor], object]
 
@@ -97,7 +98,8 @@ class Linear(nn.Module):
         if self.quant is not None:                           # rollout stage
             if hook is not None:
                 hook(self, x)
-            return self.quant(x)
+            with op_range("linear"):
+                return self.quant(x)
         if self.trainer_mode == "bf16" or not self.is_quantized:
             return F.linear(x, self.weight, self.bias)
         backend = backend_for_format(self.weight_fmt)

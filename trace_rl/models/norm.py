@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from trace_rl.op_ranges import op_range
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6):
@@ -26,7 +28,8 @@ class RMSNorm(nn.Module):
         if self.fused and x.is_cuda:
             from trace_rl import kernels
 
-            return kernels.add_rms_norm(x, None, self.weight, self.eps)[0]
+            with op_range("norm"):
+                return kernels.add_rms_norm(x, None, self.weight, self.eps)[0]
         dtype = x.dtype
         h = x if dtype == torch.float64 else x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -39,8 +42,10 @@ class RMSNorm(nn.Module):
         if self.fused and x.is_cuda:
             from trace_rl import kernels
 
-            return kernels.add_rms_norm(x, residual, self.weight, self.eps)
-        residual = x + residual
+            with op_range("norm"):
+                return kernels.add_rms_norm(x, residual, self.weight, self.eps)
+        with op_range("norm"):
+            residual = x + residual
         return self(residual), residual
 
     def extra_repr(self) -> str:
