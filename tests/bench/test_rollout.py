@@ -1,4 +1,5 @@
-"""The rollout bench runs end to end on CPU with the tiny preset and writes its JSON and PNG."""
+"""The rollout bench runs end to end on CPU with the tiny preset (every part but the GPU profile) and writes
+its JSON and PNG."""
 
 from __future__ import annotations
 
@@ -15,15 +16,28 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def test_bench_rollout_tiny_cpu(tmp_path):
     pytest.importorskip("transformers")
     args = add_rollout_bench_args(argparse.ArgumentParser()).parse_args(
-        ["--models", "tiny", "--plans", "bf16,w4a4-kv4", "--prompts", "2", "--group", "2", "--prompt-len", "5",
-         "--response-lens", "24", "--iters", "2", "--e2e-tokens", "4", "--hf-batch", "2", "--hf-new-tokens", "4",
-         "--device", "cpu", "--out", str(tmp_path)])
+        ["--models", "tiny", "--grid", "2:9,17;3:9", "--plans", "bf16,w4a4-kv4", "--prompts", "2", "--group", "2",
+         "--prompt-len", "5", "--response-lens", "24", "--iters", "2", "--e2e-tokens", "4",
+         "--realistic-plans", "bf16", "--realistic-prompts", "2", "--realistic-max", "20", "--realistic-median", "10",
+         "--hf-batch", "2", "--hf-new-tokens", "4", "--device", "cpu", "--out", str(tmp_path)])
     report = run_rollout_bench(args)
     assert not report["errors"], report["errors"]
+    assert [(g["batch"], g["L"]) for g in report["grid"]] == [(2, 9), (2, 17), (3, 9)]
+    for g in report["grid"]:
+        assert g["engine_ms"] > 0 and g["baseline_ms"] > 0 and g["baseline_backend"] == "default"
+        assert g["path"] == "torch.reference"
     assert {r["plan"] for r in report["results"]} == {"bf16", "w4a4-kv4"}
     for r in report["results"]:
         assert r["batch"] == 4 and r["tokens_per_s"] > 0 and len(r["steps"]) == 3
-        assert r["paths"]["kv"]["decode_attention"] == "torch.reference"
+    real = report["realistic"][0]
+    assert real["lengths"]["honoured"] and real["rows"] == 4 and real["tokens"] > 0   # every drawn length met
     assert report["hf"][0]["hf_tokens_per_s"] > 0
-    assert json.loads((tmp_path / "rollout.json").read_text())["results"]
+    assert json.loads((tmp_path / "rollout.json").read_text())["grid"]
     assert (tmp_path / "rollout.png").stat().st_size > 1000
+
+
+def test_bench_rejects_unknown_part(tmp_path):
+    args = add_rollout_bench_args(argparse.ArgumentParser()).parse_args(["--parts", "grid,nope", "--out",
+                                                                         str(tmp_path)])
+    with pytest.raises(ValueError, match="nope"):
+        run_rollout_bench(args)

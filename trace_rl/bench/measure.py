@@ -70,11 +70,41 @@ def fill_random(cache: PagedKVCache, generator: torch.Generator, chunk: int = 2*
             c.global_scale.fill_(1.0 / 448)
 
 
-def weight_bytes(model) -> int:
-    """Bytes a decode step reads from the rollout weights (every Linear's packed buffers)."""
+def weight_bytes(model, within: str = "") -> int:
+    """Bytes a decode step reads from the rollout weights (every Linear's packed buffers; `within`: only
+    the Linears whose name starts with it)."""
     total = 0
-    for lin in model.linears().values():
+    for name, lin in model.linears().items():
+        if not name.startswith(within):
+            continue
         q = lin.quant
         tensors = (q.weight,) if q.weight_fmt == "bf16" else (q.w_codes, q.w_scales, q.w_global_scale)
         total += sum(t.nbytes for t in tensors if t is not None)
     return total
+
+
+def free(*objs) -> None:
+    """Collect garbage (engines and their graphs form reference cycles) and return cached GPU memory."""
+    import gc
+
+    del objs
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def build_rollout_model(name: str, plan, device, dtype, seed: int, layers: int = 0):
+    """Random weights of a preset's shape (first `layers` layers when > 0), converted in place to the
+    plan's rollout form (no trainer copy is kept)."""
+    from dataclasses import replace
+
+    from trace_rl.models import build, preset
+
+    config = preset(name)
+    if layers:
+        config = replace(config, num_layers=layers)
+    model = build(config, device=device, dtype=dtype, plan=plan)
+    model.init_random(generator=torch.Generator(device=device).manual_seed(seed))
+    model = model.to_rollout()
+    model.plan = plan
+    return model

@@ -267,13 +267,16 @@ class NativeEngine(RolloutEngine):
         candidates = self.cache.candidates(contiguous=self.kv_layout == "contiguous")
         if len(candidates) == 1:
             return candidates[0]
-        length = min(self.capacity, 1 << max(8, math.ceil(math.log2(max(max_len, 1)))))
-        key = (n, length)
+        key = (n, self.context_bucket(max_len))
         if key not in self.attention_choice:
-            self.attention_choice[key] = self._time_attention(n, length, candidates)
-            log.info("decode attention for batch %d, context <= %d: %s (%s)", n, length,
+            self.attention_choice[key] = self._time_attention(n, key[1], candidates)
+            log.info("decode attention for batch %d, context <= %d: %s (%s)", n, key[1],
                      self.attention_choice[key]["path"], self.attention_choice[key]["ms"])
         return self.attention_choice[key]["path"]
+
+    def context_bucket(self, length: int) -> int:
+        """Contexts share an attention choice up to the next power of two (at least 256, at most capacity)."""
+        return min(self.capacity, 1 << max(8, math.ceil(math.log2(max(length, 1)))))
 
     @torch.no_grad()
     def _time_attention(self, n: int, length: int, candidates: list[str]) -> dict:

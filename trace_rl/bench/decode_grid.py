@@ -1,0 +1,112 @@
+"""The BF16 engine's decode step against the plain PyTorch step at every (batch, context) of a grid.
+
+Per batch B: one bf16 rollout model (random weights) and one engine (contiguous layout, so that every
+decode-attention path can run; one graph bucket = B); the plain step (`baseline.PlainDecode`) runs on the
+same weights and over the same cache memory, so a shape that fits one fits the other. Per context L (all
+B rows at L, cache filled with random values):
+
+- `engine_ms`: the engine's captured forward with the attention path it chooses for (B, L) (`path`);
+  `engine_path_ms`: the forward with each candidate path (`kernels.decode_attention` is what the pool
+  layout runs);
+- `step_ms`: the whole captured step (forward + fused sampling + bookkeeping);
+- `baseline_ms`: the plain step with the fastest SDPA backend at (B, L) (`baseline_backend`; all timed);
+- `ratio` = baseline_ms / engine_ms (>= 1: the engine is faster); the roofline floor = (weight bytes +
+  B * L * KV bytes per token) / measured read bandwidth.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from trace_rl.bench import measure as bm
+
+
+def parse_grid(spec: str) -> dict[int, list[int]]:
+    """'1:257,4352;100:257' -> {1: [257, 4352], 100: [257]}."""
+    grid = {}
+    for part in filter(None, spec.split(";")):
+        b, lengths = part.split(":")
+        grid[int(b)] = [int(x) for x in lengths.split(",") if x]
+    if not grid:
+        raise ValueError(f"empty decode grid {spec!r}; write it as 'B:L1,L2;B2:L3'")
+    return grid
+
+
+def prime_decode(engine, batch: int, length: int, seed: int = 0) -> None:
+    """Put slots [0, batch) mid-generation at context `length` (the next token is fed at position
+    length - 1), each on its own contiguous pages, none able to stop: the state a timed step needs."""
+    e, dev = engine, engine.device
+    g = torch.Generator(device=dev).manual_seed(seed)
+    vocab = min(1000, e.model.config.vocab_size)
+    e.block_table[:batch] = torch.arange(batch * e.pages_per_seq, device=dev, dtype=torch.int32).view(batch, -1)
+    e.tokens[:batch] = torch.randint(4, vocab, (batch,), device=dev, generator=g)
+    e.positions[:batch] = length - 1
+    e.live[:batch] = True
+    e.ngen[:batch] = 1
+    e.limit[:batch] = 1 << 40
+    e.slot_row[:batch] = torch.arange(batch, device=dev)
+    e.stop_ids.fill_(-1)
+    e.rng.copy_(torch.tensor([seed, 0]))
+
+
+def time_step(engine, batch: int, length: int, iters: int, warmup: int = 3,
+              sampling=(1.0, 0, 1.0)) -> float:
+    """Median time of the whole captured step whose last timed replay feeds position length - 1."""
+    prime_decode(engine, batch, max(1, length - 1 - warmup - iters))
+    return bm.median_ms(lambda: engine.decode_step(batch, length, sampling), engine.device, iters, warmup)
+
+
+def run_grid(args, name: str, device, bw, log) -> list[dict]:
+    from trace_rl.bench.baseline import PlainDecode
+    from trace_rl.bench.measure import build_rollout_model, free
+    from trace_rl.engine.native import NativeEngine
+    from trace_rl.plan import PrecisionPlan
+
+    plan = PrecisionPlan()
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = build_rollout_model(name, plan, device, dtype, args.seed, args.layers)
+    read_bw = bw.get("read") or 4.0e12
+    rows = []
+    for batch, lengths in parse_grid(args.grid).items():
+        engine = base = None
+        try:
+            free()
+            engine = NativeEngine(model, plan, max_batch=batch, max_seq_len=max(lengths) + 1, device=device,
+                                  graph_buckets=[batch], kv_layout="contiguous")
+            bm.fill_random(engine.cache, torch.Generator(device=device).manual_seed(args.seed))
+            base = PlainDecode.from_rollout_model(engine.model, engine.cache, batch, max(lengths) + 1)
+            wbytes = bm.weight_bytes(engine.model)
+            per_token = engine.cache.bytes_per_token()
+            for length in lengths:
+                prime_decode(engine, batch, length, args.seed)
+                timer = lambda fn: bm.median_ms(fn, device, args.iters)  # noqa: E731
+                path = engine.attention_path(batch, length)
+                candidates = engine.cache.candidates(contiguous=True)
+                per_path = {p: timer(lambda p=p, e=engine, b=batch, n=length: e.decode_logits(b, n, path=p))
+                            for p in candidates}
+                step = time_step(engine, batch, length, args.iters)
+                prime_decode(engine, batch, length, args.seed)
+                baseline = base.sweep(length, timer, args.sdpa_backends.split(",") if device.type == "cuda"
+                                      else ("default",))
+                floor = (wbytes + batch * length * per_token) / read_bw * 1e3
+                row = {"model": name, "batch": batch, "L": length, "engine_ms": per_path[path], "path": path,
+                       "engine_path_ms": per_path, "step_ms": step, "baseline_ms": baseline["ms"],
+                       "baseline_backend": baseline["backend"], "baseline_backend_ms": baseline["backend_ms"],
+                       "baseline_errors": baseline["backend_errors"], "ratio": baseline["ms"] / per_path[path],
+                       "floor_ms": floor, "engine_of_floor": floor / per_path[path],
+                       "baseline_of_floor": floor / baseline["ms"],
+                       "attention_autotune": engine.attention_choice.get((batch, engine.context_bucket(length)))}
+                rows.append(row)
+                log(f"grid B={batch:<4} L={length:<5} engine {row['engine_ms']:7.2f} ms ({path}) step "
+                    f"{step:7.2f} | baseline {row['baseline_ms']:7.2f} ms ({row['baseline_backend']}) | "
+                    f"ratio {row['ratio']:.3f} | floor {floor:6.2f} ms")
+        except Exception as err:           # one batch failing must not lose the others
+            rows.append({"model": name, "batch": batch, "error": f"{type(err).__name__}: {err}"})
+            log(f"grid B={batch} FAILED: {type(err).__name__}: {err}")
+        finally:
+            if base is not None:
+                base.release_graphs()
+            free(engine, base)
+    free(model)
+    return rows
+

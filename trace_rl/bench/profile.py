@@ -1,0 +1,99 @@
+"""Where a decode step goes: GPU time per op class, from `torch.profiler` over one eager step.
+
+The step's parts run inside named ranges (`trace_rl.op_ranges.op_range`: linear, attention, norm, rope,
+kv_write, activation, embedding, sampling, bookkeeping); every GPU kernel is attributed to the innermost
+range that launched it (kernels of the activation quantization inside a W4A4 linear count as
+`quantization`). The same step captured in a CUDA graph is timed as well: graph time minus the kernels'
+sum is what remains of launch gaps and kernel tails inside the graph (`gaps_ms`; eager launch overhead is
+not counted, the engine never runs eagerly on a GPU).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+
+from trace_rl.op_ranges import PREFIX
+
+CLASSES = ("linear", "quantization", "attention", "kv_write", "norm", "rope", "activation", "embedding",
+           "sampling", "bookkeeping", "other")
+
+
+def classify(prof) -> tuple[dict[str, float], dict[str, float], int]:
+    """(ms per class, ms per kernel name, kernel count) of a finished profiler."""
+    per_class, per_kernel, count = defaultdict(float), defaultdict(float), 0
+    for evt in prof.events():
+        for k in getattr(evt, "kernels", ()):
+            label, e = None, evt
+            while e is not None and label is None:
+                if e.name.startswith(PREFIX):
+                    label = e.name[len(PREFIX):]
+                e = e.cpu_parent
+            if label == "linear" and "quant" in k.name.lower():
+                label = "quantization"
+            ms = k.duration / 1e3
+            per_class[label if label in CLASSES else "other"] += ms
+            per_kernel[k.name[:80]] += ms
+            count += 1
+    return dict(per_class), dict(per_kernel), count
+
+
+def profile_step(engine, batch: int, length: int, iters: int, sampling=(1.0, 0, 1.0)) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    from trace_rl.bench.decode_grid import prime_decode, time_step
+
+    graph_ms = time_step(engine, batch, length, iters, sampling=sampling)
+    path = engine.attention_path(batch, length)
+    prime_decode(engine, batch, length)
+    engine._step(batch, path, sampling)                        # eager warm-up: compiles, handles
+    prime_decode(engine, batch, length)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        engine._step(batch, path, sampling)
+        torch.cuda.synchronize()
+    per_class, per_kernel, count = classify(prof)
+    total = sum(per_class.values())
+    top = sorted(per_kernel.items(), key=lambda kv: -kv[1])[:15]
+    return {"batch": batch, "L": length, "attention_path": path, "graph_step_ms": graph_ms,
+            "kernel_sum_ms": total, "gaps_ms": graph_ms - total, "kernels": count,
+            "classes_ms": {c: round(per_class.get(c, 0.0), 4) for c in CLASSES},
+            "top_kernels_ms": [(n, round(ms, 4)) for n, ms in top]}
+
+
+def run_profiles(args, name: str, device, log) -> list[dict]:
+    from trace_rl.bench.measure import build_rollout_model, free
+    from trace_rl.engine.native import NativeEngine
+    from trace_rl.plan import PrecisionPlan
+
+    out = []
+    if device.type != "cuda":
+        log("profile: needs a CUDA device (skipped)")
+        return out
+    lengths = [int(x) for x in args.profile_lens.split(",") if x]
+    for plan_name in filter(None, args.profile_plans.split(",")):
+        engine = model = None
+        try:
+            free()
+            plan = PrecisionPlan.preset(plan_name)
+            model = build_rollout_model(name, plan, device, torch.bfloat16, args.seed, args.layers)
+            layout = "contiguous" if plan.kv_cache == "bf16" else "pool"
+            engine = NativeEngine(model, plan, max_batch=args.profile_batch, max_seq_len=max(lengths) + 1,
+                                  device=device, graph_buckets=[args.profile_batch], kv_layout=layout)
+            from trace_rl.bench import measure as bm
+
+            bm.fill_random(engine.cache, torch.Generator(device=device).manual_seed(args.seed))
+            for length in lengths:
+                res = {"model": name, "plan": plan_name, "layout": layout,
+                       **profile_step(engine, args.profile_batch, length, args.iters)}
+                out.append(res)
+                cls = " ".join(f"{c}={ms:.2f}" for c, ms in res["classes_ms"].items() if ms)
+                log(f"profile {plan_name} B={args.profile_batch} L={length}: graph {res['graph_step_ms']:.2f} ms, "
+                    f"kernels {res['kernel_sum_ms']:.2f} ms ({res['kernels']}), gaps {res['gaps_ms']:.2f} | {cls}")
+        except Exception as err:
+            out.append({"model": name, "plan": plan_name, "error": f"{type(err).__name__}: {err}"})
+            log(f"profile {plan_name} FAILED: {type(err).__name__}: {err}")
+        finally:
+            free(engine, model)
+    return out
