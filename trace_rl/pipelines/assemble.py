@@ -159,7 +159,8 @@ def build(cfg: PipelineConfig, run_dir: str | Path | None = None, title: str = "
         seed=cfg.seed, epochs_per_batch=t.epochs_per_batch, micro_batch_size=t.micro_batch_size,
         grad_clip=t.grad_clip, eval_every=cfg.loop.eval_every, eval_prompts=cfg.loop.eval_prompts,
         checkpoint_every=cfg.loop.checkpoint_every,
-        logging=cfg.logging.model_dump(include={"jsonl", "tensorboard", "progress", "plot"}),
+        logging=cfg.logging.model_dump(include={"jsonl", "tensorboard", "progress", "plot", "loggers", "wandb",
+                                                "mlflow"}),
         config=cfg, title=title or f"{cfg.precision.label}, corrections: "
                                    f"{', '.join(c.kind for c in cfg.corrections) or 'none'}",
         **extra,

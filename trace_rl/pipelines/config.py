@@ -105,6 +105,26 @@ class LoopSection(TraceConfig):
         return v
 
 
+LoggerName = Literal["csv", "tensorboard", "wandb", "mlflow"]
+
+
+class WandbSection(TraceConfig):
+    """Weights & Biases (logging.loggers: [wandb])."""
+
+    project: str = Field("trace-rl", description="W&B project.")
+    entity: str | None = Field(None, description="W&B entity (team or user; None: your default).")
+    mode: Literal["offline", "online"] = Field(
+        "offline", description="offline: the run stays in <run>/wandb/ (`wandb sync` uploads it later); "
+                               "online: streamed to the W&B server (needs `wandb login`).")
+
+
+class MLflowSection(TraceConfig):
+    """MLflow (logging.loggers: [mlflow])."""
+
+    tracking_uri: str | None = Field(None, description="MLflow tracking URI (None: a file store in <run>/mlruns).")
+    experiment: str = Field("trace-rl", description="MLflow experiment the run is logged under.")
+
+
 class LoggingSection(TraceConfig):
     """Where the run writes."""
 
@@ -112,9 +132,29 @@ class LoggingSection(TraceConfig):
     name: str | None = Field(None, description="Run directory name inside `dir` (None: <preset-or-plan>-<timestamp>); "
                                                "one path component: no '/', '\\' or '..'.")
     jsonl: bool = Field(True, description="Write metrics.jsonl (one JSON object per step).")
-    tensorboard: bool = Field(False, description="Also write TensorBoard events (needs the tensorboard package).")
+    loggers: tuple[LoggerName, ...] = Field(
+        (), description="torchrl loggers that also receive every metric, under train/, rollout/, drift/ and "
+                        "eval/: csv (<run>/csv/), tensorboard (<run>/tensorboard/), wandb, mlflow. A missing "
+                        "package is an error.")
+    tensorboard: bool = Field(False, description="Same as adding 'tensorboard' to loggers (older configs).")
+    wandb: WandbSection = Field(default_factory=WandbSection, description="W&B options (loggers: [wandb]).")
+    mlflow: MLflowSection = Field(default_factory=MLflowSection, description="MLflow options (loggers: [mlflow]).")
     progress: bool = Field(True, description="Show a progress bar with reward, accuracy and mismatch.")
     plot: bool = Field(True, description="Write curves.png (reward/accuracy, mismatch_k3, ess over steps).")
+
+    @property
+    def logger_names(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys([*self.loggers, *(["tensorboard"] if self.tensorboard else [])]))
+
+    @model_validator(mode="after")
+    def _logger_packages(self) -> LoggingSection:
+        from trace_rl.pipelines.loggers import missing_logger_packages
+
+        missing = missing_logger_packages(self.logger_names)
+        if missing:
+            raise ValueError(f"logging.loggers needs packages that are not installed: {', '.join(missing)}; "
+                             f"install them or remove those loggers")
+        return self
 
     @field_validator("name")
     @classmethod

@@ -314,7 +314,8 @@ class Pipeline:
         if self.config is not None:
             write_text_atomic(self.run_dir / "config.yaml", self.config.to_yaml())
         log = RunLog(self.run_dir, total_steps=self.steps, start_step=self.step,
-                     **{k: v for k, v in self.logging.items() if k in ("jsonl", "tensorboard", "progress")})
+                     **{k: v for k, v in self.logging.items()
+                        if k in ("jsonl", "tensorboard", "progress", "loggers", "wandb", "mlflow")})
         if resumed is not None:
             log.log({"kind": "resume", "step": self.step, **resumed})
         stop = _StopRequests().install() if getattr(self, "world", 1) == 1 else _StopRequests()

@@ -1,4 +1,5 @@
-"""Run outputs: metrics.jsonl, optional TensorBoard, a progress bar, the summary table and curves.png."""
+"""Run outputs: metrics.jsonl, torchrl loggers (csv, TensorBoard, W&B, MLflow), a progress bar, the summary table
+and curves.png."""
 
 from __future__ import annotations
 
@@ -11,20 +12,19 @@ PROGRESS_KEYS = (("reward", "reward"), ("acc", "correct"), ("k3", "mismatch_k3")
 
 class RunLog:
     def __init__(self, run_dir: Path, jsonl: bool = True, tensorboard: bool = False, progress: bool = True,
-                 total_steps: int = 0, start_step: int = 0):
-        """`start_step` > 0: a resumed run (metrics.jsonl was truncated to that step; TensorBoard events
-        after it are purged)."""
+                 total_steps: int = 0, start_step: int = 0, loggers: tuple[str, ...] = (), wandb: dict | None = None,
+                 mlflow: dict | None = None):
+        """`start_step` > 0: a resumed run (metrics.jsonl was truncated to that step; the loggers' records
+        after it are dropped, see `trace_rl.pipelines.loggers`). `loggers`: torchrl loggers (csv,
+        tensorboard, wandb, mlflow); `tensorboard=True` adds tensorboard."""
+        from trace_rl.pipelines.loggers import MetricLoggers
+
         self.run_dir = run_dir
         self.history: list[dict] = []
+        self.start_step = start_step
+        names = tuple(dict.fromkeys([*loggers, *(["tensorboard"] if tensorboard else [])]))
+        self.loggers = MetricLoggers(run_dir, names, start_step=start_step, wandb=wandb, mlflow=mlflow)
         self._jsonl = (run_dir / "metrics.jsonl").open("a") if jsonl else None
-        self._tb = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError as err:
-                raise RuntimeError("logging.tensorboard=true needs the tensorboard package: "
-                                   "pip install tensorboard (or set logging.tensorboard=false)") from err
-            self._tb = SummaryWriter(str(run_dir / "tensorboard"), purge_step=start_step + 1 if start_step else None)
         self._bar = None
         if progress:
             from tqdm.auto import tqdm
@@ -36,10 +36,7 @@ class RunLog:
         if self._jsonl:
             self._jsonl.write(json.dumps(record, default=float) + "\n")
             self._jsonl.flush()
-        if self._tb:
-            for key, value in record.items():
-                if isinstance(value, (int, float)) and key != "step":
-                    self._tb.add_scalar(key, value, record["step"])
+        self.loggers.log(record)
         if self._bar is not None and record.get("kind") == "train":
             self._bar.update(1)
             self._bar.set_postfix({short: f"{record[key]:.3g}" for short, key in PROGRESS_KEYS if key in record})
@@ -49,8 +46,7 @@ class RunLog:
             self._bar.close()
         if self._jsonl:
             self._jsonl.close()
-        if self._tb:
-            self._tb.close()
+        self.loggers.close()
 
 
 def _records(text: str, path: Path) -> list[dict]:
