@@ -111,6 +111,8 @@ class DistributedPipeline(Pipeline):
         full = fsdp.all_gather_rows(local, fsdp.rank_row_counts(rows, self.micro_batch_size, self.world))
         for i, key in enumerate(self.trainer_logprobs.out_keys):
             sample.set(key, full if i == 0 else full.clone())
+        if self.reference is not None:      # a full copy on every rank: the whole sample, the same numbers
+            self.reference(sample)
         self.corrections(sample)
         return self.drift(sample)
 

@@ -6,6 +6,7 @@ from trace_rl.objectives.config import LOSSES, LossConfig
 from trace_rl.objectives.grpo import GRPOLoss
 from trace_rl.objectives.logprobs import TrainerLogProbs, response_log_probs
 from trace_rl.objectives.policy_gradient import PolicyGradientLoss
+from trace_rl.objectives.reference import ReferencePolicy
 
 __all__ = [
     "LOSSES",
@@ -13,6 +14,7 @@ __all__ = [
     "GRPOLoss",
     "LossConfig",
     "PolicyGradientLoss",
+    "ReferencePolicy",
     "TrainerLogProbs",
     "aggregate",
     "response_log_probs",

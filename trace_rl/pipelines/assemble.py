@@ -11,6 +11,7 @@ import torch
 from trace_rl.config import ConfigError
 from trace_rl.pipelines.config import DEFAULT_MODEL, PipelineConfig
 from trace_rl.pipelines.pipeline import Pipeline
+from trace_rl.pipelines.schedules import make_lr_scheduler
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_POLICY_DIR = ASSETS / "default_policy"
@@ -86,6 +87,20 @@ def make_engine(cfg: PipelineConfig, model, tokenizer, device: torch.device):
                       ("rollout.engine",))
 
 
+def make_reference(cfg: PipelineConfig, model, tokenizer):
+    """The frozen reference policy of the KL term, or None when trainer.loss.kl_to_ref_coeff is off."""
+    if not cfg.trainer.loss.kl_to_ref_coeff:
+        return None
+    from trace_rl.objectives.reference import ReferencePolicy
+
+    r, s = cfg.trainer.reference, cfg.rollout.sampling     # the policy's own temperature / top-k / top-p
+    return ReferencePolicy.from_policy(
+        model, device="cpu" if r.device == "cpu" else None,
+        dtype=None if r.dtype == "same" else {"float32": torch.float32, "bfloat16": torch.bfloat16}[r.dtype],
+        temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, pad_token_id=tokenizer.pad_token_id,
+        micro_batch_size=cfg.trainer.micro_batch_size)
+
+
 def stop_token_ids(task, tokenizer) -> tuple[int, ...]:
     ids = [tokenizer.eos_token_id] if getattr(tokenizer, "eos_token_id", None) is not None else []
     for s in getattr(task, "stop_strings", ()):
@@ -118,6 +133,7 @@ def build(cfg: PipelineConfig, run_dir: str | Path | None = None, title: str = "
         scale_out = ScaleOut.setup(cfg, device)
         device = scale_out.device
     model, tokenizer = load_policy(cfg, device)
+    reference = make_reference(cfg, model, tokenizer)      # the initial policy, before any sharding or training
     task = build_task(cfg.task)
     if scale_out is None:
         engine = make_engine(cfg, model, tokenizer, device)
@@ -147,6 +163,8 @@ def build(cfg: PipelineConfig, run_dir: str | Path | None = None, title: str = "
         optimizer = torch.optim.AdamW(params, lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)
     else:
         optimizer = torch.optim.SGD(params, lr=t.lr, weight_decay=t.weight_decay)
+    lr_scheduler = make_lr_scheduler(optimizer, t.lr_schedule, cfg.loop.steps) if t.lr_schedule.kind != "constant" \
+        or t.lr_schedule.warmup_steps else None
     if run_dir is None:
         label = cfg.precision.label.replace("(", "-").replace(")", "").replace("/", "-")   # shell-friendly
         name = cfg.logging.name or f"{label}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -158,7 +176,7 @@ def build(cfg: PipelineConfig, run_dir: str | Path | None = None, title: str = "
         sampling=sampling, steps=cfg.loop.steps, prompts_per_step=cfg.loop.prompts_per_step,
         seed=cfg.seed, epochs_per_batch=t.epochs_per_batch, micro_batch_size=t.micro_batch_size,
         grad_clip=t.grad_clip, eval_every=cfg.loop.eval_every, eval_prompts=cfg.loop.eval_prompts,
-        checkpoint_every=cfg.loop.checkpoint_every,
+        checkpoint_every=cfg.loop.checkpoint_every, reference=reference, lr_scheduler=lr_scheduler,
         logging=cfg.logging.model_dump(include={"jsonl", "tensorboard", "progress", "plot", "loggers", "wandb",
                                                 "mlflow"}),
         config=cfg, title=title or f"{cfg.precision.label}, corrections: "

@@ -15,6 +15,7 @@ from trace_rl.correction.registry import CorrectionConfig
 from trace_rl.data.advantages import GroupAdvantageConfig
 from trace_rl.distributed.config import DistributedSection
 from trace_rl.objectives.config import LossConfig
+from trace_rl.pipelines.schedules import LRScheduleSection
 from trace_rl.plan import PrecisionPlan
 from trace_rl.tasks.config import ArithmeticConfig, TaskConfig
 
@@ -57,11 +58,23 @@ class RolloutSection(TraceConfig):
     max_seq_len: int = Field(256, ge=8, description="Prompt + response tokens per sequence (KV-cache size).")
 
 
+class ReferenceSection(TraceConfig):
+    """The reference policy of the KL term (used when trainer.loss.kl_to_ref_coeff > 0): a frozen copy of the
+    initial policy."""
+
+    device: Literal["same", "cpu"] = Field("same", description="'same': beside the policy; 'cpu': in host "
+                                                                "memory (frees accelerator memory, slower).")
+    dtype: Literal["same", "float32", "bfloat16"] = Field(
+        "same", description="'same' as the policy, or a cast (bfloat16 halves its memory).")
+
+
 class TrainerSection(TraceConfig):
     """Optimisation of the policy."""
 
     optimizer: Literal["adamw", "sgd"] = Field("adamw", description="Optimizer.")
-    lr: float = Field(1e-4, gt=0, description="Learning rate.")
+    lr: float = Field(1e-4, gt=0, description="Learning rate (the peak, with a schedule).")
+    lr_schedule: LRScheduleSection = Field(default_factory=LRScheduleSection,
+                                           description="Warmup and decay of the learning rate over loop.steps.")
     weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay (AdamW).")
     betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas (each in [0, 1)).")
     epochs_per_batch: int = Field(1, ge=1, description="Optimizer passes over each collected batch.")
@@ -70,6 +83,8 @@ class TrainerSection(TraceConfig):
     loss: LossConfig = Field(default_factory=LossConfig, description="The GRPO-family objective.")
     advantage: GroupAdvantageConfig = Field(default_factory=GroupAdvantageConfig,
                                             description="How rewards become advantages.")
+    reference: ReferenceSection = Field(default_factory=ReferenceSection,
+                                        description="Where the reference policy of the KL term runs.")
 
     @field_validator("betas")
     @classmethod
@@ -192,4 +207,7 @@ class PipelineConfig(TraceConfig):
         if self.rollout.engine == "hf" and self.precision.is_quantized:
             raise ValueError(f"rollout.engine='hf' runs transformers' own bf16 model; precision "
                              f"{self.precision.label!r} needs engine 'native' (or 'vllm')")
+        if self.trainer.lr_schedule.warmup_steps >= self.loop.steps:
+            raise ValueError(f"trainer.lr_schedule.warmup_steps={self.trainer.lr_schedule.warmup_steps} leaves no "
+                             f"step after the warmup (loop.steps={self.loop.steps}); lower it")
         return self

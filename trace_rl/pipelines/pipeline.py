@@ -38,6 +38,7 @@ from trace_rl.pipelines.checkpoint import (
 )
 from trace_rl.pipelines.run_dir import RunDirectory, write_text_atomic
 from trace_rl.pipelines.run_log import RunLog, plot_curves, read_history, summary_table, truncate_metrics
+from trace_rl.pipelines.schedules import seek
 
 
 class RunInterrupted(Exception):  # noqa: N818  (not an error: the run stopped on request, with a checkpoint)
@@ -108,6 +109,8 @@ class Pipeline:
     title: str = ""
     step: int = 0
     drift: DriftMetrics = field(default_factory=DriftMetrics)
+    reference: object | None = None        # a ReferencePolicy writing ("log_probs","ref") for the KL term
+    lr_scheduler: object | None = None     # a torch LambdaLR stepped once per RL step (trace_rl.pipelines.schedules)
 
     def __post_init__(self):
         self._eval_problems = self.task.problems(self.eval_prompts, self.seed, "eval")
@@ -130,8 +133,11 @@ class Pipeline:
         sample = self.draw_sample(batch)
         report = self.score_sample(sample)
         self.model.train()
+        lr = self.optimizer.param_groups[0]["lr"]
         losses, outs, grad_norm = self.optimize(sample)
         self.model.eval()
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
         self.step += 1
         self.sync_weights()
         t_total = time.perf_counter() - t0
@@ -139,7 +145,7 @@ class Pipeline:
             "kind": "train", "step": self.step, "policy_version": self.engine.policy_version,
             "reward": batch.get(K.REWARD).mean().item(),
             **{k: v for k, v in getattr(self.collector.reward_fn, "last_stats", {}).items()},
-            "loss": sum(losses) / len(losses), "grad_norm": grad_norm.item(),
+            "loss": sum(losses) / len(losses), "grad_norm": grad_norm.item(), "lr": lr,
             **{k: _mean([float(o[k]) for o in outs]) for k in outs[0].keys() if not k.startswith("loss_")},
             **report.flat(),
             "response_length": rollout_tokens / batch.batch_size[0],
@@ -161,6 +167,8 @@ class Pipeline:
         """Trainer log-probs, corrections and drift metrics of the sample (in place); returns the drift report."""
         with self._guidance(sample):
             self.trainer_logprobs(sample)
+        if self.reference is not None:
+            self.reference(sample)
         self.corrections(sample)
         return self.drift(sample)
 
@@ -291,6 +299,8 @@ class Pipeline:
                 group["lr"] = changed["trainer.lr"][1]
                 if "initial_lr" in group:
                     group["initial_lr"] = changed["trainer.lr"][1]
+        if self.lr_scheduler is not None:     # the schedule's rate at this step, from the (new) base rate
+            seek(self.lr_scheduler, self.step)
 
     # -- the whole run --
     def run(self, resume: bool = False, overwrite: bool = False) -> dict:
