@@ -53,3 +53,23 @@ def test_quantized_plans_run_and_report_paths(preset, rng):
     report = engine.report()
     print(preset, report["linear"], report["kv"])
     assert report["kv"]["decode_attention"] != "torch.reference" or engine.cache.why
+
+
+def test_pool_preemption_and_contiguous_autotune_on_gpu(rng):
+    model, _ = tiny_model("tiny", seed=6, device="cuda", dtype=torch.bfloat16)
+    sampling = SamplingParams(n=4, temperature=1.0, max_new_tokens=40, ignore_stop=True, seed=2)
+    prompts = random_prompts([5, 3], rng)
+    pool = NativeEngine(model, max_batch=8, max_seq_len=64, block_size=8, num_pages=14)
+    out = pool.generate(prompts, sampling)
+    assert pool.report()["preemptions"] > 0 and (out[K.NUM_GENERATED] == 40).all()
+    assert pool.pool.free == pool.pool.num_pages
+    diff = (out[K.LOGP_ROLLOUT] - trainer_log_probs(model, out, sampling)).abs()[out[K.MASK_RESPONSE]]
+    assert diff.isfinite().all() and diff.mean() < 2e-2
+    contiguous = NativeEngine(model, max_batch=8, max_seq_len=64, block_size=8, kv_layout="contiguous")
+    greedy = SamplingParams(n=2, temperature=0.0, max_new_tokens=30, ignore_stop=True)
+    a = contiguous.generate(prompts, greedy)
+    report = contiguous.report()
+    print(report["attention_chosen"], report["attention_timings"])
+    assert report["attention_chosen"]
+    b = _engine(model, graphs=False).generate(prompts, greedy)
+    assert (a[K.TOKENS_RESPONSE] == b[K.TOKENS_RESPONSE]).float().mean() > 0.9   # bf16: paths round apart
