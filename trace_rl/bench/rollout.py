@@ -105,13 +105,13 @@ def run_rollout_bench(args) -> dict:
     for name in filter(None, args.models.split(",")):
         if "grid" in parts:
             attempt(f"grid {name}", lambda n=name: run_grid(args, n, device, bw, log), "grid", many=True)
-        if "profile" in parts:
-            attempt(f"profile {name}", lambda n=name: run_profiles(args, n, device, log), "profile", many=True)
         if "fixed" in parts:
             for r in [int(x) for x in args.response_lens.split(",") if x]:
                 for plan in filter(None, args.plans.split(",")):
                     attempt(f"fixed {name} {plan} R={r}",
                             lambda n=name, p=plan, r=r: fixed_workload(args, n, p, r, device, bw, log), "results")
+        if "profile" in parts:
+            attempt(f"profile {name}", lambda n=name: run_profiles(args, n, device, log), "profile", many=True)
         if "realistic" in parts:
             for plan in filter(None, args.realistic_plans.split(",")):
                 attempt(f"realistic {name} {plan}", lambda n=name, p=plan: realistic_workload(args, n, p, device, log),
