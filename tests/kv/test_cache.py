@@ -73,3 +73,16 @@ def test_fast_bf16_paths_match_reference(path, rng):
     fast = getattr(attn, path)(q, cache.k[0], cache.v[0], lens, 128 ** -0.5, pages * block)
     ref = attn.reference(q, cache.k[0], cache.v[0], table, lens, 128 ** -0.5)
     torch.testing.assert_close(fast.float(), ref.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", [None, "cudnn"])
+def test_sdpa_span_paths_match_reference(backend, rng):
+    batch, pages, block = 4, 6, 16
+    cache, table, lens = _filled_cache("bf16", rng, "cuda", torch.bfloat16, batch, pages, block, hkv=8, d=128,
+                                       shuffle=False)
+    q = torch.randn(batch, 32, 128, generator=rng).to("cuda", torch.bfloat16)
+    span = int(lens.max())                           # reads only the longest row's positions of each slot
+    fast = attn.sdpa_masked(q, cache.k[0], cache.v[0], lens, 128 ** -0.5, pages * block, span, backend)
+    ref = attn.reference(q, cache.k[0], cache.v[0], table, lens, 128 ** -0.5)
+    torch.testing.assert_close(fast.float(), ref.float(), rtol=2e-2, atol=2e-2)

@@ -39,7 +39,7 @@ from trace_rl.engine.pages import PagePool
 from trace_rl.engine.sampling import sample_with_counter
 from trace_rl.formats.paged_kv import slots_for
 from trace_rl.kv import KVStep, PagedKVCache
-from trace_rl.kv.cache import default_page_size
+from trace_rl.kv.cache import SPAN_PATHS, default_page_size
 from trace_rl.models.decoder import Decoder, build
 from trace_rl.models.loading import load_state_dict_into
 from trace_rl.op_ranges import op_range
@@ -49,6 +49,7 @@ log = logging.getLogger("trace_rl.engine")
 
 KV_LAYOUTS = ("pool", "contiguous")
 MAX_STOP_IDS = 64
+CONTEXT_STEP = 512         # contexts share an attention choice (and a span) per 512 tokens
 
 
 def rollout_copy(model: Decoder, plan: PrecisionPlan, device: torch.device, dtype: torch.dtype) -> Decoder:
@@ -198,17 +199,17 @@ class NativeEngine(RolloutEngine):
         self.policy_version = int(version)
 
     # -- the decode step over slots [0, n): what a CUDA graph captures --
-    def _decode_forward(self, n: int, path: str | None) -> torch.Tensor:
+    def _decode_forward(self, n: int, path: str | None, span: int | None = None) -> torch.Tensor:
         pos = self.positions[:n]
         table = self.block_table[:n]
         kv = KVStep(self.cache, slots_for(table, pos[:, None], self.block_size), table, (pos + 1).to(torch.int32),
                     prefill=False, capacity=self.capacity if self.kv_layout == "contiguous" else None,
-                    attention=path)
+                    attention=path, span=span)
         return self.model(self.tokens[:n, None], pos[:, None], kv)[:, 0]
 
-    def _step(self, n: int, path: str | None, sampling: tuple[float, int, float]) -> None:
+    def _step(self, n: int, path: str | None, sampling: tuple[float, int, float], span: int | None = None) -> None:
         """Forward, sample, record the token and its log-prob at the slot's ngen, stop check, advance."""
-        logits = self._decode_forward(n, path)
+        logits = self._decode_forward(n, path, span)
         with op_range("sampling"):
             tok, logp = sample_with_counter(logits, *sampling, self.rng)
         with op_range("bookkeeping"):
@@ -244,10 +245,12 @@ class NativeEngine(RolloutEngine):
         them reaches in this step (chooses the attention path)."""
         b = bucket_for(self.buckets, n)
         path = self.attention_path(b, max_len)
+        span = self.context_bucket(max_len) if path in SPAN_PATHS else None
         if self.graphs is None:              # eager: exactly the n rows (noise is per row: the same draws)
-            self._step(n, path, sampling)
+            self._step(n, path, sampling, span)
         else:
-            self.graphs.run(("step", b, path, sampling), lambda: self._step(b, path, sampling), self._quiet)
+            self.graphs.run(("step", b, path, span, sampling), lambda: self._step(b, path, sampling, span),
+                            self._quiet)
         self.stats["decode_steps"] += 1
         self.stats["decode_rows"] += b if self.graphs is not None else n
 
@@ -256,10 +259,12 @@ class NativeEngine(RolloutEngine):
         benches time it against the plain PyTorch step). Writes the current tokens' K/V, changes no state.
         `path`: a decode-attention path (default: the engine's choice for this batch and context)."""
         b = bucket_for(self.buckets, n)
-        path = path or self.attention_path(b, max_len or self.capacity)
+        max_len = max_len or self.capacity
+        path = path or self.attention_path(b, max_len)
+        span = self.context_bucket(max_len) if path in SPAN_PATHS else None
         if self.graphs is None:
-            return self._decode_forward(b, path)[:n]
-        return self.graphs.run(("forward", b, path), lambda: self._decode_forward(b, path),
+            return self._decode_forward(b, path, span)[:n]
+        return self.graphs.run(("forward", b, path, span), lambda: self._decode_forward(b, path, span),
                                contextlib.nullcontext)[:n]
 
     # -- attention path per (batch bucket, context bucket) --
@@ -275,8 +280,8 @@ class NativeEngine(RolloutEngine):
         return self.attention_choice[key]["path"]
 
     def context_bucket(self, length: int) -> int:
-        """Contexts share an attention choice up to the next power of two (at least 256, at most capacity)."""
-        return min(self.capacity, 1 << max(8, math.ceil(math.log2(max(length, 1)))))
+        """Contexts share an attention choice (and the span a span path reads) per CONTEXT_STEP tokens."""
+        return min(self.capacity, -(-max(length, 1) // CONTEXT_STEP) * CONTEXT_STEP)
 
     @torch.no_grad()
     def _time_attention(self, n: int, length: int, candidates: list[str]) -> dict:
@@ -290,7 +295,9 @@ class NativeEngine(RolloutEngine):
             if self.kv_layout == "contiguous" else self.block_table[:n]
         times = {}
         for path in candidates:
-            call = lambda p=path: self.cache.decode(0, q, table, lens, c.head_dim ** -0.5, self.capacity, p)  # noqa
+            span = length if path in SPAN_PATHS else None
+            call = lambda p=path, s=span: self.cache.decode(0, q, table, lens, c.head_dim ** -0.5,  # noqa: E731
+                                                            self.capacity, p, s)
             try:
                 times[path] = round(median_ms(call, self.device, iters=5, warmup=2), 4)
             except Exception as err:          # a path this torch build cannot run at this shape: say so, skip

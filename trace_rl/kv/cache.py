@@ -10,9 +10,10 @@ in prefill, in decode, or fake-quantized by the aligned trainer.
 Paths, chosen once per cache and reported (`paths`), never silently:
 - write: `kernels.kv_write` (GPU, when `trace_rl.kernels` provides it) or `torch.write_reference`.
 - decode attention: `kernels.decode_attention` (GPU, any format, any block table); for a bf16 cache on a
-  GPU whose pages are slot-contiguous also `torch.efficient_varlen` / `torch.flash_varlen` (`sdpa_masked`
-  on request); `torch.reference` (gather + dequantize) on CPU. `candidates()` lists what can run; the
-  engine measures them and picks per batch and context length (`KVStep.attention`).
+  GPU whose pages are slot-contiguous also `torch.flash_varlen`, and SDPA over a static span of every
+  slot with a length mask (`torch.sdpa_cudnn`: cuDNN's kernel; `torch.sdpa_masked`: SDPA's choice;
+  `torch.efficient_varlen` on request); `torch.reference` (gather + dequantize) on CPU. `candidates()`
+  lists what can run; the engine measures them and picks per batch and context (`KVStep.attention`).
 """
 
 from __future__ import annotations
@@ -37,9 +38,12 @@ def default_page_size(kv_format: str) -> int:
     return PAGE_SIZE.get(kv_format, 16)
 
 
-ATTENTION_CHOICES = ("auto", "kernels", "flash_varlen", "efficient_varlen", "sdpa_masked", "reference")
+ATTENTION_CHOICES = ("auto", "kernels", "flash_varlen", "efficient_varlen", "sdpa_masked", "sdpa_cudnn",
+                     "reference")
 # Paths that need slot-contiguous pages (row b's pages are b*P .. b*P+P-1, `KVStep.capacity` set).
-CONTIGUOUS_ONLY = ("torch.flash_varlen", "torch.efficient_varlen", "torch.sdpa_masked")
+CONTIGUOUS_ONLY = ("torch.flash_varlen", "torch.efficient_varlen", "torch.sdpa_masked", "torch.sdpa_cudnn")
+# Paths that read a static span of every slot (the step's longest context, rounded up: `KVStep.span`).
+SPAN_PATHS = ("torch.sdpa_masked", "torch.sdpa_cudnn")
 
 
 def _kernels():
@@ -114,7 +118,8 @@ class PagedKVCache:
             return [self.attention_path]
         out = ["kernels.decode_attention"] if self._kernels_ok else []
         if self.device.type == "cuda" and self.kv_format == "bf16" and contiguous:
-            out += ["torch.efficient_varlen", "torch.flash_varlen"]
+            # efficient_varlen ran 1.5x slower than these at every measured shape (H200, docs/engine.md)
+            out += ["torch.flash_varlen", "torch.sdpa_cudnn", "torch.sdpa_masked"]
         return out or [self.attention_path]
 
     # -- sizes --
@@ -141,7 +146,7 @@ class PagedKVCache:
         return self.k[layer].read_reference(slots), self.v[layer].read_reference(slots)
 
     def decode(self, layer: int, q: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
-               scale: float, capacity: int | None, path: str | None = None) -> torch.Tensor:
+               scale: float, capacity: int | None, path: str | None = None, span: int | None = None) -> torch.Tensor:
         k, v = self.k[layer], self.v[layer]
         path = path or self.attention_path
         if path == "kernels.decode_attention":
@@ -156,7 +161,9 @@ class PagedKVCache:
         if path == "torch.efficient_varlen":
             return attn.efficient_varlen(q, k, v, seq_lens, scale, capacity)
         if path == "torch.sdpa_masked":
-            return attn.sdpa_masked(q, k, v, seq_lens, scale, capacity)
+            return attn.sdpa_masked(q, k, v, seq_lens, scale, capacity, span)
+        if path == "torch.sdpa_cudnn":
+            return attn.sdpa_masked(q, k, v, seq_lens, scale, capacity, span, backend="cudnn")
         return attn.reference(q, k, v, block_table, seq_lens, scale)
 
     @torch.no_grad()
@@ -181,6 +188,7 @@ class KVStep:
     prefill: bool
     capacity: int | None = None
     attention: str | None = None          # decode-attention path (None: the cache's default)
+    span: int | None = None               # SPAN_PATHS: positions of each slot they read (>= every seq_len)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         b, t, hkv, d = k.shape
@@ -197,5 +205,5 @@ class KVStep:
             raise ValueError(f"decode takes one new token per sequence, got {t}")
         with op_range("attention"):
             out = self.cache.decode(layer, q[:, 0], self.block_table, self.seq_lens, scale, self.capacity,
-                                    self.attention)
+                                    self.attention, self.span)
         return out.unsqueeze(1)
