@@ -10,9 +10,9 @@ tokens/s = B*R / wave. An end-to-end `generate` checks the model.
 **Realistic** (`realistic_workload`): N prompts x G samples, response lengths drawn from a log-normal
 (median `--realistic-median`, sigma `--realistic-sigma`) clipped to [16, R]; each sample ends with a stop
 token that the engine detects as in a real run (the bench's head raises the stop token's logit when the
-sample reaches its drawn length: random weights never choose to stop). The KV pool is what the GPU holds
-beside the weights; with `--realistic-layers` < the model's layers (a cheaper run of the same shapes),
-the pool is scaled to hold as many tokens as the whole model's would. Reported: tokens/s (graph
+sample reaches its drawn length, and masks it before: random weights never choose to stop). The KV pool
+is what the GPU holds beside the weights; with `--realistic-layers` < the model's layers (a cheaper run
+of the same shapes), the pool is scaled to hold as many tokens as the whole model's would. Reported: tokens/s (graph
 captures excluded and included), preemptions, mean decode batch, prefill tokens, shared prompt pages.
 """
 
@@ -150,8 +150,9 @@ def _page(plan) -> int:
 
 
 class ForcedStop(nn.Module):
-    """The realistic workload's head: the model's lm_head, plus a stop-token logit of 1e4 for the slots whose
-    sample has reached its drawn length (read from the engine's slot state inside the captured step)."""
+    """The realistic workload's head: the model's lm_head, with the stop token's logit set to 1e4 for the
+    slots whose sample has reached its drawn length and to -inf before (read from the engine's slot state
+    inside the captured step)."""
 
     def __init__(self, head: nn.Module, engine_ref: list, targets: torch.Tensor, stop_id: int):
         super().__init__()
@@ -167,8 +168,8 @@ class ForcedStop(nn.Module):
             return logits
         e, n = self.engine_ref[0], x.shape[0]
         due = e.ngen[:n] + 1 >= self.targets[e.slot_row[:n]]
-        logits[:, 0, self.stop_id] = torch.where(due, torch.full_like(logits[:, 0, 0], 1e4),
-                                                 logits[:, 0, self.stop_id])
+        # the stop token when due, never before (random weights would draw it about once per vocab size)
+        logits[:, 0, self.stop_id] = torch.where(due, 1e4, float("-inf")).to(logits.dtype)
         return logits
 
 
@@ -198,7 +199,8 @@ def realistic_workload(args, name: str, plan_name: str, device, log) -> dict:
     per_token = bm.kv_bytes_per_token(plan.kv_cache, c.num_layers, c.num_kv_heads, c.head_dim)
     if device.type == "cuda":
         budget, _ = kv_budget(args, model, device, layers / full_layers)
-        num_pages = int(budget // (per_token * block + 2 * c.vocab_size))
+        slots = min(rows, args.realistic_max_batch)
+        num_pages = int((budget - slots * 40 * c.vocab_size * layers / full_layers) // (per_token * block))
     else:
         num_pages = rows * math.ceil((p + r) / block)
     num_pages = max(num_pages, math.ceil((p + r) / block))

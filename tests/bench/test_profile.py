@@ -1,0 +1,39 @@
+"""The decode-step profile attributes each GPU kernel to the op range that launched it, or by its name."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace as NS
+
+from torch.autograd import DeviceType
+
+from trace_rl.bench.profile import classify
+from trace_rl.op_ranges import PREFIX
+
+
+def _cpu(i, name, parent=None):
+    return NS(id=i, name=name, cpu_parent=parent, device_type=DeviceType.CPU)
+
+
+def _gpu(name, start, dur, corr=0):
+    return NS(name=name, device_type=DeviceType.CUDA, linked_correlation_id=corr,
+              time_range=NS(start=start, end=start + dur))
+
+
+def test_classify_by_range_then_by_name():
+    rope = _cpu(1, PREFIX + "rope")
+    mul = _cpu(2, "aten::mul", rope)
+    lin = _cpu(3, PREFIX + "linear")
+    mm = _cpu(4, "aten::mm", lin)
+    events = [rope, mul, lin, mm,
+              _gpu("elementwise_kernel<mul>", 0, 1000, corr=2),         # torch op inside the rope range
+              _gpu("nvjet_sm90_gemm", 1000, 3000, corr=4),              # cuBLAS inside the linear range
+              _gpu("_quantize_rows_kernel", 4000, 500),                 # Triton, before an FP4 GEMM
+              _gpu("_fp4_gemm_kernel", 4500, 2000),
+              _gpu("_quantize_rows_kernel", 6500, 250),                 # Triton, before attention: KV write
+              _gpu("_decode_attention_kernel", 6750, 4000),
+              _gpu("_sample_kernel", 10750, 100)]
+    per_class, per_kernel, count = classify(NS(events=lambda: events))
+    assert count == 7
+    assert per_class == {"rope": 1.0, "linear": 5.0, "quantization": 0.5, "kv_write": 0.25, "attention": 4.0,
+                         "sampling": 0.1}
+    assert per_kernel["_quantize_rows_kernel"] == 0.75
