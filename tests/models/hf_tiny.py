@@ -1,4 +1,4 @@
-"""Tiny random HF checkpoints (Llama, Qwen2, Qwen3) written by transformers' own classes: no hub access."""
+"""Tiny random HF checkpoints (Llama, Qwen2, Qwen3, Qwen3-MoE) written by transformers' own classes: no hub access."""
 
 from __future__ import annotations
 
@@ -31,13 +31,7 @@ def hf_model(family: str, seed: int, std: float = 0.1, **kw):
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(hf_config(family, **kw)).float().eval()
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=gen))
-            else:
-                p.copy_(std * torch.randn(p.shape, generator=gen))
+    _randomize(model, seed, std)
     return model
 
 
@@ -46,3 +40,34 @@ def hf_folder(family: str, folder, seed: int, **kw):
     model = hf_model(family, seed, **kw)
     model.save_pretrained(str(folder))
     return folder, model
+
+
+def hf_moe_config(vocab: int = 83, norm_topk_prob: bool = True, mlp_only_layers=(1,), sparse_step: int = 1,
+                  tie: bool = False):
+    """A tiny Qwen3-MoE: 3 layers (layer 1 dense by default), 8 experts, top 3, odd-ish widths."""
+    from transformers import Qwen3MoeConfig
+
+    return Qwen3MoeConfig(vocab_size=vocab, hidden_size=64, intermediate_size=96, moe_intermediate_size=40,
+                          num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                          num_experts=8, num_experts_per_tok=3, norm_topk_prob=norm_topk_prob,
+                          decoder_sparse_step=sparse_step, mlp_only_layers=list(mlp_only_layers),
+                          rope_theta=5000.0, max_position_embeddings=512, tie_word_embeddings=tie)
+
+
+def hf_moe_model(seed: int, std: float = 0.1, **kw):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(hf_moe_config(**kw)).float().eval()
+    _randomize(model, seed, std)
+    return model
+
+
+def _randomize(model, seed: int, std: float) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=gen))
+            else:
+                p.copy_(std * torch.randn(p.shape, generator=gen))

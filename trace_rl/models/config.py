@@ -1,12 +1,19 @@
-"""`ModelConfig`: the shape of a Llama / Qwen2 / Qwen3 decoder, read from and written to HF `config.json`.
+"""`ModelConfig`: the shape of a Llama / Qwen2 / Qwen3 / Qwen3-MoE decoder, read from and written to HF
+`config.json`.
 
-The three families share one module tree; they differ only in a few switches:
+The families share one module tree; they differ only in a few switches:
 
-| family | q/k/v bias        | o_proj bias       | MLP bias      | QK-norm | usual tie |
-|--------|-------------------|-------------------|---------------|---------|-----------|
-| llama  | attention_bias    | attention_bias    | mlp_bias      | no      | no        |
-| qwen2  | yes (always)      | no                | no            | no      | small ones|
-| qwen3  | attention_bias    | attention_bias    | no            | yes     | small ones|
+| family    | q/k/v bias        | o_proj bias       | MLP bias      | QK-norm | usual tie |
+|-----------|-------------------|-------------------|---------------|---------|-----------|
+| llama     | attention_bias    | attention_bias    | mlp_bias      | no      | no        |
+| qwen2     | yes (always)      | no                | no            | no      | small ones|
+| qwen3     | attention_bias    | attention_bias    | no            | yes     | small ones|
+| qwen3_moe | attention_bias    | attention_bias    | no            | yes     | no        |
+
+Qwen3-MoE (`Qwen3MoeForCausalLM`): layer i is a mixture-of-experts block (`num_experts` SwiGLU experts of
+width `moe_intermediate_size`, the top `num_experts_per_tok` of a softmax router, renormalised when
+`norm_topk_prob`) unless i is in `mlp_only_layers` or (i + 1) is not a multiple of `decoder_sparse_step`;
+those layers are dense MLPs of width `intermediate_size` (`moe_layers()` lists the MoE ones).
 
 RoPE: `default` and `llama3` frequency scaling (Llama 3.1+). Other rope types, sliding windows and
 non-SiLU activations are refused with an error naming the field, never silently ignored.
@@ -18,8 +25,10 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-FAMILIES = ("llama", "qwen2", "qwen3")
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe")
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                 "qwen3_moe": "Qwen3MoeForCausalLM"}
+QK_NORM_FAMILIES = ("qwen3", "qwen3_moe")
 ROPE_TYPES = ("default", "llama3")
 
 
@@ -45,6 +54,14 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_id: int | None = None
     pad_token_id: int | None = None
+    # Mixture of experts (family qwen3_moe; 0 experts = dense)
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+    router_aux_loss_coef: float = 0.001     # the checkpoint's value (round trip); RL uses its own, off by default
 
     def __post_init__(self):
         if self.family not in FAMILIES:
@@ -56,14 +73,48 @@ class ModelConfig:
         if self.rope_scaling is not None and self.rope_scaling.get("rope_type", "default") not in ROPE_TYPES:
             raise ValueError(f"rope_type {self.rope_scaling.get('rope_type')!r} is not supported; "
                              f"supported: {', '.join(ROPE_TYPES)}")
+        object.__setattr__(self, "mlp_only_layers", tuple(int(i) for i in self.mlp_only_layers))
+        if (self.family == "qwen3_moe") != (self.num_experts > 0):
+            raise ValueError(f"family {self.family!r} with num_experts={self.num_experts}: mixture-of-experts "
+                             f"layers need family 'qwen3_moe' and num_experts > 0 (dense families have none)")
+        if self.num_experts > 0:
+            if not 1 <= self.num_experts_per_tok <= self.num_experts:
+                raise ValueError(f"num_experts_per_tok={self.num_experts_per_tok} must be in 1..num_experts="
+                                 f"{self.num_experts}")
+            if self.moe_intermediate_size < 1 or self.decoder_sparse_step < 1:
+                raise ValueError("moe_intermediate_size and decoder_sparse_step must be >= 1")
+            if self.num_experts > 32767:
+                raise ValueError(f"num_experts={self.num_experts}: routing records are int16 (at most 32767)")
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """transformers' rule: sparse unless listed in mlp_only_layers or off the decoder_sparse_step grid."""
+        return (self.num_experts > 0 and layer not in self.mlp_only_layers
+                and (layer + 1) % self.decoder_sparse_step == 0)
+
+    def moe_layers(self) -> list[int]:
+        return [i for i in range(self.num_layers) if self.is_moe_layer(i)]
 
     @property
     def num_params(self) -> int:
         h, i, d = self.hidden_size, self.intermediate_size, self.head_dim
         attn = h * d * (2 * self.num_heads + 2 * self.num_kv_heads)
-        per_layer = attn + 3 * h * i + 2 * h + (2 * d if self.qk_norm else 0)
+        common = attn + 2 * h + (2 * d if self.qk_norm else 0)
+        moe = len(self.moe_layers())
+        sparse = self.num_experts * 3 * h * self.moe_intermediate_size + self.num_experts * h
+        per_layers = self.num_layers * common + (self.num_layers - moe) * 3 * h * i + moe * sparse
         embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * per_layer + embed + h
+        return per_layers + embed + h
+
+    @property
+    def num_active_params(self) -> int:
+        """Parameters one token reads (its top-k experts, not all of them): the 'A3B' of Qwen3-30B-A3B."""
+        moe = len(self.moe_layers())
+        unused = (self.num_experts - self.num_experts_per_tok) * 3 * self.hidden_size * self.moe_intermediate_size
+        return self.num_params - moe * unused
 
     def kv_values_per_token(self) -> int:
         """K and V values one token stores over all layers."""
@@ -108,18 +159,19 @@ class ModelConfig:
             qkv_bias=True if family == "qwen2" else attention_bias,
             o_bias=False if family == "qwen2" else attention_bias,
             mlp_bias=bool(d.get("mlp_bias", False)) if family == "llama" else False,
-            qk_norm=family == "qwen3",
+            qk_norm=family in QK_NORM_FAMILIES,
             bos_token_id=d.get("bos_token_id"),
             eos_token_id=eos[0] if isinstance(eos, list) and eos else eos,
             pad_token_id=d.get("pad_token_id"),
+            **(_moe_fields(d) if family == "qwen3_moe" else {}),
         )
 
     def to_hf_dict(self, dtype: str = "float32") -> dict:
         """config.json contents that both our loader and transformers (4.x and 5.x) read."""
         if self.family == "qwen2" and (not self.qkv_bias or self.o_bias or self.mlp_bias):
             raise ValueError("qwen2 checkpoints always have q/k/v biases and no o_proj/MLP bias")
-        if self.family == "qwen3" and (self.qkv_bias != self.o_bias or self.mlp_bias or not self.qk_norm):
-            raise ValueError("qwen3 has QK-norm, one attention_bias switch for q/k/v/o and no MLP bias")
+        if self.family in QK_NORM_FAMILIES and (self.qkv_bias != self.o_bias or self.mlp_bias or not self.qk_norm):
+            raise ValueError(f"{self.family} has QK-norm, one attention_bias switch for q/k/v/o and no MLP bias")
         if self.family == "llama" and (self.qkv_bias != self.o_bias or self.qk_norm):
             raise ValueError("llama has no QK-norm and one attention_bias switch for q/k/v/o")
         rope = {"rope_type": "default"} if self.rope_scaling is None else dict(self.rope_scaling)
@@ -149,8 +201,13 @@ class ModelConfig:
             d["rope_scaling"] = dict(self.rope_scaling)
         if self.family == "llama":
             d["mlp_bias"] = self.mlp_bias
-        if self.family in ("qwen2", "qwen3"):
+        if self.family in ("qwen2", "qwen3", "qwen3_moe"):
             d["use_sliding_window"] = False
+        if self.family == "qwen3_moe":
+            d.update(num_experts=self.num_experts, num_experts_per_tok=self.num_experts_per_tok,
+                     moe_intermediate_size=self.moe_intermediate_size, norm_topk_prob=self.norm_topk_prob,
+                     decoder_sparse_step=self.decoder_sparse_step, mlp_only_layers=list(self.mlp_only_layers),
+                     router_aux_loss_coef=self.router_aux_loss_coef, output_router_logits=False)
         return d
 
     @classmethod
@@ -162,8 +219,22 @@ class ModelConfig:
         return cls.from_hf_dict(json.loads(path.read_text()))
 
     def replace(self, **changes) -> ModelConfig:
+        """A copy with some fields changed (validated again)."""
         known = {f.name for f in fields(self)}
         unknown = set(changes) - known
         if unknown:
             raise ValueError(f"unknown ModelConfig fields {sorted(unknown)}; known: {sorted(known)}")
         return ModelConfig(**{**asdict(self), **changes})
+
+
+def _moe_fields(d: dict) -> dict:
+    """Qwen3-MoE's switches. transformers 5 writes `num_local_experts`; Qwen's checkpoints `num_experts`."""
+    experts = d.get("num_experts", d.get("num_local_experts"))
+    if not experts:
+        raise ValueError("config.json: model_type 'qwen3_moe' without num_experts (or num_local_experts)")
+    return dict(num_experts=int(experts), num_experts_per_tok=int(d.get("num_experts_per_tok", 8)),
+                moe_intermediate_size=int(d.get("moe_intermediate_size", 768)),
+                norm_topk_prob=bool(d.get("norm_topk_prob", False)),
+                decoder_sparse_step=int(d.get("decoder_sparse_step", 1)),
+                mlp_only_layers=tuple(d.get("mlp_only_layers") or ()),
+                router_aux_loss_coef=float(d.get("router_aux_loss_coef", 0.001)))

@@ -1,4 +1,5 @@
-"""`Decoder`: one module tree for Llama / Qwen2 / Qwen3 (RMSNorm, RoPE, GQA, SwiGLU, QK-norm, tied embeddings).
+"""`Decoder`: one module tree for Llama / Qwen2 / Qwen3 / Qwen3-MoE (RMSNorm, RoPE, GQA, SwiGLU, QK-norm, tied
+embeddings; sparse layers are `trace_rl.models.moe.MoEBlock`s).
 
 Module names equal transformers' (`model.layers.3.self_attn.q_proj`, `lm_head`, ...), so HF state dicts
 load unchanged and `PrecisionPlan.keep_high_precision` globs read the same as in HF code.
@@ -23,6 +24,7 @@ from torch import nn
 from trace_rl.models.attention import Attention, KVAttend
 from trace_rl.models.config import ModelConfig
 from trace_rl.models.linear import Linear
+from trace_rl.models.moe import Experts, MoEBlock, Router
 from trace_rl.models.norm import RMSNorm
 from trace_rl.models.rope import inverse_frequencies, rope_cos_sin
 from trace_rl.op_ranges import op_range
@@ -60,7 +62,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, layer_idx)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        self.mlp = MoEBlock(config, layer_idx) if config.is_moe_layer(layer_idx) else MLP(config)
 
     def forward(self, x, cos, sin, kv: KVAttend | None = None, residual: torch.Tensor | None = None):
         """The residual stream is carried as (x, residual) so that each add meets its norm in one kernel:
@@ -91,7 +93,7 @@ class Decoder(nn.Module):
         self.register_buffer("inv_freq", inverse_frequencies(config), persistent=False)
         self.plan = None
         for name, module in self.named_modules():
-            if isinstance(module, Linear):
+            if isinstance(module, (Linear, Experts)):
                 module.name = name
         self.tie_weights()
 
@@ -108,6 +110,10 @@ class Decoder(nn.Module):
     def linears(self) -> dict[str, Linear]:
         return {name: m for name, m in self.named_modules() if isinstance(m, Linear)}
 
+    def experts(self) -> list[Experts]:
+        """The expert groups of the sparse layers (empty for dense models)."""
+        return [m for m in self.modules() if isinstance(m, Experts)]
+
     # -- precision: config rewrites --
     def apply_plan(self, plan) -> Decoder:
         """Set every Linear's formats and the trainer mode from a `PrecisionPlan` (None: plain bf16)."""
@@ -117,6 +123,8 @@ class Decoder(nn.Module):
                 lin.set_formats("bf16", "bf16", "bf16")
             else:
                 lin.set_formats(plan.weight_format(name), plan.activation_format(name), plan.trainer)
+        for experts in self.experts():
+            experts.set_plan(plan)
         aligned_kv = plan is not None and plan.trainer != "bf16" and plan.kv_cache != "bf16"
         for layer in self.model.layers:
             layer.self_attn.kv_fake_fmt = plan.kv_cache if aligned_kv else None
@@ -135,6 +143,8 @@ class Decoder(nn.Module):
             self._fuse_projections()
         for lin in self.linears().values():
             lin.to_rollout()
+        for experts in self.experts():
+            experts.to_rollout()
         if self.config.tie_word_embeddings and self.lm_head.quant.weight_fmt == "bf16":
             self.lm_head.quant.weight = self.model.embed_tokens.weight.data
         for module in self.modules():              # fused kernels where the tensors are on a GPU
@@ -147,11 +157,13 @@ class Decoder(nn.Module):
     def _fuse_projections(self) -> None:
         for layer in self.model.layers:
             a, m = layer.self_attn, layer.mlp
+            if not isinstance(m, MLP):
+                m = None
             if a.q_proj is not None and Linear.can_fuse([a.q_proj, a.k_proj, a.v_proj]):
                 prefix = a.q_proj.name.rsplit(".", 1)[0]
                 a.qkv_proj = Linear.fuse([a.q_proj, a.k_proj, a.v_proj], f"{prefix}.qkv_proj")
                 a.q_proj = a.k_proj = a.v_proj = None
-            if m.gate_proj is not None and Linear.can_fuse([m.gate_proj, m.up_proj]):
+            if m is not None and m.gate_proj is not None and Linear.can_fuse([m.gate_proj, m.up_proj]):
                 prefix = m.gate_proj.name.rsplit(".", 1)[0]
                 m.gate_up_proj = Linear.fuse([m.gate_proj, m.up_proj], f"{prefix}.gate_up_proj")
                 m.gate_proj = m.up_proj = None
@@ -188,6 +200,10 @@ class Decoder(nn.Module):
                     module.bias.zero_()
             elif isinstance(module, RMSNorm):
                 module.weight.fill_(1.0)
+            elif isinstance(module, Router):
+                module.weight.normal_(0.0, std, generator=generator)
+            elif isinstance(module, Experts):
+                module.init_random(std, generator)
         return self
 
 

@@ -4,6 +4,12 @@ A folder holds `config.json`, `generation_config.json`, `model.safetensors` (or 
 `model.safetensors.index.json`) and tokenizer files (see `trace_rl.models.hf`). Nothing is fetched from a
 hub. Tied checkpoints may omit `lm_head.weight` (as HF writes them). Missing or unexpected tensors are an
 error that names them.
+
+Qwen3-MoE experts load from either layout users have: one tensor per expert and projection
+(`mlp.experts.{e}.{gate,up,down}_proj.weight`: Qwen's checkpoints, and what transformers 5 writes by
+default) or transformers 5's fused in-memory layout (`mlp.experts.gate_up_proj [E, 2I, H]`, gate rows
+first, and `mlp.experts.down_proj [E, H, I]`: `save_pretrained(save_original_format=False)`). Our models
+hold the fused layout; `save_pretrained` writes the per-expert one.
 """
 
 from __future__ import annotations
@@ -41,9 +47,44 @@ def read_state_dict(folder: str | Path, device: torch.device | str = "cpu") -> d
     return {k: v for k, v in sd.items() if not k.endswith(_IGNORED_SUFFIXES)}
 
 
+def fuse_expert_weights(model: Decoder, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state_dict` with per-expert tensors stacked into the fused layout of `model`'s expert groups."""
+    groups = [ex.name for ex in model.experts()]
+    if not groups or all(f"{g}.gate_up_proj" in state_dict for g in groups):
+        return state_dict
+    sd = dict(state_dict)
+    for g in groups:
+        if f"{g}.gate_up_proj" in sd:
+            continue
+        n = model.config.num_experts
+        keys = {p: [f"{g}.{e}.{p}.weight" for e in range(n)] for p in ("gate_proj", "up_proj", "down_proj")}
+        missing = [k for ks in keys.values() for k in ks if k not in sd]
+        if missing:
+            raise ValueError(f"state dict has neither {g}.gate_up_proj (fused experts) nor every per-expert "
+                             f"tensor: missing {missing[:4]}{'...' if len(missing) > 4 else ''}")
+        gate, up, down = ([sd.pop(k) for k in keys[p]] for p in ("gate_proj", "up_proj", "down_proj"))
+        sd[f"{g}.gate_up_proj"] = torch.cat([torch.stack(gate), torch.stack(up)], dim=1)
+        sd[f"{g}.down_proj"] = torch.stack(down)
+    return sd
+
+
+def split_expert_weights(model: Decoder, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inverse: fused expert tensors written one per expert and projection (the checkpoint layout)."""
+    sd = dict(state_dict)
+    for ex in model.experts():
+        gate_up, down = sd.pop(f"{ex.name}.gate_up_proj"), sd.pop(f"{ex.name}.down_proj")
+        i = ex.intermediate
+        for e in range(ex.num_experts):
+            sd[f"{ex.name}.{e}.gate_proj.weight"] = gate_up[e, :i]
+            sd[f"{ex.name}.{e}.up_proj.weight"] = gate_up[e, i:]
+            sd[f"{ex.name}.{e}.down_proj.weight"] = down[e]
+    return sd
+
+
 @torch.no_grad()
 def load_state_dict_into(model: Decoder, state_dict: dict[str, torch.Tensor]) -> None:
     """Copy a HF-named state dict into a trainer-stage model (cast to its dtype), strictly."""
+    state_dict = fuse_expert_weights(model, state_dict)
     expected = {k: v for k, v in model.state_dict().items()}
     if model.config.tie_word_embeddings:
         expected.pop("lm_head.weight", None)
@@ -79,9 +120,10 @@ def load(path: str | Path, plan=None, device: torch.device | str = "cpu",
 
 def hf_state_dict(model: Decoder, dtype: torch.dtype | None = None,
                   state_dict: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-    """The weights as an HF checkpoint stores them: CPU, contiguous, a tied `lm_head.weight` left out.
+    """The weights as an HF checkpoint stores them: CPU, contiguous, a tied `lm_head.weight` left out, MoE
+    experts one tensor per expert and projection.
     `state_dict`: the model's full state dict when `model` cannot give it (FSDP-sharded: gathered first)."""
-    full = model.state_dict() if state_dict is None else state_dict
+    full = split_expert_weights(model, model.state_dict() if state_dict is None else state_dict)
     sd = {k: v.detach().to("cpu", dtype or v.dtype).contiguous() for k, v in full.items()}
     if model.config.tie_word_embeddings:
         sd.pop("lm_head.weight", None)        # HF omits the tied head; loaders re-tie it
