@@ -1,8 +1,9 @@
 """The trajectory TensorDict schema: every key trace_rl components read or write, in TorchRL's LLM layout.
 
 Batch dimension: one row per sampled response. Prompts and responses are right-padded; masks say which
-positions are real. Per-token tensors of the response (`log_probs.*`, `advantage` when per token,
-`guidance.*`) are aligned with `tokens.response`: position t is the t-th generated token.
+positions are real. Per-token tensors of the response (`log_probs.*`, `advantage` when per token) are
+aligned with `tokens.response`: position t is the t-th generated token. `guidance.*` and `routing.*` are
+laid out per packed [prompt, response] position instead (`trace_rl.data.padding.pack_full`).
 
 | key                          | shape      | dtype   | written by          |
 |------------------------------|------------|---------|---------------------|
@@ -24,6 +25,9 @@ positions are real. Per-token tensors of the response (`log_probs.*`, `advantage
 | "policy_version"             | [B]        | int64   | engine (weights version that sampled it) |
 | "num_generated"              | [B]        | int64   | engine (response length, stop token included) |
 | ("guidance", ...)            | per token  | packed  | engine, guided plans (TRACE records) |
+| ("routing", "experts")       | [B, Lp+Lr, M, k] | int16 | engine, MoE models: experts each token used (M MoE layers) |
+| ("routing", "valid")         | [B, Lp+Lr] | bool    | engine: positions with a routing record |
+| ("routing", "trainer")       | [B, Lp+Lr, M, k] | int16 | trainer log-probs: its own top-k there (drift metrics) |
 | ("correction", "weight")     | [B, Lr]    | float32 | corrections (importance weight, detached) |
 | ("correction", "mask")       | [B, Lr]    | bool    | corrections (tokens kept in the loss) |
 """
@@ -48,6 +52,14 @@ PROMPT_INDEX = "prompt_index"
 POLICY_VERSION = "policy_version"
 NUM_GENERATED = "num_generated"
 GUIDANCE = "guidance"
+# Router replay (MoE). Per *packed* position, as `trace_rl.data.padding.pack_full` lays out [prompt, response]
+# (the same layout as the guidance records): position p of row b is real prompt token p for p < prompt
+# length, then response token p - prompt length. Valid: every prompt token and every response token but the
+# last (the rollout never feeds it; causality means the trainer never needs its routing).
+ROUTING = "routing"
+ROUTING_EXPERTS = ("routing", "experts")
+ROUTING_VALID = ("routing", "valid")
+ROUTING_TRAINER = ("routing", "trainer")
 CORRECTION_WEIGHT = ("correction", "weight")
 CORRECTION_MASK = ("correction", "mask")
 

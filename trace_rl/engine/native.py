@@ -36,6 +36,7 @@ from trace_rl.engine.base import RolloutEngine, SamplingParams
 from trace_rl.engine.cuda_graphs import DecodeGraphs, batch_buckets, bucket_for
 from trace_rl.engine.guidance import GuidanceRecorder
 from trace_rl.engine.pages import PagePool
+from trace_rl.engine.routing import RoutingRecorder
 from trace_rl.engine.sampling import sample_with_counter
 from trace_rl.formats.paged_kv import slots_for
 from trace_rl.kv import KVStep, PagedKVCache
@@ -66,7 +67,7 @@ class NativeEngine(RolloutEngine):
                  cuda_graphs: bool | None = None, attention: str = "auto", prefill_tokens: int = 16384,
                  stop_check_interval: int = 8, policy_version: int = 0, graph_buckets: list[int] | None = None,
                  record_guidance: bool | None = None, kv_layout: str = "pool", num_pages: int | None = None,
-                 share_prefix: bool = True):
+                 share_prefix: bool = True, record_routing: bool | None = None):
         self.plan = plan or PrecisionPlan()
         src_device = next(model.buffers()).device
         self.device = torch.device(device) if device is not None else src_device
@@ -129,6 +130,16 @@ class NativeEngine(RolloutEngine):
         self.stop_ids = torch.full((MAX_STOP_IDS,), -1, dtype=torch.long, device=dev)
         self.rng = torch.zeros(2, dtype=torch.long, device=dev)                       # (seed, step)
         self._rows = torch.arange(s, device=dev)
+        # MoE: record the experts of every token for router replay (default on for MoE models)
+        record_routing = c.is_moe if record_routing is None else record_routing
+        self.routing = RoutingRecorder(self.model, max_batch, self.device) if record_routing else None
+        if not all(ex.capturable(self.device, self.dtype) for ex in self.model.experts()):
+            if cuda_graphs:
+                raise ValueError("these experts' grouped matmul reads group bounds on the host (quantized experts "
+                                 "run a loop until a grouped kernel exists): use cuda_graphs=None/False")
+            if self.device.type == "cuda":
+                log.info("decode runs without CUDA graphs: the experts' grouped matmul is not capturable here")
+            cuda_graphs = False
         use_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         if use_graphs and self.device.type != "cuda":
             raise ValueError("cuda_graphs=True needs a CUDA device")
@@ -146,6 +157,8 @@ class NativeEngine(RolloutEngine):
     def report(self) -> dict:
         """Which implementation each part ran (linear paths per backend, KV write, attention, graphs)."""
         backends = {lin.quant.backend.name: lin.quant.backend for lin in self.model.linears().values()}
+        for ex in self.model.experts():
+            backends.update({g.backend.name: g.backend for g in ex.grouped_linears().values()})
         chosen = {f"B{n}/L{length}": c["path"] for (n, length), c in sorted(self.attention_choice.items())}
         return {"plan": self.plan.label, "linear": {n: b.paths.summary() for n, b in backends.items()},
                 "kv": dict(self.cache.paths), "kv_note": self.cache.why, "attention_chosen": chosen,
@@ -156,9 +169,11 @@ class NativeEngine(RolloutEngine):
                 "max_batch": self.max_batch, "kv_layout": self.kv_layout, "page_size": self.block_size,
                 "num_pages": self.pool.num_pages, "kv_cache_bytes": self.cache.nbytes,
                 "fused": {"norm": self.model.model.norm.fused and self.device.type == "cuda",
-                          "silu_mul": self.model.model.layers[0].mlp.fused and self.device.type == "cuda",
+                          "silu_mul": any(getattr(layer.mlp, "fused", False) for layer in self.model.model.layers)
+                          and self.device.type == "cuda",
                           "sampling": "kernels.sample_tokens" if self.device.type == "cuda" else "torch.reference"},
-                "guidance_bytes_per_token": self.recorder.bytes_per_token if self.recorder else 0, **self.stats}
+                "guidance_bytes_per_token": self.recorder.bytes_per_token if self.recorder else 0,
+                "routing_bytes_per_token": self.routing.bytes_per_token if self.routing else 0, **self.stats}
 
     @property
     def guidance_sites(self) -> dict[str, str]:
@@ -186,6 +201,8 @@ class NativeEngine(RolloutEngine):
             weight = torch.cat([take(f"{p}.weight") for p in parts])
             bias = torch.cat([take(f"{p}.bias") for p in parts]) if lin.quant.bias is not None else None
             lin.quant.load_weight(weight, bias)
+        for experts in self.model.experts():
+            experts.load_weight(take(f"{experts.name}.gate_up_proj"), take(f"{experts.name}.down_proj"))
         for name, p in self.model.named_parameters():
             if name not in sd:
                 raise KeyError(f"load_weights: {name} missing from the state dict")

@@ -82,6 +82,8 @@ class Scheduler:
             e.block_table.fill_(e.trash_page)
         if e.recorder is not None:
             e.recorder.begin(len(lens_host), prompt_tokens.shape[1], self.rows, self.max_new)
+        if e.routing is not None:
+            e.routing.begin(len(lens_host), prompt_tokens.shape[1], self.rows, self.max_new)
 
     # -- the loop --
     def loop(self) -> None:
@@ -103,7 +105,12 @@ class Scheduler:
                 for _ in range(steps):
                     if e.recorder is not None:           # eager: the step runs exactly n rows
                         self._record_context(n)
+                    # MoE routing: the fed token of slot i is response token ngen - 1 of its row
+                    where = None if e.routing is None else (
+                        torch.where(e.live[:n], e.slot_row[:n], self.trash), (e.ngen[:n] - 1).clamp(min=0))
                     e.decode_step(n, max_len, self.skey)
+                    if where is not None:
+                        e.routing.store_decode(*where)
                 if e.recorder is not None:
                     e.recorder.context = None
             self._harvest()
@@ -335,9 +342,16 @@ class Scheduler:
         kv = KVStep(e.cache, slots_for(table, positions, e.block_size), table, lens.to(torch.int32), prefill=True)
         if e.recorder is not None:
             e.recorder.context = ("prefill", torch.tensor([s.prompt for s, _, _ in chunk], device=dev), None)
+        if e.routing is not None:   # prompts prefilled fresh; a resumed sample keeps the records it had
+            fresh = [i for i, (_, _, f) in enumerate(chunk) if f]
+            e.routing.context = ("prefill", torch.tensor([chunk[i][0].prompt for i in fresh], dtype=torch.long,
+                                                         device=dev),
+                                 torch.tensor(fresh, dtype=torch.long, device=dev))
         logits = e.model(tokens, positions, kv, logits_at=lens - 1)               # [items, V]
         if e.recorder is not None:
             e.recorder.context = None
+        if e.routing is not None:
+            e.routing.context = None
         e.stats["prefill_tokens"] += int(lens.sum())
         return {s.slot: logits[i] for i, (s, _, fresh) in enumerate(chunk) if fresh}
 
@@ -453,4 +467,6 @@ class Scheduler:
         }, batch_size=[rows], device=e.device)
         if e.recorder is not None:
             td.set(K.GUIDANCE, e.recorder.result(prompt_index, self.lens, ngen, prompt_tokens.shape[1], width))
+        if e.routing is not None:
+            td.set(K.ROUTING, e.routing.result(prompt_index, self.lens, ngen, prompt_tokens.shape[1], width))
         return td

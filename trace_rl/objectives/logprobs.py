@@ -10,6 +10,8 @@ token outside the trainer's kept set gets log-prob -inf, i.e. ρ = 0: the correc
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 from tensordict import NestedKey, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
@@ -19,6 +21,8 @@ from trace_rl.data import schema as K
 from trace_rl.data.padding import pack_full
 from trace_rl.engine.base import SamplingParams
 from trace_rl.engine.sampling import process_logits
+from trace_rl.models.moe import moe_blocks
+from trace_rl.objectives.router_replay import has_routing, router_replay
 
 
 def response_log_probs(
@@ -68,6 +72,11 @@ class TrainerLogProbs(TensorDictModuleBase):
     in_keys: ("tokens"|"masks", "prompt"|"response"). out_keys: ("log_probs", "trainer") and, when
     `write_old`, ("log_probs", "old") (the PPO ratio's denominator for every epoch on this batch).
 
+    Mixture-of-experts models: when the batch carries the rollout's routing records (("routing",
+    "experts"), "valid"), `router_replay=True` replays them in every forward (see
+    `trace_rl.objectives.router_replay`), and either way the trainer's own top-k is written to
+    ("routing", "trainer") for the routing drift metrics.
+
     Use the rollout's sampling parameters (`from_sampling`) so both sides describe one distribution.
     `micro_batch_size` bounds the rows per forward (memory).
     """
@@ -84,6 +93,7 @@ class TrainerLogProbs(TensorDictModuleBase):
         micro_batch_size: int | None = None,
         trainer_key: NestedKey = K.LOGP_TRAINER,
         old_key: NestedKey = K.LOGP_OLD,
+        router_replay: bool = False,
     ):
         super().__init__()
         self.model = model
@@ -91,6 +101,7 @@ class TrainerLogProbs(TensorDictModuleBase):
         self.pad_token_id = pad_token_id
         self.write_old = write_old
         self.micro_batch_size = micro_batch_size
+        self.router_replay = router_replay
         self.in_keys = [K.TOKENS_PROMPT, K.MASK_PROMPT, K.TOKENS_RESPONSE, K.MASK_RESPONSE]
         self.out_keys = [trainer_key] + ([old_key] if write_old else [])
 
@@ -102,16 +113,25 @@ class TrainerLogProbs(TensorDictModuleBase):
     def forward(self, td: TensorDictBase) -> TensorDictBase:
         rows = td.batch_size[0]
         step = self.micro_batch_size or rows
-        parts = []
+        parts, own = [], []
+        routed = has_routing(td) and bool(moe_blocks(self.model))
+        if self.router_replay and not routed:
+            raise ValueError("router_replay=True needs a mixture-of-experts model and a batch with ('routing', "
+                             "'experts') records from the rollout engine")
         for start in range(0, rows, step):
             chunk = td[start : start + step]
-            lp, _ = response_log_probs(
-                self.model, *(chunk.get(k) for k in self.in_keys),
-                temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
-                pad_token_id=self.pad_token_id,
-            )
+            with router_replay(self.model, chunk, self.router_replay, track=True) if routed else nullcontext() as rr:
+                lp, _ = response_log_probs(
+                    self.model, *(chunk.get(k) for k in self.in_keys),
+                    temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
+                    pad_token_id=self.pad_token_id,
+                )
+                if routed:
+                    own.append(rr.own_routing())
             parts.append(lp)
         lp = torch.cat(parts) if parts else torch.zeros_like(td.get(K.LOGP_ROLLOUT))
+        if own:
+            td.set(K.ROUTING_TRAINER, torch.cat(own))
         for key in self.out_keys:
             td.set(key, lp.clone() if key != self.out_keys[0] else lp)
         return td
