@@ -81,3 +81,27 @@ def test_merge_refuses_a_key_it_cannot_align():
     prompts = random_prompts([2, 3], torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match="odd"):
         merge_results([(0, part(4)), (1, part(5))], prompts)
+
+
+def test_merged_moe_chunks_carry_routing_records_to_the_trainer(rng):
+    """Two MoE engines (float64, bf16 plan) answer two chunks; the merged routing records sit at the
+    trainer's packed positions: they equal the trainer's own top-k wherever they are valid."""
+    from trace_rl.objectives import TrainerLogProbs
+
+    base, tok = tiny_model("tiny-moe", seed=2, dtype=torch.float64)
+    prompts = random_prompts(torch.randint(2, 9, (5,), generator=rng).tolist(), rng)
+    sampling = SamplingParams(n=2, max_new_tokens=int(torch.randint(4, 9, (), generator=rng)),
+                              seed=int(torch.randint(0, 2**31, (), generator=rng)), stop_token_ids=(40, 41, 42))
+    parts = []
+    for w, (first, chunk) in enumerate(split_prompts(prompts, 2)):
+        engine = NativeEngine(base, max_batch=8, max_seq_len=24, pad_token_id=tok.pad_token_id)
+        parts.append((first, engine.generate(chunk, sampling.model_copy(update={"seed": worker_seed(7, w)}))))
+    merged = merge_results(parts, prompts, tok.pad_token_id)
+    width = prompts.get(K.TOKENS_PROMPT).shape[1] + merged.get(K.TOKENS_RESPONSE).shape[1]
+    valid = merged.get(K.ROUTING_VALID)
+    assert merged.get(K.ROUTING_EXPERTS).shape == (10, width, 3, 2) and valid.shape == (10, width)
+    assert torch.equal(valid.sum(1), merged.get(K.MASK_PROMPT).sum(1) + merged.get(K.NUM_GENERATED) - 1)
+    TrainerLogProbs(base, pad_token_id=tok.pad_token_id, router_replay=True)(merged)
+    same = (merged.get(K.ROUTING_EXPERTS).sort(-1).values == merged.get(K.ROUTING_TRAINER).sort(-1).values)
+    assert bool(same.all(-1).all(-1)[valid].all())
+    torch.testing.assert_close(merged.get(K.LOGP_TRAINER), merged.get(K.LOGP_ROLLOUT), rtol=0, atol=1e-9)

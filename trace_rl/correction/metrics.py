@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 from tensordict import NestedKey, TensorDictBase
 
+from trace_rl.correction.routing_metrics import RoutingDrift, routing_drift
 from trace_rl.data import schema as K
 
 METRIC_NAMES = (
@@ -77,13 +78,15 @@ class PositionMismatch:
 
 @dataclass
 class DriftReport:
-    """The scalar metrics (exactly `METRIC_NAMES`) and the by-position breakdown."""
+    """The scalar metrics (exactly `METRIC_NAMES`), the by-position breakdown, and for mixture-of-experts
+    batches the routing drift (`trace_rl.correction.routing_metrics`)."""
 
     metrics: dict[str, float]
     by_position: PositionMismatch
+    routing: RoutingDrift | None = None
 
     def flat(self) -> dict[str, float]:
-        return {**self.metrics, **self.by_position.flat()}
+        return {**self.metrics, **self.by_position.flat(), **(self.routing.flat() if self.routing else {})}
 
 
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -186,7 +189,8 @@ class DriftMetrics:
     """Computes the drift metrics of a batch (TorchRL-style keys; reads only).
 
     in_keys: ("log_probs", "rollout"), ("log_probs", "trainer"), ("masks", "response"), and, when
-    present, ("correction", "mask").
+    present, ("correction", "mask") and the routing records of MoE batches (("routing", "experts"|"valid"|
+    "trainer"), ("masks", "prompt")).
     """
 
     def __init__(
@@ -205,7 +209,9 @@ class DriftMetrics:
         rollout_key, trainer_key, mask_key, keep_key = self.in_keys
         lp_r, lp_t, mask = td.get(rollout_key), td.get(trainer_key), td.get(mask_key)
         keep = td.get(keep_key, None)
-        return DriftReport(
-            metrics=drift_metrics(lp_r, lp_t, mask, keep),
-            by_position=mismatch_by_position(lp_r, lp_t, mask, self.edges),
-        )
+        by_position = mismatch_by_position(lp_r, lp_t, mask, self.edges)
+        routing = None
+        if td.get(K.ROUTING_TRAINER, None) is not None and td.get(K.ROUTING_EXPERTS, None) is not None:
+            routing = routing_drift(td.get(K.ROUTING_EXPERTS), td.get(K.ROUTING_TRAINER), td.get(K.ROUTING_VALID),
+                                    td.get(K.MASK_PROMPT).sum(1), by_position.edges)
+        return DriftReport(metrics=drift_metrics(lp_r, lp_t, mask, keep), by_position=by_position, routing=routing)

@@ -4,8 +4,9 @@ Prompts are split into contiguous chunks, so the responses to prompt i stay toge
 merged batch keeps the engine contract: rows i*n .. i*n+n-1 answer prompt i, "prompt_index" indexes the
 whole prompt batch (the collector derives "group_id" from it). Each worker's responses are right-padded to
 its own longest answer; the merge pads them to the longest of all. TRACE guidance records (guided plans)
-are laid out per packed [prompt, response] position, so they are padded at the end to the merged batch's
-prompt width + response width, with ("guidance", "valid") False there.
+and MoE routing records (router replay) are laid out per packed [prompt, response] position, so they are
+padded at the end to the merged batch's prompt width + response width, with ("guidance", "valid") /
+("routing", "valid") False there.
 """
 
 from __future__ import annotations
@@ -63,12 +64,12 @@ def merge_results(parts: list[tuple[int, TensorDictBase]], prompts: TensorDictBa
                 v = v + first
             elif key in K.RESPONSE_ALIGNED_KEYS:
                 v = _pad_to(v, width, pad_value_for(key, pad_token_id))
-            elif isinstance(key, tuple) and key[0] == K.GUIDANCE:
+            elif isinstance(key, tuple) and key[0] in (K.GUIDANCE, K.ROUTING):
                 v = _pad_to(v, packed_width, 0)          # records sit at packed positions: pad the tail
             values.append(v)
         if len({v.shape[1:] for v in values}) > 1:
             raise ValueError(f"merge_results: {key} has per-worker shapes {[tuple(v.shape) for v in values]}; "
-                             f"only response-aligned and guidance keys are padded")
+                             f"only response-aligned, guidance and routing keys are padded")
         out[key] = torch.cat(values)
     index = out[K.PROMPT_INDEX]
     out[K.TOKENS_PROMPT] = prompts.get(K.TOKENS_PROMPT)[index]

@@ -104,6 +104,8 @@ class TrainerLogProbs(TensorDictModuleBase):
         self.router_replay = router_replay
         self.in_keys = [K.TOKENS_PROMPT, K.MASK_PROMPT, K.TOKENS_RESPONSE, K.MASK_RESPONSE]
         self.out_keys = [trainer_key] + ([old_key] if write_old else [])
+        if moe_blocks(model):        # MoE: the trainer's own top-k, for the routing drift metrics
+            self.out_keys.append(K.ROUTING_TRAINER)
 
     @classmethod
     def from_sampling(cls, model: nn.Module, sampling: SamplingParams, **kwargs) -> TrainerLogProbs:
@@ -132,6 +134,7 @@ class TrainerLogProbs(TensorDictModuleBase):
         lp = torch.cat(parts) if parts else torch.zeros_like(td.get(K.LOGP_ROLLOUT))
         if own:
             td.set(K.ROUTING_TRAINER, torch.cat(own))
-        for key in self.out_keys:
-            td.set(key, lp.clone() if key != self.out_keys[0] else lp)
+        for key in self.out_keys[:2]:
+            if key != K.ROUTING_TRAINER:
+                td.set(key, lp.clone() if key != self.out_keys[0] else lp)
         return td

@@ -84,3 +84,43 @@ class router_replay:  # noqa: N801  (a context manager: `with router_replay(mode
         for block in self.blocks:
             block.replay, block.track_routing, block.own_ids = None, False, None
         return False
+
+
+class MoETrainerForward:
+    """Around one training forward on `td` (the loss's): router replay when `replay`, and the router logits
+    collected for transformers' auxiliary load-balancing loss when `aux_coef > 0` (`aux_loss()` inside the
+    block gives {"loss_router_aux": coef x loss, "router_aux_loss": the unweighted loss, detached (logged)} over
+the real tokens of the packed batch). A no-op for
+    dense models with both off."""
+
+    def __init__(self, model, td: TensorDictBase, replay: bool, aux_coef: float = 0.0,
+                 pad_token_id: int = K.PAD_TOKEN_ID_DEFAULT):
+        self.model, self.td, self.replay, self.aux_coef, self.pad_token_id = model, td, replay, aux_coef, pad_token_id
+        self.blocks = moe_blocks(model)
+        self._replay: router_replay | None = None
+
+    def __enter__(self) -> MoETrainerForward:
+        if self.replay:
+            self._replay = router_replay(self.model, self.td).__enter__()
+        for block in self.blocks:
+            block.collect_router_logits = self.aux_coef > 0
+        return self
+
+    def aux_loss(self) -> dict[str, torch.Tensor]:
+        if self.aux_coef <= 0:
+            return {}
+        from trace_rl.data.padding import pack_full
+        from trace_rl.models.moe import load_balancing_loss
+
+        _, mask, _ = pack_full(*(self.td.get(k) for k in (K.TOKENS_PROMPT, K.MASK_PROMPT, K.TOKENS_RESPONSE,
+                                                           K.MASK_RESPONSE)), self.pad_token_id)
+        b = self.blocks[0]
+        loss = load_balancing_loss([blk.router_logits for blk in self.blocks], b.num_experts, b.top_k, mask)
+        return {"loss_router_aux": self.aux_coef * loss, "router_aux_loss": loss.detach()}
+
+    def __exit__(self, *exc) -> bool:
+        if self._replay is not None:
+            self._replay.__exit__(*exc)
+        for block in self.blocks:
+            block.collect_router_logits, block.router_logits = False, None
+        return False

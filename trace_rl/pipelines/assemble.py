@@ -101,6 +101,24 @@ def make_reference(cfg: PipelineConfig, model, tokenizer):
         micro_batch_size=cfg.trainer.micro_batch_size)
 
 
+def check_moe_options(cfg: PipelineConfig, model) -> bool:
+    """Whether the trainer replays the rollout's routing; MoE options on a dense model are errors."""
+    moe = model.config.is_moe
+    if not moe:
+        for field, on in (("model.router_replay", cfg.model.router_replay),
+                          ("model.router_aux_loss_coef", cfg.model.router_aux_loss_coef > 0)):
+            if on:
+                raise ConfigError(f"{field}: {model.config.family} is a dense model (no experts to route); "
+                                  f"remove it or use a mixture-of-experts model (qwen3_moe)", (field,))
+        return False
+    replay = True if cfg.model.router_replay is None else cfg.model.router_replay
+    if replay and cfg.rollout.engine != "native":
+        raise ConfigError(f"model.router_replay: the trainer replays routing records that only the native engine "
+                          f"writes; use rollout.engine 'native' or set model.router_replay false (engine "
+                          f"{cfg.rollout.engine!r})", ("model.router_replay",))
+    return replay
+
+
 def stop_token_ids(task, tokenizer) -> tuple[int, ...]:
     ids = [tokenizer.eos_token_id] if getattr(tokenizer, "eos_token_id", None) is not None else []
     for s in getattr(task, "stop_strings", ()):
@@ -133,6 +151,7 @@ def build(cfg: PipelineConfig, run_dir: str | Path | None = None, title: str = "
         scale_out = ScaleOut.setup(cfg, device)
         device = scale_out.device
     model, tokenizer = load_policy(cfg, device)
+    router_replay = check_moe_options(cfg, model)
     reference = make_reference(cfg, model, tokenizer)      # the initial policy, before any sharding or training
     task = build_task(cfg.task)
     if scale_out is None:
@@ -153,7 +172,7 @@ def build(cfg: PipelineConfig, run_dir: str | Path | None = None, title: str = "
     # guided trainers read the rollout's records for the whole batch at once (rows must line up)
     micro = None if cfg.precision.trainer == "guided" else cfg.trainer.micro_batch_size
     trainer_logprobs = TrainerLogProbs.from_sampling(model, sampling, pad_token_id=tokenizer.pad_token_id,
-                                                     micro_batch_size=micro)
+                                                     micro_batch_size=micro, router_replay=router_replay)
     corrections = CorrectionsConfig(corrections=list(cfg.corrections)).build()
     loss = cfg.trainer.loss.build(model, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
                                   pad_token_id=tokenizer.pad_token_id)
@@ -177,6 +196,7 @@ def build(cfg: PipelineConfig, run_dir: str | Path | None = None, title: str = "
         seed=cfg.seed, epochs_per_batch=t.epochs_per_batch, micro_batch_size=t.micro_batch_size,
         grad_clip=t.grad_clip, eval_every=cfg.loop.eval_every, eval_prompts=cfg.loop.eval_prompts,
         checkpoint_every=cfg.loop.checkpoint_every, reference=reference, lr_scheduler=lr_scheduler,
+        router_replay=router_replay, router_aux_loss_coef=cfg.model.router_aux_loss_coef,
         logging=cfg.logging.model_dump(include={"jsonl", "tensorboard", "progress", "plot", "loggers", "wandb",
                                                 "mlflow"}),
         config=cfg, title=title or f"{cfg.precision.label}, corrections: "

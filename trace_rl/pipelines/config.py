@@ -28,7 +28,7 @@ class ModelSection(TraceConfig):
 
     preset: str | None = Field(
         DEFAULT_MODEL, description="'default' (the embedded SFT'd char-level policy) or a model preset "
-                                   "('tiny', 'tiny-llama': random init). Ignored when `path` is set.")
+                                   "('tiny', 'tiny-llama', 'tiny-moe': random init). Ignored when `path` is set.")
     path: str | None = Field(None, description="Local HF-format folder (config.json + safetensors + tokenizer).")
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="Trainer parameter dtype (the rollout engine casts to its own on GPU).")
@@ -36,6 +36,13 @@ class ModelSection(TraceConfig):
     cpu_threads: int | None = Field(
         1, ge=1, description="torch CPU threads when running on the CPU (1 is fastest for the tiny presets: "
                              "their matmuls are too small to split; None keeps torch's default).")
+    router_replay: bool | None = Field(
+        None, description="Mixture-of-experts models: the trainer's forward routes each token to the experts the "
+                          "rollout recorded (its own router probabilities renormalised over them). None: on for "
+                          "MoE models; true on a dense model is an error.")
+    router_aux_loss_coef: float = Field(
+        0.0, ge=0.0, description="Mixture-of-experts models: weight of transformers' auxiliary load-balancing "
+                                 "loss added to the policy loss (0: off, the RL default).")
 
 
 class SamplingSection(TraceConfig):

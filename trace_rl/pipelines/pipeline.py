@@ -111,6 +111,8 @@ class Pipeline:
     drift: DriftMetrics = field(default_factory=DriftMetrics)
     reference: object | None = None        # a ReferencePolicy writing ("log_probs","ref") for the KL term
     lr_scheduler: object | None = None     # a torch LambdaLR stepped once per RL step (trace_rl.pipelines.schedules)
+    router_replay: bool = False            # MoE: the trainer's forwards replay the rollout's routing records
+    router_aux_loss_coef: float = 0.0      # MoE: transformers' load-balancing loss weight (0: off)
 
     def __post_init__(self):
         self._eval_problems = self.task.problems(self.eval_prompts, self.seed, "eval")
@@ -184,8 +186,9 @@ class Pipeline:
             self.optimizer.zero_grad(set_to_none=True)
             for rows, weight in self.micro_batches(sample.batch_size[0]):
                 micro = sample[rows]
-                with self._guidance(micro):
+                with self._guidance(micro), self._moe(micro) as moe:
                     out = self.loss(micro)
+                    out.update(moe.aux_loss())
                 loss = sum(v for k, v in out.items() if k.startswith("loss_"))
                 (loss * weight).backward()
                 if weight:       # weight 0: a data-parallel rank's filler pass, not part of the batch
@@ -241,6 +244,12 @@ class Pipeline:
         if not sites:
             return contextlib.nullcontext()
         return guided_trainer(self.model, td, sites)
+
+    def _moe(self, td):
+        """MoE: router replay and/or the auxiliary load-balancing loss around one loss forward on `td`."""
+        from trace_rl.objectives.router_replay import MoETrainerForward
+
+        return MoETrainerForward(self.model, td, self.router_replay, self.router_aux_loss_coef, self.pad_token_id)
 
     # -- checkpoints (trace_rl.pipelines.checkpoint) --
     def state(self) -> dict:
