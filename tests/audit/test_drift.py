@@ -53,6 +53,7 @@ def test_bf16_float32_is_exact_fp4_drifts_and_fail_above_gates(tmp_path, capsys)
     (["--task", "{kind: arithmetic, max_digits: 0}"], "max_digits"),
     (["--bins", "wide"], "--bins"),
     (["--num-prompts", "0"], "--num-prompts"),
+    (["--model", "tiny", "--router-replay", "on"], "dense"),
 ])
 def test_bad_input_exits_2_before_writing(argv, needle, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
@@ -96,3 +97,17 @@ def test_layer_groups_and_linear_bins_aligned_trainer():
     assert plain.metrics["abs_log_ratio_mean"] > 1e-4 and all(g["abs_log_ratio_mean"] > 0 for g in plain.groups)
     assert guided.metrics["abs_log_ratio_max"] < 1e-4 and guided.plan.trainer == "guided"
     assert model.plan is None                         # the audit leaves the model without a plan
+
+
+def test_moe_drift_reports_routing_mismatch(tmp_path, capsys):
+    """A tiny MoE: the bf16 plan routes every token as the trainer does, the fp4 plan flips some."""
+    out = tmp_path / "m"
+    assert main(["drift", "--model", "tiny-moe", "--num-prompts", "3", "--samples", "2", "--max-new-tokens", "6",
+                 "--ignore-stop", "--plans", "bf16,fp4", "--out", str(out)]) == 0
+    assert "routing_mismatch" in capsys.readouterr().out
+    bf16, fp4 = json.loads((out / "drift.json").read_text())["plans"]
+    assert bf16["router_replay"] and fp4["router_replay"]          # auto: on for MoE
+    assert bf16["routing"]["metrics"]["routing_mismatch"] == 0 and bf16["routing"]["metrics"]["routing_overlap"] == 1
+    assert 0 < fp4["routing"]["metrics"]["routing_mismatch"] < 1
+    assert set(fp4["routing"]["metrics"]) >= {"routing_mismatch/moe0", "routing_overlap/moe2"}
+    assert sum(fp4["routing"]["by_position"]["count"]) == 3 * 2 * 5   # every fed response token (not the last)

@@ -21,7 +21,7 @@ def add_drift_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", nargs="?", help="pipeline config whose model, task, sampling, precision and seed are "
                                              "the defaults (default: the embedded default)")
     p.add_argument("--model", help="local HF-format folder or model preset ('default': the embedded policy; "
-                                   "'tiny', 'tiny-llama': random init)")
+                                   "'tiny', 'tiny-llama', 'tiny-moe': random init)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompts", metavar="FILE", help="JSONL file, one {\"prompt\": ...} per line")
     src.add_argument("--task", help="task kind ('arithmetic') or YAML mapping ('{kind: arithmetic, show_work: "
@@ -45,6 +45,9 @@ def add_drift_args(p: argparse.ArgumentParser) -> None:
                                                   "both up to the longest response (default pow2)")
     p.add_argument("--layer-groups", type=int, default=0, metavar="N",
                    help="also measure the KV cache alone and N groups of layers alone (N+1 more rollouts per plan)")
+    p.add_argument("--router-replay", choices=("auto", "on", "off"), default="auto",
+                   help="mixture-of-experts models: the trainer replays the rollout's routing (auto: on for MoE; "
+                        "on is an error for dense models)")
     p.add_argument("--max-batch", type=int, default=256, help="sequences the engine decodes at once (default 256)")
     p.add_argument("--fail-above", action="append", metavar="METRIC=VALUE",
                    help="exit 1 if any plan's METRIC exceeds VALUE (repeatable; NaN counts as exceeding)")
@@ -126,7 +129,9 @@ def cmd_drift(args) -> int:
           f"{device}; {len(prompts)} prompts x {sampling.n} samples, <= {sampling.max_new_tokens} new tokens, "
           f"temperature {sampling.temperature}", flush=True)
     audit = DriftAudit(model, tokenizer, prompt_td, sampling, device, max_batch=args.max_batch,
-                       bins=args.bins if args.bins == "pow2" else int(args.bins))
+                       bins=args.bins if args.bins == "pow2" else int(args.bins),
+                       router_replay={"auto": None, "on": True, "off": False}[args.router_replay])
+    _ = audit.replays      # a replay switch the model cannot honour fails here, before anything is written
     results = audit.run(plans, layer_groups=args.layer_groups, log=lambda m: print(m, flush=True))
     violations = check_thresholds(results, thresholds)
     table = drift_table(results)

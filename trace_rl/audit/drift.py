@@ -8,6 +8,11 @@ so two identical numerics give δ = 0 exactly up to float error.
 Metrics are `trace_rl.correction.metrics` (every name of `METRIC_NAMES`) overall and by response position,
 with one set of bins for all plans (up to the longest response of any plan) so the curves line up.
 
+Mixture-of-experts models: the engine records each token's experts; with `router_replay` (default: on for
+MoE) the trainer replays them. Either way each plan also reports the routing drift
+(`trace_rl.correction.routing_metrics`: the fraction of (token, MoE layer) whose trainer top-k set differs
+from the rollout's, the mean overlap, per layer and by response position).
+
 Per layer group (`layer_groups=N`, opt-in: N+1 more rollouts per plan): the plan's KV cache alone
 (weights and activations bf16), then each of N contiguous groups of layers alone with the plan's weight and
 activation formats (every other layer and the KV cache bf16). It attributes the drift; the parts need not
@@ -31,6 +36,7 @@ from trace_rl.correction.metrics import (
     mismatch_by_position,
     power_of_two_edges,
 )
+from trace_rl.correction.routing_metrics import RoutingDrift, routing_drift
 from trace_rl.data import schema as K
 from trace_rl.plan import PLAN_PRESETS, PrecisionPlan
 
@@ -119,6 +125,10 @@ class RawDrift:
     rollout_seconds: float
     rescore_seconds: float
     engine: dict
+    routing: tuple | None = None     # MoE: (rollout experts, trainer top-k, valid, prompt lengths) on the host
+
+    def routing_drift(self, edges: list[int]) -> RoutingDrift | None:
+        return None if self.routing is None else routing_drift(*self.routing, edges)
 
 
 @dataclass
@@ -136,6 +146,8 @@ class PlanDrift:
     rescore_seconds: float
     engine: dict = field(default_factory=dict)
     groups: list[dict] = field(default_factory=list)
+    routing: RoutingDrift | None = None
+    router_replay: bool = False
 
     def to_dict(self) -> dict:
         bp = self.by_position
@@ -146,7 +158,11 @@ class PlanDrift:
                 "rows": self.rows, "tokens": self.tokens, "longest_response": self.longest,
                 "rollout_seconds": self.rollout_seconds, "rescore_seconds": self.rescore_seconds,
                 "rollout_tokens_per_s": self.tokens / max(self.rollout_seconds, 1e-9),
-                "engine": self.engine, "layer_groups": self.groups}
+                "engine": self.engine, "layer_groups": self.groups, "router_replay": self.router_replay,
+                "routing": None if self.routing is None else {
+                    "metrics": self.routing.metrics, "by_position": {
+                        "edges": self.routing.edges, "count": self.routing.count,
+                        "mismatch": self.routing.mismatch_by_position}}}
 
 
 def _sync(device: torch.device) -> None:
@@ -172,6 +188,14 @@ class DriftAudit:
     micro_batch_size: int = 64
     bins: str | int = "pow2"
     engine_kwargs: dict = field(default_factory=dict)
+    router_replay: bool | None = None    # MoE: the trainer replays the rollout's routing (None: on for MoE)
+
+    @property
+    def replays(self) -> bool:
+        moe = getattr(self.model.config, "is_moe", False)
+        if self.router_replay and not moe:
+            raise ConfigError("--router-replay on: the model is dense (no experts to route)", ("router_replay",))
+        return moe if self.router_replay is None else self.router_replay
 
     def sample(self, plan: PrecisionPlan) -> RawDrift:
         """Generate under `plan`, rescore with the trainer under `plan`; the model keeps the plan applied."""
@@ -194,15 +218,19 @@ class DriftAudit:
         with guided_trainer(self.model, batch, sites) if sites else contextlib.nullcontext():
             # guided records cover the whole batch: the rows must line up, so no micro-batches then
             TrainerLogProbs.from_sampling(self.model, self.sampling, pad_token_id=self.tokenizer.pad_token_id,
-                                          write_old=False,
+                                          write_old=False, router_replay=self.replays,
                                           micro_batch_size=None if sites else self.micro_batch_size)(batch)
         _sync(self.device)
         t2 = time.perf_counter()
         report = engine.report()
         del engine
+        routing = None
+        if K.ROUTING_TRAINER in batch.keys(include_nested=True):
+            routing = tuple(batch.get(k).cpu() for k in (K.ROUTING_EXPERTS, K.ROUTING_TRAINER, K.ROUTING_VALID)) \
+                + (batch.get(K.MASK_PROMPT).sum(1).cpu(),)
         return RawDrift(batch.get(K.TOKENS_RESPONSE).cpu(), batch.get(K.LOGP_ROLLOUT).float().cpu(),
                         batch.get(K.LOGP_TRAINER).float().cpu(), batch.get(K.MASK_RESPONSE).cpu(),
-                        t1 - t0, t2 - t1, report)
+                        t1 - t0, t2 - t1, report, routing)
 
     def edges(self, longest: int) -> list[int]:
         if self.bins == "pow2":
@@ -216,9 +244,12 @@ class DriftAudit:
         samples, group_samples = [], []
         for name, plan in plans:
             s = self.sample(plan)
+            routing = s.routing_drift([0, 1])
             log(f"{name}: {int(s.mask.sum())} tokens, rollout {s.rollout_seconds:.1f}s, "
                 f"rescore {s.rescore_seconds:.1f}s, mismatch_k3 "
-                f"{drift_metrics(s.lp_rollout, s.lp_trainer, s.mask)['mismatch_k3']:.3g}")
+                f"{drift_metrics(s.lp_rollout, s.lp_trainer, s.mask)['mismatch_k3']:.3g}"
+                + (f", routing_mismatch {routing.metrics['routing_mismatch']:.3g} (replay "
+                   f"{'on' if self.replays else 'off'})" if routing else ""))
             samples.append(s)
             parts = layer_group_plans(plan, self.model.config.num_layers, layer_groups) if layer_groups else []
             group_samples.append([(part, self.sample(p)) for part, p in parts])
@@ -235,7 +266,7 @@ class DriftAudit:
                 by_position=mismatch_by_position(s.lp_rollout, s.lp_trainer, s.mask, edges),
                 rows=s.mask.shape[0], tokens=int(s.mask.sum()), longest=int(s.mask.sum(-1).max()),
                 rollout_seconds=s.rollout_seconds, rescore_seconds=s.rescore_seconds, engine=s.engine,
-                groups=groups))
+                groups=groups, routing=s.routing_drift(edges), router_replay=self.replays))
         return out
 
 
@@ -264,6 +295,15 @@ def drift_table(results: list[PlanDrift]) -> str:
     cells = [[f"{_fmt(r.by_position.abs_log_ratio[i])} / {_fmt(r.by_position.k3[i])}" for r in results]
              for i in range(len(spans))]
     lines += ["", "by response position: mean |log rho| / k3"] + _grid("position", spans, names, cells)
+    routed = [r for r in results if r.routing is not None]
+    if routed:
+        replay = "on" if routed[0].router_replay else "off"
+        names_r = [r.name for r in routed]
+        keys = [k for k in routed[0].routing.metrics]
+        lines += ["", f"routing (MoE; trainer top-k vs the rollout's; router replay {replay})"]
+        lines += _grid("metric", keys, names_r, [[_fmt(r.routing.metrics[k]) for r in routed] for k in keys])
+        cells = [[_fmt(r.routing.mismatch_by_position[i]) for r in routed] for i in range(len(spans))]
+        lines += ["", "routing mismatch by response position"] + _grid("position", spans, names_r, cells)
     for r in results:
         for g in r.groups:
             lines.append(f"{r.name} / {g['part']}: mismatch_k3 {_fmt(g['mismatch_k3'])}, "

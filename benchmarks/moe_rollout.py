@@ -1,0 +1,269 @@
+"""MoE rollout and trainer bench: `python benchmarks/moe_rollout.py --help`.
+
+Qwen3-30B-A3B shape (48 layers, 128 experts x 768, top 8), random weights. Rollout: N prompts x G samples
+(default 64 x 8) with R-token answers (default 8192, stop tokens ignored), as many sequences at once as
+fit in memory beside the weights, the KV cache and the routing records (router replay's, 768 B/token);
+per plan (bf16, fp8, w4a16, w4a4-kv4): decode step time at three contexts (captured forward alone and
+with sampling and bookkeeping; medians after warm-up), prefill of the prompts, tokens/s of one wave =
+B*R / (prefill + (R-1) x mean step), the expert paths the engine took, and the roofline: per step,
+bytes = dense weights + the experts a batch of B tokens touches (E * (1 - (1 - k/E)^B) per layer) + the
+live KV cache, over the measured read bandwidth.
+
+Trainer: forward + backward of `--train-rows` sequences of prompt+response tokens in bf16 through the
+same model, without and with router replay (the replayed experts differ from the trainer's own), median
+of `--iters` after warm-up.
+
+Each configuration runs in its own try/except and the JSON (`--out`/moe_rollout.json) is rewritten after
+each, so a failure or a cut-off run keeps the others' numbers; a table is printed last. On a CPU the same
+script runs a tiny shape (`--model tiny-moe --prompts 2 --group 2 --response-len 16 ...`, see
+docs/benchmarks.md) to prove the code path, not to measure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from trace_rl.bench import measure as bm
+
+PLANS = ("bf16", "fp8", "w4a16", "w4a4-kv4")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    a = p.add_argument
+    a("--model", default="qwen3-30b-a3b", help="MoE model preset (qwen3-30b-a3b; tiny-moe on CPU)")
+    a("--plans", default=",".join(PLANS), help=f"comma-separated plan presets (default {','.join(PLANS)})")
+    a("--prompts", type=int, default=64, help="N prompts")
+    a("--group", type=int, default=8, help="G samples per prompt")
+    a("--prompt-len", type=int, default=256, help="tokens per prompt")
+    a("--response-len", type=int, default=8192, help="tokens per answer")
+    a("--max-batch", type=int, default=0, help="cap on concurrent sequences (0: what fits in memory)")
+    a("--iters", type=int, default=5, help="timed repetitions per measurement")
+    a("--prefill-tokens", type=int, default=4096, help="prompt tokens per prefill chunk")
+    a("--reserve-gb", type=float, default=8.0, help="GPU memory kept free beside weights, KV cache and records")
+    a("--train-rows", type=int, default=4, help="sequences in the timed trainer step")
+    a("--train-prompt", type=int, default=256, help="prompt tokens per trainer sequence")
+    a("--train-response", type=int, default=768, help="response tokens per trainer sequence")
+    a("--skip-rollout", action="store_true", help="only the trainer step")
+    a("--skip-trainer", action="store_true", help="only the rollout")
+    a("--device", default=None, help="cuda (default when present) or cpu")
+    a("--out", default="runs/bench_moe", help="folder for moe_rollout.json")
+    a("--seed", type=int, default=0, help="seed of weights, caches and prompts")
+    return p.parse_args(argv)
+
+
+def _free(*objs) -> None:
+    del objs
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _random_model(name: str, plan, device, dtype, seed: int):
+    from trace_rl.models import build, preset
+
+    model = build(preset(name), device=device, dtype=dtype, plan=plan)
+    return model.init_random(generator=torch.Generator(device=device).manual_seed(seed))
+
+
+def _weight_bytes(model) -> tuple[int, int, int]:
+    """(dense bytes read per step, bytes of one layer's expert set, MoE layers) of a rollout model."""
+    dense = bm.weight_bytes(model)
+    experts = model.experts()
+    per_layer = sum(g.nbytes for g in experts[0].grouped_linears().values()) if experts else 0
+    return dense, per_layer, len(experts)
+
+
+def _touched(num_experts: int, top_k: int, tokens: int) -> float:
+    """Expected experts a batch of `tokens` (top-k each, uniform routing) reads in one layer."""
+    return num_experts * (1 - (1 - top_k / num_experts) ** tokens)
+
+
+def _fit(args, model, plan, capacity: int, device) -> tuple[int, dict]:
+    c = model.config
+    kv = bm.kv_bytes_per_token(plan.kv_cache, c.num_layers, c.num_kv_heads, c.head_dim)
+    routing = 2 * len(c.moe_layers()) * c.num_experts_per_tok            # int16 record per token
+    want = args.prompts * args.group if not args.max_batch else min(args.prompts * args.group, args.max_batch)
+    info = {"kv_bytes_per_token": kv, "routing_bytes_per_token": routing}
+    if device.type != "cuda":
+        return want, info
+    _free()
+    free, _ = torch.cuda.mem_get_info(device)
+    free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    per_seq = capacity * (kv + routing) + 40 * c.vocab_size
+    fit = int((free - args.reserve_gb * 2**30) // per_seq)
+    return max(1, min(want, fit)), {**info, "fit": fit, "free_GB": free / 2**30}
+
+
+def bench_rollout(args, plan_name: str, device, bw) -> dict:
+    from trace_rl.bench.rollout import _engine_steps, _random_prompts, _simpson
+    from trace_rl.engine.base import SamplingParams
+    from trace_rl.engine.native import NativeEngine
+    from trace_rl.plan import PrecisionPlan
+
+    _free()
+    plan = PrecisionPlan.preset(plan_name)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    t0 = time.perf_counter()
+    model = _random_model(args.model, plan, device, dtype, args.seed).to_rollout()
+    build_s = time.perf_counter() - t0
+    model.plan = plan
+    p, r, block = args.prompt_len, args.response_len, 16
+    capacity = math.ceil((p + r) / block) * block
+    batch, fit = _fit(args, model, plan, capacity, device)
+    engine = NativeEngine(model, plan, max_batch=batch, max_seq_len=p + r, block_size=block, device=device,
+                          graph_buckets=[batch], prefill_tokens=args.prefill_tokens)
+    bm.fill_random(engine.cache, torch.Generator(device=device).manual_seed(args.seed))
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=r, ignore_stop=True, seed=args.seed)
+    steps = _engine_steps(engine, batch, [p + 1, p + r // 2, p + r - 1], args, sampling)
+    vocab = model.config.vocab_size
+    one = sampling.model_copy(update={"max_new_tokens": 1})
+    engine.generate(_random_prompts(min(max(1, args.prefill_tokens // p), batch), p, vocab, device, args.seed), one)
+    timed = min(64, batch)
+    prefill_s = bm.wall_s(lambda: engine.generate(_random_prompts(timed, p, vocab, device, args.seed + 1), one),
+                          device) * batch / timed
+    c = model.config
+    dense, expert_layer, moe_layers = _weight_bytes(engine.model)
+    touched = _touched(c.num_experts, c.num_experts_per_tok, batch)
+    read_bw = bw.get("read") or 4.0e12
+    per_token = engine.cache.bytes_per_token()
+    for s in steps:
+        s["bytes"] = dense + moe_layers * expert_layer * touched / c.num_experts + batch * s["L"] * per_token
+        s["floor_ms"] = s["bytes"] / read_bw * 1e3
+        s["roofline_frac"] = s["floor_ms"] / s["forward_ms"]
+    step_mean = _simpson([s["step_ms"] for s in steps])
+    wave_s = prefill_s + (r - 1) * step_mean * 1e-3
+    result = {
+        "plan": plan_name, "label": plan.label, "model": args.model, "batch": batch, **fit,
+        "waves": math.ceil(args.prompts * args.group / batch), "build_s": build_s,
+        "dense_weight_GB": dense / 1e9, "expert_weight_GB": moe_layers * expert_layer / 1e9,
+        "experts_touched_per_layer": touched, "steps": steps, "step_ms_mean": step_mean,
+        "forward_ms_mean": _simpson([s["forward_ms"] for s in steps]), "prefill_s": prefill_s, "wave_s": wave_s,
+        "tokens_per_s": batch * r / wave_s, "cuda_graphs": engine.graphs is not None, "paths": engine.report(),
+        "peak_memory_GB": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
+    }
+    _free(engine, model)
+    return result
+
+
+def bench_trainer(args, replay: bool, device) -> dict:
+    from tensordict import TensorDict
+
+    from trace_rl.data import schema as K
+    from trace_rl.objectives.logprobs import response_log_probs
+    from trace_rl.objectives.router_replay import router_replay
+
+    _free()
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = _random_model(args.model, None, device, dtype, args.seed)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    c, rows, lp, lr = model.config, args.train_rows, args.train_prompt, args.train_response
+    gen = torch.Generator(device=device).manual_seed(args.seed)
+    prompt = torch.randint(4, min(1000, c.vocab_size), (rows, lp), device=device, generator=gen)
+    resp = torch.randint(4, min(1000, c.vocab_size), (rows, lr), device=device, generator=gen)
+    ones = lambda t: torch.ones_like(t, dtype=torch.bool)  # noqa: E731
+    moe = len(c.moe_layers())
+    # replayed experts: distinct per token, not the trainer's own (as a rollout that routed otherwise)
+    experts = torch.rand(rows, lp + lr, moe, c.num_experts, device=device, generator=gen).topk(
+        c.num_experts_per_tok, dim=-1).indices.to(torch.int16)
+    td = TensorDict({K.TOKENS_PROMPT: prompt, K.MASK_PROMPT: ones(prompt), K.TOKENS_RESPONSE: resp,
+                     K.MASK_RESPONSE: ones(resp), K.ROUTING_EXPERTS: experts,
+                     K.ROUTING_VALID: torch.ones(rows, lp + lr, dtype=torch.bool, device=device)}, batch_size=[rows])
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        with router_replay(model, td) if replay else _null():
+            logp, _ = response_log_probs(model, prompt, ones(prompt), resp, ones(resp))
+        logp.sum().backward()
+
+    ms = bm.median_ms(step, device, args.iters, warmup=2)
+    paths = sorted({g for ex in model.experts() for g in ["grouped_mm" if _grouped(ex, dtype, device) else "loop"]})
+    out = {"replay": replay, "rows": rows, "tokens": rows * (lp + lr), "fwd_bwd_ms": ms,
+           "tokens_per_s": rows * (lp + lr) / (ms * 1e-3), "expert_path": paths,
+           "peak_memory_GB": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None}
+    _free(model)
+    return out
+
+
+def _grouped(experts, dtype, device) -> bool:
+    from trace_rl.backends.grouped_linear import grouped_mm_runs
+
+    x = torch.empty(1, experts.hidden, dtype=dtype, device=device, requires_grad=True)
+    return grouped_mm_runs(x, experts.gate_up_proj)
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    bw = bm.bandwidth_ceilings(device) if device.type == "cuda" else {"read": None, "copy": None}
+    report = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+              "torch": torch.__version__, "read_bandwidth_TBps": (bw["read"] or 0) / 1e12,
+              "args": vars(args), "rollout": [], "trainer": [], "errors": []}
+
+    def write():
+        (out / "moe_rollout.json").write_text(json.dumps(report, indent=1, default=str))
+
+    if not args.skip_rollout:
+        for plan in [p for p in args.plans.split(",") if p]:
+            try:
+                res = bench_rollout(args, plan, device, bw)
+                report["rollout"].append(res)
+                roof = [round(s["roofline_frac"], 2) for s in res["steps"]]
+                print(f"{plan:<9} B={res['batch']:<4} tok/s={res['tokens_per_s']:9.0f} "
+                      f"step={res['step_ms_mean']:.2f}ms graphs={res['cuda_graphs']} roofline={roof}", flush=True)
+            except Exception as err:  # one failing plan must not lose the others
+                report["errors"].append({"plan": plan, "error": f"{type(err).__name__}: {err}"})
+                print(f"FAILED {plan}: {type(err).__name__}: {err}", flush=True)
+                _free()
+            write()
+    if not args.skip_trainer:
+        for replay in (False, True):
+            try:
+                report["trainer"].append(bench_trainer(args, replay, device))
+            except Exception as err:
+                report["errors"].append({"trainer_replay": replay, "error": f"{type(err).__name__}: {err}"})
+                print(f"FAILED trainer replay={replay}: {type(err).__name__}: {err}", flush=True)
+                _free()
+            write()
+    bf16 = next((x for x in report["rollout"] if x["plan"] == "bf16"), None)
+    report["summary"] = {x["plan"]: {"tokens_per_s": x["tokens_per_s"], "batch": x["batch"],
+                                     "vs_bf16": x["tokens_per_s"] / bf16["tokens_per_s"] if bf16 else None}
+                         for x in report["rollout"]}
+    write()
+    print(f"\n{args.model} on {report['device']}: {args.prompts}x{args.group} prompts, "
+          f"{args.response_len}-token answers")
+    print(f"{'plan':<10}{'batch':>7}{'tok/s':>11}{'vs bf16':>9}{'step ms':>10}{'graphs':>8}")
+    for x in report["rollout"]:
+        ratio = report["summary"][x["plan"]]["vs_bf16"]
+        print(f"{x['plan']:<10}{x['batch']:>7}{x['tokens_per_s']:>11.0f}{(ratio or 0):>9.2f}{x['step_ms_mean']:>10.2f}"
+              f"{str(x['cuda_graphs']):>8}")
+    for t in report["trainer"]:
+        print(f"trainer fwd+bwd replay={'on ' if t['replay'] else 'off'} {t['tokens']} tokens: "
+              f"{t['fwd_bwd_ms']:.1f} ms ({t['tokens_per_s']:.0f} tok/s, experts {t['expert_path']})")
+    for e in report["errors"]:
+        print("error:", json.dumps(e))
+    return report
+
+
+if __name__ == "__main__":
+    main()
