@@ -195,6 +195,10 @@ class DistributedPipeline(Pipeline):
         if "error" in outcome:
             raise outcome["error"]
         weights, optim, rng, state = read_checkpoint(Path(self.run_dir) / CHECKPOINT_DIR)
+        if hasattr(self.model, "experts"):       # MoE: HF files hold one tensor per expert; the model, stacked ones
+            from trace_rl.models.loading import fuse_expert_weights
+
+            weights = fuse_expert_weights(self.model, weights)
         if "lm_head.weight" not in weights and getattr(self.model.config, "tie_word_embeddings", False):
             weights["lm_head.weight"] = weights["model.embed_tokens.weight"]     # HF files leave the tied head out
         set_state_dict(self.model, self.optimizer, model_state_dict=weights, optim_state_dict=optim,
