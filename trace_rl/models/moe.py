@@ -63,7 +63,8 @@ class Experts(nn.Module):
         self.name = ""                                   # "model.layers.3.mlp.experts", set by the Decoder
         self.formats = {p: ("bf16", "bf16") for p in PROJECTIONS}   # (weight, activation) per projection
         self.trainer_mode = "bf16"
-        self.align = 1                                   # rows per group multiple (grouped kernels' tile)
+        self.align: int | None = None    # group rows padded to a multiple (None: 8 on CUDA, as torchtitan
+                                         # pads for torch._grouped_mm; 1 on CPU)
         self.rollout: nn.ModuleDict | None = None        # rollout stage: "gate_up" or "gate"/"up", "down"
 
     # -- precision: config rewrites --
@@ -125,7 +126,7 @@ class Experts(nn.Module):
     # -- forward --
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """x [N, H], ids/weights [N, k] -> [N, H]."""
-        perm = permute(ids, self.num_experts, self.align)
+        perm = permute(ids, self.num_experts, self.align or (8 if x.is_cuda else 1))
         if self.rollout is not None:
             return unpermute(self._rollout_forward(gather_rows(x, perm), perm.ends), perm, weights)
         if self.trainer_mode != "bf16" and self.is_quantized:
