@@ -22,7 +22,6 @@ docs/benchmarks.md) to prove the code path, not to measure.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import math
 import time
@@ -59,14 +58,8 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def _free(*objs) -> None:
-    del objs
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
 def _random_model(name: str, plan, device, dtype, seed: int):
+    """A trainer-stage model of the preset's shape with random weights."""
     from trace_rl.models import build, preset
 
     model = build(preset(name), device=device, dtype=dtype, plan=plan)
@@ -94,7 +87,7 @@ def _fit(args, model, plan, capacity: int, device) -> tuple[int, dict]:
     info = {"kv_bytes_per_token": kv, "routing_bytes_per_token": routing}
     if device.type != "cuda":
         return want, info
-    _free()
+    bm.free()
     free, _ = torch.cuda.mem_get_info(device)
     free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     per_seq = capacity * (kv + routing) + 40 * c.vocab_size
@@ -102,56 +95,79 @@ def _fit(args, model, plan, capacity: int, device) -> tuple[int, dict]:
     return max(1, min(want, fit)), {**info, "fit": fit, "free_GB": free / 2**30}
 
 
+def _step_with_records(engine, batch: int, length: int, sampling=(1.0, 0, 1.0)):
+    """One decode step as the scheduler runs it for an MoE model: the captured step, then the routing
+    records of the live slots moved to their rows (outside the graph)."""
+    def step():
+        where = None if engine.routing is None else (
+            torch.where(engine.live[:batch], engine.slot_row[:batch], batch), (engine.ngen[:batch] - 1).clamp(min=0))
+        engine.decode_step(batch, length, sampling)
+        if where is not None:
+            engine.routing.store_decode(*where)
+    return step
+
+
 def bench_rollout(args, plan_name: str, device, bw) -> dict:
-    from trace_rl.bench.rollout import _engine_steps, _random_prompts, _simpson
+    from trace_rl.bench.decode_grid import prime_decode
+    from trace_rl.bench.workloads import _simpson, random_prompts
     from trace_rl.engine.base import SamplingParams
     from trace_rl.engine.native import NativeEngine
+    from trace_rl.kv.cache import default_page_size
     from trace_rl.plan import PrecisionPlan
 
-    _free()
+    bm.free()
     plan = PrecisionPlan.preset(plan_name)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     t0 = time.perf_counter()
-    model = _random_model(args.model, plan, device, dtype, args.seed).to_rollout()
+    model = bm.build_rollout_model(args.model, plan, device, dtype, args.seed)
     build_s = time.perf_counter() - t0
-    model.plan = plan
-    p, r, block = args.prompt_len, args.response_len, 16
+    p, r = args.prompt_len, args.response_len
+    block = default_page_size(plan.kv_cache)
+    layout = "contiguous" if plan.kv_cache == "bf16" else "pool"
     capacity = math.ceil((p + r) / block) * block
     batch, fit = _fit(args, model, plan, capacity, device)
     engine = NativeEngine(model, plan, max_batch=batch, max_seq_len=p + r, block_size=block, device=device,
-                          graph_buckets=[batch], prefill_tokens=args.prefill_tokens)
+                          graph_buckets=[batch], prefill_tokens=args.prefill_tokens, kv_layout=layout)
     bm.fill_random(engine.cache, torch.Generator(device=device).manual_seed(args.seed))
-    sampling = SamplingParams(temperature=1.0, max_new_tokens=r, ignore_stop=True, seed=args.seed)
-    steps = _engine_steps(engine, batch, [p + 1, p + r // 2, p + r - 1], args, sampling)
+    engine.routing.begin(1, p, batch, r)          # per-row record store of this many rows (row `batch` = idle)
+    steps, warmup = [], 3
+    for length in (p + 1, p + r // 2, p + r - 1):
+        prime_decode(engine, batch, length, args.seed)
+        fwd = bm.median_ms(lambda n=length: engine.decode_logits(batch, n), device, args.iters, warmup)
+        prime_decode(engine, batch, max(1, length - 1 - warmup - args.iters), args.seed)
+        step = bm.median_ms(_step_with_records(engine, batch, length), device, args.iters, warmup)
+        steps.append({"L": length, "forward_ms": fwd, "step_ms": step})
     vocab = model.config.vocab_size
-    one = sampling.model_copy(update={"max_new_tokens": 1})
-    engine.generate(_random_prompts(min(max(1, args.prefill_tokens // p), batch), p, vocab, device, args.seed), one)
-    timed = min(64, batch)
-    prefill_s = bm.wall_s(lambda: engine.generate(_random_prompts(timed, p, vocab, device, args.seed + 1), one),
-                          device) * batch / timed
+    group = min(args.group, batch)
+    one = SamplingParams(n=group, temperature=1.0, max_new_tokens=1, ignore_stop=True, seed=args.seed)
+    engine.generate(random_prompts(max(1, min(max(1, args.prefill_tokens // p), batch) // group), p, vocab, device,
+                                   args.seed), one)
+    timed = max(1, min(64, batch) // group)
+    prefill_s = bm.wall_s(lambda: engine.generate(random_prompts(timed, p, vocab, device, args.seed + 1), one),
+                          device) * batch / (timed * group)
     c = model.config
     dense, expert_layer, moe_layers = _weight_bytes(engine.model)
     touched = _touched(c.num_experts, c.num_experts_per_tok, batch)
     read_bw = bw.get("read") or 4.0e12
     per_token = engine.cache.bytes_per_token()
-    for s in steps:
-        s["bytes"] = dense + moe_layers * expert_layer * touched / c.num_experts + batch * s["L"] * per_token
-        s["floor_ms"] = s["bytes"] / read_bw * 1e3
-        s["roofline_frac"] = s["floor_ms"] / s["forward_ms"]
-    step_mean = _simpson([s["step_ms"] for s in steps])
+    for st in steps:
+        st["bytes"] = dense + moe_layers * expert_layer * touched / c.num_experts + batch * st["L"] * per_token
+        st["floor_ms"] = st["bytes"] / read_bw * 1e3
+        st["roofline_frac"] = st["floor_ms"] / st["forward_ms"]
+    step_mean = _simpson([st["step_ms"] for st in steps])
     wave_s = prefill_s + (r - 1) * step_mean * 1e-3
     result = {
-        "plan": plan_name, "label": plan.label, "model": args.model, "batch": batch, **fit,
+        "plan": plan_name, "label": plan.label, "model": args.model, "batch": batch, "kv_layout": layout, **fit,
         "waves": math.ceil(args.prompts * args.group / batch), "build_s": build_s,
         "dense_weight_GB": dense / 1e9, "expert_weight_GB": moe_layers * expert_layer / 1e9,
         "experts_touched_per_layer": touched, "steps": steps, "step_ms_mean": step_mean,
-        "forward_ms_mean": _simpson([s["forward_ms"] for s in steps]), "prefill_s": prefill_s, "wave_s": wave_s,
+        "forward_ms_mean": _simpson([st["forward_ms"] for st in steps]), "prefill_s": prefill_s, "wave_s": wave_s,
         "tokens_per_s": batch * r / wave_s, "cuda_graphs": engine.graphs is not None, "paths": engine.report(),
         "peak_memory_GB": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
     }
-    _free(engine, model)
+    bm.free(engine, model)
     return result
 
 
@@ -162,7 +178,7 @@ def bench_trainer(args, replay: bool, device) -> dict:
     from trace_rl.objectives.logprobs import response_log_probs
     from trace_rl.objectives.router_replay import router_replay
 
-    _free()
+    bm.free()
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = _random_model(args.model, None, device, dtype, args.seed)
     if device.type == "cuda":
@@ -191,7 +207,7 @@ def bench_trainer(args, replay: bool, device) -> dict:
     out = {"replay": replay, "rows": rows, "tokens": rows * (lp + lr), "fwd_bwd_ms": ms,
            "tokens_per_s": rows * (lp + lr) / (ms * 1e-3), "expert_path": paths,
            "peak_memory_GB": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None}
-    _free(model)
+    bm.free(model)
     return out
 
 
@@ -234,7 +250,7 @@ def main(argv=None) -> dict:
             except Exception as err:  # one failing plan must not lose the others
                 report["errors"].append({"plan": plan, "error": f"{type(err).__name__}: {err}"})
                 print(f"FAILED {plan}: {type(err).__name__}: {err}", flush=True)
-                _free()
+                bm.free()
             write()
     if not args.skip_trainer:
         for replay in (False, True):
@@ -243,7 +259,7 @@ def main(argv=None) -> dict:
             except Exception as err:
                 report["errors"].append({"trainer_replay": replay, "error": f"{type(err).__name__}: {err}"})
                 print(f"FAILED trainer replay={replay}: {type(err).__name__}: {err}", flush=True)
-                _free()
+                bm.free()
             write()
     bf16 = next((x for x in report["rollout"] if x["plan"] == "bf16"), None)
     report["summary"] = {x["plan"]: {"tokens_per_s": x["tokens_per_s"], "batch": x["batch"],
