@@ -86,3 +86,36 @@ def test_sdpa_span_paths_match_reference(backend, rng):
     fast = attn.sdpa_masked(q, cache.k[0], cache.v[0], lens, 128 ** -0.5, pages * block, span, backend)
     ref = attn.reference(q, cache.k[0], cache.v[0], table, lens, 128 ** -0.5)
     torch.testing.assert_close(fast.float(), ref.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_attend_prologue_equals_norm_rope_then_attend(rng, monkeypatch):
+    """The fused-prologue entry (the kernels' q/k-norm + RoPE + K/V write, stood in for here by its torch
+    equivalent) feeds decode attention exactly as norm, RoPE and `attend` do."""
+    from trace_rl import kernels
+    from trace_rl.models.rope import apply_rope
+
+    def rms(x, w, eps):
+        return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+    def fake(q, k, v, cos, sin, k_cache, v_cache, slots, qn, kn, eps):
+        q = apply_rope(rms(q, qn, eps)[:, None], cos[:, None], sin[:, None])[:, 0]
+        k = apply_rope(rms(k, kn, eps)[:, None], cos[:, None], sin[:, None])[:, 0]
+        k_cache.write_reference(slots, k)
+        v_cache.write_reference(slots, v)
+        return q
+
+    monkeypatch.setattr(kernels, "qk_norm_rope_kv_write", fake, raising=False)
+    b, hq, hkv, d = 3, 4, 2, 32
+    caches = [PagedKVCache("bf16", 1, 8, 8, hkv, d, dtype=torch.float32) for _ in range(2)]
+    table = torch.tensor([[0, 1], [2, 3], [4, 5]], dtype=torch.int32)
+    pos = torch.tensor([[5], [9], [0]])
+    steps = [KVStep(c, slots_for(table, pos, 8), table, (pos[:, 0] + 1).to(torch.int32), prefill=False)
+             for c in caches]
+    q, k, v = (torch.randn(b, 1, h, d, generator=rng) for h in (hq, hkv, hkv))
+    ang = torch.randn(b, 1, d // 2, generator=rng)
+    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
+    qn, kn = torch.rand(d, generator=rng) + 0.5, torch.rand(d, generator=rng) + 0.5
+    fused = steps[0].attend_prologue(0, q, k, v, cos, sin, qn, kn, 1e-6)
+    plain = steps[1].attend(0, apply_rope(rms(q, qn, 1e-6), cos, sin), apply_rope(rms(k, kn, 1e-6), cos, sin), v)
+    torch.testing.assert_close(fused, plain)
+    assert not steps[0].fuses_prologue(q)              # CPU tensors: the model keeps its torch path

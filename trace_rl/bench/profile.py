@@ -1,11 +1,11 @@
 """Where a decode step goes: GPU time per op class, from `torch.profiler` over one eager step.
 
 The step's parts run inside named ranges (`trace_rl.op_ranges.op_range`: linear, attention, norm, rope,
-kv_write, activation, embedding, sampling, bookkeeping); every GPU kernel is attributed to the innermost
-range that launched it (kernels of the activation quantization inside a W4A4 linear count as
-`quantization`). The same step captured in a CUDA graph is timed as well: graph time minus the kernels'
-sum is what remains of launch gaps and kernel tails inside the graph (`gaps_ms`; eager launch overhead is
-not counted, the engine never runs eagerly on a GPU).
+kv_write, prologue (fused q/k-norm + RoPE + KV write), activation, embedding, sampling, bookkeeping); every
+GPU kernel is attributed to the innermost range that launched it (kernels of the activation quantization
+inside a W4A4 linear count as `quantization`). The same step captured in a CUDA graph is timed as well: graph
+time minus the kernels' sum is what remains of launch gaps and kernel tails inside the graph (`gaps_ms`; eager
+launch overhead is not counted, the engine never runs eagerly on a GPU).
 """
 
 from __future__ import annotations
@@ -16,14 +16,15 @@ import torch
 
 from trace_rl.op_ranges import PREFIX
 
-CLASSES = ("linear", "quantization", "attention", "kv_write", "norm", "rope", "activation", "embedding",
+CLASSES = ("linear", "quantization", "attention", "kv_write", "prologue", "norm", "rope", "activation", "embedding",
            "sampling", "bookkeeping", "other")
 
 
 # Kernels launched outside torch ops (Triton's launcher) have no CPU-side op in the trace: named here.
 NAMED = (("_decode_attention", "attention"), ("_merge_splits", "attention"), ("flash", "attention"),
          ("fmha", "attention"), ("cudnn", "attention"), ("_add_rms_norm", "norm"), ("_silu_mul", "activation"),
-         ("_sample_kernel", "sampling"), ("kv_write", "kv_write"), ("_kv_", "kv_write"), ("rope", "rope"),
+         ("_sample_kernel", "sampling"), ("_qk_norm_rope", "prologue"), ("kv_write", "kv_write"),
+         ("_kv_", "kv_write"), ("rope", "rope"),
          ("quant", "quantization"), ("gemm", "linear"), ("fp4", "linear"), ("nvjet", "linear"),
          ("sm90_xmma", "linear"), ("cutlass", "linear"))
 

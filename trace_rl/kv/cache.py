@@ -190,6 +190,30 @@ class KVStep:
     attention: str | None = None          # decode-attention path (None: the cache's default)
     span: int | None = None               # SPAN_PATHS: positions of each slot they read (>= every seq_len)
 
+    def fuses_prologue(self, q: torch.Tensor) -> bool:
+        """Whether `attend_prologue` runs as one kernel here: a decode step on the GPU with the kernels'
+        `qk_norm_rope_kv_write` (q/k-norm + RoPE + K/V write) available and used for this cache's writes."""
+        if self.prefill or not q.is_cuda or self.cache.write_path != "kernels.kv_write":
+            return False
+        from trace_rl import kernels
+
+        return hasattr(kernels, "qk_norm_rope_kv_write")
+
+    def attend_prologue(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
+                        sin: torch.Tensor, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,
+                        eps: float) -> torch.Tensor:
+        """`attend` for q/k/v [B, 1, H, D] straight from the projection: q/k RMSNorm (weights given), RoPE
+        (cos/sin [B, 1, D]) and the K/V write in one kernel, then decode attention (`fuses_prologue`)."""
+        from trace_rl import kernels
+
+        with op_range("prologue"):
+            qr = kernels.qk_norm_rope_kv_write(q[:, 0], k[:, 0], v[:, 0], cos[:, 0], sin[:, 0], self.cache.k[layer],
+                                               self.cache.v[layer], self.slots.reshape(-1), q_norm, k_norm, eps)
+        with op_range("attention"):
+            out = self.cache.decode(layer, qr, self.block_table, self.seq_lens, q.shape[-1] ** -0.5, self.capacity,
+                                    self.attention, self.span)
+        return out.unsqueeze(1)
+
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         b, t, hkv, d = k.shape
         flat = self.slots.reshape(-1)

@@ -62,6 +62,12 @@ class Attention(nn.Module):
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         q, k, v = q.view(b, t, hq, d), k.view(b, t, hkv, d), v.view(b, t, hkv, d)
+        if kv is not None and self.kv_hook is None and getattr(kv, "fuses_prologue", None) and kv.fuses_prologue(q):
+            qn = self.q_norm.weight if self.q_norm is not None else None
+            kn = self.k_norm.weight if self.k_norm is not None else None
+            eps = self.q_norm.eps if self.q_norm is not None else 0.0
+            out = kv.attend_prologue(self.layer_idx, q, k, v, cos, sin, qn, kn, eps)
+            return self.o_proj(out.reshape(b, t, hq * d))
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         with op_range("rope"):
