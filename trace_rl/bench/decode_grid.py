@@ -82,15 +82,19 @@ def run_grid(args, name: str, device, bw, log) -> list[dict]:
                 timer = lambda fn: bm.median_ms(fn, device, args.iters)  # noqa: E731
                 path = engine.attention_path(batch, length)
                 candidates = engine.cache.candidates(contiguous=True)
-                per_path = {p: timer(lambda p=p, e=engine, b=batch, n=length: e.decode_logits(b, n, path=p))
-                            for p in candidates}
+                per_path, path_errors = {}, {}
+                for p in candidates:           # a path that cannot run at this shape is recorded, not fatal
+                    try:
+                        per_path[p] = timer(lambda p=p, e=engine, b=batch, n=length: e.decode_logits(b, n, path=p))
+                    except Exception as err:
+                        path_errors[p] = f"{type(err).__name__}: {str(err)[:200]}"
                 step = time_step(engine, batch, length, args.iters)
                 prime_decode(engine, batch, length, args.seed)
                 baseline = base.sweep(length, timer, args.sdpa_backends.split(",") if device.type == "cuda"
                                       else ("default",))
                 floor = (wbytes + batch * length * per_token) / read_bw * 1e3
                 row = {"model": name, "batch": batch, "L": length, "engine_ms": per_path[path], "path": path,
-                       "engine_path_ms": per_path, "step_ms": step, "baseline_ms": baseline["ms"],
+                       "engine_path_ms": per_path, "engine_path_errors": path_errors, "step_ms": step, "baseline_ms": baseline["ms"],
                        "baseline_backend": baseline["backend"], "baseline_backend_ms": baseline["backend_ms"],
                        "baseline_errors": baseline["backend_errors"], "ratio": baseline["ms"] / per_path[path],
                        "floor_ms": floor, "engine_of_floor": floor / per_path[path],
