@@ -94,7 +94,8 @@ def run_grid(args, name: str, device, bw, log) -> list[dict]:
                                       else ("default",))
                 floor = (wbytes + batch * length * per_token) / read_bw * 1e3
                 row = {"model": name, "batch": batch, "L": length, "engine_ms": per_path[path], "path": path,
-                       "engine_path_ms": per_path, "engine_path_errors": path_errors, "step_ms": step, "baseline_ms": baseline["ms"],
+                       "engine_path_ms": per_path, "engine_path_errors": path_errors, "step_ms": step,
+                       "baseline_ms": baseline["ms"],
                        "baseline_backend": baseline["backend"], "baseline_backend_ms": baseline["backend_ms"],
                        "baseline_errors": baseline["backend_errors"], "ratio": baseline["ms"] / per_path[path],
                        "floor_ms": floor, "engine_of_floor": floor / per_path[path],
