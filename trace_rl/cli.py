@@ -51,7 +51,7 @@ def _cmd_run(args) -> int:
     import shlex
 
     from trace_rl.pipelines import build
-    from trace_rl.pipelines.pipeline import RunInterrupted
+    from trace_rl.pipelines.pipeline import CorrectionsMaskedAll, RunInterrupted
     from trace_rl.pipelines.run_dir import check_run_dir
     from trace_rl.pipelines.run_log import summary_table
 
@@ -84,6 +84,9 @@ def _cmd_run(args) -> int:
         print("trace-rl: interrupted at once, without saving" + (f"; the last checkpoint stays: resume with: "
                                                                 f"{resume_cmd}" if last else ""), file=sys.stderr)
         return 130
+    except CorrectionsMaskedAll as err:
+        print(f"trace-rl: error: {err}", file=sys.stderr)
+        return 1
     except FloatingPointError as err:
         last = (pipeline.run_dir / "checkpoint" / "state.json").is_file()
         print(f"trace-rl: error: {err}" + (f"; the last good checkpoint stays (fix the cause, then: {resume_cmd})"

@@ -117,6 +117,11 @@ class LoopSection(TraceConfig):
     eval_prompts: int = Field(128, ge=1, description="Held-out prompts per evaluation (greedy decoding).")
     checkpoint_every: int = Field(10, ge=0, description="Save a checkpoint every N steps, and always after the last "
                                                         "step and on SIGINT/SIGTERM (0: only then).")
+    masked_alarm: float = Field(
+        0.99, gt=0.0, le=1.0, description="Warn (log and progress bar) when the corrections mask or reject at "
+                                          "least this share of a step's tokens: that step learns (almost) nothing.")
+    stop_when_masked: bool = Field(
+        False, description="Stop the run (exit 1, after saving a checkpoint) at such a step instead of warning.")
 
     @field_validator("group_size")
     @classmethod

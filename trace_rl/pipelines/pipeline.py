@@ -41,6 +41,19 @@ from trace_rl.pipelines.run_log import RunLog, plot_curves, read_history, summar
 from trace_rl.pipelines.schedules import seek
 
 
+class CorrectionsMaskedAll(RuntimeError):
+    """A step's corrections masked (or rejected) at least `loop.masked_alarm` of its tokens and
+    `loop.stop_when_masked` is set. The CLI prints it and exits 1."""
+
+
+def masked_message(record: dict, corrections, limit: float) -> str:
+    kinds = ", ".join(repr(c) for c in getattr(corrections, "corrections", [])) or "none"
+    return (f"step {record['step']}: the corrections masked {record['frac_masked_tokens']:.1%} of the tokens "
+            f"(>= loop.masked_alarm {limit:.0%}; rejected sequences {record.get('frac_rejected_seqs', 0):.1%}), "
+            f"so this step learned (almost) nothing; corrections: {kinds}; mismatch_k3 "
+            f"{record.get('mismatch_k3', float('nan')):.3g}. Widen their bounds or use a closer rollout precision")
+
+
 class RunInterrupted(Exception):  # noqa: N818  (not an error: the run stopped on request, with a checkpoint)
     """SIGINT/SIGTERM stopped the run after a step; `saved` is the checkpoint written then (None if no step
     had finished). The CLI prints how to resume and exits 128 + signal number."""
@@ -109,6 +122,8 @@ class Pipeline:
     title: str = ""
     step: int = 0
     drift: DriftMetrics = field(default_factory=DriftMetrics)
+    masked_alarm: float = 0.99             # warn when corrections mask >= this share of a step's tokens
+    stop_when_masked: bool = False         # ... or stop the run (CorrectionsMaskedAll)
     reference: object | None = None        # a ReferencePolicy writing ("log_probs","ref") for the KL term
     lr_scheduler: object | None = None     # a torch LambdaLR stepped once per RL step (trace_rl.pipelines.schedules)
     router_replay: bool = False            # MoE: the trainer's forwards replay the rollout's routing records
@@ -333,6 +348,7 @@ class Pipeline:
         if self.config is not None:
             write_text_atomic(self.run_dir / "config.yaml", self.config.to_yaml())
         log = RunLog(self.run_dir, total_steps=self.steps, start_step=self.step,
+                     masked_alarm=(self.masked_alarm, lambda r: masked_message(r, self.corrections, self.masked_alarm)),
                      **{k: v for k, v in self.logging.items()
                         if k in ("jsonl", "tensorboard", "progress", "loggers", "wandb", "mlflow")})
         if resumed is not None:
@@ -347,6 +363,10 @@ class Pipeline:
                     raise RunInterrupted(stop.signum, self.step, self.run_dir, self._save_if_needed())
                 record = self.train_step()
                 log.log(record)
+                if self.stop_when_masked and record.get("frac_masked_tokens", 0.0) >= self.masked_alarm:
+                    saved = self._save_if_needed()
+                    raise CorrectionsMaskedAll(f"{masked_message(record, self.corrections, self.masked_alarm)}; "
+                                               f"stopped (loop.stop_when_masked; checkpoint: {saved})")
                 if self.eval_every and self.step % self.eval_every == 0 and self.step < self.steps:
                     log.log(self.evaluate())
                 if self.checkpoint_every and self.step % self.checkpoint_every == 0:

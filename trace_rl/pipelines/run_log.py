@@ -4,24 +4,30 @@ and curves.png."""
 from __future__ import annotations
 
 import json
+import logging
 import math
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
+log = logging.getLogger("trace_rl")
 PROGRESS_KEYS = (("reward", "reward"), ("acc", "correct"), ("k3", "mismatch_k3"))
 
 
 class RunLog:
     def __init__(self, run_dir: Path, jsonl: bool = True, tensorboard: bool = False, progress: bool = True,
                  total_steps: int = 0, start_step: int = 0, loggers: tuple[str, ...] = (), wandb: dict | None = None,
-                 mlflow: dict | None = None):
+                 mlflow: dict | None = None, masked_alarm: tuple[float, Callable[[dict], str]] | None = None):
         """`start_step` > 0: a resumed run (metrics.jsonl was truncated to that step; the loggers' records
         after it are dropped, see `trace_rl.pipelines.loggers`). `loggers`: torchrl loggers (csv,
-        tensorboard, wandb, mlflow); `tensorboard=True` adds tensorboard."""
+        tensorboard, wandb, mlflow); `tensorboard=True` adds tensorboard. `masked_alarm`: (share, message of a
+        record): a train record whose frac_masked_tokens reaches the share is warned about (log + bar)."""
         from trace_rl.pipelines.loggers import MetricLoggers
 
         self.run_dir = run_dir
         self.history: list[dict] = []
         self.start_step = start_step
+        self.masked_alarm = masked_alarm
         names = tuple(dict.fromkeys([*loggers, *(["tensorboard"] if tensorboard else [])]))
         self.loggers = MetricLoggers(run_dir, names, start_step=start_step, wandb=wandb, mlflow=mlflow)
         self._jsonl = (run_dir / "metrics.jsonl").open("a") if jsonl else None
@@ -37,9 +43,20 @@ class RunLog:
             self._jsonl.write(json.dumps(record, default=float) + "\n")
             self._jsonl.flush()
         self.loggers.log(record)
+        alarm = (self.masked_alarm is not None and record.get("kind") == "train"
+                 and record.get("frac_masked_tokens", 0.0) >= self.masked_alarm[0])
+        if alarm:
+            message = self.masked_alarm[1](record)
+            if self._bar is not None:        # above the bar (a bare stderr print would break its line)
+                self._bar.write(f"trace-rl: warning: {message}", file=sys.stderr)
+            if self._bar is None or log.hasHandlers():
+                log.warning(message)
         if self._bar is not None and record.get("kind") == "train":
             self._bar.update(1)
-            self._bar.set_postfix({short: f"{record[key]:.3g}" for short, key in PROGRESS_KEYS if key in record})
+            postfix = {short: f"{record[key]:.3g}" for short, key in PROGRESS_KEYS if key in record}
+            if alarm:
+                postfix["MASKED"] = f"{record['frac_masked_tokens']:.0%}"
+            self._bar.set_postfix(postfix)
 
     def close(self) -> None:
         if self._bar is not None:
