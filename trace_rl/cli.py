@@ -99,11 +99,15 @@ def _cmd_run(args) -> int:
 
 def _cmd_validate(args) -> int:
     from trace_rl.pipelines import build
+    from trace_rl.pipelines.preflight import preflight
 
     cfg, layers = resolve_pipeline_config(args.config, args.preset, args.set, no_default=args.no_default)
+    report = preflight(cfg)         # every check `run` makes before its first step that needs no weights
     if args.build:
-        build(cfg, run_dir="/nonexistent-validate-only")   # builds every object, writes nothing
+        build(cfg, run_dir="/nonexistent-validate-only", checked=report)   # loads the weights too; writes nothing
     print(f"{args.config or 'embedded default'}: valid ({cfg.precision.label}, {cfg.loop.steps} steps)")
+    for note in report.notes:
+        print(f"  {note}")
     if args.show:
         print(f"# resolved from: {layers}")
         print(cfg.to_yaml())
@@ -123,9 +127,22 @@ def _cmd_presets(args) -> int:
     return 0
 
 
+MAX_FORMAT_ELEMENTS = 1 << 26       # 64M float32 values (256 MB, plus a few working copies)
+
+
 def _cmd_formats(args) -> int:
     from trace_rl.formats.report import error_table, format_table
 
+    if args.rows < 1 or args.cols < 128 or args.cols % 128:
+        raise UsageError(f"--rows {args.rows} --cols {args.cols}: need rows >= 1 and cols a positive multiple of 128 "
+                         f"(fp8 block scaling uses 1x128 blocks; nvfp4/mxfp4 16/32), e.g. --rows 4096 --cols 4096")
+    if args.rows * args.cols > MAX_FORMAT_ELEMENTS:
+        raise UsageError(f"--rows {args.rows} --cols {args.cols}: {args.rows * args.cols:,} values is more than this "
+                         f"table needs (at most {MAX_FORMAT_ELEMENTS:,}); e.g. --rows 4096 --cols 4096")
+    if not 0 <= args.seed < 2**63:
+        raise UsageError(f"--seed {args.seed}: must be in 0 .. 2**63 - 1")
+    if args.json:
+        _check_writable_file(args.json, "--json")
     results = error_table(args.rows, args.cols, args.seed)
     print(f"Quantization error of a {args.rows}x{args.cols} weight-like tensor (Gaussian, 8 outlier channels):")
     print(format_table(results))
@@ -135,10 +152,31 @@ def _cmd_formats(args) -> int:
     return 0
 
 
+def _check_writable_file(path: str, flag: str) -> None:
+    target = Path(path)
+    if target.is_dir():
+        raise UsageError(f"{flag} {path}: is a folder; give a file name")
+    parent = target.parent if str(target.parent) else Path(".")
+    if not parent.is_dir():
+        raise UsageError(f"{flag} {path}: folder {parent} does not exist")
+
+
 def _cmd_bench(args) -> int:
     from trace_rl.bench.rollout import run_rollout_bench
 
-    run_rollout_bench(args)
+    try:
+        report = run_rollout_bench(args)    # each measurement's own failure is caught and recorded inside
+    except ValueError as err:               # its arguments, checked before anything runs or is written
+        raise UsageError(f"bench rollout: {err}") from None
+    failed = report.get("errors", [])
+    if failed:
+        print(f"trace-rl: bench: {len(failed)} measurement(s) failed (listed above as FAILED/error, and under "
+              f"\"errors\" in the JSON); exit 1", file=sys.stderr)
+        return 1
+    if not any(report.get(k) for k in ("grid", "profile", "results", "realistic", "hf")):
+        print("trace-rl: bench: nothing was measured (no model, part, plan or length selected); exit 1",
+              file=sys.stderr)
+        return 1
     return 0
 
 

@@ -86,3 +86,20 @@ def test_bad_input_exits_2_before_writing(argv, needle, tmp_path, capsys):
     assert main(["compare", *argv, "--out", str(tmp_path / "c")]) == 2
     assert needle in capsys.readouterr().err
     assert not (tmp_path / "c").exists()
+
+
+def test_unfinished_and_nan_runs_are_named_not_averaged(tmp_path):
+    from trace_rl.audit.compare import compare_table
+
+    _write_run(tmp_path / "fp4" / "seed0", [0.3, 0.4, 0.5], (0.2, 0.5), k3=0.01)
+    _write_run(tmp_path / "fp4" / "seed1", [0.3, 0.2], (0.2, 0.9), k3=0.03)
+    (tmp_path / "fp4" / "seed1" / "summary.json").unlink()                 # killed before it finished
+    _write_run(tmp_path / "fp4" / "seed2", [0.3, 0.2, 0.1], (0.2, 0.3), k3=math.nan)
+    (row,) = aggregate_runs(tmp_path, ["fp4"], [0, 1, 2])[0]
+    assert row["used"] == 2 and row["unfinished"] == [{"seed": 1, "steps": 2}]
+    assert row["eval_reward_final"] == pytest.approx(0.4)                  # seeds 0 and 2, not 1's 0.9
+    assert row["mismatch_k3_mean"] == pytest.approx(0.01)                  # seed 2's NaN left out...
+    assert row["non_finite"] == {"mismatch_k3_mean": [2]}                  # ...and named
+    line = compare_table([row]).splitlines()[-1]
+    assert line.startswith("| fp4 | 2/3 |")
+    assert "seed 1 unfinished (2 steps), not averaged; seed 2: NaN/inf mismatch_k3_mean" in line

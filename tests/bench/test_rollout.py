@@ -41,3 +41,20 @@ def test_bench_rejects_unknown_part(tmp_path):
                                                                          str(tmp_path)])
     with pytest.raises(ValueError, match="nope"):
         run_rollout_bench(args)
+
+
+def test_bench_exits_1_when_a_measurement_fails(tmp_path, monkeypatch, capsys):
+    """A failing configuration is recorded and the others still run, but the command does not exit 0."""
+    from trace_rl.bench import workloads
+    from trace_rl.cli import main
+
+    def broken(args, name, plan, *rest):
+        raise RuntimeError(f"simulated failure of {plan}")
+
+    monkeypatch.setattr(workloads, "fixed_workload", broken)
+    code = main(["bench", "rollout", "--parts", "fixed", "--models", "tiny", "--plans", "bf16", "--prompts", "2",
+                 "--group", "2", "--prompt-len", "5", "--response-lens", "8", "--iters", "1", "--device", "cpu",
+                 "--out", str(tmp_path)])
+    assert code == 1
+    assert "1 measurement(s) failed" in capsys.readouterr().err
+    assert json.loads((tmp_path / "rollout.json").read_text())["errors"][0]["error"].endswith("failure of bf16")

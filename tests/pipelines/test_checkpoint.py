@@ -279,3 +279,18 @@ def test_run_directory_refused_overwritten_and_locked(tmp_path, capsys):
     (other / "notes.txt").write_text("keep me")
     assert _cli_run(other, 1, "--overwrite") == 2                       # never deletes a non-run folder
     assert "not a trace-rl run directory" in capsys.readouterr().err and (other / "notes.txt").exists()
+
+
+def test_sigterm_is_a_stop_request_and_a_second_ctrl_c_stops_at_once(capsys):
+    from trace_rl.pipelines.pipeline import _StopRequests
+
+    stop = _StopRequests().install()
+    try:
+        signal.raise_signal(signal.SIGTERM)
+        assert stop.signum == signal.SIGTERM                  # the loop saves after this step
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)                # a second request: stop now, unsaved
+    finally:
+        stop.restore()
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    assert "SIGTERM: stopping after this step" in capsys.readouterr().out

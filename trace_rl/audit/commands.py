@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from trace_rl.cli_common import UsageError, load_pipeline_config
+from trace_rl.config import ConfigError
 
 DEFAULT_COMPARE_PRESETS = "bf16,fp4,fp4-tis,fp4-aligned"
 
@@ -100,9 +101,17 @@ def cmd_drift(args) -> int:
     device = resolve_device(args.device)
     dtype = inputs.DTYPES[args.dtype or cfg.model.dtype]
     model_spec = args.model or cfg.model.path or cfg.model.preset
-    task = build_task(inputs.parse_task(args.task) if args.task else cfg.task)
+    try:
+        task = build_task(inputs.parse_task(args.task) if args.task else cfg.task)
+        prompts = inputs.read_prompt_file(args.prompts)[: args.num_prompts] if args.prompts else None
+    except UnicodeDecodeError as err:
+        raise _usage(f"{'--prompts ' + args.prompts if args.prompts else 'task'}: not UTF-8 text ({err.reason} at "
+                     f"byte {err.start}); save it as UTF-8") from None
+    except (ValueError, OSError) as err:
+        if isinstance(err, ConfigError):
+            raise
+        raise _usage(f"task: {err}") from None
     if args.prompts:
-        prompts = inputs.read_prompt_file(args.prompts)[: args.num_prompts]
         task = None
     else:
         prompts = inputs.task_prompts(task, args.num_prompts, seed)
@@ -195,6 +204,8 @@ def cmd_compare(args) -> int:
     if not 0 < args.collapse_fraction < 1:
         raise _usage(f"--collapse-fraction must be in (0, 1), got {args.collapse_fraction}")
     rule = CollapseRule(args.collapse_window, args.collapse_fraction, args.collapse_min_peak)
+    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
+        raise _usage(f"--out {args.out}: exists and is not a folder")
     if args.aggregate_only and not args.out:
         raise _usage("--aggregate-only needs --out (the folder of an earlier compare)")
     out = Path(args.out) if args.out else Path("runs") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"

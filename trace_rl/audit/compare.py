@@ -72,6 +72,10 @@ def run_compare(configs: dict[str, dict[int, object]], out_dir: Path, rerun: boo
             run_one(by_seed[seed], out_dir / preset / f"seed{seed}", rerun, log)
 
 
+MEAN_KEYS = ("eval_reward_final", "eval_reward_best", "eval_accuracy_final", "eval_accuracy_start",
+             "train_reward_last5", "mismatch_k3_mean", "rollout_tokens_per_s", "step_seconds")
+
+
 def _series(records: list[dict], key: str) -> dict[int, float]:
     return {r["step"]: float(r[key]) if r.get(key) is not None else math.nan for r in records if key in r}
 
@@ -118,9 +122,18 @@ def aggregate_runs(out_dir: Path, presets: list[str], seeds: list[int],
             })
         row = {"preset": preset, "seeds": len(runs), "runs": [{k: v for k, v in r.items() if k != "curves"}
                                                               for r in runs]}
-        for key in ("eval_reward_final", "eval_reward_best", "eval_accuracy_final", "eval_accuracy_start",
-                    "train_reward_last5", "mismatch_k3_mean", "rollout_tokens_per_s", "step_seconds"):
-            row[key], row[f"{key}_std"] = _stats([r[key] for r in runs])
+        # means over the finished runs only, and per metric over the finite values only; what was left out
+        # is named (the table's notes), never averaged in or dropped silently
+        finished = [r for r in runs if r["finished"]]
+        row["unfinished"] = [{"seed": r["seed"], "steps": r["steps"]} for r in runs if not r["finished"]]
+        row["non_finite"] = {}
+        for key in MEAN_KEYS:
+            values = [r[key] for r in finished]
+            bad = [r["seed"] for r in finished if r[key] is None or not math.isfinite(r[key])]
+            if bad:
+                row["non_finite"][key] = bad
+            row[key], row[f"{key}_std"] = _stats(values)
+        row["used"] = len(finished)
         row["collapsed"] = sum(r["collapse_step"] is not None for r in runs)
         row["collapse_steps"] = [r["collapse_step"] for r in runs]
         rows.append(row)
@@ -138,23 +151,37 @@ def _pm(mean: float, std: float, digits: int = 3) -> str:
     return f"{mean:.{digits}f}" + ("" if math.isnan(std) else f" ± {std:.{digits}f}")
 
 
+def row_notes(row: dict) -> str:
+    """What a row's means leave out: unfinished runs, non-finite values (by seed)."""
+    notes = [f"seed {u['seed']} unfinished ({u['steps']} steps), not averaged" for u in row.get("unfinished", [])]
+    by_seed: dict[int, list[str]] = {}
+    for key, seeds in row.get("non_finite", {}).items():
+        for seed in seeds:
+            by_seed.setdefault(seed, []).append(key)
+    notes += [f"seed {seed}: NaN/inf {', '.join(keys)}, left out of those means" for seed, keys in by_seed.items()]
+    return "; ".join(notes)
+
+
 def compare_table(rows: list[dict]) -> str:
-    """Markdown: one row per preset, mean ± std over seeds."""
+    """Markdown: one row per preset, mean ± std over its finished seeds (the seeds column says "used/all"
+    when some are not; notes name what was left out)."""
     head = ("| preset | seeds | held-out reward: final | best | held-out acc: start → final | train reward (last 5) "
-            "| collapsed (step) | mean mismatch_k3 | rollout tokens/s | s/step |")
+            "| collapsed (step) | mean mismatch_k3 | rollout tokens/s | s/step | notes |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         collapsed = f"{r['collapsed']}/{r['seeds']}" + (
             f" ({', '.join(str(s) for s in r['collapse_steps'] if s is not None)})" if r["collapsed"] else "")
         k3 = "–" if math.isnan(r["mismatch_k3_mean"]) else f"{r['mismatch_k3_mean']:.3g}"
+        used = r.get("used", r["seeds"])
+        seeds = str(r["seeds"]) if used == r["seeds"] else f"{used}/{r['seeds']}"
         lines.append(
-            f"| {r['preset']} | {r['seeds']} | {_pm(r['eval_reward_final'], r['eval_reward_final_std'])} "
+            f"| {r['preset']} | {seeds} | {_pm(r['eval_reward_final'], r['eval_reward_final_std'])} "
             f"| {_pm(r['eval_reward_best'], r['eval_reward_best_std'])} "
             f"| {_pm(r['eval_accuracy_start'], r['eval_accuracy_start_std'])} → "
             f"{_pm(r['eval_accuracy_final'], r['eval_accuracy_final_std'])} "
             f"| {_pm(r['train_reward_last5'], r['train_reward_last5_std'])} | {collapsed} | {k3} "
             f"| {_pm(r['rollout_tokens_per_s'], r['rollout_tokens_per_s_std'], 0)} "
-            f"| {_pm(r['step_seconds'], math.nan, 1)} |")
+            f"| {_pm(r['step_seconds'], math.nan, 1)} | {row_notes(r) or '–'} |")
     return "\n".join(lines)
 
 

@@ -69,7 +69,8 @@ def parse_task(text: str):
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise ConfigError(f"--task {text!r}: not a task kind nor a YAML mapping ({err})", ("task",)) from None
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"--task {text!r}: not a task kind nor a YAML mapping ({problem})", ("task",)) from None
     if isinstance(data, str):
         data = {"kind": data}
     return parse_task_config(data, "--task")

@@ -11,10 +11,8 @@ import torch
 from trace_rl.config import ConfigError
 from trace_rl.pipelines.config import DEFAULT_MODEL, PipelineConfig
 from trace_rl.pipelines.pipeline import Pipeline
+from trace_rl.pipelines.preflight import ASSETS, DEFAULT_POLICY_DIR  # noqa: F401  (ASSETS: re-exported)
 from trace_rl.pipelines.schedules import make_lr_scheduler
-
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
-DEFAULT_POLICY_DIR = ASSETS / "default_policy"
 
 
 def resolve_device(choice: str) -> torch.device:
@@ -34,11 +32,12 @@ def load_policy(cfg: PipelineConfig, device: torch.device):
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.model.dtype]
     if cfg.model.path is not None or cfg.model.preset == DEFAULT_MODEL:
         folder = Path(cfg.model.path) if cfg.model.path is not None else DEFAULT_POLICY_DIR
+        field = "model.path" if cfg.model.path is not None else "model.preset"
         if not (folder / "config.json").is_file():
-            field = "model.path" if cfg.model.path is not None else "model.preset"
             raise ConfigError(f"{field}: no model at {folder} (expected config.json + *.safetensors there)",
                               (field,))
         model = loading.load(folder, plan=cfg.precision, device=device, dtype=dtype)
+        check_finite_weights(model, field, folder)
         return model, load_tokenizer(folder)
     if cfg.model.preset not in presets.PRESETS:
         raise ConfigError(f"model.preset: unknown preset {cfg.model.preset!r}; available: "
@@ -46,6 +45,17 @@ def load_policy(cfg: PipelineConfig, device: torch.device):
     model, tokenizer = presets.tiny_model(cfg.model.preset, seed=cfg.seed, device=device, dtype=dtype,
                                           plan=cfg.precision)
     return model, tokenizer
+
+
+@torch.no_grad()
+def check_finite_weights(model, field: str, folder: Path) -> None:
+    """Loaded weights must be finite: a NaN in a model folder would otherwise surface a step later as a
+    'non-finite gradient' that blames the learning rate."""
+    for name, t in model.state_dict().items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            bad = int((~torch.isfinite(t)).sum())
+            raise ConfigError(f"{field}: {folder}: tensor {name!r} has {bad} non-finite values (NaN/Inf); these "
+                              f"weights cannot be trained (re-export the model)", (field,))
 
 
 def make_engine(cfg: PipelineConfig, model, tokenizer, device: torch.device):
@@ -130,16 +140,18 @@ def stop_token_ids(task, tokenizer) -> tuple[int, ...]:
     return tuple(dict.fromkeys(ids))
 
 
-def build(cfg: PipelineConfig, run_dir: str | Path | None = None, title: str = "") -> Pipeline:
-    """All objects of a run (nothing is written until `Pipeline.run`)."""
+def build(cfg: PipelineConfig, run_dir: str | Path | None = None, title: str = "", checked=None) -> Pipeline:
+    """All objects of a run (nothing is written until `Pipeline.run`). Every check of
+    `trace_rl.pipelines.preflight` runs first (`checked`: its report when the caller already ran it)."""
     from trace_rl.collectors import RolloutCollector
     from trace_rl.collectors.rewards import TaskReward
     from trace_rl.correction import CorrectionsConfig
     from trace_rl.data import GroupAdvantage, make_replay_buffer
     from trace_rl.engine.base import SamplingParams
     from trace_rl.objectives import TrainerLogProbs
-    from trace_rl.tasks import build_task
+    from trace_rl.pipelines.preflight import preflight
 
+    checked = checked or preflight(cfg)
     torch.manual_seed(cfg.seed)
     device = resolve_device(cfg.model.device)
     if device.type == "cpu" and cfg.model.cpu_threads is not None:
@@ -153,7 +165,7 @@ def build(cfg: PipelineConfig, run_dir: str | Path | None = None, title: str = "
     model, tokenizer = load_policy(cfg, device)
     router_replay = check_moe_options(cfg, model)
     reference = make_reference(cfg, model, tokenizer)      # the initial policy, before any sharding or training
-    task = build_task(cfg.task)
+    task = checked.task
     if scale_out is None:
         engine = make_engine(cfg, model, tokenizer, device)
     else:

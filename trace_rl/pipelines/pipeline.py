@@ -36,6 +36,7 @@ from trace_rl.pipelines.checkpoint import (
     read_checkpoint,
     save_checkpoint,
 )
+from trace_rl.pipelines.preflight import step_seed
 from trace_rl.pipelines.run_dir import RunDirectory, write_text_atomic
 from trace_rl.pipelines.run_log import RunLog, plot_curves, read_history, summary_table, truncate_metrics
 from trace_rl.pipelines.schedules import seek
@@ -139,7 +140,7 @@ class Pipeline:
                             self.pad_token_id)
 
     def train_prompts(self, step: int):
-        return self._prompts(self.task.problems(self.prompts_per_step, self.seed * 1_000_003 + step, "train"))
+        return self._prompts(self.task.problems(self.prompts_per_step, step_seed(self.seed, step), "train"))
 
     # -- one RL step --
     def train_step(self) -> dict:
