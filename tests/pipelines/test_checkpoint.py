@@ -219,12 +219,13 @@ def test_sigint_saves_a_checkpoint_prints_the_resume_command_and_resumes_exactly
         return record
 
     monkeypatch.setattr(Pipeline, "train_step", step_then_ctrl_c)
+    handler_before = signal.getsignal(signal.SIGINT)
     assert _cli_run(run_dir, STEPS, "--set", "loop.checkpoint_every=0") == 128 + signal.SIGINT
     captured = capsys.readouterr()
     assert "SIGINT: stopped after step 2; checkpoint saved" in captured.err
     command = re.search(r"resume with: (.+)", captured.out).group(1)
     assert command == f"trace-rl run --resume {run_dir}"
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler      # handlers restored
+    assert signal.getsignal(signal.SIGINT) is handler_before                  # handlers restored
     monkeypatch.undo()
     assert main(command.split()[1:]) == 0
     assert train_records(run_dir) == reference
@@ -284,6 +285,7 @@ def test_run_directory_refused_overwritten_and_locked(tmp_path, capsys):
 def test_sigterm_is_a_stop_request_and_a_second_ctrl_c_stops_at_once(capsys):
     from trace_rl.pipelines.pipeline import _StopRequests
 
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     stop = _StopRequests().install()
     try:
         signal.raise_signal(signal.SIGTERM)
@@ -292,5 +294,5 @@ def test_sigterm_is_a_stop_request_and_a_second_ctrl_c_stops_at_once(capsys):
             signal.raise_signal(signal.SIGINT)                # a second request: stop now, unsaved
     finally:
         stop.restore()
-    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before     # restored
     assert "SIGTERM: stopping after this step" in capsys.readouterr().out
