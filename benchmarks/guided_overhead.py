@@ -217,8 +217,8 @@ def _h2d_ms(records, kv, device) -> float | None:
 # -- rollout decode --
 
 def bench_decode(model_name: str, batch: int, context: int, device, report: Report, iters: int) -> None:
-    from trace_rl.engine.base import SamplingParams
-    from trace_rl.engine.native import NativeEngine, _Run
+    from trace_rl.bench.decode_grid import time_step
+    from trace_rl.engine.native import NativeEngine
 
     plan = PrecisionPlan.preset("fp4-guided")
     model = build(preset(model_name), device=device, dtype=torch.bfloat16, plan=plan)
@@ -231,33 +231,31 @@ def bench_decode(model_name: str, batch: int, context: int, device, report: Repo
     for label, graphs, record in variants:
         if graphs and device.type != "cuda":
             continue
-        try:
-            engine = NativeEngine(model, plan, max_batch=batch, max_seq_len=context + 8, device=device,
-                                  graph_buckets=[batch], cuda_graphs=graphs, record_guidance=record)
-        except ValueError as e:            # a combination this engine refuses (e.g. graphs + recording)
-            entry["step_ms"][label] = None
-            entry.setdefault("refused", {})[label] = str(e)
-            continue
-        sampling = SamplingParams(temperature=1.0, max_new_tokens=16, ignore_stop=True, seed=0)
-        dev = engine.device
-        vocab = min(1000, model.config.vocab_size)
-        prompts = torch.randint(4, vocab, (batch, 1), device=dev)
-        run = _Run(engine, sampling, prompts, torch.ones(batch, dtype=torch.long, device=dev), [1] * batch, batch)
-        engine.positions[:batch] = context - 1
-        engine.ngen[:batch] = 1
-        engine.live[:batch] = True
-        engine.slot_row[:batch] = torch.arange(batch, device=dev)
-        engine.tokens[:batch] = torch.randint(4, vocab, (batch,), device=dev)
-
-        entry["step_ms"][label] = bm.median_ms(partial(_decode_step, engine, run, batch, context), dev, iters, 3)
-        if record:
-            entry["record_bytes_per_token"] = engine.recorder.bytes_per_token
+        engine = NativeEngine(model, plan, max_batch=batch, max_seq_len=context + 64, device=device,
+                              graph_buckets=[batch], cuda_graphs=graphs, record_guidance=record)
+        if not record:       # the model's hooks belong to the last recording engine built on it
+            for m in model.modules():
+                for hook in ("activation_hook", "kv_hook"):
+                    if hasattr(m, hook):
+                        setattr(m, hook, None)
+        entry["step_ms"][label] = time_step(engine, batch, context, iters)
+        if record:   # + the flush of a full window to pinned host memory, amortized over its steps
+            rec = engine.recorder
+            window = rec.window
+            rec.begin(batch, 1, window + 1)
+            flush_ms = bm.median_ms(partial(_flush, rec, batch, window), engine.device, 5, 1)
+            entry["flush_ms_per_window"] = flush_ms
+            entry["step_ms"][label + "+flush"] = entry["step_ms"][label] + flush_ms / window
+            entry["flush_GBps"] = batch * window * rec.bytes_per_token / (flush_ms * 1e-3) / 1e9
+            entry["record_bytes_per_token"] = rec.bytes_per_token
+            entry["record_gpu_ring_bytes"] = rec.gpu_bytes
+            entry["window"] = window
         print(f"decode {model_name} B={batch} L={context} {label}: {entry['step_ms'][label]:.2f} ms", flush=True)
-        engine = run = None
+        engine = None
         free()
     s = entry["step_ms"]
-    if s.get("graphs") and s.get("graphs+record"):
-        entry["record_over_plain_graphs"] = s["graphs+record"] / s["graphs"]
+    if s.get("graphs") and s.get("graphs+record+flush"):
+        entry["record_over_plain_graphs"] = s["graphs+record+flush"] / s["graphs"]
     if s.get("graphs") and s.get("eager+record"):
         entry["eager_record_over_graphs"] = s["eager+record"] / s["graphs"]
     entry["target"] = {"record_over_plain_graphs": 1.10}
@@ -266,11 +264,9 @@ def bench_decode(model_name: str, batch: int, context: int, device, report: Repo
     free()
 
 
-def _decode_step(engine, run, batch: int, context: int) -> None:
-    engine.positions[:batch] = context - 1     # stay at the same context length
-    engine.ngen[:batch] = 1
-    engine.live[:batch] = True
-    run._decode_step(batch)
+def _flush(rec, batch: int, window: int) -> None:
+    rec.flushed = dict.fromkeys(range(batch), 0)
+    rec.flush([(s, s, 1) for s in range(batch)], window, window + 1)
 
 
 def main() -> None:

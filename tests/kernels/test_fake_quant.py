@@ -138,3 +138,26 @@ def test_guided_model_shapes_on_gpu(fmt, K, gen):
     trainer = perturbed(rollout, gen).bfloat16()
     assert_same_bits(fake_quantize(trainer.cuda(), fmt, to_device(record, "cuda")),
                      guided_quantize(trainer, record, fmt).bfloat16())
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4:row", "mxfp4"])
+def test_guided_reads_records_packed_per_token(fmt, device, gen):
+    """Records as the engine hands them over: views into one byte row per token (every site at its offset),
+    so scales, global scales and bits all have a row stride of the token's bytes."""
+    from trace_rl.engine.guidance import Site, _align4, record_into
+
+    K, heads, tokens = 192, 1, 2 * 9
+    block = 16 if fmt == "nvfp4:row" else 32
+    g = _align4(16 + K // block) if fmt == "nvfp4:row" else None
+    bits = _align4((g + 4) if g is not None else 16 + K // block)
+    site = Site("s", fmt, K, heads, 16, g, bits, _align4(bits + K // 8))
+    rollout = torch.randn(2, 9, K, generator=gen)
+    buf = torch.zeros(tokens, site.end + 8, dtype=torch.uint8)
+    record_into(buf, torch.arange(tokens), rollout, site)
+    views = site.views(buf.view(2, 9, -1))
+    record = GuidanceRecord(views["scales"], views.get("global_scale"), views["bits"],
+                            torch.rand(2, 9, generator=gen) < 0.8)
+    assert record.scales.stride(-2) == buf.shape[1]
+    trainer = perturbed(rollout, gen).bfloat16()
+    assert_same_bits(fake_quantize(trainer.to(device), fmt, to_device(record, device)),
+                     guided_quantize(trainer, record, fmt).bfloat16())

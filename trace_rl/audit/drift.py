@@ -21,7 +21,6 @@ add up (errors compound through the layers).
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -215,11 +214,11 @@ class DriftAudit:
         _sync(self.device)
         t1 = time.perf_counter()
         sites = engine.guidance_sites     # guided (TRACE): the trainer replays the rollout's rounding records
-        with guided_trainer(self.model, batch, sites) if sites else contextlib.nullcontext():
-            # guided records cover the whole batch: the rows must line up, so no micro-batches then
-            TrainerLogProbs.from_sampling(self.model, self.sampling, pad_token_id=self.tokenizer.pad_token_id,
-                                          write_old=False, router_replay=self.replays,
-                                          micro_batch_size=None if sites else self.micro_batch_size)(batch)
+        # guided (TRACE): each micro-batch's rollout records are served to the trainer with it
+        context = (lambda chunk: guided_trainer(self.model, chunk, sites)) if sites else None
+        TrainerLogProbs.from_sampling(self.model, self.sampling, pad_token_id=self.tokenizer.pad_token_id,
+                                      write_old=False, router_replay=self.replays,
+                                      micro_batch_size=self.micro_batch_size, chunk_context=context)(batch)
         _sync(self.device)
         t2 = time.perf_counter()
         report = engine.report()

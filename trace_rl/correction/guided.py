@@ -39,6 +39,16 @@ class GuidanceRecord:
     bits: torch.Tensor
     valid: torch.Tensor | None = None   # [...] bool over rows: False rows (not recorded) round to nearest
 
+    def to(self, device, non_blocking: bool = True) -> GuidanceRecord:
+        """The record on `device` (asynchronous from pinned host memory)."""
+        move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
+        return GuidanceRecord(move(self.scales), move(self.global_scale), move(self.bits), move(self.valid))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.scales, self.global_scale, self.bits, self.valid)
+                   if t is not None)
+
     def bytes_per_row(self) -> int:
         per = lambda t: 0 if t is None else t.shape[-1] * t.element_size()  # noqa: E731
         return per(self.scales) + per(self.global_scale) + per(self.bits)
@@ -123,20 +133,38 @@ class guided_trainer:  # noqa: N801  (a context manager, used as `with guided_tr
     with the rollout's records in `td` (rows = td's rows, positions = its packed prompt+response).
 
     `sites` maps a trainer Linear name (or "<attention module name>.k" / ".v") to the site key under
-    ("guidance", ...), as `NativeEngine.guidance_sites` reports it."""
+    ("guidance", ...), as `NativeEngine.guidance_sites` reports it. Records held in host memory (the
+    native engine's) are copied to the model's device on entry, for these rows only (enter once per
+    micro-batch), asynchronously when pinned; `h2d_bytes` says how many bytes that moved. They are
+    released on exit."""
 
     def __init__(self, model, td, sites: dict[str, str]):
         self.model, self.td, self.sites = model, td, sites
         self._hooked: list = []
+        self.h2d_bytes = 0
+
+    def _record(self, site: str) -> GuidanceRecord:
+        """The site's record on the model's device; one object per site (q/k/v share it: moved once, and
+        the backend quantizes their shared input once)."""
+        if site not in self._records:
+            record = guidance_record(self.td, site)
+            if record.scales.device != self._device:
+                record = record.to(self._device)
+                self.h2d_bytes += record.nbytes
+            self._records[site] = record
+        return self._records[site]
 
     def __enter__(self):
+        self._device = next(self.model.parameters()).device
+        self._records: dict[str, GuidanceRecord] = {}
+        get = self._record
         for name, module in self.model.named_modules():
             if getattr(module, "trainer_mode", None) == "guided" and name in self.sites:
-                record = guidance_record(self.td, self.sites[name])
+                record = get(self.sites[name])
                 module.activation_hook = lambda layer, x, r=record: r
                 self._hooked.append(module)
             if hasattr(module, "kv_hook") and f"{name}.k" in self.sites:
-                k, v = (guidance_record(self.td, self.sites[f"{name}.{w}"]) for w in "kv")
+                k, v = (get(self.sites[f"{name}.{w}"]) for w in "kv")
                 module.kv_hook = lambda attn, k_, v_, r=(k, v): r
                 self._hooked.append(module)
         return self
@@ -148,4 +176,5 @@ class guided_trainer:  # noqa: N801  (a context manager, used as `with guided_tr
             if hasattr(module, "kv_hook"):
                 module.kv_hook = None
         self._hooked.clear()
+        self._records = {}
         return False

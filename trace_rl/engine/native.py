@@ -86,14 +86,13 @@ class NativeEngine(RolloutEngine):
         if stop_check_interval < 1:
             raise ValueError(f"stop_check_interval must be >= 1, got {stop_check_interval}")
         # TRACE guidance (plan.trainer == "guided"): record the rollout's FP4 rounding for the trainer. The
-        # recorder lays records out per prompt and response position, so sequences are never preempted.
+        # recorder lays records out per prompt and response position, so sequences are never preempted. Its
+        # kernels write static buffers at rows computed on the device: the decode graphs capture them.
         record = self.plan.trainer == "guided" if record_guidance is None else record_guidance
-        self.recorder = GuidanceRecorder(self.model, self.plan) if record else None
+        self.recorder = GuidanceRecorder(self.model, self.plan, max_batch, self.device) if record else None
         if self.recorder is not None:
             self.recorder.attach()
-            if cuda_graphs:
-                raise ValueError("guidance recording runs the decode step eagerly; use cuda_graphs=None/False")
-            cuda_graphs, kv_layout = False, "contiguous"
+            kv_layout = "contiguous"
         self.block_size = block_size or default_page_size(self.plan.kv_cache)
         self.max_batch, self.max_seq_len, self.kv_layout = max_batch, max_seq_len, kv_layout
         self.pages_per_seq = math.ceil(max_seq_len / self.block_size)
@@ -173,7 +172,8 @@ class NativeEngine(RolloutEngine):
                           and self.device.type == "cuda",
                           "sampling": "kernels.sample_tokens" if self.device.type == "cuda" else "torch.reference"},
                 "guidance_bytes_per_token": self.recorder.bytes_per_token if self.recorder else 0,
-                "routing_bytes_per_token": self.routing.bytes_per_token if self.routing else 0, **self.stats}
+                "routing_bytes_per_token": self.routing.bytes_per_token if self.routing else 0,
+                "guidance": dict(self.recorder.stats) if self.recorder else {}, **self.stats}
 
     @property
     def guidance_sites(self) -> dict[str, str]:
@@ -218,6 +218,8 @@ class NativeEngine(RolloutEngine):
     # -- the decode step over slots [0, n): what a CUDA graph captures --
     def _decode_forward(self, n: int, path: str | None, span: int | None = None) -> torch.Tensor:
         pos = self.positions[:n]
+        if self.recorder is not None:    # where each slot's guidance record goes (computed on the device)
+            self.recorder.decode_rows(n, self.ngen)
         table = self.block_table[:n]
         kv = KVStep(self.cache, slots_for(table, pos[:, None], self.block_size), table, (pos + 1).to(torch.int32),
                     prefill=False, capacity=self.capacity if self.kv_layout == "contiguous" else None,

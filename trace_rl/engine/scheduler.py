@@ -81,7 +81,7 @@ class Scheduler:
         if self.pool is not None:
             e.block_table.fill_(e.trash_page)
         if e.recorder is not None:
-            e.recorder.begin(len(lens_host), prompt_tokens.shape[1], self.rows, self.max_new)
+            e.recorder.begin(self.rows, prompt_tokens.shape[1], self.max_new)
         if e.routing is not None:
             e.routing.begin(len(lens_host), prompt_tokens.shape[1], self.rows, self.max_new)
 
@@ -96,6 +96,8 @@ class Scheduler:
             steps = min(self.max_new - self.ngen[s.row] for s in self.seqs.values())
             steps = min(steps, e.stop_check_interval if self.stops else
                         (POOL_LOOKAHEAD if self.pool is not None else steps))
+            if e.recorder is not None:       # the GPU holds `window` positions of records per slot
+                steps = min(steps, e.recorder.window)
             if steps > 0 and self.pool is not None:
                 self._reserve(steps)
             self._compact()
@@ -103,16 +105,15 @@ class Scheduler:
                 n = max(self.seqs) + 1
                 max_len = max(self._cached(s) for s in self.seqs.values()) + steps
                 for _ in range(steps):
-                    if e.recorder is not None:           # eager: the step runs exactly n rows
-                        self._record_context(n)
                     # MoE routing: the fed token of slot i is response token ngen - 1 of its row
                     where = None if e.routing is None else (
                         torch.where(e.live[:n], e.slot_row[:n], self.trash), (e.ngen[:n] - 1).clamp(min=0))
                     e.decode_step(n, max_len, self.skey)
                     if where is not None:
                         e.routing.store_decode(*where)
-                if e.recorder is not None:
-                    e.recorder.context = None
+                if e.recorder is not None:       # before harvest and compaction move or free slots
+                    e.recorder.flush([(slot, s.row, self.lens_host[s.prompt]) for slot, s in self.seqs.items()],
+                                     steps, self.max_new)
             self._harvest()
         if self.pool is not None:
             e.stats["peak_pages"] = max(e.stats["peak_pages"], self.pool.peak_used)
@@ -120,11 +121,6 @@ class Scheduler:
     def _cached(self, s: Seq) -> int:
         """Tokens of the sample in the cache: the prompt and all generated tokens but the last (fed next)."""
         return self.lens_host[s.prompt] + self.ngen[s.row] - 1
-
-    def _record_context(self, b: int) -> None:
-        e = self.e
-        e.recorder.context = ("decode", torch.where(e.live[:b], e.slot_row[:b], self.trash),
-                              (e.ngen[:b] - 1).clamp(min=0))
 
     # -- pages --
     def _pages_for(self, tokens: int) -> int:
@@ -341,15 +337,16 @@ class Scheduler:
         positions = torch.arange(width, device=dev).expand(len(chunk), width)
         kv = KVStep(e.cache, slots_for(table, positions, e.block_size), table, lens.to(torch.int32), prefill=True)
         if e.recorder is not None:
-            e.recorder.context = ("prefill", torch.tensor([s.prompt for s, _, _ in chunk], device=dev), None)
+            e.recorder.prefill(len(chunk) * width)
         if e.routing is not None:   # prompts prefilled fresh; a resumed sample keeps the records it had
             fresh = [i for i, (_, _, f) in enumerate(chunk) if f]
             e.routing.context = ("prefill", torch.tensor([chunk[i][0].prompt for i in fresh], dtype=torch.long,
                                                          device=dev),
                                  torch.tensor(fresh, dtype=torch.long, device=dev))
         logits = e.model(tokens, positions, kv, logits_at=lens - 1)               # [items, V]
-        if e.recorder is not None:
-            e.recorder.context = None
+        if e.recorder is not None:   # a prompt's records go to the rows of all its samples
+            e.recorder.prefill_done(width, [(i, r, t.shape[0]) for i, (s, t, fresh) in enumerate(chunk) if fresh
+                                            for r in range(s.prompt * self.n, (s.prompt + 1) * self.n)])
         if e.routing is not None:
             e.routing.context = None
         e.stats["prefill_tokens"] += int(lens.sum())
@@ -465,7 +462,8 @@ class Scheduler:
             K.NUM_GENERATED: ngen.clone(),
             K.PROMPT_INDEX: prompt_index,
         }, batch_size=[rows], device=e.device)
-        if e.recorder is not None:
+        if e.recorder is not None:   # the records stay in (pinned) host memory: the TensorDict spans devices
+            td.clear_device_()
             td.set(K.GUIDANCE, e.recorder.result(prompt_index, self.lens, ngen, prompt_tokens.shape[1], width))
         if e.routing is not None:
             td.set(K.ROUTING, e.routing.result(prompt_index, self.lens, ngen, prompt_tokens.shape[1], width))

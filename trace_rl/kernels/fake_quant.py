@@ -159,7 +159,7 @@ def _row_scale(x, amax_ptr, FMT: tl.constexpr):
 @triton.jit
 def _fake_quant_kernel(
     x_ptr, out_ptr, amax_ptr, sc_ptr, gs_ptr, bits_ptr, valid_ptr,
-    n_rows, K, stride_x, stride_out, stride_sc, stride_bits, rows_per_valid,
+    n_rows, K, stride_x, stride_out, stride_sc, stride_gs, stride_bits, rows_per_valid,
     FMT: tl.constexpr, GUIDED: tl.constexpr, HAS_VALID: tl.constexpr, OUT_BF16: tl.constexpr,
     NATIVE_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, G: tl.constexpr,
 ):
@@ -179,7 +179,7 @@ def _fake_quant_kernel(
         bmask = row_mask[:, None] & (bcols < K // G)[None, :]
         sc = tl.load(sc_ptr + r64[:, None] * stride_sc + bcols[None, :], mask=bmask, other=0).to(tl.int32)
         if FMT == 1:
-            gs = tl.load(gs_ptr + r64, mask=row_mask, other=1.0)
+            gs = tl.load(gs_ptr + r64 * stride_gs, mask=row_mask, other=1.0)
         else:
             gs = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
         word = tl.load(bits_ptr + r64[:, None] * stride_bits + bcols[None, :], mask=bmask, other=0).to(tl.int32)
@@ -271,7 +271,7 @@ def fake_quantize(x: torch.Tensor, fmt_name: str, record=None, out: torch.Tensor
     G = G or block_k
     amax = amax_bits(x2) if fmt in (FMT_NVFP4, FMT_FP8_TENSOR) else out
     sc = gs = bits = valid = out
-    stride_sc = stride_bits = rows_per_valid = 0
+    stride_sc = stride_gs = stride_bits = rows_per_valid = 0
     if record is not None:
         sc = _rows(record.scales, K // G)
         bits = _rows(record.bits, K // 8).view(torch.int16 if G == 16 else torch.int32)   # G bits per block
@@ -281,6 +281,7 @@ def fake_quantize(x: torch.Tensor, fmt_name: str, record=None, out: torch.Tensor
         stride_sc, stride_bits = sc.stride(0), bits.stride(0)
         if fmt == FMT_NVFP4_ROW:
             gs = _rows(record.global_scale.float(), 1)
+            stride_gs = gs.stride(0)
         if record.valid is not None:
             valid = record.valid.reshape(-1)
             if n_rows % max(valid.numel(), 1):
@@ -290,7 +291,7 @@ def fake_quantize(x: torch.Tensor, fmt_name: str, record=None, out: torch.Tensor
     out_bf16 = x.dtype == torch.bfloat16
     _fake_quant_kernel[(triton.cdiv(n_rows, block_m),)](
         x2, out.view(torch.int16) if out_bf16 else out, amax, sc, gs, bits, valid,
-        n_rows, K, x2.stride(0), out.stride(0), stride_sc, stride_bits, rows_per_valid,
+        n_rows, K, x2.stride(0), out.stride(0), stride_sc, stride_gs, stride_bits, rows_per_valid,
         FMT=fmt, GUIDED=record is not None, HAS_VALID=record is not None and record.valid is not None,
         OUT_BF16=out_bf16, NATIVE_BF16=not _interpreting(), BLOCK_M=block_m, BLOCK_K=block_k, G=G, num_warps=warps)
     return out.view(x.shape)

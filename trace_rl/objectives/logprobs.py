@@ -10,7 +10,7 @@ token outside the trainer's kept set gets log-prob -inf, i.e. ρ = 0: the correc
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import ExitStack
 
 import torch
 from tensordict import NestedKey, TensorDictBase
@@ -78,7 +78,7 @@ class TrainerLogProbs(TensorDictModuleBase):
     ("routing", "trainer") for the routing drift metrics.
 
     Use the rollout's sampling parameters (`from_sampling`) so both sides describe one distribution.
-    `micro_batch_size` bounds the rows per forward (memory).
+    `micro_batch_size` bounds the rows per forward (memory); `chunk_context` wraps each one.
     """
 
     def __init__(
@@ -94,8 +94,12 @@ class TrainerLogProbs(TensorDictModuleBase):
         trainer_key: NestedKey = K.LOGP_TRAINER,
         old_key: NestedKey = K.LOGP_OLD,
         router_replay: bool = False,
+        chunk_context=None,
     ):
         super().__init__()
+        # chunk_context(chunk): a context manager entered around each micro-batch's forward (TRACE: the
+        # guided trainer serves that micro-batch's rollout records; the pipeline sets its own)
+        self.chunk_context = chunk_context
         self.model = model
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
         self.pad_token_id = pad_token_id
@@ -122,7 +126,11 @@ class TrainerLogProbs(TensorDictModuleBase):
                              "'experts') records from the rollout engine")
         for start in range(0, rows, step):
             chunk = td[start : start + step]
-            with router_replay(self.model, chunk, self.router_replay, track=True) if routed else nullcontext() as rr:
+            with ExitStack() as stack:
+                if self.chunk_context is not None:
+                    stack.enter_context(self.chunk_context(chunk))
+                rr = stack.enter_context(router_replay(self.model, chunk, self.router_replay, track=True)) \
+                    if routed else None
                 lp, _ = response_log_probs(
                     self.model, *(chunk.get(k) for k in self.in_keys),
                     temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,

@@ -181,10 +181,9 @@ def build(cfg: PipelineConfig, run_dir: str | Path | None = None, title: str = "
                                 pad_token_id=tokenizer.pad_token_id)
     collector = RolloutCollector(engine, [], TaskReward(task, tokenizer), sampling, replay_buffer=buffer,
                                  postproc=GroupAdvantage.from_config(cfg.trainer.advantage))
-    # guided trainers read the rollout's records for the whole batch at once (rows must line up)
-    micro = None if cfg.precision.trainer == "guided" else cfg.trainer.micro_batch_size
     trainer_logprobs = TrainerLogProbs.from_sampling(model, sampling, pad_token_id=tokenizer.pad_token_id,
-                                                     micro_batch_size=micro, router_replay=router_replay)
+                                                     micro_batch_size=cfg.trainer.micro_batch_size,
+                                                     router_replay=router_replay)
     corrections = CorrectionsConfig(corrections=list(cfg.corrections)).build()
     loss = cfg.trainer.loss.build(model, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
                                   pad_token_id=tokenizer.pad_token_id)

@@ -133,6 +133,8 @@ class Pipeline:
     def __post_init__(self):
         self._eval_problems = self.task.problems(self.eval_prompts, self.seed, "eval")
         self.pad_token_id = self.tokenizer.pad_token_id
+        if getattr(self.trainer_logprobs, "chunk_context", False) is None:
+            self.trainer_logprobs.chunk_context = self._guidance   # TRACE: records served per micro-batch
 
     # -- prompts: a pure function of the step, so a resumed run sees the same ones --
     def _prompts(self, problems) -> object:
@@ -183,8 +185,7 @@ class Pipeline:
 
     def score_sample(self, sample):
         """Trainer log-probs, corrections and drift metrics of the sample (in place); returns the drift report."""
-        with self._guidance(sample):
-            self.trainer_logprobs(sample)
+        self.trainer_logprobs(sample)      # guided: each micro-batch under its records (chunk_context)
         if self.reference is not None:
             self.reference(sample)
         self.corrections(sample)
