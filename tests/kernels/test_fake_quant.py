@@ -121,7 +121,7 @@ def test_rejections(device):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", NEAREST)
-@pytest.mark.parametrize("shape", [(4099, 2048), (1000, 6144), (257, 12288), (16, 8, 128)])
+@pytest.mark.parametrize("shape", [(1027, 2048), (333, 6144), (65, 12288), (16, 8, 128)])
 def test_model_shapes_on_gpu(fmt, shape, gen):
     """Qwen3-1.7B / 8B activation rows (hidden 2048/4096, MLP 6144/12288) and K/V rows, bf16, against the
     CPU reference."""
@@ -133,8 +133,8 @@ def test_model_shapes_on_gpu(fmt, shape, gen):
 @pytest.mark.parametrize("fmt", ["nvfp4:row", "mxfp4"])
 @pytest.mark.parametrize("K", [2048, 6144, 12288])
 def test_guided_model_shapes_on_gpu(fmt, K, gen):
-    rollout = inputs((4, 511, K), gen, torch.float32)
-    record = dataclasses.replace(record_guidance(rollout, fmt), valid=torch.rand(4, 511, generator=gen) < 0.9)
+    rollout = inputs((2, 129, K), gen, torch.float32)
+    record = dataclasses.replace(record_guidance(rollout, fmt), valid=torch.rand(2, 129, generator=gen) < 0.9)
     trainer = perturbed(rollout, gen).bfloat16()
     assert_same_bits(fake_quantize(trainer.cuda(), fmt, to_device(record, "cuda")),
                      guided_quantize(trainer, record, fmt).bfloat16())
