@@ -1,4 +1,5 @@
-"""FP4 GEMM (W4A16, W4A4) against a float64 reference of the emulated semantics, at odd shapes."""
+"""FP4 GEMM (W4A16, W4A4) on the Hopper layout against a float64 reference of the emulated semantics, at odd
+shapes; the in-kernel split-K reduction; the pre-quantized W4A4 entry; in-place layout refresh."""
 
 import pytest
 import torch
@@ -9,7 +10,8 @@ from trace_rl.kernels import fp4_linear
 from trace_rl.kernels.fp4_gemm import GemmConfig
 from trace_rl.kernels.linear import fp4_linear as fp4_linear_cfg
 
-pytestmark = pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning"),
+              pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning")]
 
 
 def _reference(x, packed, act_fmt, bias):
@@ -48,30 +50,63 @@ def test_fp4_linear_matches_reference(fmt, act, M, device, gen):
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 def test_fp4_linear_split_k_and_tails(fmt, device, gen):
-    """Several N, M and K-split tiles with ragged ends; a float32 input and 3-D leading dims."""
-    N, K = 40, 160
+    """Split-K in one launch (3 splits over 5 K blocks, ragged N and M tiles), a float32 input and 3-D
+    leading dims; the split result is deterministic and the counters are left at zero for the next call."""
+    from trace_rl.kernels.fp4_gemm import tile_counters
+
+    N, K = 40, 608
     packed = _weight(N, K, fmt, gen)
     packed_dev = packed.__class__(packed.fmt, N, K, q=packed.q.to(device))
     x = torch.randn(17, K, generator=gen)
-    cfg = GemmConfig(16, 32, 32, split_k=3, decode=0, num_warps=4, num_stages=2)
+    cfg = GemmConfig(16, 64, 128, split_k=3, decode=0 if device == "cpu" else 1, num_warps=4, num_stages=2)
     y = fp4_linear_cfg(x.to(device), packed_dev, fmt, None, config=cfg)
     assert y.dtype == torch.float32
     assert _rel_err(y, _reference(x, packed, fmt, None)) < 1e-2
+    assert torch.equal(fp4_linear_cfg(x.to(device), packed_dev, fmt, None, config=cfg), y)
+    assert int(tile_counters(device, 1).abs().sum()) == 0
     y3 = fp4_linear(x.reshape(1, 17, K).to(device), packed_dev, "bf16")
     assert y3.shape == (1, 17, N)
     assert _rel_err(y3.reshape(17, N), _reference(x.to(torch.bfloat16), packed, "bf16", None)) < 1e-2
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
-def test_fp4_linear_scale_words(fmt, device, gen):
-    """K a multiple of 4 scales per word: the scales are read as int32 words (the GPU's fast path)."""
-    N, K = 40, 384
+def test_prequantized_entry_equals_w4a4(fmt, device, gen):
+    """`fp4_linear_prequantized` on what the quantize kernel emits = `fp4_linear(x, packed, fmt)`, bit for bit."""
+    from trace_rl.kernels import fp4_linear_prequantized
+    from trace_rl.kernels.row_quantize import quantize_dequant_bf16
+
+    N, K = 64, 256
     packed = _weight(N, K, fmt, gen)
     packed_dev = packed.__class__(packed.fmt, N, K, q=packed.q.to(device))
-    x = torch.randn(3, K, generator=gen).to(torch.bfloat16)
-    cfg = GemmConfig(16, 32, 128, split_k=2, decode=0 if device == "cpu" else 1)
-    y = fp4_linear_cfg(x.to(device), packed_dev, "bf16", None, config=cfg)
-    assert _rel_err(y, _reference(x, packed, "bf16", None)) < 1e-2
+    x = torch.randn(5, K, generator=gen).to(torch.bfloat16).to(device)
+    xq, rs = quantize_dequant_bf16(x, per_token(fmt))
+    y = fp4_linear_prequantized(xq, rs, packed_dev)
+    assert torch.equal(y, fp4_linear(x, packed_dev, fmt))
+    with pytest.raises(ValueError, match="per-token global scale"):
+        fp4_linear_prequantized(xq, None if fmt == "nvfp4" else torch.ones(5, device=device), packed_dev)
+
+
+def test_layout_refresh_is_in_place(device, gen):
+    """Weight sync rewrites `q` in place; `refresh_layouts` re-derives the Hopper layout into the same
+    tensors (a captured CUDA graph keeps reading them) and the next call sees the new weight."""
+    from trace_rl.kernels.linear import hopper_weight
+
+    N, K = 64, 128
+    packed = _weight(N, K, "nvfp4", gen)
+    packed = packed.__class__("nvfp4", N, K, q=packed.q.to(device))
+    x = torch.randn(3, K, generator=gen).to(torch.bfloat16).to(device)
+    y0 = fp4_linear(x, packed)
+    h = hopper_weight(packed)
+    ptr = h.values.data_ptr()
+    new = get_backend("fp4").prepare_weight(torch.randn(N, K, generator=gen), "nvfp4").q
+    for dst, src in ((packed.q.codes, new.codes), (packed.q.scales, new.scales),
+                     (packed.q.global_scale, new.global_scale)):
+        dst.copy_(src.to(device))
+    packed.refresh_layouts()
+    assert hopper_weight(packed) is h and h.values.data_ptr() == ptr
+    y1 = fp4_linear(x, packed)
+    assert _rel_err(y1, _reference(x.cpu(), packed.__class__("nvfp4", N, K, q=new), "bf16", None)) < 1e-2
+    assert not torch.equal(y0, y1)
 
 
 def test_fp4_linear_nan_weight_block_propagates(device, gen):
@@ -93,10 +128,10 @@ def test_fp4_linear_rejects_mismatched_formats(device, gen):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
-@pytest.mark.parametrize("M,N,K", [(1, 1024, 4096), (17, 4096, 12288), (200, 12288, 4096)])
+@pytest.mark.parametrize("M,N,K", [(1, 1024, 4096), (17, 4096, 12288), (64, 4096, 4096), (200, 12288, 4096)])
 def test_fp4_gemm_qwen_shapes_gpu(fmt, M, N, K, gen):
-    """Decode and prefill shapes with the GPU configs, each E2M1 decode mode (pure Triton, PTX); the
-    float64 reference is computed on the GPU."""
+    """Decode and prefill shapes with the GPU configs (split-K included), each E2M1 decode mode (pure
+    Triton, PTX); the float64 reference is computed on the GPU."""
     from trace_rl.kernels.fp4_gemm import default_config
 
     packed = _weight(N, K, fmt, gen)

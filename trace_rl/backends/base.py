@@ -56,8 +56,10 @@ class PathReport:
 class PackedWeight:
     """A weight prepared for a backend's linear: the quantized tensor (or the plain weight for bf16).
 
-    `layout` holds kernel-specific re-arrangements (filled by the kernels on GPU); `cache` holds the
-    emulation path's dequantized weight so CPU emulation does not dequantize on every call.
+    `layout` holds kernel-specific re-arrangements derived from `q` (filled by the kernels on GPU, e.g. the
+    Hopper FP4 layout under "hopper_fp4"); `cache` holds the emulation path's dequantized weight so CPU
+    emulation does not dequantize on every call. After `q` changes in place (weight sync), call
+    `refresh_layouts()`.
     """
 
     fmt: str
@@ -67,6 +69,16 @@ class PackedWeight:
     weight: torch.Tensor | None = None
     layout: dict = field(default_factory=dict)
     cache: dict = field(default_factory=dict)
+
+    def refresh_layouts(self) -> None:
+        """`q` was rewritten in place: drop the dequantized cache and re-derive every layout that can be
+        re-derived in place (`refresh_from(q)`: a CUDA graph that read it stays valid); drop the others."""
+        self.cache.clear()
+        for key, value in list(self.layout.items()):
+            if hasattr(value, "refresh_from") and self.q is not None:
+                value.refresh_from(self.q)
+            else:
+                del self.layout[key]
 
     def dequantized(self) -> torch.Tensor:
         """float32 [N, K] weight as the quantized format represents it (cached)."""

@@ -72,8 +72,7 @@ class QuantLinear(nn.Module):
                 self.w_global_scale.copy_(q.global_scale)
         if bias is not None and self.bias is not None:
             self.bias.copy_(bias)
-        self.packed.cache.clear()  # emulation's dequantized copy and kernel layouts are stale now
-        self.packed.layout.clear()
+        self.packed.refresh_layouts()  # emulation's dequantized copy and kernel layouts are stale now
 
     def dequantized_weight(self) -> torch.Tensor:
         return self.packed.dequantized()

@@ -66,8 +66,7 @@ def load_packed(engine, tensors: Mapping[str, torch.Tensor], version: int) -> No
                              f"{tuple(dst.shape)} {dst.dtype}")
         dst.copy_(src)
     for lin in engine.model.linears().values():   # dequantized copies and kernel layouts are stale now
-        lin.quant.packed.cache.clear()
-        lin.quant.packed.layout.clear()
+        lin.quant.packed.refresh_layouts()
     if engine.recapture_after_load and engine.graphs is not None:
         engine.graphs.invalidate()
     engine.policy_version = int(version)

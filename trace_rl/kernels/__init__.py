@@ -58,6 +58,16 @@ def fp4_linear(x: torch.Tensor, packed, act_fmt: str = "bf16", bias: torch.Tenso
     return _fp4_linear(x, packed, act_fmt, bias)
 
 
+def fp4_linear_prequantized(xq: torch.Tensor, row_scale: torch.Tensor | None, packed, bias: torch.Tensor | None = None,
+                            out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """W4A4 on activations a fused producer already quantized: `xq` bf16 code x block scale, `row_scale` the
+    nvfp4:row per-token global (None for mxfp4). See docs/kernels.md."""
+    _check_device(xq, "fp4_linear_prequantized")
+    from trace_rl.kernels.linear import fp4_linear_prequantized as _pre
+
+    return _pre(xq, row_scale, packed, bias, out_dtype)
+
+
 def kv_write(cache, slots: torch.Tensor, x: torch.Tensor) -> None:
     """Quantize x [T, H, D] per token and head into PagedKV `cache` at flat slots [T] (int64); bit-exact
     with `cache.write_reference(slots, x)`."""

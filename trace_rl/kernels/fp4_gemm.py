@@ -1,18 +1,21 @@
-"""W4A16 / W4A4 GEMM: y = x @ dequant(W)^T (+ bias), W in NVFP4 or MXFP4, float32 accumulation.
+"""W4A16 / W4A4 GEMM on the Hopper FP4 layout: y = x @ dequant(W)^T (+ bias), float32 accumulation.
 
-The weight stays in the reference layout (`PackedWeight.q`: [N, K/2] nibble-packed codes, [N, K/16] E4M3
-or [N, K/32] E8M0 scales, one float32 global scale for nvfp4), read as int32 words of 8 codes, so a
-weight sync needs no re-layout. A program computes out^T[BLOCK_N, BLOCK_M] = W[BLOCK_N, K] @ x^T[K, BLOCK_M]
-("swap AB": the weight is the tensor-core A operand, built in registers; the few activation rows are B).
-Per K step it loads BLOCK_K/8 words per weight row (16-byte loads), decodes them to bf16 times the
-block scale in registers (`fp4x8_to_bf16`: exact), and accumulates a bf16 x bf16 -> fp32 `tl.dot`.
-The nvfp4 global scale, the W4A4 per-token activation global scale and the bias are applied once at
-the end. Tall-K shapes at small M split K over programs (SPLIT_K) so that enough of them are in flight;
-partial sums go to a float32 buffer and a second kernel adds them in a fixed order (deterministic).
+Swap-AB: a program computes out^T[BN, BM] = W[BN, K-range] @ x^T[K-range, BM], so the weight is wgmma's
+A operand, decoded straight into its register fragments (fp4_decode.py: 9 integer instructions and 4
+`mul.bf16x2` per 8 weights, no shared-memory round trip), and the few activation rows are the
+shared-memory B operand. Code x pre-biased scale is exact in bf16; the layout's per-row float32 factor
+(nvfp4 global scale, mxfp4 exponent offset), the W4A4 per-token activation scale and the bias are applied to
+the accumulator once.
 
-W4A4: activations are quantized per token to the weight's FP4 format by the quantize kernel, which
-emits code value * block scale in bf16 (exact) and the row's global scale: the GEMM then computes the
-FP4 x FP4 products exactly in bf16 x bf16 -> fp32, as the issue's numerics require.
+Split-K stays one launch and deterministic: each of the SPLIT_K programs of an output tile stores its
+float32 partial tile, then takes a ticket (an acq_rel atomic on the tile's counter); the program holding
+the last ticket adds the SPLIT_K partials in split order (so the sum does not depend on which program
+finished last), applies the epilogue, stores, and resets the counter for the next launch. No program
+waits for another, so any grid size is safe.
+
+W4A4: the activations arrive as code value x block scale in bf16 (exact) plus a float32 per-token scale
+(`row_quantize.quantize_dequant_bf16`, or a fused producer through `fp4_linear_prequantized`), so the
+bf16 x bf16 -> fp32 products are exactly the FP4 x FP4 products.
 """
 
 from __future__ import annotations
@@ -23,105 +26,102 @@ import torch
 import triton
 import triton.language as tl
 
-from trace_rl.kernels.fp_bits import (
-    DECODE_ASM,
-    DECODE_PURE,
-    default_decode,
-    dot_acc,
-    e4m3_to_float,
-    e8m0_to_float,
-    fp4x8_to_bf16,
-    scale_per_word,
-)
+from trace_rl.kernels.fp4_decode import DECODE_ASM, DECODE_PURE, decode_tile, tile_scales
+from trace_rl.kernels.hopper_fp4 import COLS, ROWS, HopperFP4
 
 
 @triton.jit
-def _fp4_gemm_kernel(
-    x_ptr, w_ptr, ws_ptr, out_ptr, row_scale_ptr, bias_ptr, w_global_ptr,
-    M, N, K, stride_xm, stride_wn, stride_wsn, stride_om,
-    SCALE_E8M0: tl.constexpr, HAS_GLOBAL: tl.constexpr, HAS_ROW_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
-    SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DECODE: tl.constexpr, DOT_F32: tl.constexpr, SCALE_WORDS: tl.constexpr,
-):
-    G: tl.constexpr = 32 if SCALE_E8M0 else 16          # elements per block scale
-    pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    n_mask, m_mask = offs_n < N, offs_m < M
-    k_per_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
-    k_lo = pid_k * k_per_split
-    k_hi = tl.minimum(k_lo + k_per_split, K)
-    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
-    s_rows = ws_ptr + offs_n[:, None].to(tl.int64) * stride_wsn
-    x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
-    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        kw = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-        words = tl.load(w_rows + kw[None, :], mask=n_mask[:, None] & (kw < K // 8)[None, :], other=0)
-        if SCALE_WORDS:   # ws_ptr: the scales viewed as int32, 4 per word (K % (4G) == 0)
-            ks = k0 // (4 * G) + tl.arange(0, BLOCK_K // (4 * G))
-            sw = tl.load(s_rows + ks[None, :], mask=n_mask[:, None] & (ks < K // (4 * G))[None, :], other=0)
-            scale = scale_per_word(sw, G, SCALE_E8M0)
-        else:             # byte loads (any K multiple of G; not pipelined by Triton)
-            ks = k0 // G + tl.arange(0, BLOCK_K // G)
-            sc = tl.load(s_rows + ks[None, :], mask=n_mask[:, None] & (ks < K // G)[None, :], other=0).to(tl.int32)
-            if SCALE_E8M0:
-                scale = e8m0_to_float(sc)
-                scale = tl.join(tl.join(scale, scale), tl.join(scale, scale))   # 4 words per scale
-            else:
-                scale = e4m3_to_float(sc)
-                scale = tl.join(scale, scale)                                   # 2 words per scale
-            scale = tl.reshape(scale, [BLOCK_N, BLOCK_K // 8])
-        w = fp4x8_to_bf16(words, scale, DECODE)
-        kx = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_rows + kx[None, :], mask=m_mask[:, None] & (kx < K)[None, :], other=0.0)
-        acc = dot_acc(w, tl.trans(x), acc, DOT_F32)
-    out_mask = n_mask[:, None] & m_mask[None, :]
-    if SPLIT_K == 1:
-        acc = _epilogue(acc, offs_m, offs_n, m_mask, n_mask, row_scale_ptr, bias_ptr, w_global_ptr,
-                        HAS_GLOBAL, HAS_ROW_SCALE, HAS_BIAS)
-        tl.store(out_ptr + offs_m[None, :].to(tl.int64) * stride_om + offs_n[:, None],
-                 acc.to(out_ptr.dtype.element_ty), mask=out_mask)
-    else:   # out_ptr is the float32 partial buffer [SPLIT_K, M, N]
-        part = out_ptr + pid_k.to(tl.int64) * M * N + offs_m[None, :].to(tl.int64) * N + offs_n[:, None]
-        tl.store(part, acc, mask=out_mask)
-
-
-@triton.jit
-def _epilogue(acc, offs_m, offs_n, m_mask, n_mask, row_scale_ptr, bias_ptr, w_global_ptr,
-              HAS_GLOBAL: tl.constexpr, HAS_ROW_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """acc [N-tile, M-tile] float32 -> * weight global * activation row global + bias."""
-    if HAS_GLOBAL:
-        acc = acc * tl.load(w_global_ptr)
+def _epilogue_store(acc, rows, offs_m, N, M, rf_ptr, row_scale_ptr, bias_ptr, out_ptr, stride_om,
+                    HAS_ROW_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """acc [BN, BM] float32 (rows = weight rows n, columns = tokens m) -> out[m, n]."""
+    n_mask, m_mask = rows < N, offs_m < M
+    acc = acc * tl.load(rf_ptr + rows, mask=n_mask, other=1.0)[:, None]
     if HAS_ROW_SCALE:
         acc = acc * tl.load(row_scale_ptr + offs_m, mask=m_mask, other=1.0)[None, :]
     if HAS_BIAS:
-        acc = acc + tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+        acc = acc + tl.load(bias_ptr + rows, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+    tl.store(out_ptr + offs_m[None, :].to(tl.int64) * stride_om + rows[:, None], acc.to(out_ptr.dtype.element_ty),
+             mask=n_mask[:, None] & m_mask[None, :])
+
+
+@triton.jit
+def fp4_tile_mma(acc, x_ptrs, x_mask_m, K, w_ptrs, w_mask, s_ptrs, s_mask, kb_lo, kb_hi,
+                 BN: tl.constexpr, BK: tl.constexpr, MX: tl.constexpr, DECODE: tl.constexpr,
+                 DOT_F32: tl.constexpr, EVEN_K: tl.constexpr, MASK_W: tl.constexpr):
+    """acc[BN, BM] += W[BN, kb_lo*BK : kb_hi*BK] @ x[BM, same]^T over the layout (shared by the dense and
+    the grouped kernels). `w_ptrs` [BN/16, 2 BK] int32 layout words, `s_ptrs` [BN, BK/64 or BK/128] int32
+    scale words, `x_ptrs` [BM, BK] at K-block 0."""
+    SW: tl.constexpr = BK // 128 if MX else BK // 64
+    offs_k = tl.arange(0, x_ptrs.shape[1])
+    for kb in range(kb_lo, kb_hi):
+        if MASK_W:
+            w = tl.load(w_ptrs + kb * (2 * BK), mask=w_mask, other=0)
+            sw = tl.load(s_ptrs + kb * SW, mask=s_mask, other=0)
+        else:
+            w = tl.load(w_ptrs + kb * (2 * BK))
+            sw = tl.load(s_ptrs + kb * SW)
+        w = tl.reshape(w, [BN // 16, BK // 128, 2, 8, 4, 4])
+        s_even, s_odd = tile_scales(sw, BN, BK, MX, DECODE)
+        wt = decode_tile(w, s_even, s_odd, BN, BK, DECODE, DOT_F32)
+        if EVEN_K:
+            x = tl.load(x_ptrs + kb * BK, mask=x_mask_m, other=0.0)
+        else:
+            x = tl.load(x_ptrs + kb * BK, mask=x_mask_m & ((kb * BK + offs_k) < K)[None, :], other=0.0)
+        if DOT_F32:
+            acc = tl.dot(wt, tl.trans(x.to(tl.float32)), acc)
+        else:
+            acc = tl.dot(wt, tl.trans(x), acc)
     return acc
 
 
 @triton.jit
-def _splitk_reduce_kernel(
-    part_ptr, out_ptr, row_scale_ptr, bias_ptr, w_global_ptr, M, N, stride_om,
-    HAS_GLOBAL: tl.constexpr, HAS_ROW_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
-    SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def _fp4_gemm_kernel(
+    x_ptr, w_ptr, s_ptr, rf_ptr, out_ptr, row_scale_ptr, bias_ptr, part_ptr, count_ptr,
+    M, N, K, KB, NP16, stride_xm, stride_w, stride_s, stride_om,
+    MX: tl.constexpr, HAS_ROW_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DECODE: tl.constexpr, DOT_F32: tl.constexpr,
+    EVEN_K: tl.constexpr, MASK_W: tl.constexpr,
 ):
-    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_mask, n_mask = offs_m < M, offs_n < N
-    mask = n_mask[:, None] & m_mask[None, :]
-    idx = offs_m[None, :].to(tl.int64) * N + offs_n[:, None]
-    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    for s in tl.static_range(SPLIT_K):   # fixed order: the result does not depend on scheduling
-        acc += tl.load(part_ptr + s * M * N + idx, mask=mask, other=0.0)
-    acc = _epilogue(acc, offs_m, offs_n, m_mask, n_mask, row_scale_ptr, bias_ptr, w_global_ptr,
-                    HAS_GLOBAL, HAS_ROW_SCALE, HAS_BIAS)
-    tl.store(out_ptr + offs_m[None, :].to(tl.int64) * stride_om + offs_n[:, None],
-             acc.to(out_ptr.dtype.element_ty), mask=mask)
+    pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    SW: tl.constexpr = BK // 128 if MX else BK // 64
+    n16 = pid_n * (BN // 16) + tl.arange(0, BN // 16)
+    rows = pid_n * BN + tl.arange(0, BN)
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    w_ptrs = w_ptr + n16[:, None].to(tl.int64) * stride_w + tl.arange(0, 2 * BK)[None, :]
+    s_ptrs = s_ptr + rows[:, None].to(tl.int64) * stride_s + tl.arange(0, SW)[None, :]
+    x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + tl.arange(0, BK)[None, :]
+    per_split = tl.cdiv(KB, SPLIT_K)
+    kb_lo = pid_k * per_split
+    kb_hi = tl.minimum(kb_lo + per_split, KB)
+    # The launcher leaves no split empty. Telling the compiler so removes the loop's zero-trip path, whose
+    # accumulator initialisation would make ptxas serialise every wgmma (C7515).
+    tl.assume(kb_hi > kb_lo)
+    acc = tl.zeros([BN, BM], dtype=tl.float32)
+    acc = fp4_tile_mma(acc, x_ptrs, (offs_m < M)[:, None], K, w_ptrs, (n16 < NP16)[:, None], s_ptrs,
+                       (rows < NP16 * 16)[:, None], kb_lo, kb_hi, BN, BK, MX, DECODE, DOT_F32, EVEN_K, MASK_W)
+    if SPLIT_K == 1:
+        _epilogue_store(acc, rows, offs_m, N, M, rf_ptr, row_scale_ptr, bias_ptr, out_ptr, stride_om,
+                        HAS_ROW_SCALE, HAS_BIAS)
+    else:
+        tile = pid_m * tl.num_programs(0) + pid_n
+        base = part_ptr + tile.to(tl.int64) * (SPLIT_K * BN * BM)
+        offs = tl.arange(0, BM)[None, :] * BN + tl.arange(0, BN)[:, None]   # stored like `out` (coalesced along n)
+        tl.store(base + pid_k * (BN * BM) + offs, acc)
+        tl.debug_barrier()                                   # every thread's partial is written
+        ticket = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if ticket == SPLIT_K - 1:                            # the last program of this tile reduces
+            total = tl.zeros([BN, BM], dtype=tl.float32)
+            for s in tl.static_range(SPLIT_K):               # fixed order: deterministic
+                total += tl.load(base + s * (BN * BM) + offs, cache_modifier=".cg")
+            tl.atomic_xchg(count_ptr + tile, 0)              # ready for the next launch
+            _epilogue_store(total, rows, offs_m, N, M, rf_ptr, row_scale_ptr, bias_ptr, out_ptr, stride_om,
+                            HAS_ROW_SCALE, HAS_BIAS)
 
 
 @dataclass(frozen=True)
 class GemmConfig:
+    """Tiles of one launch: BM tokens x BN weight rows x BK columns per K step, SPLIT_K programs per tile."""
+
     block_m: int
     block_n: int
     block_k: int
@@ -130,59 +130,107 @@ class GemmConfig:
     num_stages: int = 3
     decode: int = DECODE_ASM
 
+    def check(self) -> None:
+        if self.block_n % 64 or self.block_k % COLS or self.block_m < 16 or self.block_m & (self.block_m - 1):
+            raise ValueError(f"GemmConfig {self}: block_n must be a multiple of 64, block_k of {COLS}, and "
+                             f"block_m a power of two >= 16")
+
+
+# Shipped tile shapes (the compile gate in sass_gate.py checks each: decoded tile in registers, register-
+# sourced HGMMA, SASS per weight element under budget). Picked from the H200 sweep (docs/benchmarks.md).
+SMALL_M = GemmConfig(16, 256, 128, 1, 4, 4)
+MID_M = GemmConfig(64, 128, 128, 1, 8, 3)
+LARGE_M = GemmConfig(128, 128, 128, 1, 8, 3)
+GATED = (SMALL_M,)   # configs the compile gate holds to the budget (M >= 64 ones: see docs/kernels.md)
+
 
 def default_config(M: int, N: int, K: int, num_sms: int = 132, interpret: bool = False,
                    decode: int = DECODE_ASM) -> GemmConfig:
-    """Tiles by M bucket, then split K until enough programs are in flight, keeping >= 8 K steps per
-    split. Chosen from the H200 sweeps (benchmarks/results/kernels_h200_sweep{1,2}.json, nvfp4 W4A16):
-    M <= 16: 16x64x128 tiles, 4 warps, split to ~4 programs per SM (K=4096,N=12288: split 4, 26.7 us;
-    K=12288,N=4096: split 8, 26.6 us; 256-deep K steps and 128-wide N tiles were slower). M <= 64:
-    64x64x128 with split 2 / 4. M > 64: 128x64x128, split only while the N x M tiles leave SMs idle
-    (the float32 partials then cost as much as the weight)."""
+    """Tiles by M bucket, then split K (one launch, fixed-order reduction) until ~2 programs per SM are in
+    flight, keeping >= 2 K steps per split."""
     if interpret:   # few programs, big tiles: each interpreted program costs milliseconds
-        return GemmConfig(max(16, min(64, triton.next_power_of_2(M))), max(16, min(64, triton.next_power_of_2(N))),
-                          max(32, min(256, triton.next_power_of_2(K))), decode=DECODE_PURE)
-    if M <= 16:
-        bm, bn, bk, warps, stages, target = 16, 64, 128, 4, 4, 4 * num_sms
-    elif M <= 64:
-        bm, bn, bk, warps, stages, target = triton.next_power_of_2(max(M, 32)), 64, 128, 4, 3, 3 * num_sms // 2
-    else:
-        bm, bn, bk, warps, stages, target = 128, 64, 128, 4, 3, num_sms
-    tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+        return GemmConfig(max(16, min(64, triton.next_power_of_2(M))), 64, 128 if K <= 128 else 256,
+                          decode=DECODE_PURE)
+    base = SMALL_M if M <= 16 else MID_M if M <= 64 else LARGE_M
+    tiles = triton.cdiv(M, base.block_m) * triton.cdiv(N, base.block_n)
+    kb = triton.cdiv(K, base.block_k)
     split = 1
-    while tiles * split < target and K // (bk * split * 2) >= 8:
+    while tiles * split * 2 <= 2 * num_sms and kb // (split * 2) >= 2:
         split *= 2
-    return GemmConfig(bm, bn, bk, split, num_warps=warps, num_stages=stages, decode=decode)
+    return GemmConfig(base.block_m, base.block_n, base.block_k, split, base.num_warps, base.num_stages, decode)
 
 
-def fp4_matmul(x2: torch.Tensor, words: torch.Tensor, scales: torch.Tensor, w_global: torch.Tensor | None,
-               scale_e8m0: bool, row_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None,
-               out_dtype: torch.dtype = torch.bfloat16, config: GemmConfig | None = None) -> torch.Tensor:
-    """x2 [M, K] bf16 @ W^T, W given as `words` int32 [N, K/8] and uint8 `scales` [N, K/G]."""
+_COUNTERS: dict = {}
+
+
+def tile_counters(device, n: int) -> torch.Tensor:
+    """Zeroed int32 tickets for the split-K reduction, one per output tile, cached per device (the kernel
+    leaves them at zero). Launches of the split-K GEMM on one device are assumed to be stream-ordered."""
+    key = torch.device(device)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=key)
+        _COUNTERS[key] = buf
+    return buf
+
+
+def fp4_matmul(x2: torch.Tensor, w: HopperFP4, row_scale: torch.Tensor | None = None,
+               bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16,
+               config: GemmConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x2 [M, K] bf16 (unit column stride) @ W^T with W in the Hopper layout -> [M, N] `out_dtype`."""
     from trace_rl.kernels import interpreting
 
     M, K = x2.shape
-    N = words.shape[0]
+    N = w.n
+    if K != w.k:
+        raise ValueError(f"fp4_matmul: x has {K} columns, the weight {w.k}")
+    interp = interpreting()
     if config is None:
-        sms = 132 if interpreting() else torch.cuda.get_device_properties(x2.device).multi_processor_count
-        config = default_config(M, N, K, sms, interpreting(), default_decode(x2.device))
+        sms = 132 if interp else torch.cuda.get_device_properties(x2.device).multi_processor_count
+        config = default_config(M, N, K, sms, interp, DECODE_PURE if interp else DECODE_ASM)
     c = config
-    out = torch.empty(M, N, device=x2.device, dtype=out_dtype)
-    dummy = words   # unused pointer arguments
-    flags = dict(HAS_GLOBAL=w_global is not None, HAS_ROW_SCALE=row_scale is not None, HAS_BIAS=bias is not None)
-    gl, rs, bs = (t if t is not None else dummy for t in (w_global, row_scale, bias))
-    grid = (triton.cdiv(N, c.block_n), triton.cdiv(M, c.block_m), c.split_k)
-    target = out if c.split_k == 1 else torch.empty(c.split_k, M, N, device=x2.device, dtype=torch.float32)
-    G = 32 if scale_e8m0 else 16
-    scale_words = K % (4 * G) == 0 and c.block_k % (4 * G) == 0
-    _fp4_gemm_kernel[grid](
-        x2, words, scales.view(torch.int32) if scale_words else scales, target, rs, bs, gl, M, N, K, x2.stride(0),
-        words.stride(0), scales.stride(0) // 4 if scale_words else scales.stride(0),
-        out.stride(0), SCALE_E8M0=scale_e8m0, SPLIT_K=c.split_k, BLOCK_M=c.block_m, BLOCK_N=c.block_n,
-        BLOCK_K=c.block_k, DECODE=c.decode, DOT_F32=interpreting(), SCALE_WORDS=scale_words, num_warps=c.num_warps,
-        num_stages=c.num_stages, **flags)
-    if c.split_k > 1:
-        bm, bn = min(64, triton.next_power_of_2(M)), 64
-        _splitk_reduce_kernel[(triton.cdiv(N, bn), triton.cdiv(M, bm))](
-            target, out, rs, bs, gl, M, N, out.stride(0), SPLIT_K=c.split_k, BLOCK_M=bm, BLOCK_N=bn, **flags)
+    c.check()
+    np_, kp = w.padded
+    if kp % c.block_k:
+        c = GemmConfig(c.block_m, c.block_n, COLS, c.split_k, c.num_warps, c.num_stages, c.decode)
+    out = torch.empty(M, N, device=x2.device, dtype=out_dtype) if out is None else out
+    n_tiles, m_tiles = triton.cdiv(np_, c.block_n), triton.cdiv(M, c.block_m)
+    kb = kp // c.block_k
+    split = max(1, min(c.split_k, kb))
+    if split > 1:
+        part = torch.empty(n_tiles * m_tiles * split * c.block_n * c.block_m, device=x2.device, dtype=torch.float32)
+        counters = tile_counters(x2.device, n_tiles * m_tiles)
+    else:
+        part = counters = w.row_factor      # unused
+    G = 32 if w.fmt == "mxfp4" else 16
+    _fp4_gemm_kernel[(n_tiles, m_tiles, split)](
+        x2, w.values, w.scales.view(torch.int32), w.row_factor, out,
+        row_scale if row_scale is not None else w.row_factor, bias if bias is not None else w.row_factor,
+        part, counters, M, N, K, kb, np_ // ROWS, x2.stride(0), w.values.stride(0), kp // (4 * G), out.stride(0),
+        MX=w.fmt == "mxfp4", HAS_ROW_SCALE=row_scale is not None, HAS_BIAS=bias is not None, SPLIT_K=split,
+        BM=c.block_m, BN=c.block_n, BK=c.block_k, DECODE=c.decode, DOT_F32=interp, EVEN_K=K % c.block_k == 0,
+        MASK_W=np_ % c.block_n != 0, num_warps=c.num_warps, num_stages=c.num_stages)
     return out
+
+
+GEMM_SIGNATURE = dict(x_ptr="*bf16", w_ptr="*i32", s_ptr="*i32", rf_ptr="*fp32", out_ptr="*bf16",
+                      row_scale_ptr="*fp32", bias_ptr="*fp32", part_ptr="*fp32", count_ptr="*i32", M="i32", N="i32",
+                      K="i32", KB="i32", NP16="i32", stride_xm="i32", stride_w="i32", stride_s="i32",
+                      stride_om="i32")
+GEMM_DIVISIBLE = ("x_ptr", "w_ptr", "s_ptr", "rf_ptr", "out_ptr", "part_ptr", "count_ptr", "K", "stride_xm",
+                  "stride_w", "stride_s", "stride_om")
+GEMM_BUDGET = 3.0   # SASS per weight element in the K loop (issue 15)
+
+
+def gemm_gate_case(cfg: GemmConfig, fmt: str, split_k: int = 4, name: str | None = None):
+    from trace_rl.kernels.sass_gate import GateCase
+
+    consts = dict(MX=fmt == "mxfp4", HAS_ROW_SCALE=False, HAS_BIAS=False, SPLIT_K=split_k, BM=cfg.block_m,
+                  BN=cfg.block_n, BK=cfg.block_k, DECODE=DECODE_ASM, DOT_F32=False, EVEN_K=True, MASK_W=False)
+    return GateCase(name or f"gemm {fmt} {cfg.block_m}x{cfg.block_n}x{cfg.block_k} w{cfg.num_warps}s{cfg.num_stages}",
+                    _fp4_gemm_kernel, GEMM_SIGNATURE, consts, cfg.num_warps, cfg.num_stages,
+                    cfg.block_n * cfg.block_k / (32 * cfg.num_warps), GEMM_BUDGET, GEMM_DIVISIBLE)
+
+
+def sass_gate_cases():
+    return [gemm_gate_case(cfg, fmt) for cfg in GATED for fmt in ("nvfp4", "mxfp4")]

@@ -1,4 +1,9 @@
-"""`fp4_linear`: the fp4 backend's GPU linear (W4A16 or W4A4) on a `PackedWeight`, through the FP4 GEMM."""
+"""`fp4_linear`: the fp4 backend's GPU linear (W4A16 or W4A4) on a `PackedWeight`, through the FP4 GEMM.
+
+The GEMM reads the Hopper layout (hopper_fp4.py), derived from `packed.q` once and kept in
+`packed.layout["hopper_fp4"]`; `PackedWeight.refresh_layouts()` (weight sync) re-derives it in place, so a
+CUDA graph that captured the GEMM stays valid.
+"""
 
 from __future__ import annotations
 
@@ -6,47 +11,86 @@ import torch
 
 from trace_rl.formats import per_token
 from trace_rl.kernels.fp4_gemm import GemmConfig, fp4_matmul
+from trace_rl.kernels.hopper_fp4 import HopperFP4, to_hopper
 from trace_rl.kernels.row_quantize import quantize_dequant_bf16
 
-
-def weight_layout(packed) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(int32 words [N, K/8], uint8 scales [N, K/G], float32 [1] global or None): views of `packed.q`,
-    cached in `packed.layout` (QuantLinear clears it on weight sync; the views are re-derived then)."""
-    q = packed.q
-    cached = packed.layout.get("fp4_gemm")
-    if cached is not None and cached[0].data_ptr() == q.codes.data_ptr():
-        return cached
-    codes = q.codes if q.codes.is_contiguous() else q.codes.contiguous()
-    scales = q.scales.contiguous().view(torch.uint8)
-    glob = None if q.global_scale is None else q.global_scale.reshape(1).float()
-    layout = (codes.view(torch.int32), scales, glob)
-    packed.layout["fp4_gemm"] = layout
-    return layout
+LAYOUT_KEY = "hopper_fp4"
 
 
-def fp4_linear(x: torch.Tensor, packed, act_fmt: str = "bf16", bias: torch.Tensor | None = None,
-               config: GemmConfig | None = None) -> torch.Tensor:
-    """y [..., N] = act(x) @ dequant(W)^T + bias in x.dtype. act_fmt "bf16" (W4A16) or packed.fmt (W4A4:
-    x quantized per token to `per_token(packed.fmt)`, i.e. nvfp4:row or mxfp4)."""
+def derive_layout(q, out: HopperFP4 | None = None) -> HopperFP4:
+    """The Hopper layout of `q`: the Triton kernel on CUDA tensors, the torch reference elsewhere."""
+    if q.codes.is_cuda:
+        from trace_rl.kernels.fp4_relayout import relayout
+
+        return relayout(q, out)
+    return to_hopper(q, out)
+
+
+class _Layout(HopperFP4):
+    """A HopperFP4 that `PackedWeight.refresh_layouts` re-derives in place from the new `q`."""
+
+    def refresh_from(self, q) -> None:
+        derive_layout(q, self)
+
+
+def hopper_weight(packed) -> HopperFP4:
+    """`packed.layout["hopper_fp4"]`, derived on first use."""
+    h = packed.layout.get(LAYOUT_KEY)
+    if h is None:
+        q = packed.q
+        h = _Layout.empty(q.format, *q.shape, q.codes.device)
+        derive_layout(q, h)
+        packed.layout[LAYOUT_KEY] = h
+    return h
+
+
+def _check(packed, act_fmt: str, K: int) -> None:
     if packed.fmt not in ("nvfp4", "mxfp4") or packed.q is None:
         raise ValueError(f"fp4_linear takes an nvfp4 or mxfp4 PackedWeight, got format {packed.fmt!r}")
     if act_fmt not in ("bf16", packed.fmt):
         raise ValueError(f"fp4_linear: activations in {act_fmt!r} with {packed.fmt!r} weights is not supported; "
                          f"use 'bf16' (W4A16) or {packed.fmt!r} (W4A4)")
-    K, N = packed.in_features, packed.out_features
-    if x.shape[-1] != K:
-        raise ValueError(f"fp4_linear: x has {x.shape[-1]} features, the weight expects {K}")
+    if K != packed.in_features:
+        raise ValueError(f"fp4_linear: x has {K} features, the weight expects {packed.in_features}")
+
+
+def fp4_linear(x: torch.Tensor, packed, act_fmt: str = "bf16", bias: torch.Tensor | None = None,
+               config: GemmConfig | None = None) -> torch.Tensor:
+    """y [..., N] = act(x) @ dequant(W)^T + bias in x.dtype. act_fmt "bf16" (W4A16) or packed.fmt (W4A4:
+    x quantized per token to `per_token(packed.fmt)`, i.e. nvfp4:row or mxfp4, by the quantize kernel)."""
+    K = x.shape[-1]
+    _check(packed, act_fmt, K)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, K)
-    words, scales, glob = weight_layout(packed)
+    if x2.shape[0] == 0:
+        return x.new_empty(*lead, packed.out_features)
     row_scale = None
     if act_fmt == "bf16":
         xb = x2.to(torch.bfloat16)
         xb = xb if xb.stride(-1) == 1 else xb.contiguous()
     else:
         xb, row_scale = quantize_dequant_bf16(x2 if x2.stride(-1) == 1 else x2.contiguous(), per_token(act_fmt))
-    if xb.shape[0] == 0:
-        return x.new_empty(*lead, N)
-    y = fp4_matmul(xb, words, scales, glob, packed.fmt == "mxfp4", row_scale, bias, out_dtype=x.dtype,
-                   config=config)
-    return y.reshape(*lead, N)
+    y = fp4_matmul(xb, hopper_weight(packed), row_scale, bias, out_dtype=x.dtype, config=config)
+    return y.reshape(*lead, packed.out_features)
+
+
+def fp4_linear_prequantized(xq: torch.Tensor, row_scale: torch.Tensor | None, packed,
+                            bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16,
+                            config: GemmConfig | None = None) -> torch.Tensor:
+    """W4A4 with activations already quantized by a fused producer (RMSNorm, SiLU x mul epilogues):
+    `xq` [..., K] bf16 holds code value x block scale of `per_token(packed.fmt)` (exact in bf16), `row_scale`
+    [...] float32 the nvfp4:row global scale per token (None for mxfp4). Same result as
+    `fp4_linear(x, packed, packed.fmt)` on the x those came from; no quantization launch."""
+    K = xq.shape[-1]
+    _check(packed, packed.fmt, K)
+    if xq.dtype != torch.bfloat16:
+        raise ValueError(f"fp4_linear_prequantized: xq must be bfloat16 (code x block scale), got {xq.dtype}")
+    if (row_scale is None) != (packed.fmt == "mxfp4"):
+        raise ValueError(f"fp4_linear_prequantized: {packed.fmt} activations "
+                         f"{'have no' if packed.fmt == 'mxfp4' else 'need a'} per-token global scale")
+    lead = xq.shape[:-1]
+    x2 = xq.reshape(-1, K)
+    x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
+    rs = None if row_scale is None else row_scale.reshape(-1).float()
+    y = fp4_matmul(x2, hopper_weight(packed), rs, bias, out_dtype=out_dtype, config=config)
+    return y.reshape(*lead, packed.out_features)

@@ -1,0 +1,192 @@
+"""Compile gate: compile shipped kernel configurations for sm_90 on any machine (no GPU) and check the SASS
+of their main loop. Triton's wheel carries ptxas and cuobjdump, so this runs on CPU.
+
+    python -m trace_rl.kernels.sass_gate                 # every case; exit status 1 if one fails
+    python -m trace_rl.kernels.sass_gate --json out.json --only gemm
+    PYTHONPATH=/path/to/triton-3.6 python -m trace_rl.kernels.sass_gate   # the H200's Triton
+
+Run it with TRITON_INTERPRET unset (the interpreter replaces `triton.jit` kernels, which then cannot be
+compiled); tests/kernels/test_sass_gate.py runs it in a subprocess.
+
+A case (`GateCase`) names a `@triton.jit` kernel, its signature and constexprs, and what one iteration of its
+main loop processes per thread (`elements_per_thread`: weight elements for a GEMM, K/V elements for
+attention). The gate finds the main loop (the longest backward branch), counts its SASS instructions and
+checks:
+- instructions per element <= `budget`;
+- no opcode of `forbid` in the loop (default STS / STSM / LDSM: a decoded tile must not go through shared
+  memory before the MMA);
+- every HGMMA takes its A operand from registers (`HGMMA.* R<n>, gdesc[...]`), when `register_a`;
+- at most `max_full_waits` `WARPGROUP.DEPBAR.LE gsb0, 0x0` in the loop (ptxas serialises every wgmma
+  when it cannot prove the accumulator untouched in between, C7515, which serialises decode and MMA);
+- no spill traffic (LDL/STL) in the loop (spills elsewhere are reported, not failed).
+
+Adding a case: define `sass_gate_cases() -> list[GateCase]` in your kernel module and list the module in
+`GATE_MODULES` (modules that do not exist yet or define no cases are skipped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import importlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+
+GATE_MODULES = ("trace_rl.kernels.fp4_gemm", "trace_rl.kernels.fp4_grouped", "trace_rl.kernels.paged_attention")
+_LINE = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+_OPCODE = re.compile(r"^(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)")
+
+
+@dataclass(frozen=True)
+class GateCase:
+    name: str
+    kernel: object                       # the @triton.jit function
+    signature: dict                      # argument name -> Triton type string ("*bf16", "i32", ...)
+    constexprs: dict
+    num_warps: int
+    num_stages: int
+    elements_per_thread: float           # elements one main-loop iteration processes per thread
+    budget: float                        # SASS instructions per element
+    divisible: tuple = ()                # arguments assumed divisible by 16 (pointers, strides)
+    register_a: bool = True
+    forbid: tuple = ("STS", "STSM", "LDSM")
+    max_full_waits: int = 1
+
+
+@dataclass
+class GateReport:
+    name: str
+    triton: str
+    per_element: float
+    loop_instructions: int
+    registers: int
+    spills: int
+    shared_bytes: int
+    opcodes: dict = field(default_factory=dict)
+    violations: list = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+def compile_sass(case: GateCase) -> tuple[str, dict]:
+    """(SASS text, resource usage) of `case` compiled for sm_90."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = case.kernel
+    if not hasattr(fn, "arg_names") or type(fn).__name__ == "InterpretedFunction":
+        raise RuntimeError("sass_gate: the kernels were decorated under TRITON_INTERPRET=1 and cannot be "
+                           "compiled; run the gate in a process without TRITON_INTERPRET")
+    sig = {**case.signature, **{k: "constexpr" for k in case.constexprs}}
+    attrs = {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in case.divisible}
+    kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=case.constexprs, attrs=attrs),
+                            target=GPUTarget("cuda", 90, 32),
+                            options=dict(num_warps=case.num_warps, num_stages=case.num_stages))
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    res = {k: int(v) for k, v in re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", usage)}
+    return sass, res
+
+
+def main_loop(sass: str) -> list[str]:
+    """Instructions (text without address) of the longest backward branch's body."""
+    lines = [(int(m.group(1), 16), m.group(2)) for m in map(_LINE.match, sass.splitlines()) if m]
+    best = (0, 0, -1)
+    for addr, text in lines:
+        m = re.search(r"BRA\s+(?:`\(\.L_x_\d+\)|0x([0-9a-f]+))", text)
+        target = int(m.group(1), 16) if m and m.group(1) else None
+        if target is not None and target < addr:
+            count = sum(1 for a, _ in lines if target <= a <= addr)
+            best = max(best, (count, target, addr))
+    return [text for a, text in lines if best[1] <= a <= best[2]]
+
+
+def inspect(case: GateCase, sass: str, usage: dict) -> GateReport:
+    import triton
+
+    body = main_loop(sass)
+    ops = collections.Counter(m.group(1) for m in map(_OPCODE.match, body) if m)
+    rep = GateReport(case.name, triton.__version__, len(body) / case.elements_per_thread, len(body),
+                     usage.get("REG", 0), usage.get("STACK", 0) + usage.get("LOCAL", 0), usage.get("SHARED", 0),
+                     dict(ops.most_common()))
+    if not body:
+        rep.violations.append("no main loop found")
+        return rep
+    if rep.per_element > case.budget:
+        rep.violations.append(f"{rep.per_element:.2f} SASS per element > budget {case.budget}")
+    for op in ops:
+        if op.split(".")[0] in case.forbid:
+            rep.violations.append(f"{op} x{ops[op]} in the main loop (a tile goes through shared memory)")
+    hgmma = [t for t in body if t.startswith("HGMMA")]
+    if case.register_a:
+        if not hgmma:
+            rep.violations.append("no HGMMA in the main loop")
+        bad = [t for t in hgmma if not re.match(r"HGMMA\.\S+\s+R\d+,\s*R\d+,", t)]
+        if bad:
+            rep.violations.append(f"{len(bad)} HGMMA with a shared-memory A operand: {bad[0]}")
+    waits = sum(1 for t in body if re.match(r"WARPGROUP\.DEPBAR\.LE\s+gsb0,\s*0x0\b", t))
+    if waits > case.max_full_waits:
+        rep.violations.append(f"{waits} full wgmma waits in the main loop (> {case.max_full_waits}): decode and "
+                              f"MMA are serialised")
+    local = sum(c for op, c in ops.items() if op.startswith(("LDL", "STL")))
+    if local:
+        rep.violations.append(f"{local} local-memory (spill) accesses in the main loop")
+    return rep
+
+
+def gate_cases(only: list[str] | None = None) -> list[GateCase]:
+    cases = []
+    for name in GATE_MODULES:
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name == name:
+                continue
+            raise
+        for case in getattr(mod, "sass_gate_cases", lambda: [])():
+            if not only or any(o in case.name for o in only):
+                cases.append(case)
+    return cases
+
+
+def run(only: list[str] | None = None) -> list[GateReport]:
+    return [inspect(c, *compile_sass(c)) for c in gate_cases(only)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="sm_90 compile gate (SASS of the shipped kernel configs)")
+    ap.add_argument("--only", nargs="*", help="substrings of case names")
+    ap.add_argument("--json", help="write the reports here")
+    ap.add_argument("--verbose", action="store_true", help="print the opcode counts")
+    args = ap.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        print("sass_gate: unset TRITON_INTERPRET (interpreted kernels cannot be compiled)", file=sys.stderr)
+        return 2
+    reports = run(args.only)
+    for r in reports:
+        status = "ok  " if r.ok else "FAIL"
+        print(f"{status} {r.name:<34} {r.per_element:5.2f} SASS/elem  {r.loop_instructions:5d} instr  "
+              f"{r.registers:3d} regs  Triton {r.triton}" + ("" if r.ok else "  " + "; ".join(r.violations)))
+        if args.verbose:
+            print("     ", dict(list(r.opcodes.items())[:16]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([dataclasses.asdict(r) for r in reports], f, indent=1)
+    return 0 if reports and all(r.ok for r in reports) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
