@@ -40,6 +40,46 @@ def emulated_linear(x: torch.Tensor, packed: PackedWeight, act_fmt: str, bias: t
     return y.to(x.dtype)
 
 
+def prepare_expert_weights(weight: torch.Tensor, fmt: str) -> PackedWeight:
+    """Mixture-of-experts weights [E, N, K] -> one PackedWeight with q [E, N, K]: each expert quantized on
+    its own (nvfp4: one global scale per expert, stored [E, 1, 1]), by the quantize kernel on CUDA tensors
+    (bit-exact with the reference). For `kernels.fp4_grouped_linear` and `grouped_linear_reference`."""
+    from trace_rl.formats import QTensor
+
+    if weight.dim() != 3:
+        raise ValueError(f"prepare_expert_weights takes [E, N, K] weights, got shape {tuple(weight.shape)}")
+    if fmt not in ("nvfp4", "mxfp4"):
+        raise ValueError(f"prepare_expert_weights: format {fmt!r} is not an FP4 weight format (nvfp4, mxfp4)")
+    e, n, k = weight.shape
+    if weight.is_cuda and _kernels_available()[0]:
+        from trace_rl.kernels import quantize
+    else:
+        quantize = lambda w, f: get_format(f).quantize(w)  # noqa: E731
+    qs = [quantize(weight[i].detach(), fmt) for i in range(e)]
+    glob = torch.stack([q.global_scale.reshape(()) for q in qs]).reshape(e, 1, 1) if fmt == "nvfp4" else None
+    q = QTensor(torch.stack([q.codes for q in qs]), torch.stack([q.scales for q in qs]), glob, (e, n, k),
+                weight.dtype, fmt)
+    return PackedWeight(fmt, n, k, q=q)
+
+
+def grouped_linear_reference(x_sorted: torch.Tensor, expert_offsets: torch.Tensor, experts: PackedWeight,
+                             act_fmt: str = "bf16", bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Torch reference of `kernels.fp4_grouped_linear` (float32 math, emulated quantization; any device)."""
+    _check_act(act_fmt, experts)
+    offs = expert_offsets.tolist()
+    w = experts.dequantized()
+    out = torch.zeros(x_sorted.shape[0], experts.out_features, dtype=x_sorted.dtype, device=x_sorted.device)
+    for e in range(len(offs) - 1):
+        lo, hi = offs[e], offs[e + 1]
+        if hi > lo:
+            xe = x_sorted[lo:hi].float()
+            if act_fmt != "bf16":
+                xe = get_format(per_token(act_fmt)).fake_quantize(xe)
+            ye = xe @ w[e].float().T
+            out[lo:hi] = (ye if bias is None else ye + bias[e].float()).to(out.dtype)
+    return out
+
+
 @register_backend("fp4")
 class FP4Backend(Backend):
     weight_formats = ("nvfp4", "mxfp4")

@@ -74,11 +74,11 @@ def fp4_tile_mma(acc, x_ptrs, x_mask_m, K, w_ptrs, w_mask, s_ptrs, s_mask, kb_lo
     return acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M", "N", "KB", "NP16", "SPLIT_K"])   # one binary for every M and split
 def _fp4_gemm_kernel(
     x_ptr, w_ptr, s_ptr, rf_ptr, out_ptr, row_scale_ptr, bias_ptr, part_ptr, count_ptr,
-    M, N, K, KB, NP16, stride_xm, stride_w, stride_s, stride_om,
-    MX: tl.constexpr, HAS_ROW_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
+    M, N, K, KB, NP16, SPLIT_K, stride_xm, stride_w, stride_s, stride_om,
+    MX: tl.constexpr, HAS_ROW_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DECODE: tl.constexpr, DOT_F32: tl.constexpr,
     EVEN_K: tl.constexpr, MASK_W: tl.constexpr,
 ):
@@ -111,7 +111,7 @@ def _fp4_gemm_kernel(
         ticket = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
         if ticket == SPLIT_K - 1:                            # the last program of this tile reduces
             total = tl.zeros([BN, BM], dtype=tl.float32)
-            for s in tl.static_range(SPLIT_K):               # fixed order: deterministic
+            for s in range(SPLIT_K):                         # fixed order: deterministic
                 total += tl.load(base + s * (BN * BM) + offs, cache_modifier=".cg")
             tl.atomic_xchg(count_ptr + tile, 0)              # ready for the next launch
             _epilogue_store(total, rows, offs_m, N, M, rf_ptr, row_scale_ptr, bias_ptr, out_ptr, stride_om,
@@ -197,6 +197,7 @@ def fp4_matmul(x2: torch.Tensor, w: HopperFP4, row_scale: torch.Tensor | None = 
     n_tiles, m_tiles = triton.cdiv(np_, c.block_n), triton.cdiv(M, c.block_m)
     kb = kp // c.block_k
     split = max(1, min(c.split_k, kb))
+    split = triton.cdiv(kb, triton.cdiv(kb, split))    # no empty split (the kernel assumes none)
     if split > 1:
         part = torch.empty(n_tiles * m_tiles * split * c.block_n * c.block_m, device=x2.device, dtype=torch.float32)
         counters = tile_counters(x2.device, n_tiles * m_tiles)
@@ -206,8 +207,8 @@ def fp4_matmul(x2: torch.Tensor, w: HopperFP4, row_scale: torch.Tensor | None = 
     _fp4_gemm_kernel[(n_tiles, m_tiles, split)](
         x2, w.values, w.scales.view(torch.int32), w.row_factor, out,
         row_scale if row_scale is not None else w.row_factor, bias if bias is not None else w.row_factor,
-        part, counters, M, N, K, kb, np_ // ROWS, x2.stride(0), w.values.stride(0), kp // (4 * G), out.stride(0),
-        MX=w.fmt == "mxfp4", HAS_ROW_SCALE=row_scale is not None, HAS_BIAS=bias is not None, SPLIT_K=split,
+        part, counters, M, N, K, kb, np_ // ROWS, split, x2.stride(0), w.values.stride(0), kp // (4 * G),
+        out.stride(0), MX=w.fmt == "mxfp4", HAS_ROW_SCALE=row_scale is not None, HAS_BIAS=bias is not None,
         BM=c.block_m, BN=c.block_n, BK=c.block_k, DECODE=c.decode, DOT_F32=interp, EVEN_K=K % c.block_k == 0,
         MASK_W=np_ % c.block_n != 0, num_warps=c.num_warps, num_stages=c.num_stages)
     return out
@@ -215,17 +216,17 @@ def fp4_matmul(x2: torch.Tensor, w: HopperFP4, row_scale: torch.Tensor | None = 
 
 GEMM_SIGNATURE = dict(x_ptr="*bf16", w_ptr="*i32", s_ptr="*i32", rf_ptr="*fp32", out_ptr="*bf16",
                       row_scale_ptr="*fp32", bias_ptr="*fp32", part_ptr="*fp32", count_ptr="*i32", M="i32", N="i32",
-                      K="i32", KB="i32", NP16="i32", stride_xm="i32", stride_w="i32", stride_s="i32",
+                      K="i32", KB="i32", NP16="i32", SPLIT_K="i32", stride_xm="i32", stride_w="i32", stride_s="i32",
                       stride_om="i32")
 GEMM_DIVISIBLE = ("x_ptr", "w_ptr", "s_ptr", "rf_ptr", "out_ptr", "part_ptr", "count_ptr", "K", "stride_xm",
                   "stride_w", "stride_s", "stride_om")
 GEMM_BUDGET = 3.0   # SASS per weight element in the K loop (issue 15)
 
 
-def gemm_gate_case(cfg: GemmConfig, fmt: str, split_k: int = 4, name: str | None = None):
+def gemm_gate_case(cfg: GemmConfig, fmt: str, name: str | None = None):
     from trace_rl.kernels.sass_gate import GateCase
 
-    consts = dict(MX=fmt == "mxfp4", HAS_ROW_SCALE=False, HAS_BIAS=False, SPLIT_K=split_k, BM=cfg.block_m,
+    consts = dict(MX=fmt == "mxfp4", HAS_ROW_SCALE=False, HAS_BIAS=False, BM=cfg.block_m,
                   BN=cfg.block_n, BK=cfg.block_k, DECODE=DECODE_ASM, DOT_F32=False, EVEN_K=True, MASK_W=False)
     return GateCase(name or f"gemm {fmt} {cfg.block_m}x{cfg.block_n}x{cfg.block_k} w{cfg.num_warps}s{cfg.num_stages}",
                     _fp4_gemm_kernel, GEMM_SIGNATURE, consts, cfg.num_warps, cfg.num_stages,

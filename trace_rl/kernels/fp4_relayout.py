@@ -50,8 +50,16 @@ def _nv_encode(sb):
 @triton.jit
 def _relayout_kernel(codes_ptr, scales_ptr, glob_ptr, values_ptr, out_scales_ptr, rf_ptr,
                      N, K, stride_c, stride_s, stride_v, stride_os, KP,
+                     stride_ce, stride_se, stride_ge, stride_ve, stride_ose, stride_rfe,
                      MX: tl.constexpr, G: tl.constexpr, GLOBAL_PER_ROW: tl.constexpr):
     pid = tl.program_id(0)
+    ex = tl.program_id(1).to(tl.int64)          # expert (stacked layouts); 0 for a plain weight
+    codes_ptr += ex * stride_ce
+    scales_ptr += ex * stride_se
+    glob_ptr += ex * stride_ge
+    values_ptr += ex * stride_ve
+    out_scales_ptr += ex * stride_ose
+    rf_ptr += ex * stride_rfe
     rows = pid * 16 + tl.arange(0, 16)
     row_ok = rows < N
     NB: tl.constexpr = 128 // G
@@ -106,20 +114,33 @@ def _relayout_kernel(codes_ptr, scales_ptr, glob_ptr, values_ptr, out_scales_ptr
 
 
 def relayout(q, out: HopperFP4 | None = None) -> HopperFP4:
-    """The Hopper layout of QTensor `q` ([N, K], nvfp4 or mxfp4), written into `out` when given."""
+    """The Hopper layout of QTensor `q` ([N, K], or experts [E, N, K] stacked), nvfp4 or mxfp4, written into
+    `out` when given. One launch."""
     G = block_size(q.format)
-    n, k = q.shape
-    out = HopperFP4.empty(q.format, n, k, q.codes.device) if out is None else out
-    if (out.fmt, out.n, out.k) != (q.format, n, k):
-        raise ValueError(f"relayout: {q.format} {n}x{k} into a {out.fmt} {out.n}x{out.k} layout")
+    experts = q.shape[0] if len(q.shape) == 3 else None
+    n, k = q.shape[-2:]
+    out = HopperFP4.empty(q.format, n, k, q.codes.device, experts) if out is None else out
+    if (out.fmt, out.n, out.k) != (q.format, n, k) or (out.values.dim() == 3) != (experts is not None):
+        raise ValueError(f"relayout: {q.format} {tuple(q.shape)} into a {out.fmt} {out.n}x{out.k} layout")
+    e = experts or 1
     np_, kp = out.padded
-    codes = q.codes.reshape(n, k // 2)
-    scales = q.scales.reshape(n, k // G).view(torch.uint8)
-    glob = q.global_scale.reshape(-1).float() if q.global_scale is not None else out.row_factor
-    _relayout_kernel[(np_ // ROWS,)](
-        codes, scales, glob, out.values, out.scales, out.row_factor, n, k, codes.stride(0), scales.stride(0),
-        out.values.stride(0), out.scales.stride(0), kp, MX=q.format == "mxfp4", G=G,
-        GLOBAL_PER_ROW=glob.numel() > 1 and q.format == "nvfp4", num_warps=4)
+    codes = q.codes.reshape(e, n, k // 2)
+    scales = q.scales.reshape(e, n, k // G).view(torch.uint8)
+    if q.global_scale is not None:
+        glob = q.global_scale.reshape(-1).float()
+        per_expert = glob.numel() == e and e > 1
+        per_row = glob.numel() == e * n and n > 1
+        glob = glob.contiguous()
+    else:
+        glob, per_expert, per_row = out.row_factor, False, False
+    values = out.values.reshape(e, *out.values.shape[-2:])
+    oscales = out.scales.reshape(e, *out.scales.shape[-2:])
+    rf = out.row_factor.reshape(e, np_)
+    _relayout_kernel[(np_ // ROWS, e)](
+        codes, scales, glob, values, oscales, rf, n, k, codes.stride(1), scales.stride(1), values.stride(1),
+        oscales.stride(1), kp, codes.stride(0), scales.stride(0), n if per_row else (1 if per_expert else 0),
+        values.stride(0), oscales.stride(0), rf.stride(0), MX=q.format == "mxfp4", G=G, GLOBAL_PER_ROW=per_row,
+        num_warps=4)
     return out
 
 

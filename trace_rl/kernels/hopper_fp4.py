@@ -88,11 +88,13 @@ class HopperFP4:
         return sum(t.numel() * t.element_size() for t in (self.values, self.scales, self.row_factor))
 
     @classmethod
-    def empty(cls, fmt: str, n: int, k: int, device) -> HopperFP4:
+    def empty(cls, fmt: str, n: int, k: int, device, experts: int | None = None) -> HopperFP4:
+        """Uninitialised tensors; with `experts`, stacked over a leading expert dimension (grouped GEMM)."""
         np_, kp = padded_shape(n, k)
-        return cls(fmt, n, k, torch.empty(np_ // ROWS, 2 * kp, dtype=torch.int32, device=device),
-                         torch.empty(np_, kp // block_size(fmt), dtype=torch.uint8, device=device),
-                         torch.empty(np_, dtype=torch.float32, device=device))
+        lead = () if experts is None else (experts,)
+        return cls(fmt, n, k, torch.empty(*lead, np_ // ROWS, 2 * kp, dtype=torch.int32, device=device),
+                   torch.empty(*lead, np_, kp // block_size(fmt), dtype=torch.uint8, device=device),
+                   torch.empty(*lead, np_, dtype=torch.float32, device=device))
 
     def copy_(self, other: HopperFP4) -> HopperFP4:
         """In place (a captured CUDA graph keeps reading these tensors)."""
@@ -173,8 +175,13 @@ def to_hopper(q: QTensor, out: HopperFP4 | None = None) -> HopperFP4:
     """The Hopper layout of an nvfp4/mxfp4 weight `q` ([N, K]), in torch (any device). With `out`, written
     in place. The GPU uses the Triton kernel in hopper_fp4_kernels.py (same result)."""
     G = block_size(q.format)
+    if len(q.shape) == 3:     # experts [E, N, K]: one layout per expert, stacked
+        res = [to_hopper(expert_q(q, e)) for e in range(q.shape[0])]
+        st = HopperFP4(q.format, q.shape[1], q.shape[2], torch.stack([r.values for r in res]),
+                       torch.stack([r.scales for r in res]), torch.stack([r.row_factor for r in res]))
+        return st if out is None else out.copy_(st)
     if len(q.shape) != 2:
-        raise ValueError(f"the Hopper FP4 layout takes a 2-D weight, got shape {q.shape}")
+        raise ValueError(f"the Hopper FP4 layout takes a 2-D weight or 3-D experts, got shape {q.shape}")
     n, k = q.shape
     np_, kp = padded_shape(n, k)
     codes = torch.zeros(np_, kp, dtype=torch.uint8, device=q.codes.device)
@@ -206,6 +213,14 @@ def to_hopper(q: QTensor, out: HopperFP4 | None = None) -> HopperFP4:
     values = _codes_to_values(blocks.reshape(np_, kp))
     res = HopperFP4(q.format, n, k, values, sbytes, row_factor)
     return res if out is None else out.copy_(res)
+
+
+def expert_q(q: QTensor, e: int) -> QTensor:
+    """Expert e of a stacked [E, N, K] QTensor (its own global scale for nvfp4)."""
+    g = q.global_scale
+    if g is not None:
+        g = g.reshape(-1)[e] if g.numel() == q.shape[0] else g.reshape(())
+    return QTensor(q.codes[e], q.scales[e], g, tuple(q.shape[1:]), q.dtype, q.format)
 
 
 def from_hopper(h: HopperFP4) -> QTensor:

@@ -38,7 +38,8 @@ def hopper_weight(packed) -> HopperFP4:
     h = packed.layout.get(LAYOUT_KEY)
     if h is None:
         q = packed.q
-        h = _Layout.empty(q.format, *q.shape, q.codes.device)
+        experts = q.shape[0] if len(q.shape) == 3 else None
+        h = _Layout.empty(q.format, *q.shape[-2:], q.codes.device, experts)
         derive_layout(q, h)
         packed.layout[LAYOUT_KEY] = h
     return h
@@ -94,3 +95,28 @@ def fp4_linear_prequantized(xq: torch.Tensor, row_scale: torch.Tensor | None, pa
     rs = None if row_scale is None else row_scale.reshape(-1).float()
     y = fp4_matmul(x2, hopper_weight(packed), rs, bias, out_dtype=out_dtype, config=config)
     return y.reshape(*lead, packed.out_features)
+
+
+def fp4_grouped_linear(x_sorted: torch.Tensor, expert_offsets: torch.Tensor, experts, act_fmt: str = "bf16",
+                       bias: torch.Tensor | None = None, config: GemmConfig | None = None) -> torch.Tensor:
+    """Mixture-of-experts linear in one launch: rows of `x_sorted` [R, K] (tokens sorted by expert; a token
+    routed to k experts appears k times) offsets[e] <= r < offsets[e + 1] go through expert e of `experts`
+    (a PackedWeight with q [E, N, K], `backends.fp4.prepare_expert_weights`). `expert_offsets` int32 [E + 1]
+    on the device. W4A16 (act_fmt "bf16") or W4A4 (act_fmt == experts.fmt, tokens quantized per row).
+    Rows >= offsets[E] come back as zeros. Returns [R, N] in x's dtype; `bias` [E, N] or None."""
+    from trace_rl.kernels.fp4_grouped import fp4_grouped_matmul
+
+    if experts.q is None or len(experts.q.shape) != 3:
+        raise ValueError("fp4_grouped_linear: `experts` must hold [E, N, K] weights "
+                         "(backends.fp4.prepare_expert_weights)")
+    K = x_sorted.shape[-1]
+    _check(experts, act_fmt, K)
+    row_scale = None
+    if act_fmt == "bf16":
+        xb = x_sorted.to(torch.bfloat16)
+        xb = xb if xb.stride(-1) == 1 else xb.contiguous()
+    else:
+        xb, row_scale = quantize_dequant_bf16(x_sorted.contiguous(), per_token(act_fmt))
+    out = torch.zeros(x_sorted.shape[0], experts.out_features, device=x_sorted.device, dtype=x_sorted.dtype)
+    return fp4_grouped_matmul(xb, expert_offsets, hopper_weight(experts), row_scale, bias, x_sorted.dtype, config,
+                              out=out)

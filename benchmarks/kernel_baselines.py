@@ -1,0 +1,153 @@
+"""Baselines and helpers for benchmarks/kernels.py: CUDA-graph timing, gemlite's 4-bit GEMM, BF16 grouped
+GEMMs for mixture-of-experts (a per-expert cuBLAS loop captured in a graph, `torch._grouped_mm`), and
+compiling our kernel variants in parallel processes before timing (Triton compiles one kernel at a time per
+process; the disk cache is shared)."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+from concurrent.futures import ProcessPoolExecutor
+
+import torch
+import torch.nn.functional as F
+
+DEV = "cuda"
+
+
+def graph_us(calls: list, reps: int = 15) -> float:
+    """Median microseconds per call: all `calls` captured once in a CUDA graph, replayed `reps` times."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for fn in calls[:2]:
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in calls:
+            fn()
+    for _ in range(3):
+        graph.replay()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / len(calls))
+    del graph
+    return statistics.median(times)
+
+
+# -- gemlite ---------------------------------------------------------------------------------------------------
+
+def gemlite_available() -> tuple[bool, str]:
+    """gemlite is carried as source (GEMLITE_SRC or .gpu/gemlite_src), never installed or committed."""
+    src = os.environ.get("GEMLITE_SRC") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                                         "gemlite_src")
+    if os.path.isdir(src) and src not in sys.path:
+        sys.path.insert(0, src)
+    try:
+        import tqdm  # noqa: F401
+    except ImportError:   # gemlite.helper imports tqdm for a progress bar only
+        import types
+
+        sys.modules["tqdm"] = types.SimpleNamespace(tqdm=lambda x, *a, **k: x)
+    try:
+        import gemlite
+    except Exception as e:   # noqa: BLE001
+        return False, f"gemlite not importable: {e!r}"[:200]
+    cfg = os.path.join(os.path.dirname(gemlite.__file__), "configs", "h100.json")
+    if "h100" not in torch.cuda.get_device_name(0).lower() and os.path.exists(cfg):
+        gemlite.load_config(cfg)   # the H200 has no config of its own: H100's tuned configs, not autotune
+    return True, gemlite.__version__
+
+
+def gemlite_int4_linear(w: torch.Tensor, group: int = 64):
+    """gemlite A16W4 (INT4, asymmetric, groups of `group` along K) of bf16 weight w [N, K]: its fastest 4-bit
+    path on sm_90 (its NVFP4 path does not compile there). Returns the layer (callable on x [M, K])."""
+    from gemlite.helper import A16Wn
+
+    N, K = w.shape
+    wf = w.float().reshape(N, K // group, group)
+    lo, hi = wf.amin(-1, keepdim=True), wf.amax(-1, keepdim=True)
+    scale = ((hi - lo) / 15).clamp(min=1e-8)
+    zero = -lo / scale
+    q = torch.clamp(torch.round(wf / scale + zero), 0, 15).to(torch.uint8).reshape(N, K)
+    return A16Wn(device=w.device, dtype=torch.bfloat16).from_weights(
+        q, scale.reshape(N, K // group).to(torch.bfloat16), zero.reshape(N, K // group).to(torch.bfloat16),
+        W_nbits=4, group_size=group)
+
+
+# -- BF16 grouped GEMM baselines (mixture of experts) ----------------------------------------------------------
+
+def cublas_expert_loop(x: torch.Tensor, w: torch.Tensor, offsets: list[int], out: torch.Tensor):
+    """One cuBLAS matmul per non-empty expert over its rows (offsets from the host: fixed in the graph)."""
+    def run():
+        for e in range(w.shape[0]):
+            lo, hi = offsets[e], offsets[e + 1]
+            if hi > lo:
+                torch.mm(x[lo:hi], w[e].T, out=out[lo:hi])
+    return run
+
+
+def grouped_mm_call(x: torch.Tensor, w_t: torch.Tensor, offs: torch.Tensor):
+    """`torch._grouped_mm(x [R, K], w_t [E, K, N], offs=cumulative row ends int32 [E])`, if this torch and GPU
+    run it (returns None and the reason otherwise)."""
+    fn = getattr(torch, "_grouped_mm", None)
+    if fn is None:
+        return None, "torch._grouped_mm is not in this torch"
+    try:
+        fn(x, w_t, offs=offs)
+        torch.cuda.synchronize()
+    except Exception as e:   # noqa: BLE001
+        return None, f"torch._grouped_mm failed: {e!r}"[:300]
+    return (lambda: fn(x, w_t, offs=offs)), ""
+
+
+# -- parallel compilation -----------------------------------------------------------------------------------------
+
+def _compile_one(job: tuple) -> str:
+    kind, fmt, act, cfg = job
+    try:
+        from trace_rl.backends.fp4 import prepare_expert_weights
+        from trace_rl.kernels import quantize
+        from trace_rl.kernels.fp4_gemm import GemmConfig
+        from trace_rl.kernels.linear import fp4_grouped_linear, fp4_linear
+
+        c = GemmConfig(**dict(cfg))
+        g = torch.Generator(device=DEV).manual_seed(0)
+        if kind == "dense":   # same stride classes as the benchmark shapes (all multiples of 16)
+            from trace_rl.backends import PackedWeight
+
+            w = torch.randn(512, 2048, device=DEV, generator=g).to(torch.bfloat16)
+            p = PackedWeight(fmt, 512, 2048, q=quantize(w, fmt))
+            x = torch.randn(16, 2048, device=DEV, generator=g).to(torch.bfloat16)
+            fp4_linear(x, p, act, None, config=c)
+        else:
+            ex = prepare_expert_weights(torch.randn(4, 512, 2048, device=DEV, generator=g), fmt)
+            x = torch.randn(32, 2048, device=DEV, generator=g).to(torch.bfloat16)
+            off = torch.tensor([0, 8, 16, 24, 32], device=DEV, dtype=torch.int32)
+            fp4_grouped_linear(x, off, ex, act, config=c)
+        torch.cuda.synchronize()
+        return ""
+    except Exception as e:   # noqa: BLE001
+        return f"{job}: {e!r}"[:300]
+
+
+def precompile(jobs: list[tuple], workers: int = 12) -> list[str]:
+    """Compile (kind, fmt, act, config items) variants in `workers` processes; returns the errors."""
+    jobs = list(dict.fromkeys(jobs))
+    if not jobs:
+        return []
+    ctx = __import__("multiprocessing").get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx) as pool:
+        return [e for e in pool.map(_compile_one, jobs) if e]
+
+
+def linear_bf16(x, w):
+    return F.linear(x, w)

@@ -1,0 +1,63 @@
+"""Grouped (mixture-of-experts) FP4 GEMM against its torch reference: uneven and empty experts, rows past the
+last offset, W4A16 and W4A4, a stacked re-layout equal to the per-expert one."""
+
+import pytest
+import torch
+
+from trace_rl.backends.fp4 import grouped_linear_reference, prepare_expert_weights
+from trace_rl.kernels.linear import fp4_grouped_linear
+
+pytestmark = [pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning"),
+              pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning")]
+
+
+def _rel_err(y, ref):
+    return ((y.double().cpu() - ref.double().cpu()).norm() / ref.double().cpu().norm()).item()
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("act", ["bf16", "fp4"])
+def test_grouped_matches_reference(fmt, act, device, gen):
+    E, N, K = 5, 40, 160 if fmt == "nvfp4" else 192
+    act_fmt = fmt if act == "fp4" else "bf16"
+    w = torch.randn(E, N, K, generator=gen) * torch.exp(torch.randn(E, 1, 1, generator=gen))
+    experts = prepare_expert_weights(w, fmt)
+    counts = torch.tensor([3, 0, 17, 1, 9])                  # an empty expert, a count over the M tile
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)]).to(torch.int32)
+    R = int(counts.sum()) + 4                                # 4 spare rows past offsets[E] (capacity padding)
+    x = torch.randn(R, K, generator=gen).to(torch.bfloat16)
+    bias = torch.randn(E, N, generator=gen) if act == "bf16" else None
+    ref = grouped_linear_reference(x, offsets, experts, act_fmt, bias)
+    dev = experts.__class__(fmt, N, K, q=experts.q.to(device))
+    y = fp4_grouped_linear(x.to(device), offsets.to(device), dev, act_fmt,
+                           None if bias is None else bias.to(device))
+    assert y.shape == (R, N) and y.dtype == x.dtype
+    assert _rel_err(y[: R - 4], ref[: R - 4]) < 1e-2
+    assert not y[R - 4:].any()
+
+
+def test_grouped_rejects_bad_offsets(device, gen):
+    experts = prepare_expert_weights(torch.randn(3, 64, 128, generator=gen), "nvfp4")
+    experts = experts.__class__("nvfp4", 64, 128, q=experts.q.to(device))
+    x = torch.zeros(4, 128, dtype=torch.bfloat16, device=device)
+    with pytest.raises(ValueError, match="offsets must be int32"):
+        fp4_grouped_linear(x, torch.zeros(3, dtype=torch.int32, device=device), experts)
+    with pytest.raises(ValueError, match=r"\[E, N, K\]"):
+        from trace_rl.backends import get_backend
+
+        fp4_grouped_linear(x, torch.zeros(4, dtype=torch.int32, device=device),
+                           get_backend("fp4").prepare_weight(torch.randn(64, 128, generator=gen).to(device), "nvfp4"))
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_stacked_relayout_equals_per_expert(fmt, device, gen):
+    from trace_rl.kernels.fp4_relayout import relayout
+    from trace_rl.kernels.hopper_fp4 import expert_q, to_hopper
+
+    experts = prepare_expert_weights(torch.randn(3, 40, 256, generator=gen), fmt)
+    st = relayout(experts.q.to(device))
+    for e in range(3):
+        ref = to_hopper(expert_q(experts.q, e))
+        assert torch.equal(st.values[e].cpu(), ref.values)
+        assert torch.equal(st.scales[e].cpu(), ref.scales)
+        assert torch.equal(st.row_factor[e].cpu().view(torch.int32), ref.row_factor.view(torch.int32))

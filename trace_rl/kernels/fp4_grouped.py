@@ -1,0 +1,138 @@
+"""Grouped (mixture-of-experts) FP4 GEMM: one launch over all experts, static shapes (CUDA-graph friendly).
+
+    y[r] = x[r] @ dequant(W[e])^T (+ bias[e])   for every row r of expert e, offsets[e] <= r < offsets[e + 1]
+
+`x` holds the routed tokens sorted by expert (a token routed to k experts appears k times), `offsets`
+[E + 1] int32 on the device comes from the router (offsets[0] = 0, offsets[E] = rows used; rows past it
+are left untouched). The experts' weights are one `PackedWeight` whose `q` is [E, N, K] (each expert
+quantized on its own: `backends.fp4.prepare_expert_weights`), read through its stacked Hopper layout.
+
+The grid is static: (N tiles, ceil(rows / BM) + E). Program (n, m) finds its expert and M-tile from the
+offsets (a prefix sum of ceil(count_e / BM) over the experts, in registers); programs past the last tile
+return at once. Per expert the M tile is small (top-8 of 128 experts: 4-32 rows per expert at 64-512 tokens),
+so this is where 4-bit weights pay most: the time is the experts' weight bytes. Same decode and MMA loop
+as the dense kernel (`fp4_gemm.fp4_tile_mma`); no split-K (the experts give enough programs).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from trace_rl.kernels.fp4_decode import DECODE_ASM, DECODE_PURE
+from trace_rl.kernels.fp4_gemm import GEMM_BUDGET, GemmConfig, fp4_tile_mma
+from trace_rl.kernels.hopper_fp4 import COLS, ROWS, HopperFP4
+
+
+@triton.jit(do_not_specialize=["N", "KB", "NP16", "E"])
+def _fp4_grouped_kernel(
+    x_ptr, off_ptr, w_ptr, s_ptr, rf_ptr, out_ptr, row_scale_ptr, bias_ptr,
+    N, K, KB, NP16, E, stride_xm, stride_we, stride_w, stride_se, stride_s, stride_rfe, stride_om, stride_be,
+    MX: tl.constexpr, HAS_ROW_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, E_POW2: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DECODE: tl.constexpr, DOT_F32: tl.constexpr,
+    EVEN_K: tl.constexpr, MASK_W: tl.constexpr,
+):
+    pid_n, pid_m = tl.program_id(0), tl.program_id(1)
+    SW: tl.constexpr = BK // 128 if MX else BK // 64
+    e_idx = tl.arange(0, E_POW2)
+    start = tl.load(off_ptr + e_idx, mask=e_idx < E, other=0)
+    end = tl.load(off_ptr + e_idx + 1, mask=e_idx < E, other=0)
+    tiles = tl.cdiv(tl.maximum(end - start, 0), BM)
+    e = tl.sum(tl.where(tl.cumsum(tiles, 0) <= pid_m, 1, 0), 0)    # the expert whose tiles hold pid_m
+    if e < E:
+        mt = pid_m - tl.sum(tl.where(e_idx < e, tiles, 0), 0)
+        row0 = tl.sum(tl.where(e_idx == e, start, 0), 0) + mt * BM
+        row_end = tl.sum(tl.where(e_idx == e, end, 0), 0)
+        offs_m = row0 + tl.arange(0, BM)
+        m_mask = offs_m < row_end
+        n16 = pid_n * (BN // 16) + tl.arange(0, BN // 16)
+        rows = pid_n * BN + tl.arange(0, BN)
+        e64 = e.to(tl.int64)
+        w_ptrs = w_ptr + e64 * stride_we + n16[:, None].to(tl.int64) * stride_w + tl.arange(0, 2 * BK)[None, :]
+        s_ptrs = s_ptr + e64 * stride_se + rows[:, None].to(tl.int64) * stride_s + tl.arange(0, SW)[None, :]
+        x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + tl.arange(0, BK)[None, :]
+        tl.assume(KB > 0)                    # no zero-trip path (see fp4_gemm: ptxas would serialise wgmma)
+        acc = tl.zeros([BN, BM], dtype=tl.float32)
+        acc = fp4_tile_mma(acc, x_ptrs, m_mask[:, None], K, w_ptrs, (n16 < NP16)[:, None], s_ptrs,
+                           (rows < NP16 * 16)[:, None], 0, KB, BN, BK, MX, DECODE, DOT_F32, EVEN_K, MASK_W)
+        n_mask = rows < N
+        acc = acc * tl.load(rf_ptr + e64 * stride_rfe + rows, mask=n_mask, other=1.0)[:, None]
+        if HAS_ROW_SCALE:
+            acc = acc * tl.load(row_scale_ptr + offs_m, mask=m_mask, other=1.0)[None, :]
+        if HAS_BIAS:
+            acc = acc + tl.load(bias_ptr + e64 * stride_be + rows, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+        tl.store(out_ptr + offs_m[None, :].to(tl.int64) * stride_om + rows[:, None],
+                 acc.to(out_ptr.dtype.element_ty), mask=n_mask[:, None] & m_mask[None, :])
+
+
+GROUPED_M16 = GemmConfig(16, 256, 128, 1, 4, 4)
+
+
+def default_grouped_config(rows: int, n_experts: int, interpret: bool = False) -> GemmConfig:
+    """16-row M tiles: at decode sizes the experts' tiles are mostly partial (top-8 of 128 experts gives
+    4-32 rows per expert for 64-512 tokens); an expert with more rows takes several tiles."""
+    if interpret:
+        return GemmConfig(16, 64, 128, decode=DECODE_PURE)
+    return GROUPED_M16
+
+
+def fp4_grouped_matmul(x: torch.Tensor, offsets: torch.Tensor, w: HopperFP4, row_scale: torch.Tensor | None = None,
+                       bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16,
+                       config: GemmConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [R, K] bf16 (rows sorted by expert), offsets [E + 1] int32, w a stacked layout (values [E, ...]) ->
+    out [R, N]; rows >= offsets[E] are not written."""
+    from trace_rl.kernels import interpreting
+
+    if w.values.dim() != 3:
+        raise ValueError("fp4_grouped_matmul: the weight layout must be stacked over experts ([E, ...] values)")
+    E = w.values.shape[0]
+    R, K = x.shape
+    if K != w.k:
+        raise ValueError(f"fp4_grouped_matmul: x has {K} columns, the experts {w.k}")
+    if offsets.shape != (E + 1,) or offsets.dtype != torch.int32:
+        raise ValueError(f"fp4_grouped_matmul: offsets must be int32 [E + 1] = [{E + 1}], got "
+                         f"{offsets.dtype} {tuple(offsets.shape)}")
+    interp = interpreting()
+    c = config or default_grouped_config(R, E, interp)
+    c = c if not interp or c.decode == DECODE_PURE else GemmConfig(c.block_m, c.block_n, c.block_k, decode=DECODE_PURE)
+    c.check()
+    np_, kp = w.padded
+    if kp % c.block_k:
+        c = GemmConfig(c.block_m, c.block_n, COLS, 1, c.num_warps, c.num_stages, c.decode)
+    out = torch.empty(R, w.n, device=x.device, dtype=out_dtype) if out is None else out
+    if R == 0:
+        return out
+    scales = w.scales.view(torch.int32)
+    grid = (triton.cdiv(np_, c.block_n), triton.cdiv(R, c.block_m) + E)
+    _fp4_grouped_kernel[grid](
+        x, offsets, w.values, scales, w.row_factor, out,
+        row_scale if row_scale is not None else w.row_factor, bias if bias is not None else w.row_factor,
+        w.n, K, kp // c.block_k, np_ // ROWS, E, x.stride(0), w.values.stride(0), w.values.stride(1),
+        scales.stride(0), scales.stride(1), w.row_factor.stride(0), out.stride(0),
+        bias.stride(0) if bias is not None else 0,
+        MX=w.fmt == "mxfp4", HAS_ROW_SCALE=row_scale is not None, HAS_BIAS=bias is not None,
+        E_POW2=triton.next_power_of_2(E), BM=c.block_m, BN=c.block_n, BK=c.block_k, DECODE=c.decode,
+        DOT_F32=interp, EVEN_K=K % c.block_k == 0, MASK_W=np_ % c.block_n != 0, num_warps=c.num_warps,
+        num_stages=c.num_stages)
+    return out
+
+
+def grouped_gate_case(cfg: GemmConfig, fmt: str, n_experts: int = 128):
+    from trace_rl.kernels.sass_gate import GateCase
+
+    sig = dict(x_ptr="*bf16", off_ptr="*i32", w_ptr="*i32", s_ptr="*i32", rf_ptr="*fp32", out_ptr="*bf16",
+               row_scale_ptr="*fp32", bias_ptr="*fp32", N="i32", K="i32", KB="i32", NP16="i32", E="i32",
+               stride_xm="i32", stride_we="i32", stride_w="i32", stride_se="i32", stride_s="i32", stride_rfe="i32",
+               stride_om="i32", stride_be="i32")
+    consts = dict(MX=fmt == "mxfp4", HAS_ROW_SCALE=False, HAS_BIAS=False, E_POW2=n_experts, BM=cfg.block_m,
+                  BN=cfg.block_n, BK=cfg.block_k, DECODE=DECODE_ASM, DOT_F32=False, EVEN_K=True, MASK_W=False)
+    div = ("x_ptr", "off_ptr", "w_ptr", "s_ptr", "rf_ptr", "out_ptr", "K", "stride_xm", "stride_we", "stride_w",
+           "stride_se", "stride_s", "stride_rfe", "stride_om")
+    return GateCase(f"grouped {fmt} {cfg.block_m}x{cfg.block_n}x{cfg.block_k} w{cfg.num_warps}s{cfg.num_stages}",
+                    _fp4_grouped_kernel, sig, consts, cfg.num_warps, cfg.num_stages,
+                    cfg.block_n * cfg.block_k / (32 * cfg.num_warps), GEMM_BUDGET, div)
+
+
+def sass_gate_cases():
+    return [grouped_gate_case(cfg, fmt) for cfg in (GROUPED_M16,) for fmt in ("nvfp4", "mxfp4")]
