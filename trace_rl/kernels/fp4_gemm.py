@@ -139,9 +139,10 @@ class GemmConfig:
 # Shipped tile shapes (the compile gate in sass_gate.py checks each: decoded tile in registers, register-
 # sourced HGMMA, SASS per weight element under budget). Picked from the H200 sweep (docs/benchmarks.md).
 SMALL_M = GemmConfig(16, 256, 128, 1, 4, 4)
-MID_M = GemmConfig(64, 128, 128, 1, 8, 3)
-LARGE_M = GemmConfig(128, 128, 128, 1, 8, 3)
-GATED = (SMALL_M,)   # configs the compile gate holds to the budget (M >= 64 ones: see docs/kernels.md)
+M32 = GemmConfig(32, 256, 128, 1, 4, 3)
+MID_M = GemmConfig(64, 256, 128, 1, 8, 3)
+LARGE_M = GemmConfig(128, 256, 128, 1, 8, 3)
+GATED = (SMALL_M, M32)   # configs the compile gate holds to the budget (M >= 64 ones: see docs/kernels.md)
 
 
 def default_config(M: int, N: int, K: int, num_sms: int = 132, interpret: bool = False,
@@ -151,11 +152,11 @@ def default_config(M: int, N: int, K: int, num_sms: int = 132, interpret: bool =
     if interpret:   # few programs, big tiles: each interpreted program costs milliseconds
         return GemmConfig(max(16, min(64, triton.next_power_of_2(M))), 64, 128 if K <= 128 else 256,
                           decode=DECODE_PURE)
-    base = SMALL_M if M <= 16 else MID_M if M <= 64 else LARGE_M
+    base = SMALL_M if M <= 16 else M32 if M <= 32 else MID_M if M <= 64 else LARGE_M
     tiles = triton.cdiv(M, base.block_m) * triton.cdiv(N, base.block_n)
     kb = triton.cdiv(K, base.block_k)
     split = 1
-    while tiles * split * 2 <= 2 * num_sms and kb // (split * 2) >= 2:
+    while tiles * split * 2 <= 2 * num_sms and kb // (split * 2) >= 1:
         split *= 2
     return GemmConfig(base.block_m, base.block_n, base.block_k, split, base.num_warps, base.num_stages, decode)
 

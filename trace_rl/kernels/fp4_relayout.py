@@ -13,19 +13,49 @@ import torch
 import triton
 import triton.language as tl
 
-from trace_rl.kernels.hopper_fp4 import COLS, MX_TOP, NV_EXP_OFFSET, NV_FACTOR_EXP, ROWS, HopperFP4, block_size
+from trace_rl.kernels import hopper_fp4
+from trace_rl.kernels.hopper_fp4 import COLS, ROWS, HopperFP4, block_size
+
+MX_TOP = tl.constexpr(hopper_fp4.MX_TOP)
+NV_EXP_OFFSET = tl.constexpr(hopper_fp4.NV_EXP_OFFSET)
+NV_FACTOR_SCALE = tl.constexpr(float(2 ** hopper_fp4.NV_FACTOR_EXP))
 
 
 @triton.jit
-def _bit_positions():
-    """[8 slots (r, c, e), 4 bits (s, e1, e0, m)] word bit of each code bit (hopper_fp4.SLOT_ROTATIONS)."""
-    j = tl.arange(0, 8)[:, None]
-    b = tl.arange(0, 4)[None, :]
-    slot = j // 2
-    e = j % 2
-    out = tl.where(b == 0, 15, tl.where(b == 1, 8, tl.where(b == 2, 7, 6)))
-    rot = tl.where(slot == 0, 0, tl.where(slot == 1, 4, tl.where(slot == 2, 10, tl.where(b == 3, 14, 6))))
-    return (out + 16 * e + rot) % 32
+def _rotl(v, r: tl.constexpr):
+    if r == 0:
+        out = v
+    else:
+        u = v.to(tl.uint32, bitcast=True)
+        out = ((u << r) | (u >> (32 - r))).to(tl.int32, bitcast=True)
+    return out
+
+
+@triton.jit
+def _place(code, ROT: tl.constexpr, E: tl.constexpr):
+    """Code (int32 0..15) of slot A, B or C in half E: sign -> bit 15, index -> bits 8..6, rotated into place."""
+    return _rotl(((code & 8) << 12) | ((code & 7) << 6), ROT + 16 * E)
+
+
+@triton.jit
+def _place_d(code, E: tl.constexpr):
+    """Slot D: sign, e1, e0 rotated by 6, the mantissa bit by 14 (hopper_fp4.SLOT_ROTATIONS)."""
+    return _rotl(((code & 8) << 12) | ((code & 6) << 6), 6 + 16 * E) | _rotl((code & 1) << 6, 14 + 16 * E)
+
+
+@triton.jit
+def _pack_word(c):
+    """[..., 8] codes in slot order (r, c, e) -> int32 words (hopper_fp4._place_bits)."""
+    lo, hi = tl.split(tl.reshape(c, [c.shape[0], c.shape[1], c.shape[2], c.shape[3], 4, 2]))   # e
+    a0, b0 = tl.split(tl.reshape(lo, [lo.shape[0], lo.shape[1], lo.shape[2], lo.shape[3], 2, 2]))   # c
+    a1, b1 = tl.split(tl.reshape(hi, [hi.shape[0], hi.shape[1], hi.shape[2], hi.shape[3], 2, 2]))
+    A0, C0 = tl.split(a0)    # r: slots A (r=0, c=0) and C (r=1, c=0), half 0
+    B0, D0 = tl.split(b0)
+    A1, C1 = tl.split(a1)
+    B1, D1 = tl.split(b1)
+    w = _place(A0, 0, 0) | _place(A1, 0, 1) | _place(B0, 4, 0) | _place(B1, 4, 1)
+    w = w | _place(C0, 10, 0) | _place(C1, 10, 1) | _place_d(D0, 0) | _place_d(D1, 1)
+    return w
 
 
 @triton.jit
@@ -72,7 +102,6 @@ def _relayout_kernel(codes_ptr, scales_ptr, glob_ptr, values_ptr, out_scales_ptr
             top = tl.maximum(top, tl.max(tl.where(e == 255, -1, e), axis=1))
         has_nan = tl.zeros([16], dtype=tl.int32)
         top = tl.where(top < 0, MX_TOP, top)
-    pos = _bit_positions()
     for k0 in range(0, KP, 128):
         bcol = k0 // 2 + tl.arange(0, 64)
         byte = tl.load(codes_ptr + rows[:, None].to(tl.int64) * stride_c + bcol[None, :],
@@ -94,10 +123,7 @@ def _relayout_kernel(codes_ptr, scales_ptr, glob_ptr, values_ptr, out_scales_ptr
         tl.store(out_scales_ptr + rows[:, None].to(tl.int64) * stride_os + sc[None, :], out_b.to(tl.uint8))
         c = tl.reshape(blocks, [2, 8, 4, 2, 2, 4, 2])                           # h g i r c t e
         c = tl.permute(c, (0, 1, 5, 2, 3, 4, 6))                                # h g t i r c e
-        c = tl.reshape(c, [2, 8, 4, 4, 8, 1])
-        bits = ((c >> (3 - tl.arange(0, 4)[None, None, None, None, None, :])) & 1) << pos[None, None, None, None]
-        word = tl.sum(tl.sum(bits, axis=5), axis=4)                             # [2, 8, 4, 4] (disjoint bits)
-        word = tl.reshape(word, [256])
+        word = tl.reshape(_pack_word(tl.reshape(c, [2, 8, 4, 4, 8])), [256])
         tl.store(values_ptr + pid.to(tl.int64) * stride_v + (k0 // 128) * 256 + tl.arange(0, 256), word)
     if MX:
         c_row = top - MX_TOP
@@ -110,7 +136,7 @@ def _relayout_kernel(codes_ptr, scales_ptr, glob_ptr, values_ptr, out_scales_ptr
             g = tl.load(glob_ptr + rows, mask=row_ok, other=1.0)
         else:
             g = tl.load(glob_ptr) + tl.zeros([16], dtype=tl.float32)
-        tl.store(rf_ptr + rows, tl.where(row_ok, g * (2.0 ** NV_FACTOR_EXP), 1.0))
+        tl.store(rf_ptr + rows, tl.where(row_ok, g * NV_FACTOR_SCALE, 1.0))
 
 
 def relayout(q, out: HopperFP4 | None = None) -> HopperFP4:
@@ -145,3 +171,16 @@ def relayout(q, out: HopperFP4 | None = None) -> HopperFP4:
 
 
 assert COLS == 128
+
+
+def sass_gate_cases():
+    """Compile-only cases (no MMA): the re-layout must build for sm_90 with the GPU's Triton."""
+    from trace_rl.kernels.sass_gate import GateCase
+
+    sig = dict(codes_ptr="*u8", scales_ptr="*u8", glob_ptr="*fp32", values_ptr="*i32", out_scales_ptr="*u8",
+               rf_ptr="*fp32", N="i32", K="i32", stride_c="i32", stride_s="i32", stride_v="i32", stride_os="i32",
+               KP="i32", stride_ce="i32", stride_se="i32", stride_ge="i32", stride_ve="i32", stride_ose="i32",
+               stride_rfe="i32")
+    return [GateCase(f"relayout {fmt}", _relayout_kernel, sig, dict(MX=fmt == "mxfp4", G=g, GLOBAL_PER_ROW=False),
+                     4, 1, 16 * 128 / 128, 1000.0, register_a=False, forbid=())
+            for fmt, g in (("nvfp4", 16), ("mxfp4", 32))]

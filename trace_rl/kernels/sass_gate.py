@@ -38,7 +38,8 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 
-GATE_MODULES = ("trace_rl.kernels.fp4_gemm", "trace_rl.kernels.fp4_grouped", "trace_rl.kernels.paged_attention")
+GATE_MODULES = ("trace_rl.kernels.fp4_gemm", "trace_rl.kernels.fp4_grouped", "trace_rl.kernels.fp4_relayout",
+                "trace_rl.kernels.paged_attention")
 _LINE = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 _OPCODE = re.compile(r"^(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)")
 
@@ -102,16 +103,18 @@ def compile_sass(case: GateCase) -> tuple[str, dict]:
 
 
 def main_loop(sass: str) -> list[str]:
-    """Instructions (text without address) of the longest backward branch's body."""
+    """Instructions (text without address) of the main loop: of the backward branches' bodies, the one with
+    the most MMA instructions (HGMMA/HMMA), then the longest."""
     lines = [(int(m.group(1), 16), m.group(2)) for m in map(_LINE.match, sass.splitlines()) if m]
-    best = (0, 0, -1)
+    best = (0, 0, 0, -1)
     for addr, text in lines:
         m = re.search(r"BRA\s+(?:`\(\.L_x_\d+\)|0x([0-9a-f]+))", text)
         target = int(m.group(1), 16) if m and m.group(1) else None
         if target is not None and target < addr:
-            count = sum(1 for a, _ in lines if target <= a <= addr)
-            best = max(best, (count, target, addr))
-    return [text for a, text in lines if best[1] <= a <= best[2]]
+            body = [t for a, t in lines if target <= a <= addr]
+            mma = sum(1 for t in body if t.startswith(("HGMMA", "HMMA")))
+            best = max(best, (mma, len(body), target, addr))
+    return [text for a, text in lines if best[2] <= a <= best[3]]
 
 
 def inspect(case: GateCase, sass: str, usage: dict) -> GateReport:
