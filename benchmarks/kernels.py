@@ -8,7 +8,8 @@
 - gemm: W4A16 / W4A4 (nvfp4, mxfp4) against cuBLAS BF16 `F.linear` at Qwen3-8B shapes (K, N) and M = 1..512; W4A4
   twice: with the activation quantize kernel (`fp4_linear`) and on pre-quantized activations
   (`fp4_linear_prequantized`, what a fused producer feeds). Roofline: FP4 bytes / measured read bandwidth.
-  `--sweep` times candidate tiles and splits (nvfp4 W4A16) at the large shapes and records the best.
+  `--sweep` times candidate tiles and splits (nvfp4 W4A16) at the issue's shapes and uses the fastest for
+  every variant of that row (the default config's nvfp4 W4A16 time is recorded too).
 - grouped: the mixture-of-experts GEMM at the Qwen3-30B-A3B expert shape (hidden 2048, expert intermediate 768,
   128 experts, top-8; gate+up [1536, 2048] and down [2048, 768]) for 64-512 tokens, against a per-expert cuBLAS
   loop captured in a CUDA graph and `torch._grouped_mm`.
@@ -92,11 +93,13 @@ def sweep_candidates(M: int) -> list:
     if M <= 16:
         tiles, splits = [(16, 256, 128, 4, 4), (16, 256, 128, 4, 3), (16, 128, 256, 4, 3), (16, 128, 128, 4, 4),
                          (16, 256, 256, 8, 3)], [1, 2, 4, 8, 16]
+    elif M <= 32:
+        tiles, splits = [(32, 256, 128, 4, 3), (32, 128, 128, 4, 3), (16, 256, 128, 4, 4)], [1, 2, 4, 8]
     elif M <= 64:
-        tiles = [(64, 128, 128, 8, 3), (64, 128, 128, 4, 3), (64, 256, 128, 8, 3), (32, 256, 128, 4, 3)]
+        tiles = [(64, 256, 128, 8, 3), (64, 128, 128, 4, 3), (64, 128, 128, 8, 3), (32, 256, 128, 4, 3)]
         splits = [1, 2, 4]
     else:
-        tiles = [(128, 128, 128, 8, 3), (128, 256, 128, 8, 3), (256, 128, 128, 8, 3), (64, 256, 128, 8, 3)]
+        tiles = [(128, 256, 128, 8, 3), (128, 128, 128, 8, 3), (256, 128, 128, 8, 3), (64, 256, 128, 8, 3)]
         splits = [1, 2]
     return [GemmConfig(bm, bn, bk, s, nw, ns) for bm, bn, bk, nw, ns in tiles for s in splits]
 
@@ -105,19 +108,14 @@ def compile_jobs(sweep: bool, grouped: bool) -> list:
     from trace_rl.kernels.fp4_gemm import default_config
     from trace_rl.kernels.fp4_grouped import GROUPED_M16
 
-    jobs = []
-    sms = num_sms()
-    for M in GEMM_M:
-        cfg = default_config(M, 4096, 4096, sms)
-        jobs += [("dense", f, a, tuple(cfg.__dict__.items())) for f in ("nvfp4", "mxfp4") for a in ("bf16", f)]
+    cfgs = [default_config(M, 4096, 4096, num_sms()) for M in GEMM_M]
     if sweep:
-        for M in SWEEP_M:
-            jobs += [("dense", "nvfp4", "bf16", tuple(c.__dict__.items())) for c in sweep_candidates(M)
-                     if c.split_k == 1]
+        cfgs += [c for M in GEMM_M for c in sweep_candidates(M) if c.split_k == 1]
+    jobs = [("dense", f, a, tuple(c.__dict__.items())) for c in cfgs for f in ("nvfp4", "mxfp4") for a in ("bf16", f)]
     if grouped:
         for c in (GROUPED_M16,) + tuple(grouped_candidates()):
             jobs += [("grouped", f, "bf16", tuple(c.__dict__.items())) for f in ("nvfp4", "mxfp4")]
-    return jobs
+    return [(k, f, a, tuple((n, 1 if n == "split_k" else v) for n, v in c)) for k, f, a, c in jobs]
 
 
 def grouped_candidates() -> list:
@@ -126,7 +124,29 @@ def grouped_candidates() -> list:
     return [GemmConfig(16, 128, 128, 1, 4, 4), GemmConfig(32, 256, 128, 1, 4, 3), GemmConfig(16, 256, 128, 1, 4, 3)]
 
 
+def _sweep(M, packed_nv, x, cublas_us, row) -> object:
+    """Time the candidate tiles/splits (nvfp4 W4A16); record them and return the fastest config."""
+    from trace_rl.kernels.linear import fp4_linear
+
+    best = None
+    for c in sweep_candidates(M):
+        try:
+            us = graph_us([lambda p=p, x=x, c=c: fp4_linear(x, p, "bf16", None, config=c) for p in packed_nv], reps=7)
+        except Exception as e:   # noqa: BLE001
+            row.setdefault("sweep_errors", []).append(f"{c}: {repr(e)[:200]}")
+            continue
+        row.setdefault("sweep", []).append({**c.__dict__, "us": us})
+        if best is None or us < best[1]:
+            best = (c, us)
+    if best:
+        row["sweep_best"] = {**best[0].__dict__, "us": best[1], "speedup": cublas_us / best[1]}
+        return best[0]
+    return None
+
+
 def bench_gemm(read_bw: float, sweep: bool, log) -> list:
+    """Per shape and M: cuBLAS; with --sweep the candidate configs first (nvfp4 W4A16), then every variant with
+    the fastest one ("config"), and nvfp4 W4A16 with `default_config` too."""
     from trace_rl.formats import per_token
     from trace_rl.kernels import quantize
     from trace_rl.kernels.fp4_gemm import default_config
@@ -143,14 +163,20 @@ def bench_gemm(read_bw: float, sweep: bool, log) -> list:
             x = torch.randn(M, K, device=DEV, dtype=torch.bfloat16)
             row = {"K": K, "N": N, "M": M, "copies": n_copies}
             row["cublas_bf16_us"] = graph_us([lambda w=w, x=x: F.linear(x, w) for w in w_bf16])
-            row["default_config"] = default_config(M, N, K, sms).__dict__
+            cfg = default_config(M, N, K, sms)
+            row["default_config"] = cfg.__dict__
+            row["nvfp4_w4a16_default_us"] = graph_us(
+                [lambda p=p, x=x, c=cfg: fp4_linear(x, p, "bf16", None, config=c) for p in packed["nvfp4"]])
+            if sweep and (K, N) in SWEEP_SHAPES:
+                cfg = _sweep(M, packed["nvfp4"], x, row["cublas_bf16_us"], row) or cfg
+            row["config"] = cfg.__dict__
             for fmt in ("nvfp4", "mxfp4"):
                 nbytes = layout_bytes[fmt] + 2 * M * (K + N)
                 row[f"{fmt}_floor_us"] = nbytes / read_bw * 1e6
                 xq, rs = quantize_dequant_bf16(x, per_token(fmt))
-                variants = {"w4a16": lambda p, x=x: fp4_linear(x, p, "bf16"),
-                            "w4a4": lambda p, x=x, f=fmt: fp4_linear(x, p, f),
-                            "w4a4pre": lambda p, xq=xq, rs=rs: fp4_linear_prequantized(xq, rs, p)}
+                variants = {"w4a16": lambda p, x=x, c=cfg: fp4_linear(x, p, "bf16", None, config=c),
+                            "w4a4": lambda p, x=x, f=fmt, c=cfg: fp4_linear(x, p, f, None, config=c),
+                            "w4a4pre": lambda p, xq=xq, rs=rs, c=cfg: fp4_linear_prequantized(xq, rs, p, config=c)}
                 for tag, fn in variants.items():
                     key = f"{fmt}_{tag}"
                     try:   # one failing variant must not lose the run
@@ -161,20 +187,6 @@ def bench_gemm(read_bw: float, sweep: bool, log) -> list:
                     row[key + "_us"] = us
                     row[key + "_speedup"] = row["cublas_bf16_us"] / us
                     row[key + "_bw_frac"] = nbytes / (us * 1e-6) / read_bw
-            if sweep and (K, N) in SWEEP_SHAPES and M in SWEEP_M:
-                best = None
-                for c in sweep_candidates(M):
-                    try:
-                        us = graph_us([lambda p=p, x=x, c=c: fp4_linear(x, p, "bf16", None, config=c)
-                                       for p in packed["nvfp4"]], reps=7)
-                    except Exception as e:   # noqa: BLE001
-                        row.setdefault("sweep_errors", []).append(f"{c}: {repr(e)[:200]}")
-                        continue
-                    row.setdefault("sweep", []).append({**c.__dict__, "us": us})
-                    if best is None or us < best[1]:
-                        best = (c.__dict__, us)
-                if best:
-                    row["sweep_best"] = {**best[0], "us": best[1], "speedup": row["cublas_bf16_us"] / best[1]}
             log(row)
             rows.append(row)
         del w_bf16, packed
