@@ -106,14 +106,14 @@ def sweep_candidates(M: int) -> list:
 
 def compile_jobs(sweep: bool, grouped: bool) -> list:
     from trace_rl.kernels.fp4_gemm import default_config
-    from trace_rl.kernels.fp4_grouped import GROUPED_M16
+    from trace_rl.kernels.fp4_grouped import GROUPED_M16, GROUPED_M32
 
     cfgs = [default_config(M, 4096, 4096, num_sms()) for M in GEMM_M]
     if sweep:
         cfgs += [c for M in GEMM_M for c in sweep_candidates(M) if c.split_k == 1]
     jobs = [("dense", f, a, tuple(c.__dict__.items())) for c in cfgs for f in ("nvfp4", "mxfp4") for a in ("bf16", f)]
     if grouped:
-        for c in (GROUPED_M16,) + tuple(grouped_candidates()):
+        for c in (GROUPED_M16, GROUPED_M32) + tuple(grouped_candidates()):
             jobs += [("grouped", f, "bf16", tuple(c.__dict__.items())) for f in ("nvfp4", "mxfp4")]
     return [(k, f, a, tuple((n, 1 if n == "split_k" else v) for n, v in c)) for k, f, a, c in jobs]
 
@@ -121,7 +121,7 @@ def compile_jobs(sweep: bool, grouped: bool) -> list:
 def grouped_candidates() -> list:
     from trace_rl.kernels.fp4_gemm import GemmConfig
 
-    return [GemmConfig(16, 128, 128, 1, 4, 4), GemmConfig(32, 256, 128, 1, 4, 3), GemmConfig(16, 256, 128, 1, 4, 3)]
+    return [GemmConfig(16, 128, 128, 1, 4, 4), GemmConfig(32, 128, 128, 1, 4, 3), GemmConfig(32, 256, 128, 1, 4, 3)]
 
 
 def _sweep(M, packed_nv, x, cublas_us, row) -> object:
@@ -158,7 +158,7 @@ def bench_gemm(read_bw: float, sweep: bool, log) -> list:
         n_copies = _copies(N * K // 2)
         w_bf16 = [torch.randn(N, K, device=DEV, dtype=torch.bfloat16) * 0.02 for _ in range(n_copies)]
         packed = {f: [PackedWeight(f, N, K, q=quantize(w, f)) for w in w_bf16] for f in ("nvfp4", "mxfp4")}
-        layout_bytes = {f: hopper_weight(packed[f][0]).nbytes for f in packed}
+        layout_bytes = {f: [hopper_weight(p) for p in packed[f]][0].nbytes for f in packed}   # derive all now
         for M in GEMM_M:
             x = torch.randn(M, K, device=DEV, dtype=torch.bfloat16)
             row = {"K": K, "N": N, "M": M, "copies": n_copies}
