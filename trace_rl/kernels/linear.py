@@ -37,6 +37,9 @@ def hopper_weight(packed) -> HopperFP4:
     """`packed.layout["hopper_fp4"]`, derived on first use."""
     h = packed.layout.get(LAYOUT_KEY)
     if h is None:
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("fp4_linear: the weight's Hopper layout would be derived inside a CUDA-graph capture "
+                               "(and re-derived at every replay); run the layer once before capturing")
         q = packed.q
         experts = q.shape[0] if len(q.shape) == 3 else None
         h = _Layout.empty(q.format, *q.shape[-2:], q.codes.device, experts)
