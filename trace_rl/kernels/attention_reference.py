@@ -15,7 +15,7 @@ def decode_attention_reference(q: torch.Tensor, k: PagedKV, v: PagedKV, block_ta
     `PagedKV.read_reference`; scores and softmax in float32. A sequence of length 0 gives zeros.
     Returns [B, Hq, D] in q.dtype."""
     B, Hq, D = q.shape
-    hkv = k.codes.shape[2]
+    hkv = k.heads
     if Hq % hkv:
         raise ValueError(f"grouped-query attention needs query heads ({Hq}) to be a multiple of KV heads ({hkv})")
     out = torch.zeros(B, Hq, D, dtype=q.dtype, device=q.device)

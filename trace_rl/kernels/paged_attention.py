@@ -1,13 +1,21 @@
 """Paged decode attention over a quantized KV cache (bf16, fp8_e4m3, nvfp4, mxfp4), grouped-query.
 
-Split-KV ("flash decoding"): program (kv head, split, sequence) walks BLOCK_T tokens at a time through
-its share of the sequence's pages, for all GROUP query heads of that kv head at once (padded to 16 rows
-for the tensor cores). K and V rows are gathered through the block table and dequantized in registers:
-FP4 codes -> bf16 value * block scale (exact, `fp4x8_to_bf16`), FP8 codes -> bf16 (exact). The per
-(token, head) float32 factor (nvfp4 global scale, fp8 row scale) multiplies the scores for K and the
-probabilities for V instead of every element. Online softmax in float32 (base 2); a second kernel
-merges the splits. KV heads vary fastest over the grid so that the heads of one token, whose scales
-share 32-byte sectors in the cache layout, are read at about the same time (one DRAM read, L2 hits).
+Orientation (shared/notes/fp4-hopper-kernels.md 4.2): the tokens are the M of the MMAs. A program
+(kv head, split, sequence) walks BLOCK_T tokens at a time and computes S^T = K q^T (K [T, D] the
+register A operand, decoded from the cache in registers; q^T [D, N] in shared memory, the GROUP query
+heads of the kv head padded to N >= 16 columns), an online softmax down the tokens, and
+O^T = V^T P^T (V^T [DV, T] decoded in registers; P^T [T, N] the only tile that goes through shared
+memory). The cache is laid out at write time (trace_rl/formats/kv_layout.py) so that a thread's MMA
+fragment is one 16-byte load, its E2M1 codes decode with shifts and masks, and its block scales are the
+bf16 pairs `mul.bf16x2` takes; the query is permuted once to K's column order and the output rows are
+un-permuted once at the end. Per-token float32 factors (nvfp4 row scale x 2**7, fp8 row scale) multiply
+the scores (K) and the probabilities (V), not the elements. bf16 caches keep their token-major pages and
+are read through shared memory (both MMA operands from `wgmma` descriptors).
+
+Full tiles run unmasked; the last (partial) tile of a split masks tokens past the sequence (their
+scores -inf, their V values zeroed so that stale NaN in a reused page cannot leak in). Split-KV only
+when B x kv heads is small (`choose_splits`): programs then write float32 partials, merged in a fixed
+order by a second kernel (deterministic); with one split the output is written directly.
 """
 
 from __future__ import annotations
@@ -16,15 +24,10 @@ import torch
 import triton
 import triton.language as tl
 
+from trace_rl.formats import kv_layout as L
 from trace_rl.formats.paged_kv import PagedKV
-from trace_rl.kernels.fp_bits import (
-    default_decode,
-    dot_acc,
-    e4m3_to_float,
-    e8m0_to_float,
-    fp4x8_to_bf16,
-    scale_per_word,
-)
+from trace_rl.kernels.fp_bits import dot_acc
+from trace_rl.kernels.kv_decode import DECODE_ASM, DECODE_PURE, fp4_scale_pair, fp4_words, fp8_words
 
 KV_BF16, KV_FP8, KV_NVFP4, KV_MXFP4 = 0, 1, 2, 3
 KV_FORMAT_IDS = {"bf16": KV_BF16, "fp8_e4m3:row": KV_FP8, "nvfp4:row": KV_NVFP4, "mxfp4": KV_MXFP4}
@@ -32,106 +35,278 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _fp8x4_to_bf16(words, DECODE: tl.constexpr):
-    """int32 [R, C] words of 4 E4M3 codes (little-endian) -> bf16 [R, 4C] (exact)."""
-    b0, b1, b2, b3 = words & 0xFF, (words >> 8) & 0xFF, (words >> 16) & 0xFF, (words >> 24) & 0xFF
-    if DECODE == 0:
-        f0, f1 = e4m3_to_float(b0).to(tl.bfloat16), e4m3_to_float(b1).to(tl.bfloat16)
-        f2, f3 = e4m3_to_float(b2).to(tl.bfloat16), e4m3_to_float(b3).to(tl.bfloat16)
+def _page_heads(bt_row, t0, t_hi, h, HKV: tl.constexpr, NP: tl.constexpr, LOG2_PAGE: tl.constexpr,
+                MASKED: tl.constexpr):
+    """(page, kv head) block index (int64) of the NP pages a tile touches; pages past the sequence read
+    page 0. The cache tensors are [pages, heads, ...]: block b starts at b * (elements per page and head)."""
+    col = (t0 >> LOG2_PAGE) + tl.arange(0, NP)
+    if MASKED:
+        pg = tl.load(bt_row + col, mask=(col << LOG2_PAGE) < t_hi, other=0)
     else:
-        f0 = b0.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
-        f1 = b1.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
-        f2 = b2.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
-        f3 = b3.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
-    return tl.reshape(tl.join(tl.join(f0, f2), tl.join(f1, f3)), [words.shape[0], words.shape[1] * 4])
+        pg = tl.load(bt_row + col)
+    return pg.to(tl.int64) * HKV + h
 
 
 @triton.jit
-def _load_kv(c_ptr, s_ptr, g_ptr, row, t_mask, KV_FMT: tl.constexpr, HEAD_DIM: tl.constexpr,
-             DECODE: tl.constexpr, SCALE_WORDS: tl.constexpr):
-    """Rows (flat slot * heads + head) of one cache -> (bf16 [T, D] values, float32 [T] row factor).
-    Codes are read as int32 words (16-byte loads; byte-wide loads of FP8 codes went through shared
-    memory a byte at a time, and byte-wide scale loads were not pipelined: H200 run 1)."""
-    if KV_FMT == 0:
-        d = tl.arange(0, HEAD_DIM)
-        x = tl.load(c_ptr + row[:, None] * HEAD_DIM + d[None, :], mask=t_mask[:, None], other=0.0)
-        fac = tl.where(t_mask, 1.0, 0.0)
+def _row_factor(f_ptr, hp, r0, t, t_hi, PAGE: tl.constexpr, NP: tl.constexpr, RP: tl.constexpr,
+                MASKED: tl.constexpr, NAN_FLAG: tl.constexpr):
+    """float32 per-token factors [T] of a tile ([pages, heads, PAGE] tensor)."""
+    ptrs = (f_ptr + hp * PAGE)[:, None] + (r0 + tl.arange(0, RP))[None, :]
+    ptrs = tl.reshape(ptrs, [NP * RP])
+    if MASKED:
+        f = tl.load(ptrs, mask=t < t_hi, other=0.0)
+    else:
+        f = tl.load(ptrs)
+    if NAN_FLAG:       # fp8: a negative row scale flags NaN/Inf values
+        f = tl.where(f < 0, float("nan"), f)
+    return f
+
+
+@triton.jit
+def _k_fp4(x, sw, T: tl.constexpr, NP: tl.constexpr, RP: tl.constexpr, D: tl.constexpr, MX: tl.constexpr,
+           MODE: tl.constexpr):
+    """FP4 K words [T, D/8] and scale words [NP, RP*NB/4] (stored [rg, g, block, hr]) -> [T, D]."""
+    G: tl.constexpr = 32 if MX else 16
+    NB: tl.constexpr = D // G
+    sb = tl.join(tl.join(sw & 255, (sw >> 16) & 255), tl.join((sw >> 8) & 255, (sw >> 24) & 255))
+    sb = tl.reshape(sb, [NP, RP // 16, 8, NB, 2])                                   # p, rg, g, block, hr
+    sb = tl.reshape(tl.permute(sb, (0, 1, 4, 2, 3)), [T, NB])                       # [token, block]
+    if NB >= 8:      # each (tq, l) run of D/8 dims spans NBH blocks
+        NBH: tl.constexpr = NB // 8
+        lo, hi = tl.split(tl.permute(tl.reshape(sb, [T, 4, 2, NBH]), (0, 1, 3, 2)))  # [T, 4, NBH]
+        pair = fp4_scale_pair(lo, hi, MX)
+        pair = tl.broadcast_to(pair[:, :, :, None], [T, 4, NBH, G // 4])
+    else:            # one block covers a thread's whole row (or several threads')
+        s1 = tl.reshape(tl.broadcast_to(tl.reshape(sb, [T, NB, 1]), [T, NB, 4 // NB]), [T, 4])
+        pair = fp4_scale_pair(s1, s1, MX)
+        pair = tl.broadcast_to(pair[:, :, None], [T, 4, D // 32])
+    pair = tl.reshape(pair, [T, D // 8])
+    o0l, o0h, o1l, o1h, o2l, o2h, o3l, o3h = fp4_words(x, pair, MX, MODE)
+    y = tl.join(tl.join(tl.join(o0l, o0h), tl.join(o1l, o1h)), tl.join(tl.join(o2l, o2h), tl.join(o3l, o3h)))
+    y = tl.reshape(y, [T, 4, D // 32, 2, 2, 2])                                    # t, tq, jw, l, a, ih
+    y = tl.permute(y, (0, 2, 5, 4, 1, 3))                                           # t, jw, ih, a, tq, l
+    return tl.reshape(y, [T, D])
+
+
+@triton.jit
+def _k_fp8(x, T: tl.constexpr, D: tl.constexpr, MODE: tl.constexpr):
+    a_lo, a_hi, b_lo, b_hi = fp8_words(x, MODE)
+    y = tl.join(tl.join(a_lo, a_hi), tl.join(b_lo, b_hi))                          # [T, W, l, h]
+    y = tl.reshape(y, [T, 4, D // 16, 2, 2])                                        # t, tq, jw, l, h
+    y = tl.permute(y, (0, 2, 4, 1, 3))                                              # t, jw, h, tq, l
+    return tl.reshape(y, [T, D])
+
+
+@triton.jit
+def _k_tile(kc_ptr, ks_ptr, hp, r0, HKV: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
+            NP: tl.constexpr, RP: tl.constexpr, KV_FMT: tl.constexpr, MODE: tl.constexpr):
+    """K [T, D] in MMA column order (bf16, float32 under DECODE_PURE). Pointers are page-block bases
+    (int64, one per page) plus int32 offsets inside the block; offsets stay 3-D (a reshape of pointers
+    hides their alignment from Triton: no 16-byte loads)."""
+    T: tl.constexpr = NP * RP
+    rows = r0 + tl.arange(0, RP)
+    if KV_FMT == 0:        # token-major pages [P, S, H, D]: page p, row r, head h at (p S + r) H + h
+        h = hp % HKV
+        row = tl.reshape(((hp - h) * PAGE + h)[:, None] + rows[None, :] * HKV, [T])
+        k = tl.load(kc_ptr + row[:, None] * D + tl.arange(0, D)[None, :])
     elif KV_FMT == 1:
-        w = tl.arange(0, HEAD_DIM // 4)
-        words = tl.load(c_ptr + row[:, None] * (HEAD_DIM // 4) + w[None, :], mask=t_mask[:, None], other=0)
-        x = _fp8x4_to_bf16(words, DECODE)
-        fac = tl.load(s_ptr + row, mask=t_mask, other=0.0)
+        ptrs = (kc_ptr + hp * (PAGE * D // 4))[:, None, None] + (rows * (D // 4))[None, :, None] \
+            + tl.arange(0, D // 4)[None, None, :]
+        k = _k_fp8(tl.reshape(tl.load(ptrs), [T, D // 4]), T, D, MODE)
+    else:
+        NB: tl.constexpr = D // (16 if KV_FMT == 2 else 32)
+        ptrs = (kc_ptr + hp * (PAGE * D // 8))[:, None, None] + (rows * (D // 8))[None, :, None] \
+            + tl.arange(0, D // 8)[None, None, :]
+        x = tl.reshape(tl.load(ptrs), [T, D // 8])                                      # [T, D/8] words
+        s_ptrs = (ks_ptr + hp * (PAGE * NB // 4))[:, None] + (r0 * NB // 4 + tl.arange(0, RP * NB // 4))[None, :]
+        k = _k_fp4(x, tl.load(s_ptrs), T, NP, RP, D, KV_FMT == 3, MODE)
+    return k
+
+
+@triton.jit
+def _half_mask(t_first, t_hi):
+    """int32 mask keeping the 16-bit halves (tokens t_first, t_first + 1) that are inside the sequence."""
+    keep_lo = tl.where(t_first < t_hi, 0xFFFF, 0)
+    keep_hi = tl.where(t_first + 1 < t_hi, -65536, 0)
+    return keep_lo | keep_hi
+
+
+@triton.jit
+def _token_pairs(t0, KHA: tl.constexpr, KL: tl.constexpr):
+    """First token (tile-relative + t0) of each V^T word's pair: [KHA, KL, h] (add 2 tq)."""
+    return (t0 + 16 * (tl.arange(0, KHA)[:, None, None] * KL + tl.arange(0, KL)[None, :, None])
+            + 8 * tl.arange(0, 2)[None, None, :])
+
+
+@triton.jit
+def _vt_fp8(x, t0, t_hi, T: tl.constexpr, DV: tl.constexpr, KL: tl.constexpr, MODE: tl.constexpr,
+            MASKED: tl.constexpr):
+    KHA: tl.constexpr = T // (16 * KL)
+    x = tl.reshape(x, [KHA, DV // 128, 4, 8, 4, KL, 2, 2])                         # kh, mw, w, g, tq, kl, h, ml
+    if MASKED:
+        tp = _token_pairs(t0, KHA, KL)[:, None, None, None, None, :, :, None]
+        tp = tp + 2 * tl.arange(0, 4)[None, None, None, None, :, None, None, None]
+        x = x & _half_mask(tp, t_hi)
+    a_lo, a_hi, b_lo, b_hi = fp8_words(x, MODE)
+    y = tl.join(tl.join(a_lo, a_hi), tl.join(b_lo, b_hi))                          # [..., l, hr]
+    # kh0 mw1 w2 g3 tq4 kl5 h6 ml7 l8 hr9 -> rows (mw, ml, w, hr, g), cols (kh, kl, h, tq, l)
+    y = tl.permute(y, (1, 7, 2, 9, 3, 0, 5, 6, 4, 8))
+    return tl.reshape(y, [DV, T])
+
+
+@triton.jit
+def _vt_fp4(x, sw, t0, t_hi, NP: tl.constexpr, RP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+            KL: tl.constexpr, MX: tl.constexpr, MODE: tl.constexpr, MASKED: tl.constexpr):
+    """FP4 V^T words and scale words [NP, DV/G, tq, kt] (stored [block, tq, kt, (l, h)]) -> [DV, T]."""
+    T: tl.constexpr = NP * RP
+    KHA: tl.constexpr = T // (16 * KL)
+    MW: tl.constexpr = DV // 128
+    G: tl.constexpr = 32 if MX else 16
+    KT: tl.constexpr = RP // 16
+    x = tl.reshape(x, [KHA, MW, 4, 8, 4, KL, 2])                                    # kh, mw, w, g, tq, kl, h
+    blk = tl.arange(0, DV // G)
+    pair = tl.join(fp4_scale_pair(sw & 255, (sw >> 16) & 255, MX),                  # tokens (t, t+1)
+                   fp4_scale_pair((sw >> 8) & 255, (sw >> 24) & 255, MX))           # tokens (t+8, t+9)
+    pair = tl.where((blk < D // G)[None, :, None, None, None], pair, 0)             # padding rows
+    if MX:             # a thread's rows are in block 4 mw + w
+        pair = tl.reshape(pair, [NP, MW, 4, 1, 1, 4, KT // KL, KL, 2])
+    else:              # block 8 mw + 2 w + g // 4
+        pair = tl.reshape(pair, [NP, MW, 4, 2, 1, 4, KT // KL, KL, 2])
+    pair = tl.reshape(tl.broadcast_to(pair, [NP, MW, 4, 2, 4, 4, KT // KL, KL, 2]), [NP, MW, 4, 8, 4, KT // KL, KL, 2])
+    pair = tl.reshape(tl.permute(pair, (0, 5, 1, 2, 3, 4, 6, 7)), [KHA, MW, 4, 8, 4, KL, 2])
+    if MASKED:
+        tp = _token_pairs(t0, KHA, KL)[:, None, None, None, None, :, :]
+        tp = tp + 2 * tl.arange(0, 4)[None, None, None, None, :, None, None]
+        pair = pair & _half_mask(tp, t_hi)
+    o0l, o0h, o1l, o1h, o2l, o2h, o3l, o3h = fp4_words(x, pair, MX, MODE)
+    y = tl.join(tl.join(tl.join(o0l, o0h), tl.join(o1l, o1h)), tl.join(tl.join(o2l, o2h), tl.join(o3l, o3h)))
+    # kh0 mw1 w2 g3 tq4 kl5 h6 l7 a8 ih9 -> rows (mw, ih, w, a, g), cols (kh, kl, h, tq, l)
+    y = tl.permute(y, (1, 9, 2, 8, 3, 0, 5, 6, 4, 7))
+    return tl.reshape(y, [DV, T])
+
+
+@triton.jit
+def _vt_tile(vc_ptr, vs_ptr, hp, r0, t0, t_hi, HKV: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+             PAGE: tl.constexpr, NP: tl.constexpr, RP: tl.constexpr, KV_FMT: tl.constexpr,
+             MODE: tl.constexpr, MASKED: tl.constexpr):
+    """V^T [DV, T] in MMA row order (bf16, float32 under DECODE_PURE); masked tokens are zero."""
+    T: tl.constexpr = NP * RP
+    KL: tl.constexpr = 2 if PAGE % 32 == 0 else 1
+    if KV_FMT == 0:
+        h = hp % HKV
+        row = tl.reshape(((hp - h) * PAGE + h)[:, None] + (r0 + tl.arange(0, RP))[None, :] * HKV, [T])
+        ptrs = vc_ptr + row[:, None] * D + tl.arange(0, D)[None, :]
+        if MASKED:
+            v = tl.load(ptrs, mask=(t0 + tl.arange(0, T) < t_hi)[:, None], other=0.0)
+        else:
+            v = tl.load(ptrs)
+        vt = tl.trans(v)
+    elif KV_FMT == 1:
+        ptrs = (vc_ptr + hp * (PAGE * DV // 4))[:, None] + (r0 * (DV // 4) + tl.arange(0, RP * DV // 4))[None, :]
+        vt = _vt_fp8(tl.load(ptrs), t0, t_hi, T, DV, KL, MODE, MASKED)
     else:
         G: tl.constexpr = 16 if KV_FMT == 2 else 32
-        w = tl.arange(0, HEAD_DIM // 8)
-        words = tl.load(c_ptr + row[:, None] * (HEAD_DIM // 8) + w[None, :], mask=t_mask[:, None], other=0)
-        if SCALE_WORDS:   # s_ptr: the scales viewed as int32 (head_dim % (4G) == 0)
-            sw_i = tl.arange(0, HEAD_DIM // (4 * G))
-            sw = tl.load(s_ptr + row[:, None] * (HEAD_DIM // (4 * G)) + sw_i[None, :], mask=t_mask[:, None], other=0)
-            scale = scale_per_word(sw, G, KV_FMT == 3)
-        else:
-            sg = tl.arange(0, HEAD_DIM // G)
-            sc = tl.load(s_ptr + row[:, None] * (HEAD_DIM // G) + sg[None, :], mask=t_mask[:, None], other=0)
-            if KV_FMT == 2:
-                scale = e4m3_to_float(sc.to(tl.int32))
-                scale = tl.join(scale, scale)
-            else:
-                scale = e8m0_to_float(sc.to(tl.int32))
-                scale = tl.join(tl.join(scale, scale), tl.join(scale, scale))
-            scale = tl.reshape(scale, [row.shape[0], HEAD_DIM // 8])
-        if KV_FMT == 2:
-            fac = tl.load(g_ptr + row, mask=t_mask, other=0.0)
-        else:
-            fac = tl.where(t_mask, 1.0, 0.0)
-        x = fp4x8_to_bf16(words, scale, DECODE)
-    return x, fac
+        ptrs = (vc_ptr + hp * (PAGE * DV // 8))[:, None] + (r0 * (DV // 8) + tl.arange(0, RP * DV // 8))[None, :]
+        blk = tl.arange(0, DV // G)
+        s_offs = blk[:, None, None] * (PAGE // 4) + tl.arange(0, 4)[None, :, None] * (PAGE // 16) \
+            + (r0 >> 4) + tl.arange(0, RP // 16)[None, None, :]                                  # [blocks, tq, kt]
+        s_ptrs = (vs_ptr + hp * (D // G * PAGE // 4))[:, None, None, None] + s_offs[None, :, :, :]
+        sw = tl.load(s_ptrs, mask=(blk < D // G)[None, :, None, None], other=0)           # [NP, blocks, tq, kt]
+        vt = _vt_fp4(tl.load(ptrs), sw, t0, t_hi, NP, RP, D, DV, KL, KV_FMT == 3, MODE, MASKED)
+    return vt
+
+
+@triton.jit
+def _tile(q_t, m_i, l_acc, acc, kc, ks, kg, vc, vs, vg, bt_row, h, t0, t_hi, qk_scale,
+          HKV: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, PAGE: tl.constexpr, LOG2_PAGE: tl.constexpr,
+          BLOCK_T: tl.constexpr, KV_FMT: tl.constexpr, MODE: tl.constexpr, DOT_F32: tl.constexpr, MASKED: tl.constexpr):
+    """One tile of BLOCK_T tokens from t0: online-softmax update of (m_i [N], l_acc [T, N], acc [DV, N])."""
+    NP: tl.constexpr = BLOCK_T // PAGE if BLOCK_T > PAGE else 1
+    RP: tl.constexpr = BLOCK_T // NP
+    hp = _page_heads(bt_row, t0, t_hi, h, HKV, NP, LOG2_PAGE, MASKED)
+    r0 = t0 & (PAGE - 1)
+    t = t0 + tl.arange(0, BLOCK_T)
+    k = _k_tile(kc, ks, hp, r0, HKV, D, PAGE, NP, RP, KV_FMT, MODE)
+    s = dot_acc(k, q_t, tl.zeros([BLOCK_T, q_t.shape[1]], dtype=tl.float32), DOT_F32)   # [T, N]
+    if KV_FMT == 1 or KV_FMT == 2:
+        fk = _row_factor(kg, hp, r0, t, t_hi, PAGE, NP, RP, MASKED, KV_FMT == 1) * qk_scale
+        s = s * fk[:, None]
+    else:
+        s = s * qk_scale
+    if MASKED:
+        s = tl.where((t < t_hi)[:, None], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=0))
+    alpha = tl.math.exp2(m_i - m_new)
+    p = tl.math.exp2(s - m_new[None, :])
+    l_acc = l_acc * alpha[None, :] + p
+    if KV_FMT == 1 or KV_FMT == 2:
+        p = p * _row_factor(vg, hp, r0, t, t_hi, PAGE, NP, RP, MASKED, KV_FMT == 1)[:, None]
+    vt = _vt_tile(vc, vs, hp, r0, t0, t_hi, HKV, D, DV, PAGE, NP, RP, KV_FMT, MODE, MASKED)
+    if DOT_F32:
+        acc = dot_acc(vt, p, acc * alpha[None, :], DOT_F32)
+    else:
+        acc = tl.dot(vt, p.to(tl.bfloat16), acc * alpha[None, :])
+    return m_new, l_acc, acc
 
 
 @triton.jit
 def _decode_attention_kernel(
-    q_ptr, kc_ptr, ks_ptr, kg_ptr, vc_ptr, vs_ptr, vg_ptr, bt_ptr, lens_ptr, part_ptr, ml_ptr,
-    qk_scale, stride_qb, stride_qh, stride_bt, tokens_per_split, splits,
-    HEADS_KV: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-    PAGE: tl.constexpr, KV_FMT: tl.constexpr, BLOCK_T: tl.constexpr,
-    DECODE: tl.constexpr, DOT_F32: tl.constexpr, SCALE_WORDS: tl.constexpr,
+    q_ptr, kc, ks, kg, vc, vs, vg, bt_ptr, lens_ptr, out_ptr, part_ptr, ml_ptr,
+    qk_scale, stride_qb, stride_qh, stride_ob, stride_oh, stride_bt, tokens_per_split, splits,
+    HKV: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, GROUP: tl.constexpr, N: tl.constexpr,
+    PAGE: tl.constexpr, LOG2_PAGE: tl.constexpr, KV_FMT: tl.constexpr, BLOCK_T: tl.constexpr, MODE: tl.constexpr,
+    DOT_F32: tl.constexpr, SPLIT: tl.constexpr,
 ):
     h, split, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq_len = tl.load(lens_ptr + b)
     t_lo = split * tokens_per_split
     t_hi = tl.minimum(t_lo + tokens_per_split, seq_len)
-    g = tl.arange(0, GROUP_PAD)
-    d = tl.arange(0, HEAD_DIM)
-    q_rows = q_ptr + b.to(tl.int64) * stride_qb + (h * GROUP + g)[:, None] * stride_qh
-    q = tl.load(q_rows + d[None, :], mask=(g < GROUP)[:, None], other=0.0).to(tl.bfloat16)
-    m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
-    acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
+    n = tl.arange(0, N)
+    c = tl.arange(0, D)
+    if KV_FMT == 0:
+        dim = c
+    else:            # K's MMA column order (trace_rl/formats/kv_layout.py: pi)
+        dim = (D // 4) * ((c >> 1) & 3) + (D // 8) * (c & 1) + 2 * (c >> 4) + ((c >> 3) & 1)
+    q_rows = q_ptr + b.to(tl.int64) * stride_qb + (h * GROUP + n)[None, :] * stride_qh
+    q_t = tl.load(q_rows + dim[:, None], mask=(n < GROUP)[None, :], other=0.0).to(tl.bfloat16)   # [D, N]
+    if DOT_F32:
+        q_t = q_t.to(tl.float32)
+    m_i = tl.full([N], float("-inf"), dtype=tl.float32)
+    l_acc = tl.zeros([BLOCK_T, N], dtype=tl.float32)
+    acc = tl.zeros([DV, N], dtype=tl.float32)
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
-    for t0 in range(t_lo, t_hi, BLOCK_T):
-        t = t0 + tl.arange(0, BLOCK_T)
-        t_mask = t < t_hi
-        page = tl.load(bt_row + t // PAGE, mask=t_mask, other=0)
-        row = (page.to(tl.int64) * PAGE + t % PAGE) * HEADS_KV + h
-        k, k_fac = _load_kv(kc_ptr, ks_ptr, kg_ptr, row, t_mask, KV_FMT, HEAD_DIM, DECODE, SCALE_WORDS)
-        s = dot_acc(q, tl.trans(k), tl.zeros([GROUP_PAD, BLOCK_T], dtype=tl.float32), DOT_F32)
-        s = tl.where(t_mask[None, :], s * (k_fac * qk_scale)[None, :], float("-inf"))   # log2 domain
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.math.exp2(m_i - m_new)
-        p = tl.math.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v, v_fac = _load_kv(vc_ptr, vs_ptr, vg_ptr, row, t_mask, KV_FMT, HEAD_DIM, DECODE, SCALE_WORDS)
-        acc = dot_acc((p * v_fac[None, :]).to(tl.bfloat16), v, acc * alpha[:, None], DOT_F32)
-        m_i = m_new
-    out_rows = (b * GROUP * HEADS_KV + h * GROUP + g).to(tl.int64) * splits + split   # [B, Hq, splits]
-    g_mask = g < GROUP
-    tl.store(part_ptr + out_rows[:, None] * HEAD_DIM + d[None, :], acc, mask=g_mask[:, None])
-    tl.store(ml_ptr + out_rows * 2, m_i, mask=g_mask)
-    tl.store(ml_ptr + out_rows * 2 + 1, l_i, mask=g_mask)
+    t_full = t_lo + tl.maximum(t_hi - t_lo, 0) // BLOCK_T * BLOCK_T
+    for t0 in range(t_lo, t_full, BLOCK_T):
+        m_i, l_acc, acc = _tile(q_t, m_i, l_acc, acc, kc, ks, kg, vc, vs, vg, bt_row, h, t0, t_hi, qk_scale,
+                                HKV, D, DV, PAGE, LOG2_PAGE, BLOCK_T, KV_FMT, MODE, DOT_F32, False)
+    if t_full < t_hi:
+        m_i, l_acc, acc = _tile(q_t, m_i, l_acc, acc, kc, ks, kg, vc, vs, vg, bt_row, h, t_full, t_hi,
+                                qk_scale, HKV, D, DV, PAGE, LOG2_PAGE, BLOCK_T, KV_FMT, MODE, DOT_F32, True)
+    l_i = tl.sum(l_acc, axis=0)
+    if KV_FMT == 2:    # nvfp4 V elements decode to code * scale / 2**7
+        acc = acc * 128.0
+    rho = tl.arange(0, DV)
+    if KV_FMT == 0:
+        out_dim = rho
+    else:            # V^T's MMA row order
+        g, hr, w, mt = rho & 7, (rho >> 3) & 1, (rho >> 4) & 3, rho >> 6
+        out_dim = 16 * (2 * w + (g >> 2)) + 4 * (g & 3) + 2 * (mt & 1) + hr + 128 * (mt >> 1)
+    keep = (out_dim < D)[:, None] & (n < GROUP)[None, :]
+    if SPLIT:
+        rows = (b * GROUP * HKV + h * GROUP + n).to(tl.int64) * splits + split                # [B, Hq, splits]
+        tl.store(part_ptr + rows[None, :] * D + out_dim[:, None], acc, mask=keep)
+        tl.store(ml_ptr + rows * 2, m_i, mask=n < GROUP)
+        tl.store(ml_ptr + rows * 2 + 1, l_i, mask=n < GROUP)
+    else:
+        o = tl.where(l_i[None, :] == 0, 0.0, acc / l_i[None, :])    # a sequence of length 0 gives zeros
+        o_ptr = out_ptr + b.to(tl.int64) * stride_ob + (h * GROUP + n)[None, :] * stride_oh + out_dim[:, None]
+        tl.store(o_ptr, o.to(out_ptr.dtype.element_ty), mask=keep)
 
 
 @triton.jit
 def _merge_splits_kernel(part_ptr, ml_ptr, out_ptr, stride_ob, stride_oh, HQ: tl.constexpr,
                          HEAD_DIM: tl.constexpr, SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr):
+    """Fixed-order merge of the splits' partials (deterministic)."""
     bh = tl.program_id(0)                      # b * HQ + head
     s = tl.arange(0, SPLITS_PAD)
     s_mask = s < SPLITS
@@ -149,70 +324,102 @@ def _merge_splits_kernel(part_ptr, ml_ptr, out_ptr, stride_ob, stride_oh, HQ: tl
     tl.store(out_ptr + b.to(tl.int64) * stride_ob + head * stride_oh + d, out.to(out_ptr.dtype.element_ty))
 
 
-def _scale_words(c: PagedKV) -> bool:
-    """FP4 block scales can be read 4 to an int32 word when a row's scales fill whole words."""
-    return c.fmt in ("nvfp4:row", "mxfp4") and c.scales.shape[-1] % 4 == 0
+def choose_splits(batch: int, kv_heads: int, capacity: int, block_t: int, sms: int,
+                  programs_per_sm: float = 2.0) -> int:
+    """Split the context only when B x kv heads programs cannot fill the GPU (>= programs_per_sm per SM);
+    never below 4 tiles per split."""
+    programs = batch * kv_heads
+    want = max(1, -(-int(programs_per_sm * sms) // programs))
+    return max(1, min(want, capacity // (4 * block_t)))
+
+
+def _check(q, k: PagedKV, v: PagedKV, block_table, seq_lens):
+    B, Hq, D = q.shape
+    if k.fmt != v.fmt or k.fmt not in KV_FORMAT_IDS:
+        raise ValueError(f"decode_attention: K/V formats {k.fmt!r}/{v.fmt!r}; both must be one of "
+                         f"{', '.join(KV_FORMAT_IDS)}")
+    if k.fmt != "bf16" and (k.role, v.role) != ("k", "v"):
+        raise ValueError(f"decode_attention: the caches must be allocated with role='k' and role='v' "
+                         f"(got {k.role!r}, {v.role!r}): V is stored transposed")
+    if (k.block_size, k.heads, k.head_dim) != (v.block_size, v.heads, v.head_dim):
+        raise ValueError("decode_attention: K and V caches differ in page size, heads or head_dim")
+    if Hq % k.heads or D != k.head_dim or D < 16 or D & (D - 1):
+        raise ValueError(f"decode_attention: q [B, {Hq}, {D}] does not fit a cache of {k.heads} heads x "
+                         f"{k.head_dim} (query heads must be a multiple of kv heads; head_dim a power of 2)")
+    page = k.block_size
+    if page & (page - 1) or (k.fmt != "bf16" and page < 16):
+        raise ValueError(f"decode_attention: page size {page} must be a power of two (>= 16 for quantized "
+                         f"caches; default {L.DEFAULT_BLOCK_SIZE[k.kv_format]})")
+    if block_table.dim() != 2 or block_table.shape[0] != B or seq_lens.shape != (B,):
+        raise ValueError(f"decode_attention: block_table must be [B={B}, pages] and seq_lens [B]")
+    for t in (k.codes, k.scales, k.global_scale, v.codes, v.scales, v.global_scale):
+        if t is not None and not t.is_contiguous():
+            raise ValueError("decode_attention needs the PagedKV tensors contiguous (as PagedKV.allocate makes them)")
 
 
 def _cache_args(c: PagedKV):
-    """Flat pointers of one cache: codes (int32 words for FP4/FP8), scales (int32 words where possible),
-    global scales."""
-    for t in (c.codes, c.scales, c.global_scale):
-        if t is not None and not t.is_contiguous():
-            raise ValueError("decode_attention needs the PagedKV tensors contiguous (as PagedKV.allocate makes them)")
+    """Flat pointers: codes (int32 words, bf16 for bf16 caches), scales (int32 words / float32 row
+    scales), per-token float32 factors."""
     if c.fmt == "bf16":
         if c.codes.dtype != torch.bfloat16:
             raise ValueError(f"the decode-attention kernel reads bf16 caches in bfloat16, not {c.codes.dtype}")
         return c.codes, c.codes, c.codes
-    codes = c.codes.view(torch.uint8).view(torch.int32)
+    codes = c.codes.view(torch.int32)
     if c.fmt == "fp8_e4m3:row":
-        scales = c.scales
-    else:
-        scales = c.scales.view(torch.uint8)
-        scales = scales.view(torch.int32) if _scale_words(c) else scales
-    glob = codes if c.global_scale is None else c.global_scale
-    return codes, scales, glob
+        return codes, c.scales, c.scales
+    glob = c.global_scale if c.global_scale is not None else c.scales
+    return codes, c.scales.view(torch.int32), glob
 
 
 def decode_attention(q: torch.Tensor, k: PagedKV, v: PagedKV, block_table: torch.Tensor, seq_lens: torch.Tensor,
                      scale: float, *, block_t: int | None = None, splits: int | None = None,
-                     decode: int | None = None) -> torch.Tensor:
+                     decode: int | None = None, num_warps: int = 4, num_stages: int | None = None,
+                     programs_per_sm: float = 2.0) -> torch.Tensor:
     """Kernel version of `decode_attention_reference` (same signature); keyword tiles for benchmarks."""
     from trace_rl.kernels import interpreting
 
+    _check(q, k, v, block_table, seq_lens)
     B, Hq, D = q.shape
-    P, page, hkv = k.codes.shape[:3]
-    if k.fmt != v.fmt or k.fmt not in KV_FORMAT_IDS:
-        raise ValueError(f"decode_attention: K/V formats {k.fmt!r}/{v.fmt!r}; both must be one of "
-                         f"{', '.join(KV_FORMAT_IDS)}")
-    if Hq % hkv or D != k.head_dim or D % 32 or D & (D - 1):
-        raise ValueError(f"decode_attention: q [B, {Hq}, {D}] does not fit a cache of {hkv} heads x "
-                         f"{k.head_dim} (query heads must be a multiple of kv heads; head_dim a power of 2 >= 32)")
+    hkv, page = k.heads, k.block_size
+    fmt_id = KV_FORMAT_IDS[k.fmt]
     interp = interpreting()
-    block_t = block_t or (32 if interp else 64)
+    block_t = block_t or (64 if interp or fmt_id == KV_BF16 else 128)
+    if block_t % page and page % block_t:
+        raise ValueError(f"decode_attention: block_t={block_t} and the page size {page} must divide one another")
     capacity = block_table.shape[1] * page               # static bound on lengths: no host sync (CUDA graphs)
     if splits is None:
         if interp:
             splits = 2
         else:
             sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-            splits = max(1, min(triton.cdiv(4 * sms, B * hkv), triton.cdiv(capacity, 4 * block_t)))
+            splits = choose_splits(B, hkv, capacity, block_t, sms, programs_per_sm)
     per_split = triton.cdiv(triton.cdiv(capacity, splits), block_t) * block_t
+    splits = triton.cdiv(capacity, per_split)
     group = Hq // hkv
-    part = torch.empty(B, Hq, splits, D, device=q.device, dtype=torch.float32)
-    ml = torch.empty(B, Hq, splits, 2, device=q.device, dtype=torch.float32)
+    n_pad = max(16, triton.next_power_of_2(group))
+    dv = D if fmt_id == KV_BF16 else L.v_rows(D)
+    out = torch.empty(B, Hq, D, device=q.device, dtype=q.dtype)
+    if splits > 1:
+        part = torch.empty(B, Hq, splits, D, device=q.device, dtype=torch.float32)
+        ml = torch.empty(B, Hq, splits, 2, device=q.device, dtype=torch.float32)
+    else:
+        part = ml = out
     kc, ks, kg = _cache_args(k)
     vc, vs, vg = _cache_args(v)
     bt = block_table if block_table.dtype == torch.int32 else block_table.to(torch.int32)
-    lens = seq_lens if seq_lens.dtype == torch.int32 else seq_lens.to(torch.int32)
     bt = bt if bt.stride(-1) == 1 else bt.contiguous()
+    lens = seq_lens if seq_lens.dtype == torch.int32 else seq_lens.to(torch.int32)
+    if decode is None:
+        decode = DECODE_PURE if interp else DECODE_ASM
+    if num_stages is None:
+        num_stages = 3 if fmt_id != KV_BF16 else 2
+    qk = scale * LOG2E * (L.NVFP4_FACTOR if fmt_id == KV_NVFP4 else 1.0)
     _decode_attention_kernel[(hkv, splits, B)](
-        q, kc, ks, kg, vc, vs, vg, bt, lens, part, ml, scale * LOG2E, q.stride(0), q.stride(1), bt.stride(0),
-        per_split, splits, HEADS_KV=hkv, HEAD_DIM=D, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),
-        PAGE=page, KV_FMT=KV_FORMAT_IDS[k.fmt], BLOCK_T=block_t,
-        DECODE=default_decode(q.device) if decode is None else decode, DOT_F32=interp, SCALE_WORDS=_scale_words(k),
-        num_warps=4, num_stages=2)
-    out = torch.empty(B, Hq, D, device=q.device, dtype=q.dtype)
-    _merge_splits_kernel[(B * Hq,)](part, ml, out, out.stride(0), out.stride(1), HQ=Hq, HEAD_DIM=D,
-                                    SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits))
+        q, kc, ks, kg, vc, vs, vg, bt, lens, out, part, ml, qk, q.stride(0), q.stride(1), out.stride(0),
+        out.stride(1), bt.stride(0), per_split, splits, HKV=hkv, D=D, DV=dv, GROUP=group, N=n_pad, PAGE=page, LOG2_PAGE=page.bit_length() - 1,
+        KV_FMT=fmt_id, BLOCK_T=block_t, MODE=decode, DOT_F32=interp, SPLIT=splits > 1,
+        num_warps=num_warps, num_stages=num_stages)
+    if splits > 1:
+        _merge_splits_kernel[(B * Hq,)](part, ml, out, out.stride(0), out.stride(1), HQ=Hq, HEAD_DIM=D,
+                                        SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits))
     return out

@@ -35,7 +35,7 @@ def reference(q: torch.Tensor, k_cache: PagedKV, v_cache: PagedKV, block_table: 
     length = max_len if max_len is not None else block_table.shape[1] * k_cache.block_size
     pos = torch.arange(length, device=q.device)
     slots = slots_for(block_table, pos.expand(b, length), k_cache.block_size).reshape(-1)
-    hkv = k_cache.codes.shape[2]
+    hkv = k_cache.heads
     ct = _compute_dtype(q)
     k = k_cache.read_reference(slots).view(b, length, hkv, d).to(ct)
     v = v_cache.read_reference(slots).view(b, length, hkv, d).to(ct)
@@ -49,7 +49,7 @@ def reference(q: torch.Tensor, k_cache: PagedKV, v_cache: PagedKV, block_table: 
 def flash_varlen(q: torch.Tensor, k_cache: PagedKV, v_cache: PagedKV, seq_lens: torch.Tensor, scale: float,
                  capacity: int) -> torch.Tensor:
     b, hq, d = q.shape
-    hkv = k_cache.codes.shape[2]
+    hkv = k_cache.heads
     g = hq // hkv
     # The G query heads of a KV head become G query *rows* of a sequence (FlashAttention's own decode
     # trick): one program per (sequence, KV head) reads that head's K/V once instead of G times.
@@ -71,7 +71,7 @@ def sdpa_masked(q: torch.Tensor, k_cache: PagedKV, v_cache: PagedKV, seq_lens: t
     from contextlib import nullcontext
 
     b, hq, d = q.shape
-    hkv = k_cache.codes.shape[2]
+    hkv = k_cache.heads
     span = span or capacity
     k = k_cache.codes.view(-1, hkv, d)[: b * capacity].view(b, capacity, hkv, d)[:, :span].transpose(1, 2)  # a view
     v = v_cache.codes.view(-1, hkv, d)[: b * capacity].view(b, capacity, hkv, d)[:, :span].transpose(1, 2)
@@ -92,7 +92,7 @@ def sdpa_masked(q: torch.Tensor, k_cache: PagedKV, v_cache: PagedKV, seq_lens: t
 def efficient_varlen(q: torch.Tensor, k_cache: PagedKV, v_cache: PagedKV, seq_lens: torch.Tensor, scale: float,
                      capacity: int) -> torch.Tensor:
     b, hq, d = q.shape
-    hkv = k_cache.codes.shape[2]
+    hkv = k_cache.heads
     g = hq // hkv
     qg = q.view(b, hkv, g, d).transpose(1, 2).reshape(1, b * g, hkv, d)
     k = k_cache.codes.view(1, -1, hkv, d)
