@@ -1,36 +1,225 @@
-"""Quantize-on-write of K or V into a `PagedKV` cache: one (token, head) row of head_dim per kernel row.
+"""Writing K/V into a `PagedKV` cache in the decode kernel's layout (trace_rl/formats/kv_layout.py).
 
-FP formats go through the row-quantize kernel with its outputs redirected to row slot * heads + head of
-the flat cache (the layout in trace_rl/formats/paged_kv.py), so the write is bit-exact with
-`PagedKV.write_reference`. A bf16 cache needs no quantization: it is the same torch scatter as the reference.
+- `kv_write(cache, slots, x)`: quantize x [T, H, D] per token and head and store token i at flat slot
+  slots[i]; bit-exact with `PagedKV.write_reference`. One program handles BLOCK_M (token, head) rows.
+- `qk_norm_rope_kv_write(...)`: the decode step's q/k RMSNorm + RoPE + the K/V write in one kernel (one
+  program per token, all heads); returns the normalised, rotated queries.
+
+Every store touches only the writing token's own bits, so concurrent writers of one page never race:
+K rows are whole (a token's K is D/2 contiguous bytes per head), the transposed V is written in 16-bit
+halves that belong to a single token, and each scale is its own byte. Quantization follows
+trace_rl/kernels/row_quantize.py (same arithmetic, bit-exact with trace_rl/formats); values are rounded
+with integer bit operations, never through float casts (the interpreter's are not faithful).
 """
 
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
+from trace_rl.formats import kv_layout as L
 from trace_rl.formats.paged_kv import PagedKV
-from trace_rl.kernels.row_quantize import FORMAT_IDS, launch_quantize_rows
+from trace_rl.kernels.fp_bits import e2m1_encode, e4m3_round
+
+KV_FP8, KV_NVFP4, KV_MXFP4 = 1, 2, 3
+FORMAT_IDS = {"fp8_e4m3:row": KV_FP8, "nvfp4:row": KV_NVFP4, "mxfp4": KV_MXFP4}
+
+
+@triton.jit
+def _finite_abs(x):
+    xa = tl.abs(x)
+    finite = xa < float("inf")  # False for NaN too
+    return tl.where(finite, xa, 0.0), finite
+
+
+@triton.jit
+def quantize_rows(x, FMT: tl.constexpr):
+    """x float32 [R, D] -> (codes int32 [R, D], scale codes int32 [R, D/G] (fp8: unused), global float32 [R]
+    (nvfp4 global scale / fp8 row scale, negated for an fp8 row holding NaN/Inf), NaN-block mask [R, D/G]).
+    The arithmetic of row_quantize._quantize_chunk, per (token, head) row."""
+    R: tl.constexpr = x.shape[0]
+    D: tl.constexpr = x.shape[1]
+    xa, finite = _finite_abs(x)
+    if FMT == 1:
+        amax = tl.max(xa, axis=1)
+        g = tl.where(amax > 0, tl.math.div_rn(amax, 448.0), 1.0)
+        scaled = tl.minimum(tl.maximum(tl.math.div_rn(x, g[:, None]), -448.0), 448.0)
+        mag_code, _ = e4m3_round(tl.abs(scaled))
+        code = mag_code | ((scaled.to(tl.int32, bitcast=True) < 0).to(tl.int32) << 7)
+        code = tl.where(finite, code, 0x7F)                       # NaN and +-Inf -> NaN
+        bad_row = tl.max(tl.where(finite, 0, 1), axis=1) > 0
+        scode = tl.zeros([R, 1], dtype=tl.int32)
+        bad = bad_row[:, None]
+        g = tl.where(bad_row, -g, g)
+    else:
+        G: tl.constexpr = 16 if FMT == 2 else 32
+        blocks = tl.reshape(x, [R, D // G, G])
+        xab, finb = _finite_abs(blocks)
+        block_amax = tl.max(xab, axis=2)
+        bad = tl.max(tl.where(finb, 0, 1), axis=2) > 0
+        if FMT == 3:
+            biased = (block_amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
+            scode = tl.minimum(tl.maximum(biased - 2, 0), 254)
+            scode = tl.where(bad, 255, scode)
+            inv_step = ((254 - tl.minimum(scode, 254)) << 23).to(tl.float32, bitcast=True)
+            scaled = blocks * inv_step[:, :, None]
+            g = tl.full([R], 1.0, dtype=tl.float32)
+        else:
+            amax = tl.max(xa, axis=1)
+            g = tl.where(amax > 0, tl.math.div_rn(amax, 2688.0), 1.0)
+            v = tl.minimum(tl.math.div_rn(tl.math.div_rn(block_amax, 6.0), g[:, None]), 448.0)
+            scode, scale_val = e4m3_round(v)
+            scode = tl.where(bad, 0x7F, scode)
+            step = scale_val * g[:, None]
+            step_b = step[:, :, None]
+            scaled = tl.where(step_b == 0, blocks * 0.0, tl.math.div_rn(blocks, step_b))
+        codes = e2m1_encode(scaled)
+        codes = tl.where(bad[:, :, None], 0, codes)               # NaN blocks: zero codes (kv_layout.py)
+        code = tl.reshape(codes, [R, D])
+    return code, scode, g, bad
+
+
+@triton.jit
+def _encode_scale(b, MX: tl.constexpr):
+    """Scale code -> the stored byte (kv_layout.encode_scales): mxfp4 code + 1 (NaN stays 255); nvfp4 the
+    normalised (E + 2, M) form, zero as 1, NaN as 145."""
+    if MX:
+        enc = tl.where(b == 255, 255, b + 1)
+    else:
+        e = (b >= 2).to(tl.int32) + (b >= 4).to(tl.int32)
+        sub = (e << 3) | (((b << 3) >> e) & 7)
+        enc = tl.where(b >= 8, b + 16, sub)
+        enc = tl.where(b == 0, 1, enc)
+        enc = tl.where(b == 127, 145, enc)
+    return enc
+
+
+@triton.jit
+def _twiddle(c0, c1, c2, c3):
+    """Four E2M1 codes (int32) -> a 16-bit half with slot i's (s, e1, e0, m) at kv_layout.TWIDDLE[i]."""
+    h = ((c0 & 8) << 12) | ((c0 & 7) << 6)
+    h |= ((c1 & 8) << 9) | ((c1 & 7) << 3)
+    h |= ((c2 & 8) << 6) | (c2 & 7)
+    h |= ((c3 & 8) << 11) | ((c3 & 4) << 9) | ((c3 & 2) << 9) | ((c3 & 1) << 13)
+    return h
+
+
+@triton.jit
+def _split4(c):
+    """[..., 4] -> its four slices (a reshape to [..., 2, 2] and two splits: register moves only)."""
+    a, b = tl.split(tl.reshape(c, c.shape[:-1] + [2, 2]))     # a = slots (0, 2), b = (1, 3)
+    c0, c2 = tl.split(a)
+    c1, c3 = tl.split(b)
+    return c0, c1, c2, c3
+
+
+@triton.jit
+def store_kv_rows(x, hp, r, row_mask, codes_ptr, scales_ptr, glob_ptr, D: tl.constexpr, PAGE: tl.constexpr,
+                  FMT: tl.constexpr, ROLE_V: tl.constexpr):
+    """Quantize rows x [R, D] (float32) and store them at page-head block hp [R] (int64), row r [R] (int32)."""
+    R: tl.constexpr = x.shape[0]
+    DV: tl.constexpr = 128 if D < 128 else D
+    MW: tl.constexpr = DV // 128
+    KL: tl.constexpr = 2 if PAGE % 32 == 0 else 1
+    code, scode, g, bad = quantize_rows(x, FMT)
+    m1 = row_mask[:, None]
+    if FMT == 1 or FMT == 2:
+        tl.store(glob_ptr + hp * PAGE + r, g, mask=row_mask)
+    if FMT != 1:
+        G: tl.constexpr = 16 if FMT == 2 else 32
+        NB: tl.constexpr = D // G
+        blk = tl.arange(0, NB)[None, :]
+        if ROLE_V:   # [block, tq, kt, l, h]
+            s_idx = (((blk * 4 + ((r[:, None] >> 1) & 3)) * (PAGE // 16) + (r[:, None] >> 4)) * 2
+                     + (r[:, None] & 1)) * 2 + ((r[:, None] >> 3) & 1)
+        else:        # [rg, g, block, hr]
+            s_idx = (((r[:, None] >> 4) * 8 + (r[:, None] & 7)) * NB + blk) * 2 + ((r[:, None] >> 3) & 1)
+        tl.store(scales_ptr + hp[:, None] * (PAGE * NB) + s_idx, _encode_scale(scode, FMT == 3).to(tl.uint8), mask=m1)
+    if ROLE_V:
+        # V^T: 16-bit halves of one token. Token r's half for rows (mw, w, g) holds dims
+        # 128 mw + 32 w + 4 g + {0..3} (FP4 slots) or 128 mw + 32 w + 4 g + 2 ml + {0, 1} (FP8 bytes).
+        if DV > D:     # zero padding rows (D = 32 or 64)
+            code = tl.reshape(tl.permute(tl.join(code, tl.zeros([R, D], dtype=tl.int32)), (0, 2, 1)), [R, 2 * D])
+            if DV > 2 * D:
+                code = tl.reshape(tl.permute(tl.join(code, tl.zeros([R, 2 * D], dtype=tl.int32)), (0, 2, 1)), [R, DV])
+        kt = r >> 4
+        word0 = (((kt // KL) * MW * 4 * 8 * 4 + ((r >> 1) & 3)) * KL + kt % KL) * 2 + ((r >> 3) & 1)
+        if FMT == 1:
+            c = tl.reshape(code, [R, MW, 4, 8, 2, 2])
+            b0, b1 = tl.split(c)                                                     # hr = 0, 1
+            half = b0 | (b1 << 8)                                                    # [R, MW, 4, 8, ml]
+            mwg = tl.arange(0, MW * 4 * 8)
+            wi = (word0[:, None, None] + (mwg * 4 * KL * 2)[None, :, None]) * 2 + tl.arange(0, 2)[None, None, :]
+            half = tl.reshape(half, [R, MW * 4 * 8, 2])
+            tl.store(codes_ptr.to(tl.pointer_type(tl.int16)) + hp[:, None, None] * (PAGE * DV // 2)
+                     + wi * 2 + (r & 1)[:, None, None], half.to(tl.int16), mask=row_mask[:, None, None])
+        else:
+            c0, c1, c2, c3 = _split4(tl.reshape(code, [R, MW * 4 * 8, 4]))
+            half = _twiddle(c0, c1, c2, c3)                                          # [R, MW*4*8]
+            mwg = tl.arange(0, MW * 4 * 8)
+            wi = word0[:, None] + (mwg * 4 * KL * 2)[None, :]
+            tl.store(codes_ptr.to(tl.pointer_type(tl.int16)) + hp[:, None] * (PAGE * DV // 4)
+                     + wi * 2 + (r & 1)[:, None], half.to(tl.int16), mask=m1)
+    else:
+        if FMT == 1:   # row bytes: word (tq, jw) = dims (D/4) tq + (D/8) l + 2 jw + b, byte 2 l + b
+            c = tl.permute(tl.reshape(code, [R, 4, 2, D // 16, 2]), (0, 1, 3, 2, 4))
+            byte = tl.reshape(c, [R, D])
+            tl.store(codes_ptr + (hp * PAGE + r)[:, None] * D + tl.arange(0, D)[None, :], byte.to(tl.uint8), mask=m1)
+        else:          # word (tq, jw), half l, slot i = dim (D/4) tq + (D/8) l + 4 jw + i
+            c = tl.permute(tl.reshape(code, [R, 4, 2, D // 32, 4]), (0, 1, 3, 2, 4))   # r, tq, jw, l, i
+            c0, c1, c2, c3 = _split4(c)
+            lo, hi = tl.split(_twiddle(c0, c1, c2, c3))                               # [R, 4, D/32]
+            word = tl.reshape(lo | (hi << 16), [R, D // 8])
+            tl.store(codes_ptr.to(tl.pointer_type(tl.int32)) + (hp * PAGE + r)[:, None] * (D // 8)
+                     + tl.arange(0, D // 8)[None, :], word, mask=m1)
+
+
+@triton.jit
+def _kv_write_kernel(x_ptr, slots_ptr, codes_ptr, scales_ptr, glob_ptr, n_rows, stride_xt, stride_xh,
+                     H: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, FMT: tl.constexpr,
+                     ROLE_V: tl.constexpr, BLOCK_M: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = rows < n_rows
+    tok, head = rows // H, rows % H
+    x = tl.load(x_ptr + tok.to(tl.int64)[:, None] * stride_xt + head[:, None] * stride_xh + tl.arange(0, D)[None, :],
+                mask=row_mask[:, None], other=0.0).to(tl.float32)
+    slot = tl.load(slots_ptr + tok, mask=row_mask, other=0).to(tl.int64)
+    hp = (slot // PAGE) * H + head
+    r = (slot % PAGE).to(tl.int32)
+    store_kv_rows(x, hp, r, row_mask, codes_ptr, scales_ptr, glob_ptr, D, PAGE, FMT, ROLE_V)
+
+
+def _check(cache: PagedKV, slots: torch.Tensor, x: torch.Tensor, what: str) -> None:
+    T, H, D = x.shape
+    if (H, D) != (cache.heads, cache.head_dim):
+        raise ValueError(f"{what}: x has {H} heads x {D}, the cache holds {cache.heads} x {cache.head_dim}")
+    if slots.shape != (T,):
+        raise ValueError(f"{what}: slots must be [T] = [{T}], got {tuple(slots.shape)}")
+    if D & (D - 1):
+        raise ValueError(f"{what}: head_dim {D} must be a power of two for the write kernel")
+
+
+def _cache_ptrs(cache: PagedKV):
+    glob = cache.global_scale if cache.global_scale is not None else cache.scales
+    return cache.codes, cache.scales, glob
 
 
 def kv_write(cache: PagedKV, slots: torch.Tensor, x: torch.Tensor) -> None:
     """Store x [T, H, D] (token i in flat slot slots[i], int64) quantized per token and head."""
+    from trace_rl.kernels import interpreting
+
+    _check(cache, slots, x, "kv_write")
     T, H, D = x.shape
-    if (H, D) != (cache.codes.shape[2], cache.head_dim):
-        raise ValueError(f"kv_write: x has {H} heads x {D}, the cache holds {cache.codes.shape[2]} x {cache.head_dim}")
-    if slots.shape != (T,):
-        raise ValueError(f"kv_write: slots must be [T] = [{T}], got {tuple(slots.shape)}")
     if cache.fmt == "bf16":
         cache.codes.view(-1, H, D)[slots] = x.to(cache.codes.dtype)
         return
     if T == 0:
         return
-    flat = lambda t: t.view(-1, t.shape[-1])  # noqa: E731  [P*S*H, last]
-    codes = flat(cache.codes)
-    codes = codes.view(torch.uint8) if codes.dtype != torch.uint8 else codes
-    scales = flat(cache.scales)
-    scales = scales.view(torch.uint8) if scales.dtype == torch.float8_e4m3fn else scales
-    gscale = flat(cache.global_scale) if cache.global_scale is not None else None
-    x2 = x.reshape(T * H, D)
-    x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
-    launch_quantize_rows(x2, FORMAT_IDS[cache.fmt], codes, scales, gscale, dest=slots.to(torch.int64), heads=H)
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    rows = T * H
+    block_m = min(64 if interpreting() else 16, triton.next_power_of_2(rows))
+    codes, scales, glob = _cache_ptrs(cache)
+    _kv_write_kernel[(triton.cdiv(rows, block_m),)](
+        x, slots, codes, scales, glob, rows, x.stride(0), x.stride(1), H=H, D=D, PAGE=cache.block_size,
+        FMT=FORMAT_IDS[cache.fmt], ROLE_V=cache.role == "v", BLOCK_M=block_m, num_warps=4)

@@ -97,6 +97,28 @@ def fp4_scale_pair(lo, hi, MX: tl.constexpr):
     return pair
 
 
+_NV_PAIRS = tl.constexpr("""{
+    .reg .b32 a, b;
+    and.b32 a, $2, 0x00FF00FF;
+    mad.lo.u32 $0, a, 16, 0x76807680;
+    and.b32 b, $2, 0xFF00FF00;
+    mad.hi.u32 $1, b, 0x10000000, 0x76807680;
+}""")
+
+
+@triton.jit
+def fp4_scale_word_pairs(sw, MX: tl.constexpr, MODE: tl.constexpr):
+    """A word of 4 stored scale bytes [b0 b1 b2 b3] -> the pairs (b0, b2) and (b1, b3) (2 ops each on sm_90:
+    a mask and one integer multiply-add; `mad.hi` by 2**28 is the shift right by 4)."""
+    if MODE == 1 and not MX:
+        p02, p13 = tl.inline_asm_elementwise(_NV_PAIRS, "=r,=r,r", [sw], dtype=(tl.int32, tl.int32),
+                                             is_pure=True, pack=1)
+    else:
+        p02 = fp4_scale_pair(sw & 255, (sw >> 16) & 255, MX)
+        p13 = fp4_scale_pair((sw >> 8) & 255, (sw >> 24) & 255, MX)
+    return p02, p13
+
+
 @triton.jit
 def fp4_words(x, pair, MX: tl.constexpr, MODE: tl.constexpr):
     """int32 words of 8 twiddled E2M1 codes and their scale pairs -> 8 values (slot 0 lo, slot 0 hi, ..,

@@ -27,7 +27,14 @@ import triton.language as tl
 from trace_rl.formats import kv_layout as L
 from trace_rl.formats.paged_kv import PagedKV
 from trace_rl.kernels.fp_bits import dot_acc
-from trace_rl.kernels.kv_decode import DECODE_ASM, DECODE_PURE, fp4_scale_pair, fp4_words, fp8_words
+from trace_rl.kernels.kv_decode import (
+    DECODE_ASM,
+    DECODE_PURE,
+    fp4_scale_pair,
+    fp4_scale_word_pairs,
+    fp4_words,
+    fp8_words,
+)
 
 KV_BF16, KV_FP8, KV_NVFP4, KV_MXFP4 = 0, 1, 2, 3
 KV_FORMAT_IDS = {"bf16": KV_BF16, "fp8_e4m3:row": KV_FP8, "nvfp4:row": KV_NVFP4, "mxfp4": KV_MXFP4}
@@ -165,8 +172,8 @@ def _vt_fp4(x, sw, t0, t_hi, NP: tl.constexpr, RP: tl.constexpr, D: tl.constexpr
     KT: tl.constexpr = RP // 16
     x = tl.reshape(x, [KHA, MW, 4, 8, 4, KL, 2])                                    # kh, mw, w, g, tq, kl, h
     blk = tl.arange(0, DV // G)
-    pair = tl.join(fp4_scale_pair(sw & 255, (sw >> 16) & 255, MX),                  # tokens (t, t+1)
-                   fp4_scale_pair((sw >> 8) & 255, (sw >> 24) & 255, MX))           # tokens (t+8, t+9)
+    p02, p13 = fp4_scale_word_pairs(sw, MX, MODE)                                   # tokens (t, t+1), (t+8, t+9)
+    pair = tl.join(p02, p13)
     pair = tl.where((blk < D // G)[None, :, None, None, None], pair, 0)             # padding rows
     if MX:             # a thread's rows are in block 4 mw + w
         pair = tl.reshape(pair, [NP, MW, 4, 1, 1, 4, KT // KL, KL, 2])
@@ -217,10 +224,30 @@ def _vt_tile(vc_ptr, vs_ptr, hp, r0, t0, t_hi, HKV: tl.constexpr, D: tl.constexp
 
 
 @triton.jit
+def _low_half(x):
+    """[R, N] -> [R, N/2]: the first N/2 columns. The MMA holds column bit log2(N)-1 in registers, so this
+    moves no data; the softmax then runs on half the padded columns (GQA groups <= N/2)."""
+    R: tl.constexpr = x.shape[0]
+    N: tl.constexpr = x.shape[1]
+    lo, hi = tl.split(tl.permute(tl.reshape(x, [R, 2, N // 2]), (0, 2, 1)))
+    return lo
+
+
+@triton.jit
+def _pad_half(x, fill):
+    """[R, N/2] -> [R, N], the upper columns `fill`."""
+    R: tl.constexpr = x.shape[0]
+    NH: tl.constexpr = x.shape[1]
+    return tl.reshape(tl.permute(tl.join(x, tl.full([R, NH], fill, x.dtype)), (0, 2, 1)), [R, 2 * NH])
+
+
+@triton.jit
 def _tile(q_t, m_i, l_acc, acc, kc, ks, kg, vc, vs, vg, bt_row, h, t0, t_hi, qk_scale,
           HKV: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, PAGE: tl.constexpr, LOG2_PAGE: tl.constexpr,
-          BLOCK_T: tl.constexpr, KV_FMT: tl.constexpr, MODE: tl.constexpr, DOT_F32: tl.constexpr, MASKED: tl.constexpr):
-    """One tile of BLOCK_T tokens from t0: online-softmax update of (m_i [N], l_acc [T, N], acc [DV, N])."""
+          BLOCK_T: tl.constexpr, KV_FMT: tl.constexpr, MODE: tl.constexpr, DOT_F32: tl.constexpr,
+          MASKED: tl.constexpr, HALF: tl.constexpr):
+    """One tile of BLOCK_T tokens from t0: online-softmax update of (m_i [NS], l_acc [T, NS], acc [DV, N]);
+    NS = N / 2 when HALF (the group fits the low half of the padded columns), else N."""
     NP: tl.constexpr = BLOCK_T // PAGE if BLOCK_T > PAGE else 1
     RP: tl.constexpr = BLOCK_T // NP
     hp = _page_heads(bt_row, t0, t_hi, h, HKV, NP, LOG2_PAGE, MASKED)
@@ -228,6 +255,8 @@ def _tile(q_t, m_i, l_acc, acc, kc, ks, kg, vc, vs, vg, bt_row, h, t0, t_hi, qk_
     t = t0 + tl.arange(0, BLOCK_T)
     k = _k_tile(kc, ks, hp, r0, HKV, D, PAGE, NP, RP, KV_FMT, MODE)
     s = dot_acc(k, q_t, tl.zeros([BLOCK_T, q_t.shape[1]], dtype=tl.float32), DOT_F32)   # [T, N]
+    if HALF:
+        s = _low_half(s)
     if KV_FMT == 1 or KV_FMT == 2:
         fk = _row_factor(kg, hp, r0, t, t_hi, PAGE, NP, RP, MASKED, KV_FMT == 1) * qk_scale
         s = s * fk[:, None]
@@ -241,6 +270,9 @@ def _tile(q_t, m_i, l_acc, acc, kc, ks, kg, vc, vs, vg, bt_row, h, t0, t_hi, qk_
     l_acc = l_acc * alpha[None, :] + p
     if KV_FMT == 1 or KV_FMT == 2:
         p = p * _row_factor(vg, hp, r0, t, t_hi, PAGE, NP, RP, MASKED, KV_FMT == 1)[:, None]
+    if HALF:
+        p = _pad_half(p, 0.0)
+        alpha = tl.reshape(_pad_half(alpha[None, :], 1.0), [2 * alpha.shape[0]])
     vt = _vt_tile(vc, vs, hp, r0, t0, t_hi, HKV, D, DV, PAGE, NP, RP, KV_FMT, MODE, MASKED)
     if DOT_F32:
         acc = dot_acc(vt, p, acc * alpha[None, :], DOT_F32)
@@ -271,18 +303,23 @@ def _decode_attention_kernel(
     q_t = tl.load(q_rows + dim[:, None], mask=(n < GROUP)[None, :], other=0.0).to(tl.bfloat16)   # [D, N]
     if DOT_F32:
         q_t = q_t.to(tl.float32)
-    m_i = tl.full([N], float("-inf"), dtype=tl.float32)
-    l_acc = tl.zeros([BLOCK_T, N], dtype=tl.float32)
+    HALF: tl.constexpr = GROUP <= N // 2
+    NS: tl.constexpr = N // 2 if HALF else N
+    m_i = tl.full([NS], float("-inf"), dtype=tl.float32)
+    l_acc = tl.zeros([BLOCK_T, NS], dtype=tl.float32)
     acc = tl.zeros([DV, N], dtype=tl.float32)
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
     t_full = t_lo + tl.maximum(t_hi - t_lo, 0) // BLOCK_T * BLOCK_T
     for t0 in range(t_lo, t_full, BLOCK_T):
         m_i, l_acc, acc = _tile(q_t, m_i, l_acc, acc, kc, ks, kg, vc, vs, vg, bt_row, h, t0, t_hi, qk_scale,
-                                HKV, D, DV, PAGE, LOG2_PAGE, BLOCK_T, KV_FMT, MODE, DOT_F32, False)
+                                HKV, D, DV, PAGE, LOG2_PAGE, BLOCK_T, KV_FMT, MODE, DOT_F32, False, HALF)
     if t_full < t_hi:
         m_i, l_acc, acc = _tile(q_t, m_i, l_acc, acc, kc, ks, kg, vc, vs, vg, bt_row, h, t_full, t_hi,
-                                qk_scale, HKV, D, DV, PAGE, LOG2_PAGE, BLOCK_T, KV_FMT, MODE, DOT_F32, True)
+                                qk_scale, HKV, D, DV, PAGE, LOG2_PAGE, BLOCK_T, KV_FMT, MODE, DOT_F32, True, HALF)
     l_i = tl.sum(l_acc, axis=0)
+    if HALF:
+        acc = _low_half(acc)
+        n = tl.arange(0, NS)
     if KV_FMT == 2:    # nvfp4 V elements decode to code * scale / 2**7
         acc = acc * 128.0
     rho = tl.arange(0, DV)
