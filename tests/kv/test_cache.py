@@ -14,7 +14,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 FORMATS = ("bf16", "fp8_e4m3", "nvfp4", "mxfp4")
 
 
-def _filled_cache(fmt, rng, device="cpu", dtype=torch.float32, batch=3, pages=5, block=8, hkv=2, d=32,
+def _filled_cache(fmt, rng, device="cpu", dtype=torch.float32, batch=3, pages=5, block=16, hkv=2, d=32,
                   shuffle=True):
     cache = PagedKVCache(fmt, 1, batch * pages + 2, block, hkv, d, device=device, dtype=dtype)
     order = torch.randperm(batch * pages + 2, generator=rng)[: batch * pages] if shuffle \
@@ -53,13 +53,13 @@ def test_copy_pages_copies_codes_and_scales(rng):
 def test_prefill_attends_over_what_was_written(fmt, rng):
     """Prefill's causal attention reads K/V back from the cache (quantized on write), so position t of a
     prompt sees the same K/V values a later decode step reads."""
-    cache = PagedKVCache(fmt, 1, 4, 8, 2, 32)
+    cache = PagedKVCache(fmt, 1, 4, 16, 2, 32)     # quantized pages are a multiple of 16 tokens
     table = torch.tensor([[2, 0]], dtype=torch.int32)
-    pos = torch.arange(13)[None]
-    step = KVStep(cache, slots_for(table, pos, 8), table, torch.tensor([13], dtype=torch.int32), prefill=True)
-    q, k, v = (torch.randn(1, 13, h, 32, generator=rng) for h in (6, 2, 2))
+    pos = torch.arange(21)[None]
+    step = KVStep(cache, slots_for(table, pos, 16), table, torch.tensor([21], dtype=torch.int32), prefill=True)
+    q, k, v = (torch.randn(1, 21, h, 32, generator=rng) for h in (6, 2, 2))
     out = step.attend(0, q, k, v)
-    last = attn.reference(q[:, -1], cache.k[0], cache.v[0], table, torch.tensor([13]), 32 ** -0.5)
+    last = attn.reference(q[:, -1], cache.k[0], cache.v[0], table, torch.tensor([21]), 32 ** -0.5)
     torch.testing.assert_close(out[:, -1], last, rtol=1e-5, atol=1e-5)
 
 

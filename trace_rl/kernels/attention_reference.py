@@ -32,3 +32,26 @@ def decode_attention_reference(q: torch.Tensor, k: PagedKV, v: PagedKV, block_ta
         probs = torch.softmax(scores, dim=-1)
         out[b] = torch.einsum("hgl,lhd->hgd", probs, vb).reshape(Hq, D).to(q.dtype)
     return out
+
+
+def qk_norm_rope_kv_write_reference(q, k, v, cos, sin, k_cache: PagedKV, v_cache: PagedKV, slots,
+                                    q_norm_weight=None, k_norm_weight=None, eps: float = 1e-6):
+    """Torch reference of `kernels.qk_norm_rope_kv_write`: RMSNorm as trace_rl/models/norm.py (float32
+    statistics, cast back, times the weight), RoPE as trace_rl/models/rope.py (`x cos + rotate_half(x) sin`
+    in the activation dtype), then `write_reference` of k and v. Returns (q_out, k_out)."""
+    def norm(x, w):
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+        return w * h.to(x.dtype)
+
+    def rope(x):
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+    if q_norm_weight is not None:
+        q, k = norm(q, q_norm_weight), norm(k, k_norm_weight)
+    q, k = rope(q), rope(k)
+    k_cache.write_reference(slots, k)
+    v_cache.write_reference(slots, v)
+    return q, k

@@ -223,3 +223,112 @@ def kv_write(cache: PagedKV, slots: torch.Tensor, x: torch.Tensor) -> None:
     _kv_write_kernel[(triton.cdiv(rows, block_m),)](
         x, slots, codes, scales, glob, rows, x.stride(0), x.stride(1), H=H, D=D, PAGE=cache.block_size,
         FMT=FORMAT_IDS[cache.fmt], ROLE_V=cache.role == "v", BLOCK_M=block_m, num_warps=4)
+
+
+@triton.jit
+def _round_bf16(x, ROUND: tl.constexpr):
+    """float32 -> the float32 value of its bf16 rounding (nearest, ties to even) when ROUND; NaN stays NaN."""
+    if ROUND:
+        bits = x.to(tl.int32, bitcast=True)
+        r = ((bits + 0x7FFF + ((bits >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
+        x = tl.where(x != x, x, r)
+    return x
+
+
+@triton.jit
+def _norm_rope(x, w_ptr, cos, sin, eps, HAS_NORM: tl.constexpr, ROUND: tl.constexpr):
+    """RMSNorm (float32 statistics, result rounded to the activation dtype, then times the weight) and RoPE
+    `x * cos + rotate_half(x) * sin` (each product and the sum rounded), as trace_rl/models does in bf16."""
+    H: tl.constexpr = x.shape[0]
+    D: tl.constexpr = x.shape[1]
+    if HAS_NORM:
+        ms = tl.sum(x * x, axis=1) / D
+        hn = _round_bf16(x * tl.math.rsqrt(ms + eps)[:, None], ROUND)
+        w = tl.load(w_ptr + tl.arange(0, D)).to(tl.float32)
+        x = _round_bf16(w[None, :] * hn, ROUND)
+    x1, x2 = tl.split(tl.permute(tl.reshape(x, [H, 2, D // 2]), (0, 2, 1)))
+    rot = tl.reshape(tl.permute(tl.join(-x2, x1), (0, 2, 1)), [H, D])
+    a = _round_bf16(x * cos[None, :], ROUND)
+    b = _round_bf16(rot * sin[None, :], ROUND)
+    return _round_bf16(a + b, ROUND)
+
+
+@triton.jit
+def _qk_norm_rope_write_kernel(
+    q_ptr, k_ptr, v_ptr, qo_ptr, ko_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, slots_ptr,
+    kc_ptr, ks_ptr, kg_ptr, vc_ptr, vs_ptr, vg_ptr, eps,
+    stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_cb, stride_ob, stride_oh,
+    HQ: tl.constexpr, HKV: tl.constexpr, HQP: tl.constexpr, HKVP: tl.constexpr, D: tl.constexpr,
+    PAGE: tl.constexpr, FMT: tl.constexpr, HAS_NORM: tl.constexpr, HAS_KO: tl.constexpr, ROUND: tl.constexpr,
+):
+    """One program per token: q and k normalised and rotated, q stored, k and v written to the caches."""
+    b = tl.program_id(0).to(tl.int64)
+    d = tl.arange(0, D)
+    cos = tl.load(cos_ptr + b * stride_cb + d).to(tl.float32)
+    sin = tl.load(sin_ptr + b * stride_cb + d).to(tl.float32)
+    hq = tl.arange(0, HQP)
+    q = tl.load(q_ptr + b * stride_qb + hq[:, None] * stride_qh + d[None, :], mask=(hq < HQ)[:, None],
+                other=0.0).to(tl.float32)
+    q = _norm_rope(q, qw_ptr, cos, sin, eps, HAS_NORM, ROUND)
+    tl.store(qo_ptr + b * stride_ob + hq[:, None] * stride_oh + d[None, :], q.to(qo_ptr.dtype.element_ty),
+             mask=(hq < HQ)[:, None])
+    hk = tl.arange(0, HKVP)
+    hmask = hk < HKV
+    k = tl.load(k_ptr + b * stride_kb + hk[:, None] * stride_kh + d[None, :], mask=hmask[:, None],
+                other=0.0).to(tl.float32)
+    k = _norm_rope(k, kw_ptr, cos, sin, eps, HAS_NORM, ROUND)
+    if HAS_KO:
+        tl.store(ko_ptr + (b * HKV + hk)[:, None] * D + d[None, :], k.to(ko_ptr.dtype.element_ty), mask=hmask[:, None])
+    v = tl.load(v_ptr + b * stride_vb + hk[:, None] * stride_vh + d[None, :], mask=hmask[:, None],
+                other=0.0).to(tl.float32)
+    slot = tl.load(slots_ptr + b).to(tl.int64)
+    page = slot // PAGE
+    r = (slot % PAGE).to(tl.int32)
+    if FMT == 0:       # bf16 cache: token-major [P, S, H, D]
+        row = ((page * PAGE + r) * HKV + hk)[:, None] * D + d[None, :]
+        tl.store(kc_ptr + row, k.to(kc_ptr.dtype.element_ty), mask=hmask[:, None])
+        tl.store(vc_ptr + row, v.to(vc_ptr.dtype.element_ty), mask=hmask[:, None])
+    else:
+        hp = page * HKV + hk
+        rr = tl.zeros([HKVP], dtype=tl.int32) + r
+        store_kv_rows(k, hp, rr, hmask, kc_ptr, ks_ptr, kg_ptr, D, PAGE, FMT, False)
+        store_kv_rows(v, hp, rr, hmask, vc_ptr, vs_ptr, vg_ptr, D, PAGE, FMT, True)
+
+
+def qk_norm_rope_kv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                          k_cache: PagedKV, v_cache: PagedKV, slots: torch.Tensor,
+                          q_norm_weight: torch.Tensor | None = None, k_norm_weight: torch.Tensor | None = None,
+                          eps: float = 1e-6, k_out: torch.Tensor | None = None) -> torch.Tensor:
+    """The decode step's attention prologue in one kernel: q [B, Hq, D] and k [B, Hkv, D] through RMSNorm
+    (when the weights are given) and RoPE (cos/sin [B, D]); k and v [B, Hkv, D] written to the caches at
+    `slots` [B] (as `kv_write`). Returns the normalised, rotated q ([B, Hq, D], q's dtype); `k_out`
+    ([B, Hkv, D]) receives the normalised, rotated k when given. Inputs may be strided views (e.g. of a
+    fused qkv projection) with a unit last stride. Reference: `attention_reference.qk_norm_rope_kv_write_reference`."""
+    B, Hq, D = q.shape
+    Hkv = k.shape[1]
+    if k.shape != (B, Hkv, D) or v.shape != k.shape or cos.shape != (B, D) or sin.shape != (B, D):
+        raise ValueError(f"qk_norm_rope_kv_write: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
+                         f"cos/sin {tuple(cos.shape)}/{tuple(sin.shape)}; need q [B, Hq, D], k/v [B, Hkv, D], cos/sin [B, D]")
+    if (q_norm_weight is None) != (k_norm_weight is None):
+        raise ValueError("qk_norm_rope_kv_write: give both q_norm_weight and k_norm_weight, or neither")
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        _check(c, slots, k if name == "k_cache" else v, "qk_norm_rope_kv_write")
+    if k_cache.fmt != "bf16" and (k_cache.role, v_cache.role) != ("k", "v"):
+        raise ValueError("qk_norm_rope_kv_write: caches must be allocated with role='k' and role='v'")
+    if any(t.stride(-1) != 1 for t in (q, k, v, cos, sin)) or sin.stride(0) != cos.stride(0):
+        raise ValueError("qk_norm_rope_kv_write: q/k/v/cos/sin need a unit last stride (and cos, sin the same row stride)")
+    out = torch.empty(B, Hq, D, device=q.device, dtype=q.dtype)
+    if B == 0:
+        return out
+    kc, ks, kg = _cache_ptrs(k_cache)
+    vc, vs, vg = _cache_ptrs(v_cache)
+    has_norm = q_norm_weight is not None
+    fmt = 0 if k_cache.fmt == "bf16" else FORMAT_IDS[k_cache.fmt]
+    _qk_norm_rope_write_kernel[(B,)](
+        q, k, v, out, k_out if k_out is not None else out, cos, sin,
+        q_norm_weight if has_norm else cos, k_norm_weight if has_norm else cos, slots,
+        kc, ks, kg, vc, vs, vg, eps, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        cos.stride(0), out.stride(0), out.stride(1), HQ=Hq, HKV=Hkv, HQP=triton.next_power_of_2(Hq),
+        HKVP=triton.next_power_of_2(Hkv), D=D, PAGE=k_cache.block_size, FMT=fmt, HAS_NORM=has_norm,
+        HAS_KO=k_out is not None, ROUND=q.dtype == torch.bfloat16, num_warps=4)
+    return out

@@ -79,8 +79,8 @@ class PagedKVCache:
         self.device = torch.device(device)
         self.k = [PagedKV.allocate(kv_format, num_blocks, block_size, kv_heads, head_dim, self.device, dtype)
                   for _ in range(num_layers)]
-        self.v = [PagedKV.allocate(kv_format, num_blocks, block_size, kv_heads, head_dim, self.device, dtype)
-                  for _ in range(num_layers)]
+        self.v = [PagedKV.allocate(kv_format, num_blocks, block_size, kv_heads, head_dim, self.device, dtype,
+                                   role="v") for _ in range(num_layers)]   # V is stored transposed per page
         self.write_path, self.attention_path, why = self._choose_paths(attention)
         self.forced = attention != "auto"
         self.paths = {"kv_write": self.write_path, "decode_attention": self.attention_path}
