@@ -41,8 +41,8 @@ Scale bytes are re-encoded so that one integer multiply-add turns a pair of them
 `mul.bf16x2` needs, exact for every byte the quantizer produces:
 - nvfp4 (E4M3, >= 0): stored = ((E + 2) << 3) | M with the scale normalised as 2**(E-7) (1 + M/8)
   (subnormal scales too); bf16 bits = stored * 16 + (237 << 7) = scale * 2**119, so a decoded element
-  is code * scale * 2**-7 (the 2**7 goes into the per-token float32 factor). Zero scales (whose blocks
-  hold only +-0 codes) are stored as 1; NaN as 145, which decodes to a bf16 NaN.
+  is code * scale * 2**-7 (the 2**7 goes into the per-token float32 factor). A zero scale is stored as
+  152, which decodes to -0.0 (every code times it is a zero); NaN as 145, which decodes to a bf16 NaN.
 - mxfp4 (E8M0): stored = code + 1, so bf16 bits = stored << 7 = 2**(code-126), and the element is
   (code * 2**-126 * 2**125) * that. NaN (255) stays 255 (+Inf: its block's codes are stored as 0, and
   0 * Inf is NaN). 254 (2**127), which no finite block produces (amax < 2**128 gives <= 252), is stored
@@ -199,7 +199,7 @@ def untwiddle(halves: torch.Tensor) -> torch.Tensor:
 @functools.lru_cache(maxsize=None)
 def _e4m3_tables() -> tuple[torch.Tensor, torch.Tensor]:
     enc = [-1] * 256
-    enc[0] = 1                                   # zero scale: its block holds only +-0 codes
+    enc[0] = 152                                 # zero scale: decodes to -0.0, so every code gives a zero
     for m in range(1, 8):                        # subnormal m * 2**-9, normalised
         e = m.bit_length() - 1                   # m = 2**e * (1 + frac)
         mant = ((m << 3) >> e) & 7               # 3-bit mantissa of m / 2**e

@@ -77,6 +77,19 @@ def kv_write(cache, slots: torch.Tensor, x: torch.Tensor) -> None:
     _kv_write(cache, slots, x)
 
 
+def qk_norm_rope_kv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                          k_cache, v_cache, slots: torch.Tensor, q_norm_weight: torch.Tensor | None = None,
+                          k_norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
+                          k_out: torch.Tensor | None = None) -> torch.Tensor:
+    """Decode-step prologue in one kernel: q/k RMSNorm (weights given) + RoPE, k/v written to the caches at
+    `slots`; returns the rotated q. See docs/kernels.md for shapes; reference
+    `attention_reference.qk_norm_rope_kv_write_reference`."""
+    _check_device(q, "qk_norm_rope_kv_write")
+    from trace_rl.kernels.kv_cache import qk_norm_rope_kv_write as _fused
+
+    return _fused(q, k, v, cos, sin, k_cache, v_cache, slots, q_norm_weight, k_norm_weight, eps, k_out)
+
+
 def decode_attention(q: torch.Tensor, k, v, block_table: torch.Tensor, seq_lens: torch.Tensor,
                      scale: float) -> torch.Tensor:
     """Paged GQA decode attention reading the quantized cache directly: q [B, Hq, D] -> [B, Hq, D]."""

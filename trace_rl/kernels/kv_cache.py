@@ -83,14 +83,14 @@ def quantize_rows(x, FMT: tl.constexpr):
 @triton.jit
 def _encode_scale(b, MX: tl.constexpr):
     """Scale code -> the stored byte (kv_layout.encode_scales): mxfp4 code + 1 (NaN stays 255); nvfp4 the
-    normalised (E + 2, M) form, zero as 1, NaN as 145."""
+    normalised (E + 2, M) form, zero as 152 (decodes to -0.0), NaN as 145."""
     if MX:
         enc = tl.where(b == 255, 255, b + 1)
     else:
         e = (b >= 2).to(tl.int32) + (b >= 4).to(tl.int32)
         sub = (e << 3) | (((b << 3) >> e) & 7)
         enc = tl.where(b >= 8, b + 16, sub)
-        enc = tl.where(b == 0, 1, enc)
+        enc = tl.where(b == 0, 152, enc)
         enc = tl.where(b == 127, 145, enc)
     return enc
 

@@ -460,3 +460,45 @@ def decode_attention(q: torch.Tensor, k: PagedKV, v: PagedKV, block_table: torch
         _merge_splits_kernel[(B * Hq,)](part, ml, out, out.stride(0), out.stride(1), HQ=Hq, HEAD_DIM=D,
                                         SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits))
     return out
+
+
+@triton.jit
+def _decode_tiles_kernel(kc, ks, out_ptr, HKV: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, PAGE: tl.constexpr,
+                         KV_FMT: tl.constexpr, ROLE_V: tl.constexpr, MODE: tl.constexpr):
+    """Decode one (page, head) block exactly as the attention kernel does; write float32 [PAGE, D] values
+    (code x block scale; nvfp4 undone from its 2**-7) to out [P*PAGE, HKV, D]."""
+    p, h = tl.program_id(0), tl.program_id(1)
+    hp = tl.zeros([1], dtype=tl.int64) + p * HKV + h
+    t = tl.arange(0, PAGE)
+    scale = 128.0 if KV_FMT == 2 else 1.0
+    if ROLE_V:
+        vt = _vt_tile(kc, ks, hp, 0, 0, PAGE, HKV, D, DV, PAGE, 1, PAGE, KV_FMT, MODE, False).to(tl.float32)
+        rho = tl.arange(0, DV)
+        g, hr, w, mt = rho & 7, (rho >> 3) & 1, (rho >> 4) & 3, rho >> 6
+        dim = 16 * (2 * w + (g >> 2)) + 4 * (g & 3) + 2 * (mt & 1) + hr + 128 * (mt >> 1)
+        ptrs = out_ptr + ((p * PAGE + t)[None, :] * HKV + h) * D + dim[:, None]
+        tl.store(ptrs, vt * scale, mask=(dim < D)[:, None])
+    else:
+        k = _k_tile(kc, ks, hp, 0, HKV, D, PAGE, 1, PAGE, KV_FMT, MODE).to(tl.float32)
+        c = tl.arange(0, D)
+        dim = (D // 4) * ((c >> 1) & 3) + (D // 8) * (c & 1) + 2 * (c >> 4) + ((c >> 3) & 1)
+        tl.store(out_ptr + ((p * PAGE + t)[:, None] * HKV + h) * D + dim[None, :], k * scale)
+
+
+def decode_tiles(cache: PagedKV, decode: int | None = None) -> torch.Tensor:
+    """Every stored value of a quantized cache as the attention kernel decodes it: float32 [P*S, H, D] =
+    code x block scale (FP4) or the E4M3 value (FP8), before the per-token float32 factor. For tests."""
+    from trace_rl.kernels import interpreting
+
+    if cache.fmt == "bf16":
+        raise ValueError("decode_tiles: a bf16 cache holds its values as they are")
+    P, S, H, D = cache.num_blocks, cache.block_size, cache.heads, cache.head_dim
+    if S < 64 or S & (S - 1):
+        raise ValueError(f"decode_tiles decodes whole pages of 64 tokens or more (a power of two); got {S}")
+    out = torch.full((P * S, H, D), float("nan"), device=cache.codes.device, dtype=torch.float32)
+    codes, scales, _ = _cache_args(cache)
+    if decode is None:
+        decode = DECODE_PURE if interpreting() else DECODE_ASM
+    _decode_tiles_kernel[(P, H)](codes, scales, out, HKV=H, D=D, DV=L.v_rows(D), PAGE=S,
+                                 KV_FMT=KV_FORMAT_IDS[cache.fmt], ROLE_V=cache.role == "v", MODE=decode, num_warps=4)
+    return out
