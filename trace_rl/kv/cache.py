@@ -24,14 +24,15 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from trace_rl.formats.paged_kv import PagedKV
+from trace_rl.formats.paged_kv import DEFAULT_BLOCK_SIZE, PagedKV
 from trace_rl.kv import decode_attention as attn
 from trace_rl.op_ranges import op_range
 
 log = logging.getLogger("trace_rl.kv")
 
-# Tokens per page by KV format (the engine's default `block_size`; any size works with every path here).
-PAGE_SIZE = {"bf16": 16, "fp8_e4m3": 16, "nvfp4": 16, "mxfp4": 16}
+# Tokens per page by KV format (the engine's default `block_size`): the decode kernel's tile for the quantized
+# formats (their pages must be a multiple of 16 tokens), 16 for bf16 (formats/paged_kv.DEFAULT_BLOCK_SIZE).
+PAGE_SIZE = dict(DEFAULT_BLOCK_SIZE)
 
 
 def default_page_size(kv_format: str) -> int:
