@@ -4,7 +4,8 @@ scale-byte encodings, bit-exact round trips, and the decoded scale values the ke
 import pytest
 import torch
 
-from trace_rl.formats import get_format, kv_layout as L
+from trace_rl.formats import get_format
+from trace_rl.formats import kv_layout as L
 from trace_rl.formats.paged_kv import KV_FORMATS, PagedKV, default_block_size
 from trace_rl.formats.registry import per_token
 

@@ -14,7 +14,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
 def _same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
     if a is None or b is None:
         return a is b
-    view = {torch.float8_e4m3fn: torch.uint8, torch.bfloat16: torch.int16, torch.float32: torch.int32}.get(a.dtype, a.dtype)
+    bits = {torch.float8_e4m3fn: torch.uint8, torch.bfloat16: torch.int16, torch.float32: torch.int32}
+    view = bits.get(a.dtype, a.dtype)
     return a.dtype == b.dtype and torch.equal(a.cpu().view(view), b.cpu().view(view))
 
 

@@ -82,7 +82,7 @@ def check_geometry(fmt: str, block_size: int, head_dim: int) -> None:
 
 
 # ---------------------------------------------------------------- index maps (cached per geometry)
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def k_dim_of_col(D: int) -> torch.Tensor:
     """pi: MMA column c of K -> head dim (also the order of the permuted query)."""
     c = torch.arange(D)
@@ -90,7 +90,7 @@ def k_dim_of_col(D: int) -> torch.Tensor:
     return (D // 4) * tq + (D // 8) * l + 2 * kt + h
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def v_dim_of_row(DV: int) -> torch.Tensor:
     """MMA row rho of V^T -> head dim (>= the real head_dim for padding rows)."""
     rho = torch.arange(DV)
@@ -98,7 +98,7 @@ def v_dim_of_row(DV: int) -> torch.Tensor:
     return 16 * (2 * w + (g >> 2)) + 4 * (g & 3) + 2 * (mt & 1) + hr + 128 * (mt >> 1)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def k_fp4_word_dims(D: int) -> torch.Tensor:
     """[D/8 words, 2 halves, 4 slots] -> dim, for one K row (word j = tq * D/32 + jw)."""
     tq = torch.arange(4).view(4, 1, 1, 1)
@@ -108,7 +108,7 @@ def k_fp4_word_dims(D: int) -> torch.Tensor:
     return ((D // 4) * tq + (D // 8) * half + 4 * jw + i).reshape(D // 8, 2, 4)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def k_fp8_byte_dims(D: int) -> torch.Tensor:
     """[D] byte of a K row -> dim."""
     tq = torch.arange(4).view(4, 1, 1, 1)
@@ -123,7 +123,7 @@ def _kt_split(S: int) -> tuple[int, int]:
     return S // 16 // kt_lo, kt_lo
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def v_fp4_halves(S: int, DV: int) -> tuple[torch.Tensor, torch.Tensor]:
     """For each token of a page: the 16-bit halves of the stored V^T it owns and their dims.
     Returns (half index [S, DV/4], dims [S, DV/4, 4 slots])."""
@@ -141,7 +141,7 @@ def v_fp4_halves(S: int, DV: int) -> tuple[torch.Tensor, torch.Tensor]:
     return half_index.reshape(-1)[order].view(S, n), dims.reshape(-1, 4)[order].view(S, n, 4)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def v_fp8_halves(S: int, DV: int) -> tuple[torch.Tensor, torch.Tensor]:
     """As `v_fp4_halves` for FP8 V^T: (half index [S, DV/2], dims [S, DV/2, 2 bytes])."""
     kh_n, kl_n = _kt_split(S)
@@ -158,7 +158,7 @@ def v_fp8_halves(S: int, DV: int) -> tuple[torch.Tensor, torch.Tensor]:
     return half_index.reshape(-1)[order].view(S, n), dims.reshape(-1, 2)[order].view(S, n, 2)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def k_scale_index(S: int, nblocks: int) -> torch.Tensor:
     """[S, nblocks] -> byte offset in the page's K scales: order [rg, g, block, hr]."""
     r = torch.arange(S).view(S, 1)
@@ -167,7 +167,7 @@ def k_scale_index(S: int, nblocks: int) -> torch.Tensor:
     return ((rg * 8 + g) * nblocks + b) * 2 + hr
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def v_scale_index(S: int, nblocks: int) -> torch.Tensor:
     """[S, nblocks] -> byte offset in the page's V scales: order [block, tq, kt, l, h]."""
     t = torch.arange(S).view(S, 1)
@@ -196,7 +196,7 @@ def untwiddle(halves: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------- scale byte re-encoding
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _e4m3_tables() -> tuple[torch.Tensor, torch.Tensor]:
     enc = [-1] * 256
     enc[0] = 152                                 # zero scale: decodes to -0.0, so every code gives a zero
@@ -216,7 +216,7 @@ def _e4m3_tables() -> tuple[torch.Tensor, torch.Tensor]:
     return enc_t, dec
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _e8m0_tables() -> tuple[torch.Tensor, torch.Tensor]:
     enc = torch.arange(256, dtype=torch.int32) + 1
     enc[254], enc[255] = 0, 255

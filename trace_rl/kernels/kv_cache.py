@@ -18,7 +18,6 @@ import torch
 import triton
 import triton.language as tl
 
-from trace_rl.formats import kv_layout as L
 from trace_rl.formats.paged_kv import PagedKV
 from trace_rl.kernels.fp_bits import e2m1_encode, e4m3_round
 
@@ -308,7 +307,8 @@ def qk_norm_rope_kv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos
     Hkv = k.shape[1]
     if k.shape != (B, Hkv, D) or v.shape != k.shape or cos.shape != (B, D) or sin.shape != (B, D):
         raise ValueError(f"qk_norm_rope_kv_write: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
-                         f"cos/sin {tuple(cos.shape)}/{tuple(sin.shape)}; need q [B, Hq, D], k/v [B, Hkv, D], cos/sin [B, D]")
+                         f"cos/sin {tuple(cos.shape)}/{tuple(sin.shape)}; need q [B, Hq, D], k/v [B, Hkv, D], "
+                         f"cos/sin [B, D]")
     if (q_norm_weight is None) != (k_norm_weight is None):
         raise ValueError("qk_norm_rope_kv_write: give both q_norm_weight and k_norm_weight, or neither")
     for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
@@ -316,7 +316,8 @@ def qk_norm_rope_kv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos
     if k_cache.fmt != "bf16" and (k_cache.role, v_cache.role) != ("k", "v"):
         raise ValueError("qk_norm_rope_kv_write: caches must be allocated with role='k' and role='v'")
     if any(t.stride(-1) != 1 for t in (q, k, v, cos, sin)) or sin.stride(0) != cos.stride(0):
-        raise ValueError("qk_norm_rope_kv_write: q/k/v/cos/sin need a unit last stride (and cos, sin the same row stride)")
+        raise ValueError("qk_norm_rope_kv_write: q/k/v/cos/sin need a unit last stride (and cos, sin the same "
+                         "row stride)")
     out = torch.empty(B, Hq, D, device=q.device, dtype=q.dtype)
     if B == 0:
         return out

@@ -453,7 +453,8 @@ def decode_attention(q: torch.Tensor, k: PagedKV, v: PagedKV, block_table: torch
     qk = scale * LOG2E * (L.NVFP4_FACTOR if fmt_id == KV_NVFP4 else 1.0)
     _decode_attention_kernel[(hkv, splits, B)](
         q, kc, ks, kg, vc, vs, vg, bt, lens, out, part, ml, qk, q.stride(0), q.stride(1), out.stride(0),
-        out.stride(1), bt.stride(0), per_split, splits, HKV=hkv, D=D, DV=dv, GROUP=group, N=n_pad, PAGE=page, LOG2_PAGE=page.bit_length() - 1,
+        out.stride(1), bt.stride(0), per_split, splits, HKV=hkv, D=D, DV=dv, GROUP=group, N=n_pad, PAGE=page,
+        LOG2_PAGE=page.bit_length() - 1,
         KV_FMT=fmt_id, BLOCK_T=block_t, MODE=decode, DOT_F32=interp, SPLIT=splits > 1,
         num_warps=num_warps, num_stages=num_stages)
     if splits > 1:
