@@ -153,8 +153,11 @@ def ours(fmt: str, batch: int, ctx: int, read_bw: float, sweep: bool, log, gen) 
     row["bw_frac"] = row["roofline_us"] / row["us"]
     if sweep:
         best = None
-        configs = [dict(block_t=bt, num_stages=st, programs_per_sm=pps)
-                   for bt, st in ((64, 2), (64, 3), (128, 2), (128, 3), (128, 4)) for pps in (1.0, 2.0, 4.0)]
+        many = batch * HKV < 4 * torch.cuda.get_device_properties(0).multi_processor_count   # splits matter
+        configs = [dict(block_t=bt, num_stages=st, programs_per_sm=pps, **({"maxnreg": mr} if mr else {}))
+                   for bt, st, mr in ((64, 2, None), (64, 3, None), (64, 2, 128), (128, 2, None), (128, 2, 168),
+                                      (128, 3, 168), (128, 3, None))
+                   for pps in ((1.0, 2.0, 4.0) if many else (2.0,))]
         for kw in configs:
             try:
                 us = graph_us(lambda kw=kw: call(kw), calls=3, reps=5)
@@ -187,7 +190,7 @@ def main() -> None:
     ap.add_argument("--contexts", default="8192,32768")
     ap.add_argument("--formats", default="bf16,fp8_e4m3,nvfp4,mxfp4")
     ap.add_argument("--sweep", default="", help="formats to sweep (comma list)")
-    ap.add_argument("--sweep-shapes", default="32x8192,256x8192", help="BxL shapes swept")
+    ap.add_argument("--sweep-shapes", default="32x8192,256x8192", help="BxL shapes swept ('all': every shape)")
     ap.add_argument("--check", default="", help="FILES[:K_EXPR]: tests to run on the GPU first (default -m gpu)")
     args = ap.parse_args()
     import triton
@@ -219,7 +222,7 @@ def main() -> None:
     gen = torch.Generator(device=DEV)
     gen.manual_seed(0)
     sweep_fmts = set(filter(None, args.sweep.split(",")))
-    sweep_shapes = {tuple(int(x) for x in s.split("x")) for s in args.sweep_shapes.split(",") if s}
+    sweep_shapes = {tuple(int(x) for x in s.split("x")) for s in args.sweep_shapes.split(",") if "x" in s}
     for batch in (int(b) for b in args.batches.split(",")):
         for ctx in (int(c) for c in args.contexts.split(",")):
             base = {"batch": batch, "context": ctx}
@@ -231,7 +234,7 @@ def main() -> None:
             log(base)
             for fmt in args.formats.split(","):
                 try:
-                    swept = fmt in sweep_fmts and (batch, ctx) in sweep_shapes
+                    swept = fmt in sweep_fmts and (args.sweep_shapes == "all" or (batch, ctx) in sweep_shapes)
                     row = ours(fmt, batch, ctx, read_bw, swept, log, gen)
                     if "sdpa" in base:
                         row["speedup_vs_sdpa"] = base["sdpa"]["best_us"] / row["us"]

@@ -411,7 +411,7 @@ def _cache_args(c: PagedKV):
 def decode_attention(q: torch.Tensor, k: PagedKV, v: PagedKV, block_table: torch.Tensor, seq_lens: torch.Tensor,
                      scale: float, *, block_t: int | None = None, splits: int | None = None,
                      decode: int | None = None, num_warps: int = 4, num_stages: int | None = None,
-                     programs_per_sm: float = 2.0) -> torch.Tensor:
+                     programs_per_sm: float = 2.0, maxnreg: int | None = None) -> torch.Tensor:
     """Kernel version of `decode_attention_reference` (same signature); keyword tiles for benchmarks."""
     from trace_rl.kernels import interpreting
 
@@ -456,7 +456,7 @@ def decode_attention(q: torch.Tensor, k: PagedKV, v: PagedKV, block_table: torch
         out.stride(1), bt.stride(0), per_split, splits, HKV=hkv, D=D, DV=dv, GROUP=group, N=n_pad, PAGE=page,
         LOG2_PAGE=page.bit_length() - 1,
         KV_FMT=fmt_id, BLOCK_T=block_t, MODE=decode, DOT_F32=interp, SPLIT=splits > 1,
-        num_warps=num_warps, num_stages=num_stages)
+        num_warps=num_warps, num_stages=num_stages, **({} if maxnreg is None else {"maxnreg": maxnreg}))
     if splits > 1:
         _merge_splits_kernel[(B * Hq,)](part, ml, out, out.stride(0), out.stride(1), HQ=Hq, HEAD_DIM=D,
                                         SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits))
