@@ -40,6 +40,14 @@ KV_BF16, KV_FP8, KV_NVFP4, KV_MXFP4 = 0, 1, 2, 3
 KV_FORMAT_IDS = {"bf16": KV_BF16, "fp8_e4m3:row": KV_FP8, "nvfp4:row": KV_NVFP4, "mxfp4": KV_MXFP4}
 LOG2E = 1.4426950408889634
 
+# Launch defaults per cache format (H200 sweep, benchmarks/results/attention_h200_run2.json, Qwen3-8B heads):
+# (block_t, num_stages, maxnreg, programs_per_sm). FP4: 128-token tiles, 3 stages, registers capped at 168
+# (3 CTAs per SM instead of 2: +20-25% over the uncapped kernel, no spills); splits up to ~4 programs/SM.
+# fp8: one stage: with cp.async pipelining (2-3 stages) the masked last tile of a split read wrong data on
+# the H200 when it held a whole valid page (run 3 of that session; compute-sanitizer clean, not found yet).
+DEFAULTS = {"bf16": (64, 2, None, 2.0), "fp8_e4m3": (128, 1, None, 2.0), "nvfp4": (128, 3, 168, 4.0),
+            "mxfp4": (128, 3, 168, 4.0)}
+
 
 @triton.jit
 def _page_heads(bt_row, t0, t_hi, h, HKV: tl.constexpr, NP: tl.constexpr, LOG2_PAGE: tl.constexpr,
@@ -411,8 +419,9 @@ def _cache_args(c: PagedKV):
 def decode_attention(q: torch.Tensor, k: PagedKV, v: PagedKV, block_table: torch.Tensor, seq_lens: torch.Tensor,
                      scale: float, *, block_t: int | None = None, splits: int | None = None,
                      decode: int | None = None, num_warps: int = 4, num_stages: int | None = None,
-                     programs_per_sm: float = 2.0, maxnreg: int | None = None) -> torch.Tensor:
-    """Kernel version of `decode_attention_reference` (same signature); keyword tiles for benchmarks."""
+                     programs_per_sm: float | None = None, maxnreg: int | None = 0) -> torch.Tensor:
+    """Kernel version of `decode_attention_reference` (same signature); keyword tiles for benchmarks
+    (None / 0: the format's `DEFAULTS`; maxnreg=None: no register cap)."""
     from trace_rl.kernels import interpreting
 
     _check(q, k, v, block_table, seq_lens)
@@ -420,7 +429,11 @@ def decode_attention(q: torch.Tensor, k: PagedKV, v: PagedKV, block_table: torch
     hkv, page = k.heads, k.block_size
     fmt_id = KV_FORMAT_IDS[k.fmt]
     interp = interpreting()
-    block_t = block_t or (64 if interp or fmt_id == KV_BF16 else 128)
+    d_block, d_stages, d_maxnreg, d_pps = DEFAULTS[k.kv_format]
+    block_t = block_t or (64 if interp else d_block)
+    num_stages = num_stages or d_stages
+    maxnreg = d_maxnreg if maxnreg == 0 else maxnreg
+    programs_per_sm = programs_per_sm or d_pps
     if block_t % page and page % block_t:
         raise ValueError(f"decode_attention: block_t={block_t} and the page size {page} must divide one another")
     capacity = block_table.shape[1] * page               # static bound on lengths: no host sync (CUDA graphs)
@@ -448,15 +461,13 @@ def decode_attention(q: torch.Tensor, k: PagedKV, v: PagedKV, block_table: torch
     lens = seq_lens if seq_lens.dtype == torch.int32 else seq_lens.to(torch.int32)
     if decode is None:
         decode = DECODE_PURE if interp else DECODE_ASM
-    if num_stages is None:
-        num_stages = 3 if fmt_id != KV_BF16 else 2
     qk = scale * LOG2E * (L.NVFP4_FACTOR if fmt_id == KV_NVFP4 else 1.0)
     _decode_attention_kernel[(hkv, splits, B)](
         q, kc, ks, kg, vc, vs, vg, bt, lens, out, part, ml, qk, q.stride(0), q.stride(1), out.stride(0),
         out.stride(1), bt.stride(0), per_split, splits, HKV=hkv, D=D, DV=dv, GROUP=group, N=n_pad, PAGE=page,
         LOG2_PAGE=page.bit_length() - 1,
         KV_FMT=fmt_id, BLOCK_T=block_t, MODE=decode, DOT_F32=interp, SPLIT=splits > 1,
-        num_warps=num_warps, num_stages=num_stages, **({} if maxnreg is None else {"maxnreg": maxnreg}))
+        num_warps=num_warps, num_stages=num_stages, **({} if maxnreg is None or interp else {"maxnreg": maxnreg}))
     if splits > 1:
         _merge_splits_kernel[(B * Hq,)](part, ml, out, out.stride(0), out.stride(1), HQ=Hq, HEAD_DIM=D,
                                         SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits))
