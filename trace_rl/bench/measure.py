@@ -37,7 +37,7 @@ def bandwidth_ceilings(device: torch.device, gbytes: float = 4.0) -> dict:
 
 def kv_bytes_per_token(kv_format: str, num_layers: int, kv_heads: int, head_dim: int) -> float:
     """Cache bytes one token takes over all layers, K and V, scales included."""
-    one = PagedKV.allocate(kv_format, 1, 1, kv_heads, head_dim, "cpu", torch.bfloat16)
+    one = PagedKV.allocate(kv_format, 1, 16, kv_heads, head_dim, "cpu", torch.bfloat16)   # quantized pages: 16k tokens
     return 2 * num_layers * one.bytes_per_token()
 
 
