@@ -34,6 +34,9 @@ class HFEngine(RolloutEngine):
     @classmethod
     def from_pretrained(cls, path, device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
                         **kwargs) -> HFEngine:
+        from trace_rl.models.hf import require_transformers
+
+        require_transformers("HFEngine")
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype or "auto", local_files_only=True)

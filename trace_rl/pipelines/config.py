@@ -6,6 +6,7 @@ optimizer -> weight sync. Every field is documented; unknown keys are errors nam
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -181,6 +182,9 @@ class LoggingSection(TraceConfig):
         if missing:
             raise ValueError(f"logging.loggers needs packages that are not installed: {', '.join(missing)}; "
                              f"install them or remove those loggers")
+        if self.plot and importlib.util.find_spec("matplotlib") is None:
+            raise ValueError("logging.plot draws curves.png with matplotlib, which is not installed: "
+                             "pip install matplotlib, or set logging.plot=false")
         return self
 
     @field_validator("name")
