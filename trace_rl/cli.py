@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -267,6 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, UsageError) as err:
         print(f"trace-rl: error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:          # `trace-rl ... | head`: the reader left; not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":
