@@ -18,9 +18,10 @@ transformers = pytest.importorskip("transformers")
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """A 2-step run of the default policy (FP4 rollout, token TIS) with a checkpoint after each step."""
+    """A 2-step run of the default policy (FP4 rollout, token TIS) with a checkpoint after each step, the
+    model folders of both kept (loop.keep_models)."""
     run_dir = tmp_path_factory.mktemp("hf") / "run"
-    pipeline = build(small(2, **{"loop.checkpoint_every": 1}), run_dir=run_dir)
+    pipeline = build(small(2, **{"loop.checkpoint_every": 1, "loop.keep_models": 2}), run_dir=run_dir)
     pipeline.run()                                  # writes config.yaml too
     return run_dir, pipeline
 
@@ -49,7 +50,8 @@ def test_checkpoint_is_an_hf_folder_with_the_trained_logits(trained):
 
 def test_export_a_chosen_step(trained, tmp_path, capsys):
     run_dir, pipeline = trained
-    assert sorted(find_checkpoints(run_dir)) == [2]          # one checkpoint folder, replaced each step
+    found = find_checkpoints(run_dir)
+    assert sorted(found) == [1, 2] and found[2].name == "checkpoint" and found[1].name == "step-000001"
     assert main(["export", str(run_dir), str(tmp_path / "out")]) == 0
     assert "exported step 2" in capsys.readouterr().out
     out = tmp_path / "out"
@@ -58,6 +60,9 @@ def test_export_a_chosen_step(trained, tmp_path, capsys):
     tokens = torch.tensor([[5, 20, 33, 40]])
     with torch.no_grad():
         assert torch.allclose(hf(tokens).logits, pipeline.model(tokens), rtol=1e-5, atol=1e-5)
+    assert main(["export", str(run_dir), str(tmp_path / "first"), "--step", "1"]) == 0
+    with torch.no_grad():                     # step 1's weights: another model than the final one
+        assert not torch.allclose(load(tmp_path / "first")(tokens), pipeline.model(tokens))
     assert main(["export", str(run_dir), str(tmp_path / "b16"), "--step", "2", "--dtype", "bfloat16"]) == 0
     assert json.loads((tmp_path / "b16" / "config.json").read_text())["torch_dtype"] == "bfloat16"
     assert load(tmp_path / "b16").model.embed_tokens.weight.dtype == torch.bfloat16
@@ -101,3 +106,12 @@ def test_old_checkpoints_without_hf_files_still_export(trained, tmp_path):
     with torch.no_grad():
         assert torch.equal(load(tmp_path / "out")(tokens), pipeline.model(tokens))
     assert load_tokenizer(tmp_path / "out").encode("12+3=") == pipeline.tokenizer.encode("12+3=")
+
+
+def test_keep_models_keeps_the_newest_snapshots(tmp_path):
+    build(small(3, **{"loop.checkpoint_every": 1, "loop.keep_models": 2}), run_dir=tmp_path / "run").run()
+    snapshots = sorted(p.name for p in (tmp_path / "run" / "models").iterdir())
+    assert snapshots == ["step-000002", "step-000003"]
+    assert not (tmp_path / "run" / "models" / "step-000003" / "optimizer.safetensors").exists()
+    ckpt, snap = tmp_path / "run" / "checkpoint" / "model.safetensors", tmp_path / "run" / "models" / "step-000003"
+    assert (snap / "model.safetensors").stat().st_ino == ckpt.stat().st_ino        # a hard link, no copy

@@ -35,6 +35,7 @@ from trace_rl.distributed import fsdp
 from trace_rl.engine.base import RolloutEngine
 from trace_rl.pipelines.checkpoint import CHECKPOINT_DIR, check_same_run, find_checkpoint, promote, read_checkpoint
 from trace_rl.pipelines.checkpoint import save_checkpoint as write_checkpoint
+from trace_rl.pipelines.export import keep_model_snapshot
 from trace_rl.pipelines.pipeline import Pipeline
 
 log = logging.getLogger("trace_rl.distributed")
@@ -173,6 +174,7 @@ class DistributedPipeline(Pipeline):
         if self.is_driver:
             write_checkpoint(self.run_dir, model_sd, (optim_sd["state"], optim_sd["param_groups"]), self.state(),
                              self.config_dict(), **self.hf_parts())
+            keep_model_snapshot(self.run_dir, self.step, self.keep_models)
         dist.barrier()
         self._saved_step = self.step
         return Path(self.run_dir) / CHECKPOINT_DIR

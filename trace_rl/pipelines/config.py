@@ -118,6 +118,9 @@ class LoopSection(TraceConfig):
     eval_prompts: int = Field(128, ge=1, description="Held-out prompts per evaluation (greedy decoding).")
     checkpoint_every: int = Field(10, ge=0, description="Save a checkpoint every N steps, and always after the last "
                                                         "step and on SIGINT/SIGTERM (0: only then).")
+    keep_models: int = Field(
+        0, ge=0, description="Also keep the HF model folders of the last N checkpoints as <run>/models/step-<N>/ "
+                             "(hard links, for `trace-rl export --step`); 0: only the latest checkpoint.")
     masked_alarm: float = Field(
         0.99, gt=0.0, le=1.0, description="Warn (log and progress bar) when the corrections mask or reject at "
                                           "least this share of a step's tokens: that step learns (almost) nothing.")

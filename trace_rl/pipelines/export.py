@@ -13,6 +13,7 @@ Errors (no checkpoint, unknown step, OUT not empty) are `ConfigError`s: exit cod
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -26,8 +27,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def find_checkpoints(run_dir: str | Path) -> dict[int, Path]:
     """{step: folder} of the complete checkpoints in a run directory (folders named checkpoint* holding a
-    state.json and model.safetensors; unfinished `*.tmp` folders and sharded FSDP checkpoints are skipped).
-    The newest folder wins when two hold one step."""
+    state.json and model.safetensors; unfinished `*.tmp` folders and sharded FSDP checkpoints are skipped) and
+    of the model snapshots `loop.keep_models` keeps (`<run>/models/step-<N>/`). A checkpoint wins over a
+    snapshot of the same step, and the newest folder when two checkpoints hold one step."""
     run_dir = Path(run_dir)
     found: dict[int, Path] = {}
     folders = [p for p in run_dir.rglob("state.json") if p.parent.name.startswith("checkpoint")
@@ -38,7 +40,41 @@ def find_checkpoints(run_dir: str | Path) -> dict[int, Path]:
         except (ValueError, KeyError, TypeError):
             continue
         found[step] = state.parent
+    for folder in sorted((run_dir / MODELS_DIR).glob("step-*")):      # loop.keep_models snapshots
+        if folder.name[5:].isdigit() and (folder / "config.json").is_file() and int(folder.name[5:]) not in found:
+            found[int(folder.name[5:])] = folder
     return dict(sorted(found.items()))
+
+
+MODELS_DIR = "models"          # <run>/models/step-<N>/: HF model folders of earlier checkpoints (loop.keep_models)
+
+
+def keep_model_snapshot(run_dir: str | Path, step: int, keep: int) -> Path | None:
+    """After a checkpoint of `step` was saved: keep its HF model part as `<run>/models/step-<step>/` (hard links
+    to the checkpoint's files, so no extra disk until the checkpoint is replaced; a copy where links are not
+    possible) and delete all but the newest `keep` snapshots. Returns the snapshot folder."""
+    run_dir = Path(run_dir)
+    source = run_dir / "checkpoint"
+    if keep <= 0 or not (source / "config.json").is_file():
+        return None
+    root = run_dir / MODELS_DIR
+    target = root / f"step-{step:06d}"
+    tmp = root / f".step-{step:06d}.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    for f in source.iterdir():
+        if f.is_file() and f.name not in RESUME_FILES:
+            try:
+                os.link(f, tmp / f.name)
+            except OSError:
+                shutil.copy2(f, tmp / f.name)
+    if target.exists():
+        shutil.rmtree(target)
+    tmp.rename(target)
+    for old in sorted(p for p in root.iterdir() if p.name.startswith("step-"))[:-keep]:
+        shutil.rmtree(old)
+    return target
 
 
 def select_checkpoint(run_dir: str | Path, step: int | None = None) -> tuple[int, Path]:
@@ -54,7 +90,7 @@ def select_checkpoint(run_dir: str | Path, step: int | None = None) -> tuple[int
         step = max(found)
     if step not in found:
         raise ConfigError(f"export: --step {step}: no checkpoint of that step in {run_dir}; available: "
-                          f"{', '.join(map(str, found))}", ("step",))
+                          f"{', '.join(map(str, found))} (loop.keep_models keeps earlier ones)", ("step",))
     return step, found[step]
 
 

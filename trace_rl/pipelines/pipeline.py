@@ -36,6 +36,7 @@ from trace_rl.pipelines.checkpoint import (
     read_checkpoint,
     save_checkpoint,
 )
+from trace_rl.pipelines.export import keep_model_snapshot
 from trace_rl.pipelines.preflight import step_seed
 from trace_rl.pipelines.run_dir import RunDirectory, write_text_atomic
 from trace_rl.pipelines.run_log import RunLog, plot_curves, read_history, summary_table, truncate_metrics
@@ -123,6 +124,7 @@ class Pipeline:
     title: str = ""
     step: int = 0
     drift: DriftMetrics = field(default_factory=DriftMetrics)
+    keep_models: int = 0                   # HF model folders of the last N checkpoints under <run>/models/
     masked_alarm: float = 0.99             # warn when corrections mask >= this share of a step's tokens
     stop_when_masked: bool = False         # ... or stop the run (CorrectionsMaskedAll)
     reference: object | None = None        # a ReferencePolicy writing ("log_probs","ref") for the KL term
@@ -289,6 +291,7 @@ class Pipeline:
         path = save_checkpoint(self.run_dir, self.model.state_dict(), named_optimizer_state(self.model, self.optimizer),
                                self.state(), self.config_dict(), **self.hf_parts())
         self._saved_step = self.step
+        keep_model_snapshot(self.run_dir, self.step, self.keep_models)
         return path
 
     def resume(self) -> dict:
