@@ -50,6 +50,9 @@ def _resume_config(args):
 
 def _cmd_run(args) -> int:
     import shlex
+    import time
+
+    started = time.time()
 
     from trace_rl.pipelines import build
     from trace_rl.pipelines.pipeline import CorrectionsMaskedAll, RunInterrupted
@@ -57,6 +60,8 @@ def _cmd_run(args) -> int:
     from trace_rl.pipelines.run_log import summary_table
 
     mode = "resume" if args.resume else ("overwrite" if args.overwrite else "new")
+    if args.time_limit is not None and not args.time_limit >= 0:
+        raise UsageError(f"--time-limit {args.time_limit}: expected seconds >= 0")
     if args.resume:
         cfg, run_dir = _resume_config(args)
     else:
@@ -69,6 +74,8 @@ def _cmd_run(args) -> int:
         pipeline.run(resume=bool(args.resume))
         return 0
     check_run_dir(pipeline.run_dir, mode)
+    if args.time_limit is not None:       # counted from the start of this command (model loading included)
+        pipeline.deadline = started + args.time_limit
     resume_cmd = f"trace-rl run --resume {shlex.quote(str(pipeline.run_dir))}"
     print(f"run directory: {pipeline.run_dir}")
     print(f"plan: {cfg.precision.label}  trainer: {cfg.precision.trainer}  corrections: "
@@ -206,6 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "loop.steps, trainer.lr and a few other fields: docs/pipelines.md)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the run directory if it holds an earlier trace-rl run (default: refuse)")
+    p.add_argument("--time-limit", type=float, metavar="SECONDS",
+                   help="stop, with a checkpoint, before a step that would end more than SECONDS after this command "
+                        "started (at least one step is made); exit 142; continue with --resume")
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("validate", help="check a config (exit 2 naming the bad field)")

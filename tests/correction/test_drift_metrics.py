@@ -101,6 +101,19 @@ def test_mismatch_by_position_by_hand():
     empty = mismatch_by_position(td[K.LOGP_ROLLOUT], td[K.LOGP_TRAINER], td[K.MASK_RESPONSE], [0, 4, 8])
     assert empty.count == [8, 0] and math.isnan(empty.abs_log_ratio[1])
     assert "mismatch_by_position/k3/0-1" in pos.flat()
+    for i, b in enumerate(bins):                      # ess of each bin's ratios: (Σρ)² / (n Σρ²)
+        assert pos.ess[i] == pytest.approx(sum(b) ** 2 / (len(b) * sum(x * x for x in b)))
+    assert math.isnan(empty.ess[1])                   # an empty bin: NaN, not a made-up 1
+    assert pos.flat()["mismatch_by_position/ess/2-4"] == pytest.approx(pos.ess[2])
+
+
+def test_ess_by_position_exact_at_log_ratios_that_overflow():
+    """Each bin is scaled by its own largest ρ: e^1000 in one bin neither overflows it nor touches the other."""
+    lp_rollout = torch.tensor([[0.0, -1000.0, 0.0, 0.0], [0.0, -1000.0, -999.0, 0.0]])
+    pos = mismatch_by_position(lp_rollout, torch.zeros(2, 4), torch.ones(2, 4, dtype=torch.bool), [0, 1, 4])
+    assert pos.ess[0] == pytest.approx(1.0)                       # position 0: ρ = 1, 1
+    scaled = [1.0, 1.0, math.exp(-1.0)]                           # ρ / e^1000; the three ρ = 1 vanish (e^-1000)
+    assert pos.ess[1] == pytest.approx(sum(scaled) ** 2 / (6 * sum(x * x for x in scaled)), rel=1e-12)
 
 
 def test_drift_metrics_module_reads_correction_mask():

@@ -32,5 +32,7 @@ def test_an_overflowing_optimizer_step_stops_the_run_naming_the_cause(tmp_path, 
     err = capsys.readouterr().err
     assert "step 1: the optimizer step made" in err and "although the gradient norm was finite" in err
     assert "weight_decay=1e+45" in err
-    assert [r["kind"] for r in read_history(run_dir)] == ["eval"]          # the step-0 eval only
+    history = read_history(run_dir)
+    assert [r["kind"] for r in history] == ["eval", "collapse"]           # the step-0 eval, then the collapse
+    assert history[1]["step"] == 1 and history[1]["reason"] == "non-finite"
     assert not (run_dir / "checkpoint").exists()                          # nothing saved from those weights

@@ -14,6 +14,7 @@ from trace_rl.correction.metrics import (
     DriftMetrics,
     DriftReport,
     PositionMismatch,
+    correction_fractions,
     drift_metrics,
     mismatch_by_position,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "available_corrections",
     "build_correction",
     "build_corrections",
+    "correction_fractions",
     "drift_metrics",
     "log_ratio",
     "mismatch_by_position",

@@ -70,6 +70,11 @@ class Correction(ABC):
     @abstractmethod
     def compute(self, log_ratio: torch.Tensor, mask: torch.Tensor) -> CorrectionResult: ...
 
+    def truncated(self, log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
+        """Tokens whose importance weight this correction cut (bool [B, Lr]; logged per step as
+        `correction/<kind>/frac_truncated`). None: it cuts no weight (it only masks, or keeps weights whole)."""
+        return None
+
     def __call__(self, td: TensorDictBase) -> TensorDictBase:
         return Corrections([self])(td)
 

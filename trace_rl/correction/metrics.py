@@ -25,13 +25,17 @@ means are NaN too (0/0), never a made-up 0.
 
 `mismatch_by_position` bins response positions (default edges 0, 1, 2, 4, 8, ... : KV-cache error grows
 with length, so early positions get fine bins and long tails coarse ones) and reports per bin the token
-count and the mean |δ|, δ (k1) and k3.
+count, the mean |δ|, δ (k1) and k3, and the ess of the bin's tokens.
+
+`correction_fractions` says what each correction of a `Corrections` list does on its own to a batch: the
+share of real tokens its mask drops (`frac_masked`) and the share whose importance weight it truncated
+(`frac_truncated`: TIS weights cut at C), keyed `correction/<kind>/...`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from tensordict import NestedKey, TensorDictBase
@@ -56,13 +60,16 @@ METRIC_NAMES = (
 
 @dataclass
 class PositionMismatch:
-    """Mismatch by response position. Bin i covers positions [edges[i], edges[i+1]); empty bins hold NaN."""
+    """Mismatch by response position. Bin i covers positions [edges[i], edges[i+1]); empty bins hold NaN.
+    `ess` (the normalised effective sample size of each bin's ρ_t) is empty when not computed (records
+    written before it existed)."""
 
     edges: list[int]
     count: list[int]
     abs_log_ratio: list[float]
     k1: list[float]
     k3: list[float]
+    ess: list[float] = field(default_factory=list)
 
     def flat(self, prefix: str = "mismatch_by_position") -> dict[str, float]:
         """Loggable scalars, e.g. `mismatch_by_position/abs_log_ratio/8-16`."""
@@ -73,6 +80,8 @@ class PositionMismatch:
             out[f"{prefix}/abs_log_ratio/{span}"] = self.abs_log_ratio[i]
             out[f"{prefix}/k1/{span}"] = self.k1[i]
             out[f"{prefix}/k3/{span}"] = self.k3[i]
+            if self.ess:
+                out[f"{prefix}/ess/{span}"] = self.ess[i]
         return out
 
 
@@ -159,7 +168,7 @@ def mismatch_by_position(
     mask: torch.Tensor,
     edges: Sequence[int] | None = None,
 ) -> PositionMismatch:
-    """Mean |δ|, δ and k3 per bin of response position (default `power_of_two_edges`)."""
+    """Mean |δ|, δ, k3 and the ess per bin of response position (default `power_of_two_edges`)."""
     mask = mask.bool()
     length = mask.shape[-1]
     edges = list(edges) if edges is not None else power_of_two_edges(length)
@@ -179,10 +188,49 @@ def mismatch_by_position(
         return torch.zeros(nb, device=mask.device).index_add_(0, bins[valid], values[valid])
 
     count = per_bin(torch.ones_like(delta))
+    # ess per bin, scale-free: divide each ρ_t by the largest ρ of its bin first (no overflow at any log ρ)
+    log_rho = (-delta).double()
+    top = torch.full((nb,), -torch.inf, dtype=torch.float64, device=mask.device).scatter_reduce(
+        0, bins[valid], log_rho[valid], "amax")
+    scaled = torch.where(valid, (log_rho - top[bins].nan_to_num(neginf=0.0)).exp(), 0.0)
+    sums = torch.zeros(2, nb, dtype=torch.float64, device=mask.device)
+    sums[0].index_add_(0, bins[valid], scaled[valid])
+    sums[1].index_add_(0, bins[valid], scaled[valid] ** 2)
+    ess = sums[0] ** 2 / (count.double() * sums[1])                                   # empty bin: 0/0 = NaN
     stats = torch.stack([per_bin(delta.abs()), per_bin(delta), per_bin(k3)]) / count  # empty bin: 0/0 = NaN
     abs_lr, k1, k3v = stats.tolist()
     return PositionMismatch(edges=edges, count=[int(c) for c in count.tolist()], abs_log_ratio=abs_lr,
-                            k1=k1, k3=k3v)
+                            k1=k1, k3=k3v, ess=ess.tolist())
+
+
+def correction_fractions(corrections, log_p_rollout: torch.Tensor, log_p_trainer: torch.Tensor,
+                         mask: torch.Tensor) -> dict[str, float]:
+    """What each correction of `corrections` (a `Corrections` or a list of `Correction`s) does on its own, over
+    the real tokens: `correction/<kind>/frac_masked` (its mask drops them) and `correction/<kind>/frac_truncated`
+    (its weight was cut: `Correction.truncated`, e.g. TIS with ρ above C; 0 for corrections that only mask).
+    A kind listed twice is keyed `<kind>.1`, `<kind>.2`, .... {} without corrections; NaN without real tokens.
+    One host sync."""
+    items = list(getattr(corrections, "corrections", corrections) or [])
+    if not items:
+        return {}
+    mask = mask.bool()
+    lr = torch.where(mask, log_p_trainer.detach().float() - log_p_rollout.detach().float(), 0.0)
+    n = mask.sum()                       # no real token: 0/0 = NaN, as in drift_metrics
+    kinds = [c.kind or type(c).__name__ for c in items]
+    values = []
+    for c in items:
+        result = c.compute(lr, mask)
+        dropped = mask & ~result.keep.bool() if result.keep is not None else torch.zeros_like(mask)
+        cut = c.truncated(lr, mask)
+        cut = mask & cut.bool() if cut is not None else torch.zeros_like(mask)
+        values += [dropped.sum() / n, cut.sum() / n]
+    flat = torch.stack(values).tolist()
+    out = {}
+    for i, kind in enumerate(kinds):
+        name = kind if kinds.count(kind) == 1 else f"{kind}.{kinds[:i + 1].count(kind)}"
+        out[f"correction/{name}/frac_masked"] = flat[2 * i]
+        out[f"correction/{name}/frac_truncated"] = flat[2 * i + 1]
+    return out
 
 
 class DriftMetrics:

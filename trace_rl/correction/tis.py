@@ -35,6 +35,9 @@ class TokenTIS(Correction):
     def compute(self, log_ratio: torch.Tensor, mask: torch.Tensor) -> CorrectionResult:
         return CorrectionResult(weight=log_ratio.clamp(max=math.log(self.params.C)).exp())
 
+    def truncated(self, log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return mask & (log_ratio > math.log(self.params.C))
+
 
 @register_correction("seq_tis")
 class SequenceTIS(Correction):
@@ -48,3 +51,6 @@ class SequenceTIS(Correction):
     def compute(self, log_ratio: torch.Tensor, mask: torch.Tensor) -> CorrectionResult:
         seq = sequence_sum(log_ratio, mask).clamp(max=math.log(self.params.C)).exp()
         return CorrectionResult(weight=per_token(seq, log_ratio))
+
+    def truncated(self, log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return mask & per_token(sequence_sum(log_ratio, mask) > math.log(self.params.C), log_ratio)

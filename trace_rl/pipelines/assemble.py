@@ -209,7 +209,7 @@ def build(cfg: PipelineConfig, run_dir: str | Path | None = None, title: str = "
         checkpoint_every=cfg.loop.checkpoint_every, reference=reference, lr_scheduler=lr_scheduler,
         router_replay=router_replay, router_aux_loss_coef=cfg.model.router_aux_loss_coef,
         masked_alarm=cfg.loop.masked_alarm, stop_when_masked=cfg.loop.stop_when_masked,
-        keep_models=cfg.loop.keep_models,
+        keep_models=cfg.loop.keep_models, collapse=cfg.loop.collapse,
         logging=cfg.logging.model_dump(include={"jsonl", "tensorboard", "progress", "plot", "loggers", "wandb",
                                                 "mlflow"}),
         config=cfg, title=title or f"{cfg.precision.label}, corrections: "

@@ -95,7 +95,7 @@ def _sha256(path: Path) -> str:
 # Fields a resumed run may change (applied to the live objects: the optimizer's lr, the loop's length);
 # any other difference means the checkpoint belongs to another run.
 RESUMABLE_FIELDS = (
-    "loop.steps", "loop.eval_every", "loop.eval_prompts", "loop.checkpoint_every", "trainer.lr",
+    "loop.steps", "loop.eval_every", "loop.eval_prompts", "loop.checkpoint_every", "loop.collapse", "trainer.lr",
     "trainer.grad_clip", "model.cpu_threads", "logging.progress", "logging.plot", "logging.tensorboard",
     "logging.loggers", "logging.wandb", "logging.mlflow", "loop.keep_models",
 )

@@ -16,6 +16,7 @@ from trace_rl.correction.registry import CorrectionConfig
 from trace_rl.data.advantages import GroupAdvantageConfig
 from trace_rl.distributed.config import DistributedSection
 from trace_rl.objectives.config import LossConfig
+from trace_rl.pipelines.collapse import CollapseSection
 from trace_rl.pipelines.schedules import LRScheduleSection
 from trace_rl.plan import PrecisionPlan
 from trace_rl.tasks.config import ArithmeticConfig, TaskConfig
@@ -126,6 +127,9 @@ class LoopSection(TraceConfig):
                                           "least this share of a step's tokens: that step learns (almost) nothing.")
     stop_when_masked: bool = Field(
         False, description="Stop the run (exit 1, after saving a checkpoint) at such a step instead of warning.")
+    collapse: CollapseSection = Field(
+        default_factory=CollapseSection, description="When the run counts as collapsed (held-out accuracy, "
+                                                     "entropy, non-finite values); recorded in metrics.jsonl.")
 
     @field_validator("group_size")
     @classmethod

@@ -36,9 +36,9 @@ from typing import Any
 
 LOGGER_PACKAGES: dict[str, str | None] = {"csv": None, "tensorboard": "tensorboard", "wandb": "wandb",
                                           "mlflow": "mlflow"}
-ROLLOUT_KEYS = frozenset({"reward", "correct", "format_ok", "response_length", "rollout_seconds",
+ROLLOUT_KEYS = frozenset({"reward", "correct", "format_ok", "response_length", "response_at_cap", "rollout_seconds",
                           "rollout_tokens_per_s", "rollout_lag", "rollout_wait_seconds", "policy_version"})
-DRIFT_PREFIXES = ("mismatch_by_position/", "routing")
+DRIFT_PREFIXES = ("mismatch_by_position/", "routing", "correction/")
 STATE_FILE = "loggers.json"
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import signal
 import threading
@@ -23,6 +24,7 @@ from trace_rl.collectors import RolloutCollector
 from trace_rl.collectors.prompts import PROBLEM, prompt_batch
 from trace_rl.correction import DriftMetrics
 from trace_rl.correction.guided import guided_trainer
+from trace_rl.correction.metrics import correction_fractions
 from trace_rl.data import schema as K
 from trace_rl.data.replay_buffer import set_policy_version
 from trace_rl.engine.base import RolloutEngine, SamplingParams
@@ -36,11 +38,14 @@ from trace_rl.pipelines.checkpoint import (
     read_checkpoint,
     save_checkpoint,
 )
+from trace_rl.pipelines.collapse import CollapseMonitor, CollapseSection
 from trace_rl.pipelines.export import keep_model_snapshot
 from trace_rl.pipelines.preflight import step_seed
 from trace_rl.pipelines.run_dir import RunDirectory, write_text_atomic
 from trace_rl.pipelines.run_log import RunLog, plot_curves, read_history, summary_table, truncate_metrics
 from trace_rl.pipelines.schedules import seek
+
+_log = logging.getLogger("trace_rl")
 
 
 class CorrectionsMaskedAll(RuntimeError):
@@ -60,11 +65,21 @@ class RunInterrupted(Exception):  # noqa: N818  (not an error: the run stopped o
     """SIGINT/SIGTERM stopped the run after a step; `saved` is the checkpoint written then (None if no step
     had finished). The CLI prints how to resume and exits 128 + signal number."""
 
-    def __init__(self, signum: int, step: int, run_dir: Path, saved: Path | None):
+    def __init__(self, signum: int, step: int, run_dir: Path, saved: Path | None, why: str = ""):
         self.signum, self.step, self.run_dir, self.saved = signum, step, run_dir, saved
-        name = signal.Signals(signum).name
         where = f"checkpoint saved at step {step} in {saved}" if saved else "no step had finished: nothing saved"
-        super().__init__(f"{name}: stopped after step {step}; {where}")
+        super().__init__(f"{why or signal.Signals(signum).name}: stopped after step {step}; {where}")
+
+
+class TimeLimitReached(RunInterrupted):  # noqa: N818
+    """The next step would have ended after `Pipeline.deadline` (`trace-rl run --time-limit`): the run stopped
+    before it, with a checkpoint, so a driver with a wall-clock budget (a 10-minute job) can continue it later
+    with --resume. Like the `timeout` of a job, it counts as SIGALRM: the CLI exits 128 + 14 = 142."""
+
+    def __init__(self, step: int, run_dir: Path, saved: Path | None, deadline: float):
+        left = deadline - time.time()
+        super().__init__(signal.SIGALRM, step, run_dir, saved,
+                         why=f"time limit ({left:.0f} s left, less than the next step needs)")
 
 
 class _StopRequests:
@@ -131,6 +146,8 @@ class Pipeline:
     lr_scheduler: object | None = None     # a torch LambdaLR stepped once per RL step (trace_rl.pipelines.schedules)
     router_replay: bool = False            # MoE: the trainer's forwards replay the rollout's routing records
     router_aux_loss_coef: float = 0.0      # MoE: transformers' load-balancing loss weight (0: off)
+    collapse: CollapseSection = field(default_factory=CollapseSection)   # when the run counts as collapsed
+    deadline: float | None = None          # time.time() by which run() stops (TimeLimitReached); None: no limit
 
     def __post_init__(self):
         self._eval_problems = self.task.problems(self.eval_prompts, self.seed, "eval")
@@ -151,7 +168,8 @@ class Pipeline:
         t0 = time.perf_counter()
         batch = self.collect_batch()
         t_rollout = time.perf_counter() - t0
-        rollout_tokens = int(batch.get(K.MASK_RESPONSE).sum())
+        lengths = batch.get(K.MASK_RESPONSE).sum(-1)
+        rollout_tokens = int(lengths.sum())
         sample = self.draw_sample(batch)
         report = self.score_sample(sample)
         self.model.train()
@@ -170,7 +188,11 @@ class Pipeline:
             "loss": sum(losses) / len(losses), "grad_norm": grad_norm.item(), "lr": lr,
             **{k: _mean([float(o[k]) for o in outs]) for k in outs[0].keys() if not k.startswith("loss_")},
             **report.flat(),
+            **correction_fractions(self.corrections, sample.get(K.LOGP_ROLLOUT), sample.get(K.LOGP_TRAINER),
+                                   sample.get(K.MASK_RESPONSE)),
             "response_length": rollout_tokens / batch.batch_size[0],
+            # responses cut by max_new_tokens (or ending exactly there): the length blow-up of a collapse
+            "response_at_cap": (lengths >= self.sampling.max_new_tokens).float().mean().item(),
             "rollout_seconds": t_rollout, "step_seconds": t_total,
             "rollout_tokens_per_s": rollout_tokens / max(t_rollout, 1e-9),
         }
@@ -246,6 +268,7 @@ class Pipeline:
     @torch.no_grad()
     def evaluate(self) -> dict:
         """Greedy accuracy on the held-out prompts, through the rollout engine (at rollout precision)."""
+        t0 = time.perf_counter()
         greedy = self.sampling.model_copy(update={"n": 1, "temperature": 0.0, "top_k": 0, "top_p": 1.0,
                                                   "seed": None})
         out = self.engine.generate(self._prompts(self._eval_problems), greedy)
@@ -255,7 +278,7 @@ class Pipeline:
         n = len(scores)
         return {"kind": "eval", "step": self.step, "eval_accuracy": sum(s.correct for s in scores) / n,
                 "eval_reward": sum(s.reward for s in scores) / n,
-                "eval_format_ok": sum(s.format_ok for s in scores) / n}
+                "eval_format_ok": sum(s.format_ok for s in scores) / n, "eval_seconds": time.perf_counter() - t0}
 
     def _guidance(self, td):
         """TRACE: serve the rollout's rounding records to the guided trainer layers (no-op otherwise)."""
@@ -356,34 +379,60 @@ class Pipeline:
                      masked_alarm=(self.masked_alarm, lambda r: masked_message(r, self.corrections, self.masked_alarm)),
                      **{k: v for k, v in self.logging.items()
                         if k in ("jsonl", "tensorboard", "progress", "loggers", "wandb", "mlflow")})
+        monitor = CollapseMonitor(self.collapse)
         if resumed is not None:
+            monitor.replay(read_history(self.run_dir))     # the rule's state is a function of the records
             log.log({"kind": "resume", "step": self.step, **resumed})
+
+        def record(entry: dict) -> None:
+            log.log(entry)
+            event = monitor.update(entry)
+            if event is not None:
+                log.log(event)
+                _log.warning("step %s: the run collapsed (%s: %s)", event["step"], event["reason"], event["detail"])
+
         stop = _StopRequests().install() if getattr(self, "world", 1) == 1 else _StopRequests()
         t0 = time.perf_counter()
+        timing = _StepTiming()
         try:
             if self.step == 0:
-                log.log(self.evaluate())
+                record(self.evaluate())
             while self.step < self.steps:
                 if stop.signum is not None:
                     raise RunInterrupted(stop.signum, self.step, self.run_dir, self._save_if_needed())
-                record = self.train_step()
-                log.log(record)
-                if self.stop_when_masked and record.get("frac_masked_tokens", 0.0) >= self.masked_alarm:
+                if self.deadline is not None and timing.steps and time.time() + timing.next_step(self) > self.deadline:
+                    raise TimeLimitReached(self.step, self.run_dir, self._save_if_needed(), self.deadline)
+                try:
+                    entry = self.train_step()
+                except FloatingPointError as err:     # the step refused a non-finite gradient or update
+                    event = monitor.non_finite(self.step + 1, str(err))
+                    if event is not None:
+                        log.log(event)
+                    raise
+                record(entry)
+                timing.steps.append(entry["step_seconds"])
+                if self.stop_when_masked and entry.get("frac_masked_tokens", 0.0) >= self.masked_alarm:
                     saved = self._save_if_needed()
-                    raise CorrectionsMaskedAll(f"{masked_message(record, self.corrections, self.masked_alarm)}; "
+                    raise CorrectionsMaskedAll(f"{masked_message(entry, self.corrections, self.masked_alarm)}; "
                                                f"stopped (loop.stop_when_masked; checkpoint: {saved})")
                 if self.eval_every and self.step % self.eval_every == 0 and self.step < self.steps:
-                    log.log(self.evaluate())
+                    entry = self.evaluate()
+                    record(entry)
+                    timing.evals.append(entry["eval_seconds"])
                 if self.checkpoint_every and self.step % self.checkpoint_every == 0:
-                    self.save()
+                    timing.save(self)
+                if monitor.collapse is not None and self.collapse.stop:
+                    break                          # loop.collapse.stop: the rest of the run would be wasted
             self._save_if_needed()   # before the final eval: the checkpoint holds the state a longer run continues from
             if not log.history or log.history[-1].get("kind") != "eval" or log.history[-1]["step"] != self.step:
-                log.log(self.evaluate())
+                record(self.evaluate())
         finally:
             stop.restore()
             log.close()
         history = read_history(self.run_dir) if self.logging.get("jsonl", True) else log.history
         summary = summarize(history, time.perf_counter() - t0)
+        if monitor.collapse is not None and self.collapse.stop and self.step < self.steps:
+            summary["stopped"] = f"collapse at step {monitor.collapse['step']} (loop.collapse.stop)"
         if self.logging.get("plot", True) is not False:
             summary["plot"] = str(plot_curves(history, self.run_dir / "curves.png", self.title))
         write_text_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2, default=float))
@@ -397,6 +446,30 @@ class Pipeline:
         return self.run_dir / "checkpoint"
 
 
+class _StepTiming:
+    """What the next step will take, from this process's own measurements (the first step of an invocation
+    includes warm-up, so it overestimates): the slowest recent step x 1.1, plus the evaluation that follows
+    it when one is due, plus a checkpoint save. The deadline is checked only once a step of this invocation was
+    measured, so every invocation makes progress (a driver never loops on a run that cannot start)."""
+
+    def __init__(self):
+        self.steps: list[float] = []
+        self.evals: list[float] = []
+        self.saves: list[float] = []
+
+    def save(self, pipeline: Pipeline) -> None:
+        t0 = time.perf_counter()
+        pipeline.save()
+        self.saves.append(time.perf_counter() - t0)
+
+    def next_step(self, pipeline: Pipeline) -> float:
+        need = 1.1 * max(self.steps[-3:])
+        nxt = pipeline.step + 1
+        if self.evals and pipeline.eval_every and nxt % pipeline.eval_every == 0:
+            need += max(self.evals[-3:])
+        return need + (max(self.saves[-3:]) if self.saves else 0.0)
+
+
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else math.nan
 
@@ -404,6 +477,7 @@ def _mean(values: list[float]) -> float:
 def summarize(history: list[dict], wall_seconds: float) -> dict:
     train = [r for r in history if r.get("kind") == "train"]
     evals = [r for r in history if r.get("kind") == "eval"]
+    collapse = next((r for r in history if r.get("kind") == "collapse"), None)
     return {
         "steps": len(train),
         "eval_accuracy_start": evals[0]["eval_accuracy"] if evals else None,
@@ -414,8 +488,11 @@ def summarize(history: list[dict], wall_seconds: float) -> dict:
         "mismatch_k3_mean": _mean([r["mismatch_k3"] for r in train]) if train else None,
         "ess_mean": _mean([r["ess"] for r in train]) if train else None,
         "rollout_tokens_per_s": _mean([r["rollout_tokens_per_s"] for r in train]) if train else None,
+        "step_seconds_median": sorted(r["step_seconds"] for r in train)[len(train) // 2] if train else None,
+        "collapse_step": collapse["step"] if collapse else None,
+        "collapse_reason": f"{collapse['reason']}: {collapse['detail']}" if collapse else None,
         "wall_seconds": wall_seconds,
     }
 
 
-__all__ = ["Pipeline", "RunInterrupted", "summarize", "summary_table"]
+__all__ = ["Pipeline", "RunInterrupted", "TimeLimitReached", "summarize", "summary_table"]
