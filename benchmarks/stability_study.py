@@ -657,7 +657,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--preset", choices=sorted(STUDY_PRESETS), help="start a study: gpu (the real one) or smoke")
     c.add_argument("--set", action="append", help="KEY=VALUE for every run's config (only when a study starts)")
     c.add_argument("--steps", type=int, help="RL steps per run (only when a study starts; default 150)")
-    c.add_argument("--runs", help="PLAN:SEED,... the runs and their order (default: the issue's 10)")
+    c.add_argument("--runs", help="PLAN:SEED,... the runs and their order, kept for later calls (default: the "
+                                  "preset's; for gpu the issue's 10)")
     c.add_argument("--jobs", type=int, default=1, help="runs sharing the GPU at once (default 1)")
     c.add_argument("--inprocess", action="store_true", help="runs in this process (CPU, tests), no subprocesses")
     c.add_argument("--run-time-limit", type=float, help="cap on each run's --time-limit (0: every run stops after "
