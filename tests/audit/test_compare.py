@@ -103,3 +103,14 @@ def test_unfinished_and_nan_runs_are_named_not_averaged(tmp_path):
     line = compare_table([row]).splitlines()[-1]
     assert line.startswith("| fp4 | 2/3 |")
     assert "seed 1 unfinished (2 steps), not averaged; seed 2: NaN/inf mismatch_k3_mean" in line
+
+
+def test_a_collapse_the_run_recorded_counts(tmp_path):
+    """A run whose own rule fired (held-out accuracy, entropy: a "collapse" record) is collapsed there, even
+    when the train reward alone would not say so."""
+    folder = tmp_path / "fp4" / "seed0"
+    _write_run(folder, [0.3, 0.4, 0.5, 0.5], (0.2, 0.5), k3=0.01)
+    with (folder / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"kind": "collapse", "step": 3, "reason": "entropy", "detail": ""}) + "\n")
+    (row,), _ = aggregate_runs(tmp_path, ["fp4"], [0], CollapseRule(window=2))
+    assert row["collapsed"] == 1 and row["collapse_steps"] == [3]

@@ -4,7 +4,9 @@
 Steps to collapse (`CollapseRule`, documented in docs/stability.md): the first step at which
   - the loss or the gradient norm is not finite, or the run stopped on a non-finite gradient; or
   - the trailing mean of the train reward over `window` steps falls below `fraction` x the best trailing
-    mean seen so far, once that best is at least `min_peak` (so noise around a zero reward is no collapse).
+    mean seen so far, once that best is at least `min_peak` (so noise around a zero reward is no collapse); or
+  - the run recorded a collapse while it ran (`loop.collapse`: held-out accuracy, entropy; a "collapse"
+    record in metrics.jsonl, `trace_rl.pipelines.collapse`).
 None: no collapse within the run.
 """
 
@@ -90,6 +92,7 @@ def _stats(values: list[float]) -> tuple[float, float]:
 def aggregate_runs(out_dir: Path, presets: list[str], seeds: list[int],
                    rule: CollapseRule = CollapseRule()) -> tuple[list[dict], dict[str, dict]]:
     """(one row per preset with mean ± std over seeds, curves per preset for `plot_compare`)."""
+    from trace_rl.pipelines.collapse import recorded_collapse
     from trace_rl.pipelines.run_log import read_history
 
     rows, curves = [], {}
@@ -105,6 +108,9 @@ def aggregate_runs(out_dir: Path, presets: list[str], seeds: list[int],
             collapse = steps_to_collapse(train, rule)
             if collapse is None and "diverged" in summary:
                 collapse = summary.get("steps", len(train)) + 1   # stopped inside the step after the last record
+            recorded = recorded_collapse(history)     # the run's own rule (loop.collapse), when it fired
+            if recorded is not None:
+                collapse = recorded["step"] if collapse is None else min(collapse, recorded["step"])
             speeds = [r["rollout_tokens_per_s"] for r in train[1:] or train]   # step 1 includes warm-up
             runs.append({
                 "seed": seed, "dir": str(run_dir), "finished": summary_file.is_file(), "steps": len(train),
