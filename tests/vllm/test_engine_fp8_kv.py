@@ -38,10 +38,11 @@ def engine(policy):
     engine.shutdown()
 
 
-class _VLLMCacheFormat:
-    """Stands in for the KV format in the trainer's attention (its `fake_quantize` is all it calls)."""
+class _VLLMCacheBackend:
+    """Stands in for the KV format's backend in the trainer's attention (its `fake_quantize` is all it calls)."""
 
-    def fake_quantize(self, x: torch.Tensor) -> torch.Tensor:
+    def fake_quantize(self, x: torch.Tensor, fmt: str, guidance=None) -> torch.Tensor:
+        assert guidance is None, "vLLM's cache records no guidance"
         return vllm_cpu_fp8_kv(x)
 
 
@@ -49,7 +50,7 @@ def _reference(model, out, s, monkeypatch, kv: str | None):
     trainer = copy.deepcopy(model).apply_plan(PLAN.model_copy(update={"trainer": "aligned", "kv_cache": "bf16"}))
     with monkeypatch.context() as m:
         if kv == "vllm":
-            m.setattr(attention, "get_format", lambda name: _VLLMCacheFormat())
+            m.setattr(attention, "backend_for_format", lambda name: _VLLMCacheBackend())
         for layer in trainer.model.layers:
             layer.self_attn.kv_fake_fmt = None if kv is None else "fp8_e4m3"
         return trainer_log_probs(trainer, out, s)
