@@ -73,10 +73,11 @@ PLANS: dict[str, dict] = {
 DEFAULT_ORDER = ["bf16:0", "fp4:0", "fp4-guided:0", "fp4-tis:0", "fp4-geo:0", "fp4-aligned:0", "fp8:0",
                  "bf16:1", "fp4:1", "fp4-guided:1"]
 
-# A priori seconds per RL step (rollout of 128 x <= 1258 tokens + trainer + evaluation share), used by
-# `status` until the runs measure their own: see docs/stability.md for how they were derived.
-EST_STEP_SECONDS = {"bf16": 4.0, "fp8": 5.0, "fp4": 7.0, "fp4-tis": 7.0, "fp4-geo": 7.0, "fp4-aligned": 7.5,
-                    "fp4-guided": 8.0, "kv-fp4": 4.5, "fp4-mx": 7.0}
+# A priori seconds per RL step (a 128 x <= 1258-token rollout wave at ~1 ms per decode step + the fp32
+# trainer's ~1.8e13 FLOP + the evaluation's share + Python), used by `status` until the runs measure their
+# own; docs/stability.md ("GPU study") derives them from the H200 numbers in docs/benchmarks.md.
+EST_STEP_SECONDS = {"bf16": 2.5, "fp8": 2.8, "fp4": 2.8, "fp4-tis": 2.8, "fp4-geo": 2.8, "fp4-aligned": 3.3,
+                    "fp4-guided": 3.5, "kv-fp4": 2.6, "fp4-mx": 2.8}
 LAUNCH_SECONDS = 40.0            # python + model + engine (CUDA graphs, Triton compiles) before the first step
 
 STUDY_PRESETS = {
@@ -219,7 +220,8 @@ def run_config(study: Study, plan: str, seed: int):
 
 def run_cli(argv: list[str], log: Path, timeout: float | None, inprocess: bool, env: dict | None = None) -> int:
     """`python -m trace_rl ARGV`, output appended to `log`. Subprocess: SIGTERM at `timeout` (the pipeline saves
-    and exits 143), SIGKILL 60 s later; in-process: trace_rl.cli.main (the run's own --time-limit stops it)."""
+    after its step and exits 143), SIGKILL 20 s later; in-process: trace_rl.cli.main (the run's own
+    --time-limit stops it)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("a") as f:
         f.write(f"\n[{_now()}] trace-rl {shlex.join(argv)}\n")
@@ -240,7 +242,7 @@ def run_cli(argv: list[str], log: Path, timeout: float | None, inprocess: bool, 
         except subprocess.TimeoutExpired:
             proc.send_signal(signal.SIGTERM)
             try:
-                return proc.wait(timeout=60)
+                return proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 return proc.wait()
@@ -394,7 +396,7 @@ def launch(study: Study, plan: str, seed: int, deadline: float, inprocess: bool,
     study.set_status(plan, seed, status)
     log(f"{plan} seed {seed}: {how} (time limit {limit:.0f} s)")
     t0 = time.time()
-    rc = run_cli(argv, run_dir.with_suffix(".log"), limit + 30, inprocess)
+    rc = run_cli(argv, run_dir.with_suffix(".log"), limit + 10, inprocess)   # backstop: the run stops itself
     status = {**study.status(plan, seed), "attempts": status["attempts"], "commands": status["commands"],
               "failures": status.get("failures", 0)}
     status["seconds"] = status.get("seconds", 0.0) + time.time() - t0
