@@ -42,9 +42,11 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-for p in (ROOT, ROOT / "benchmarks", ROOT / "scripts"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))                  # trace_rl from this checkout (the H200 runs it uninstalled)
+for folder in (ROOT / "benchmarks", ROOT / "scripts"):   # appended: their scripts must not shadow packages
+    if str(folder) not in sys.path:
+        sys.path.append(str(folder))
 
 import stability_bundle as B  # noqa: E402
 import train_study_policy as SFT  # noqa: E402
@@ -287,6 +289,11 @@ def stage_sft(study: Study, deadline: float, log) -> bool:
     info = study.policy_info()
     if info is not None and info.get("done"):
         return True
+    if info is not None and info.get("exhausted"):
+        log(f"SFT reached max_steps at held-out accuracy {info['accuracy']} < the band's {info['recipe']['band'][0]}: "
+            f"no RL on this policy. Make RECIPES[{study.spec['recipe']!r}] easier or longer "
+            f"(scripts/train_study_policy.py) and start a new study (new --work and bundle)")
+        return False
     recipe = SFT.RECIPES[study.spec["recipe"]]
     device = "cpu" if study.spec["rl"]["model"].get("device") == "cpu" else None
     info = SFT.train(recipe, study.work / "sft", study.policy, deadline=deadline, device=device, log=log)
