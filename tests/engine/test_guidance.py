@@ -10,7 +10,8 @@ from trace_rl.data import schema as K
 from trace_rl.engine.base import SamplingParams
 from trace_rl.engine.guidance import select_guided_layers
 from trace_rl.engine.native import NativeEngine
-from trace_rl.models.presets import tiny_model
+from trace_rl.models.decoder import build
+from trace_rl.models.presets import char_tokenizer_for, preset, tiny_model
 from trace_rl.objectives.logprobs import response_log_probs
 from trace_rl.plan import PrecisionPlan
 
@@ -52,15 +53,25 @@ def perturb_across_midpoints(trainer, out, sites, fmt="nvfp4:row"):
     return seen
 
 
-def rescore(plan, kv: str, guided_layers: str = "all", perturb: bool = False):
+def _model(kv_heads: int | None):
+    """The tiny preset, or the same shape with `kv_heads` KV heads (1: a K/V record has a head axis of 1)."""
+    if kv_heads is None:
+        return tiny_model("tiny", seed=0)
+    config = preset("tiny").replace(num_kv_heads=kv_heads)
+    model = build(config)
+    model.init_random(generator=torch.Generator().manual_seed(0))
+    return model, char_tokenizer_for(config)
+
+
+def rescore(plan, kv: str, guided_layers: str = "all", perturb: bool = False, kv_heads: int | None = None):
     plan = PrecisionPlan.preset("fp4-guided").model_copy(update={"trainer": plan, "kv_cache": kv,
                                                                  "guided_layers": guided_layers})
-    base, tok = tiny_model("tiny", seed=0)
+    base, tok = _model(kv_heads)
     prompts = prompt_batch([tok.encode(f"{a}+{b}=") for a, b in PROMPTS], pad_token_id=tok.pad_token_id)
     engine = NativeEngine(base, plan, max_batch=8, max_seq_len=48, pad_token_id=tok.pad_token_id,
                           record_guidance=True)
     out = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=24, seed=3))
-    trainer, _ = tiny_model("tiny", seed=0)
+    trainer, _ = _model(kv_heads)
     trainer.apply_plan(plan)
     seen = perturb_across_midpoints(trainer, out, engine.guidance_sites) if perturb else {}
     args = [out.get(k) for k in (K.TOKENS_PROMPT, K.MASK_PROMPT, K.TOKENS_RESPONSE, K.MASK_RESPONSE)]
@@ -86,6 +97,12 @@ def test_guided_reproduces_rollout(kv):
     torch.testing.assert_close(lp, out.get(K.LOGP_ROLLOUT), rtol=0, atol=1e-5)
     report = engine.report()
     assert report["guidance_bytes_per_token"] > 0 and report["cuda_graphs"] is False
+
+
+def test_guided_reproduces_rollout_with_one_kv_head():
+    """K/V records keep their head axis when the model has a single KV head (it was dropped, like a Linear's)."""
+    out, lp, _, _ = rescore("guided", "nvfp4", kv_heads=1)
+    torch.testing.assert_close(lp, out.get(K.LOGP_ROLLOUT), rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("kv", ["nvfp4", "bf16"])

@@ -17,7 +17,7 @@ def site(fmt: str, K: int, heads: int, offset: int = 8) -> Site:
     block = 16 if fmt == "nvfp4:row" else 32
     g = _align4(offset + heads * K // block) if fmt == "nvfp4:row" else None
     bits = _align4(g + 4 * heads if g is not None else offset + heads * K // block)
-    return Site("s", fmt, K, heads, offset, g, bits, _align4(bits + heads * K // 8))
+    return Site("s", fmt, K, heads, offset, g, bits, _align4(bits + heads * K // 8), per_head=heads > 1)
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4:row", "mxfp4"])

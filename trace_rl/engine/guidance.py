@@ -69,7 +69,8 @@ def _align4(n: int) -> int:
 @dataclass(frozen=True)
 class Site:
     """One recorded tensor: `heads` rows of K elements per token (1 for a Linear input), in `fmt`, its
-    scales / global scales / bits at byte offsets of the token's row (global_off None for mxfp4)."""
+    scales / global scales / bits at byte offsets of the token's row (global_off None for mxfp4).
+    `per_head`: a K/V site, whose views keep the head axis even for a model with one KV head."""
 
     key: str
     fmt: str
@@ -79,6 +80,7 @@ class Site:
     global_off: int | None
     bits_off: int
     end: int
+    per_head: bool = False
 
     @property
     def block(self) -> int:
@@ -87,7 +89,7 @@ class Site:
     def views(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         """scales / global_scale / bits of this site as views of byte rows [..., bytes_per_token]."""
         lead = rows.shape[:-1]
-        shape = (*lead, self.heads) if self.heads > 1 else lead
+        shape = (*lead, self.heads) if self.per_head else lead
         nb, nbits = self.K // self.block, self.K // 8
         out = {"scales": rows[..., self.scale_off:self.scale_off + self.heads * nb].reshape(*shape, nb),
                "bits": rows[..., self.bits_off:self.bits_off + self.heads * nbits].reshape(*shape, nbits)}
@@ -128,7 +130,7 @@ class GuidanceRecorder:
             else:
                 lin, key = linears[name], site_key(name)
                 keys[name] = key
-                offset = self._add(key, per_token(lin.act_fmt), lin.in_features, 1, offset)
+                offset = self._add(key, per_token(lin.act_fmt), lin.in_features, 1, offset, per_head=False)
                 self.modules[key] = lin
             for trainer_name in (linears[name].fused_from or (name,)):
                 self.trainer_sites[trainer_name] = keys[name]
@@ -142,7 +144,7 @@ class GuidanceRecorder:
                 for which in "kv":
                     name = f"model.layers.{attn.layer_idx}.self_attn.{which}"
                     key = site_key(name)
-                    offset = self._add(key, kv_fmt, c.head_dim, c.num_kv_heads, offset)
+                    offset = self._add(key, kv_fmt, c.head_dim, c.num_kv_heads, offset, per_head=True)
                     self.modules[key] = attn
                     self.trainer_sites[name] = key
         self.bytes_per_token = offset
@@ -165,13 +167,13 @@ class GuidanceRecorder:
     def gpu_bytes(self) -> int:
         return self.ring.numel()
 
-    def _add(self, key: str, fmt: str, k: int, heads: int, offset: int) -> int:
+    def _add(self, key: str, fmt: str, k: int, heads: int, offset: int, per_head: bool) -> int:
         block = 16 if fmt == "nvfp4:row" else 32
         scale_off = offset
         global_off = _align4(scale_off + heads * k // block) if fmt == "nvfp4:row" else None
         bits_off = _align4(global_off + 4 * heads if global_off is not None else scale_off + heads * k // block)
         end = _align4(bits_off + heads * k // 8)
-        self.sites[key] = Site(key, fmt, k, heads, scale_off, global_off, bits_off, end)
+        self.sites[key] = Site(key, fmt, k, heads, scale_off, global_off, bits_off, end, per_head)
         return end
 
     # -- hooks (called where the rollout quantizes; they only launch the record kernel) --
