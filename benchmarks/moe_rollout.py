@@ -7,7 +7,9 @@ per plan (bf16, fp8, w4a16, w4a4-kv4): decode step time at three contexts (captu
 with sampling and bookkeeping; medians after warm-up), prefill of the prompts, tokens/s of one wave =
 B*R / (prefill + (R-1) x mean step), the expert paths the engine took, and the roofline: per step,
 bytes = dense weights + the experts a batch of B tokens touches (E * (1 - (1 - k/E)^B) per layer) + the
-live KV cache, over the measured read bandwidth.
+live KV cache, over the measured read bandwidth. Expert paths: bf16 `grouped_mm` and FP4 `fp4_grouped` (the grouped
+FP4 kernel) decode in CUDA graphs; FP8 experts run the per-expert `loop` without graphs (no grouped FP8 kernel).
+FP4 experts' kernel layouts are derived before the KV cache is sized to the free memory.
 
 Trainer: forward + backward of `--train-rows` sequences of prompt+response tokens in bf16 through the
 same model, without and with router replay (the replayed experts differ from the trainer's own), median
@@ -122,7 +124,11 @@ def bench_rollout(args, plan_name: str, device, bw) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
     t0 = time.perf_counter()
     model = bm.build_rollout_model(args.model, plan, device, dtype, args.seed)
+    for ex in model.experts():        # FP4 experts on CUDA: the grouped kernel's layouts, before sizing the cache
+        ex.derive_kernel_layouts()
     build_s = time.perf_counter() - t0
+    probe = torch.empty(1, model.config.hidden_size, device=device, dtype=dtype)
+    expert_paths = sorted({g.path(probe) for ex in model.experts() for g in ex.grouped_linears().values()})
     p, r = args.prompt_len, args.response_len
     block = default_page_size(plan.kv_cache)
     layout = "contiguous" if plan.kv_cache == "bf16" else "pool"
@@ -164,7 +170,8 @@ def bench_rollout(args, plan_name: str, device, bw) -> dict:
         "dense_weight_GB": dense / 1e9, "expert_weight_GB": moe_layers * expert_layer / 1e9,
         "experts_touched_per_layer": touched, "steps": steps, "step_ms_mean": step_mean,
         "forward_ms_mean": _simpson([st["forward_ms"] for st in steps]), "prefill_s": prefill_s, "wave_s": wave_s,
-        "tokens_per_s": batch * r / wave_s, "cuda_graphs": engine.graphs is not None, "paths": engine.report(),
+        "tokens_per_s": batch * r / wave_s, "cuda_graphs": engine.graphs is not None, "expert_paths": expert_paths,
+        "paths": engine.report(),
         "peak_memory_GB": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
     }
     bm.free(engine, model)
@@ -246,7 +253,8 @@ def main(argv=None) -> dict:
                 report["rollout"].append(res)
                 roof = [round(s["roofline_frac"], 2) for s in res["steps"]]
                 print(f"{plan:<9} B={res['batch']:<4} tok/s={res['tokens_per_s']:9.0f} "
-                      f"step={res['step_ms_mean']:.2f}ms graphs={res['cuda_graphs']} roofline={roof}", flush=True)
+                      f"step={res['step_ms_mean']:.2f}ms graphs={res['cuda_graphs']} experts={res['expert_paths']} "
+                      f"roofline={roof}", flush=True)
             except Exception as err:  # one failing plan must not lose the others
                 report["errors"].append({"plan": plan, "error": f"{type(err).__name__}: {err}"})
                 print(f"FAILED {plan}: {type(err).__name__}: {err}", flush=True)
@@ -268,11 +276,11 @@ def main(argv=None) -> dict:
     write()
     print(f"\n{args.model} on {report['device']}: {args.prompts}x{args.group} prompts, "
           f"{args.response_len}-token answers")
-    print(f"{'plan':<10}{'batch':>7}{'tok/s':>11}{'vs bf16':>9}{'step ms':>10}{'graphs':>8}")
+    print(f"{'plan':<10}{'batch':>7}{'tok/s':>11}{'vs bf16':>9}{'step ms':>10}{'graphs':>8}  experts")
     for x in report["rollout"]:
         ratio = report["summary"][x["plan"]]["vs_bf16"]
         print(f"{x['plan']:<10}{x['batch']:>7}{x['tokens_per_s']:>11.0f}{(ratio or 0):>9.2f}{x['step_ms_mean']:>10.2f}"
-              f"{str(x['cuda_graphs']):>8}")
+              f"{str(x['cuda_graphs']):>8}  {','.join(x['expert_paths'])}")
     for t in report["trainer"]:
         print(f"trainer fwd+bwd replay={'on ' if t['replay'] else 'off'} {t['tokens']} tokens: "
               f"{t['fwd_bwd_ms']:.1f} ms ({t['tokens_per_s']:.0f} tok/s, experts {t['expert_path']})")

@@ -77,6 +77,21 @@ def test_generation_after_packed_sync_matches_requantized_engine(rng):
     assert torch.equal(out_a.get(("log_probs", "rollout")), out_b.get(("log_probs", "rollout")))
 
 
+def test_packed_sync_refreshes_moe_experts(rng):
+    """MoE: the experts' derived state (the loop's dequantized copies here; the grouped FP4 kernel's layout on a
+    GPU) follows a packed sync, as it follows the engine's own re-quantization."""
+    model, _ = tiny_model("tiny-moe", seed=3)
+    plan = PLANS["nvfp4"]
+    a, b = (NativeEngine(model, plan, max_batch=2, max_seq_len=16) for _ in range(2))
+    tokens = torch.randint(4, 100, (2, 6), generator=rng)
+    with torch.no_grad():
+        old = b.model(tokens)                    # derives the experts' caches from the old weights
+        new = perturbed(model, rng)
+        a.load_weights(new, 1)
+        load_packed(b, TrainerSidePacker(model, plan, "cpu", torch.float32).pack(new, 1), 1)
+        assert torch.equal(b.model(tokens), a.model(tokens)) and not torch.equal(b.model(tokens), old)
+
+
 def test_load_packed_rejects_a_payload_of_another_layout():
     model, _ = tiny_model("tiny", seed=0)
     engine = NativeEngine(model, PLANS["nvfp4"], max_batch=2, max_seq_len=32)

@@ -130,3 +130,33 @@ def test_moe_decode_step_has_no_host_sync():
         with pytest.raises(DataDependentOutputException):
             grouped_mm(torch.randn(8, 16, dtype=torch.bfloat16), torch.randn(8, 4, 16, dtype=torch.bfloat16),
                        torch.arange(1, 9, dtype=torch.int32), "loop")
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+@pytest.mark.parametrize("plan", ["w4a16-mx", "w4a4-kv4"])
+def test_fp4_moe_decode_step_has_no_host_sync(plan, monkeypatch):
+    """The same check for an FP4 plan with the experts on the grouped FP4 kernel (`fp4_grouped`, forced here: on
+    CPU the engine picks the emulated loop; the kernels' launches are recorded, not run — fake tensors carry no
+    data). One grouped-GEMM launch per grouped linear and layer (W4A4: each after its activation quantization)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from triton.runtime.interpreter import InterpretedFunction
+
+    model, _ = tiny_model("tiny-moe", seed=1, dtype=torch.bfloat16)
+    engine = NativeEngine(model, PrecisionPlan.preset(plan), max_batch=4, max_seq_len=32, pad_token_id=PAD,
+                          cuda_graphs=False)
+    linears = [g for ex in engine.model.experts() for g in ex.grouped_linears().values()]
+    for g in linears:
+        g.force_path = "fp4_grouped"
+    engine.routing.begin(1, 4, 4, 4)
+    assert engine._decode_forward(4, None).isfinite().all()      # a real step first: derives the kernel layouts
+    launches = []
+    monkeypatch.setattr(InterpretedFunction, "run",
+                        lambda self, *a, grid, warmup, **k: launches.append((self.fn.__name__, grid)))
+    with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True):
+        logits = engine._decode_forward(4, None)
+        engine.routing.store_decode(torch.arange(4), torch.zeros(4, dtype=torch.long))
+        assert logits.shape == (4, 128)
+    grouped = [grid for name, grid in launches if name == "_fp4_grouped_kernel"]
+    assert len(grouped) == len(linears) == 3 * (2 if plan == "w4a16-mx" else 3)     # mxfp4: gate/up stacked
+    assert all(isinstance(n, int) for grid in grouped for n in grid)
+    assert len(launches) == len(grouped) * (1 if plan == "w4a16-mx" else 2)

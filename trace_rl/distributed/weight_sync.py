@@ -67,6 +67,8 @@ def load_packed(engine, tensors: Mapping[str, torch.Tensor], version: int) -> No
         dst.copy_(src)
     for lin in engine.model.linears().values():   # dequantized copies and kernel layouts are stale now
         lin.quant.packed.refresh_layouts()
+    for experts in engine.model.experts():         # MoE: the grouped kernel's layouts, the loop's caches
+        experts.refresh_layouts()
     if engine.recapture_after_load and engine.graphs is not None:
         engine.graphs.invalidate()
     engine.policy_version = int(version)

@@ -134,10 +134,12 @@ class NativeEngine(RolloutEngine):
         self.routing = RoutingRecorder(self.model, max_batch, self.device) if record_routing else None
         if not all(ex.capturable(self.device, self.dtype) for ex in self.model.experts()):
             if cuda_graphs:
-                raise ValueError("these experts' grouped matmul reads group bounds on the host (quantized experts "
-                                 "run a loop until a grouped kernel exists): use cuda_graphs=None/False")
+                raise ValueError("these experts' grouped matmul reads group bounds on the host (the per-expert "
+                                 "loop: FP8 experts, or FP4 experts without the Triton kernels, or bf16 experts "
+                                 "where torch._grouped_mm does not run): use cuda_graphs=None/False")
             if self.device.type == "cuda":
-                log.info("decode runs without CUDA graphs: the experts' grouped matmul is not capturable here")
+                log.info("decode runs without CUDA graphs: the experts' grouped matmul is not capturable here "
+                         "(experts.loop)")
             cuda_graphs = False
         use_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         if use_graphs and self.device.type != "cuda":

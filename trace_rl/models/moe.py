@@ -12,7 +12,9 @@ weight x down(silu(gate(x)) * up(x)).
   (`model.layers.3.mlp.experts.17.down_proj`), so globs name experts like other modules; all experts of
   one layer share the format of each projection (they run as one grouped GEMM; a glob that splits them
   is an error). Expert e is quantized as its own Linear would be (own scales, own nvfp4 global scale).
-  Rollout stage: `GroupedQuantLinear`s (gate/up stacked when the format quantizes rows independently).
+  Rollout stage: `GroupedQuantLinear`s (gate/up stacked when the format quantizes rows independently);
+  FP4 experts run the grouped FP4 kernel on CUDA (`experts.fp4_grouped`: one launch per projection, no host
+  sync, so the decode step is CUDA-graph capturable), FP8 experts and CPU emulation the per-expert loop.
 - **Dispatch**: `trace_rl.models.grouped` (sort by expert, static shapes, no host sync) and the grouped
   matmuls of `trace_rl.backends.grouped_linear`.
 - **Routing hooks** (`MoEBlock`): `routing_hook(block, ids [B, T, k])` is called with the experts each
@@ -63,8 +65,8 @@ class Experts(nn.Module):
         self.name = ""                                   # "model.layers.3.mlp.experts", set by the Decoder
         self.formats = {p: ("bf16", "bf16") for p in PROJECTIONS}   # (weight, activation) per projection
         self.trainer_mode = "bf16"
-        self.align: int | None = None    # group rows padded to a multiple (None: 8 on CUDA, as torchtitan
-                                         # pads for torch._grouped_mm; 1 on CPU)
+        self.align: int | None = None    # group rows padded to a multiple (None: 8 where torch._grouped_mm
+                                         # runs on CUDA, as torchtitan pads for it; else 1)
         self.rollout: nn.ModuleDict | None = None        # rollout stage: "gate_up" or "gate"/"up", "down"
 
     # -- precision: config rewrites --
@@ -123,10 +125,27 @@ class Experts(nn.Module):
     def capturable(self, device: torch.device, dtype: torch.dtype) -> bool:
         return all(g.capturable(device, dtype) for g in self.grouped_linears().values())
 
+    def refresh_layouts(self) -> None:
+        """Rollout stage: the packed buffers were rewritten in place (a packed weight sync): re-derive layouts."""
+        for g in self.grouped_linears().values():
+            g.refresh_layouts()
+
+    def derive_kernel_layouts(self) -> None:
+        """Rollout stage: derive the FP4 grouped kernel's layouts now (else on the first forward)."""
+        for g in self.grouped_linears().values():
+            g.derive_kernel_layout()
+
+    def _align(self, x: torch.Tensor) -> int:
+        if self.align:
+            return self.align
+        if self.rollout is not None:
+            return max(g.row_align(x) for g in self.rollout.values())
+        return 8 if x.is_cuda else 1
+
     # -- forward --
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """x [N, H], ids/weights [N, k] -> [N, H]."""
-        perm = permute(ids, self.num_experts, self.align or (8 if x.is_cuda else 1))
+        perm = permute(ids, self.num_experts, self._align(x))
         if self.rollout is not None:
             return unpermute(self._rollout_forward(gather_rows(x, perm), perm.ends), perm, weights)
         if self.trainer_mode != "bf16" and self.is_quantized:
