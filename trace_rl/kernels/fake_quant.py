@@ -27,7 +27,7 @@ import triton.language as tl
 
 from trace_rl.formats import get_format
 from trace_rl.formats.base import check_block_divisible
-from trace_rl.kernels.fp_bits import e4m3_round, e4m3_to_float, e8m0_to_float
+from trace_rl.kernels.fp_bits import e4m3_round, e4m3_to_float, e8m0_inverse, e8m0_scale_code, e8m0_to_float
 
 FMT_NVFP4 = 0        # E2M1 x E4M3 blocks of 16, float32 global scale per tensor (weights)
 FMT_NVFP4_ROW = 1    # ... global scale per row (activations, KV)
@@ -92,9 +92,8 @@ def _nearest(blocks, gscale, FMT: tl.constexpr):
         value = _with_sign_of(mag * scale[:, :, None], blocks)
         return tl.where(finite, value, float("nan"))     # NaN and +-Inf -> NaN (E4M3 has no Inf)
     if FMT == 2:                                         # MXFP4: step 2**(floor(log2 amax) - 2)
-        biased = (block_amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
-        scale_code = tl.minimum(tl.maximum(biased - 2, 0), 254)
-        inv_step = ((254 - scale_code) << 23).to(tl.float32, bitcast=True)
+        scale_code = e8m0_scale_code(block_amax)
+        inv_step = e8m0_inverse(scale_code)
         a = xa * inv_step[:, :, None]                    # exact: a power of two
         step = e8m0_to_float(tl.where(bad, 255, scale_code))
     else:                                                # NVFP4: E4M3 block scale x float32 global

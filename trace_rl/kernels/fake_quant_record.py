@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from trace_rl.kernels.fake_quant import FMT_MXFP4, FMT_NVFP4_ROW, _e2m1_nearest, tiles
-from trace_rl.kernels.fp_bits import e4m3_round
+from trace_rl.kernels.fp_bits import e4m3_round, e8m0_inverse, e8m0_scale_code
 
 
 @triton.jit
@@ -41,9 +41,8 @@ def _record_kernel(
     block_amax = tl.max(tl.where(finite, xa, 0.0), axis=2)
     bad = tl.max(tl.where(finite, 0, 1), axis=2) > 0
     if FMT == 2:      # MXFP4: E8M0 exponent from the amax's exponent bits
-        biased = (block_amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
-        scale_code = tl.minimum(tl.maximum(biased - 2, 0), 254)
-        a = xa * ((254 - scale_code) << 23).to(tl.float32, bitcast=True)[:, :, None]
+        scale_code = e8m0_scale_code(block_amax)
+        a = xa * e8m0_inverse(scale_code)[:, :, None]
         scale_code = tl.where(bad, 255, scale_code)
     else:             # NVFP4 per row: global = row amax / 2688, E4M3 block scales
         amax = tl.max(block_amax, axis=1)

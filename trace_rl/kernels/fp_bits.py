@@ -132,6 +132,28 @@ def e8m0_to_float(code):
 
 
 @triton.jit
+def finite_abs(x):
+    """(|x| with NaN/Inf as 0, the finite mask): amaxes skip non-finite elements (their block becomes NaN)."""
+    xa = tl.abs(x)
+    finite = xa < float("inf")  # False for NaN too
+    return tl.where(finite, xa, 0.0), finite
+
+
+@triton.jit
+def e8m0_scale_code(block_amax):
+    """MX block scale (biased E8M0 exponent) of a block whose finite amax is `block_amax` (float32):
+    floor(log2(amax)) - 2 read off the float's exponent bits, 0 (2**-127) for a zero or subnormal amax."""
+    biased = (block_amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    return tl.minimum(tl.maximum(biased - 2, 0), 254)
+
+
+@triton.jit
+def e8m0_inverse(code):
+    """1 / 2**(code - 127) as float32 bits (exact, no division) for codes 0..253; 0.0 for code 254."""
+    return ((254 - code) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def interleave8(v0, v1, v2, v3, v4, v5, v6, v7):
     """[R, C] x 8 -> [R, 8C] with out[r, 8c + k] = vk[r, c] (register-level joins, then a reshape)."""
     even = tl.join(tl.join(v0, v4), tl.join(v2, v6))

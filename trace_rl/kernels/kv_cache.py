@@ -19,17 +19,10 @@ import triton
 import triton.language as tl
 
 from trace_rl.formats.paged_kv import PagedKV
-from trace_rl.kernels.fp_bits import e2m1_encode, e4m3_round
+from trace_rl.kernels.fp_bits import e2m1_encode, e4m3_round, e8m0_inverse, e8m0_scale_code, finite_abs
 
 KV_FP8, KV_NVFP4, KV_MXFP4 = 1, 2, 3
 FORMAT_IDS = {"fp8_e4m3:row": KV_FP8, "nvfp4:row": KV_NVFP4, "mxfp4": KV_MXFP4}
-
-
-@triton.jit
-def _finite_abs(x):
-    xa = tl.abs(x)
-    finite = xa < float("inf")  # False for NaN too
-    return tl.where(finite, xa, 0.0), finite
 
 
 @triton.jit
@@ -39,7 +32,7 @@ def quantize_rows(x, FMT: tl.constexpr):
     The arithmetic of row_quantize._quantize_chunk, per (token, head) row."""
     R: tl.constexpr = x.shape[0]
     D: tl.constexpr = x.shape[1]
-    xa, finite = _finite_abs(x)
+    xa, finite = finite_abs(x)
     if FMT == 1:
         amax = tl.max(xa, axis=1)
         g = tl.where(amax > 0, tl.math.div_rn(amax, 448.0), 1.0)
@@ -54,14 +47,12 @@ def quantize_rows(x, FMT: tl.constexpr):
     else:
         G: tl.constexpr = 16 if FMT == 2 else 32
         blocks = tl.reshape(x, [R, D // G, G])
-        xab, finb = _finite_abs(blocks)
+        xab, finb = finite_abs(blocks)
         block_amax = tl.max(xab, axis=2)
         bad = tl.max(tl.where(finb, 0, 1), axis=2) > 0
         if FMT == 3:
-            biased = (block_amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
-            scode = tl.minimum(tl.maximum(biased - 2, 0), 254)
-            scode = tl.where(bad, 255, scode)
-            inv_step = ((254 - tl.minimum(scode, 254)) << 23).to(tl.float32, bitcast=True)
+            scode = tl.where(bad, 255, e8m0_scale_code(block_amax))
+            inv_step = e8m0_inverse(tl.minimum(scode, 254))
             scaled = blocks * inv_step[:, :, None]
             g = tl.full([R], 1.0, dtype=tl.float32)
         else:

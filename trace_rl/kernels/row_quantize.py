@@ -19,7 +19,14 @@ import triton.language as tl
 
 from trace_rl.formats import QTensor, get_format
 from trace_rl.formats.base import check_block_divisible
-from trace_rl.kernels.fp_bits import e2m1_encode, e2m1_value, e4m3_round
+from trace_rl.kernels.fp_bits import (
+    e2m1_encode,
+    e2m1_value,
+    e4m3_round,
+    e8m0_inverse,
+    e8m0_scale_code,
+    finite_abs,
+)
 
 FMT_NVFP4 = 0      # global scale given (per tensor)
 FMT_NVFP4_ROW = 1  # global scale per row
@@ -36,13 +43,6 @@ def _load_rows(x_ptr, rows, row_mask, cols, K, stride_x):
 
 
 @triton.jit
-def _finite_abs(x):
-    xa = tl.abs(x)
-    finite = xa < float("inf")  # False for NaN too
-    return tl.where(finite, xa, 0.0), finite
-
-
-@triton.jit
 def _tensor_amax_kernel(x_ptr, amax_bits_ptr, n_rows, K, stride_x, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
     """max |x| over the finite elements of the whole tensor, as float32 bits in one int32 (zeroed by the
     caller): an integer atomic max orders non-negative floats correctly, and keeps the global scale on
@@ -51,7 +51,7 @@ def _tensor_amax_kernel(x_ptr, amax_bits_ptr, n_rows, K, stride_x, BLOCK_M: tl.c
     row_mask = rows < n_rows
     amax = tl.zeros([BLOCK_M], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        xa, _ = _finite_abs(_load_rows(x_ptr, rows, row_mask, k0 + tl.arange(0, BLOCK_K), K, stride_x))
+        xa, _ = finite_abs(_load_rows(x_ptr, rows, row_mask, k0 + tl.arange(0, BLOCK_K), K, stride_x))
         amax = tl.maximum(amax, tl.max(xa, axis=1))
     tl.atomic_max(amax_bits_ptr, tl.max(amax, axis=0).to(tl.int32, bitcast=True))
 
@@ -70,16 +70,12 @@ def _quantize_chunk(x, k0, cols, out_rows, row_mask, gscale, codes_ptr, scales_p
         tl.store(codes_ptr + out_rows[:, None] * stride_codes + cols[None, :], code.to(tl.uint8), mask=out_mask)
     else:
         blocks = tl.reshape(x, [BLOCK_M, BLOCK_K // G, G])
-        xa, finite = _finite_abs(blocks)
+        xa, finite = finite_abs(blocks)
         block_amax = tl.max(xa, axis=2)
         bad = tl.max(tl.where(finite, 0, 1), axis=2) > 0
         if FMT == 2:
-            # exponent = floor(log2(amax)) - 2 from the float's exponent bits; -127 for zero/subnormal
-            biased = (block_amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
-            scale_code = tl.minimum(tl.maximum(biased - 2, 0), 254)
-            scale_code = tl.where(bad, 255, scale_code)
-            # x / 2**e as x * 2**-e (exact): 2**-e = float bits (127 - e) << 23, e in [-127, 125]
-            inv_step = ((254 - tl.minimum(scale_code, 254)) << 23).to(tl.float32, bitcast=True)
+            scale_code = tl.where(bad, 255, e8m0_scale_code(block_amax))
+            inv_step = e8m0_inverse(tl.minimum(scale_code, 254))     # x / 2**e as x * 2**-e (exact)
             scaled = blocks * inv_step[:, :, None]
             step = (scale_code << 23).to(tl.float32, bitcast=True)
             step = tl.where(scale_code == 0, 5.877471754111438e-39, step)    # 2**-127
@@ -140,11 +136,11 @@ def _quantize_rows_kernel(
         gscale = g + tl.zeros([BLOCK_M], dtype=tl.float32)
     elif FMT == 1 or FMT == 3:
         if SINGLE:
-            amax = tl.max(_finite_abs(x_all)[0], axis=1)
+            amax = tl.max(finite_abs(x_all)[0], axis=1)
         else:
             amax = tl.zeros([BLOCK_M], dtype=tl.float32)
             for k0 in range(0, K, BLOCK_K):
-                xa, _ = _finite_abs(_load_rows(x_ptr, rows, row_mask, k0 + cols0, K, stride_x))
+                xa, _ = finite_abs(_load_rows(x_ptr, rows, row_mask, k0 + cols0, K, stride_x))
                 amax = tl.maximum(amax, tl.max(xa, axis=1))
         gscale = tl.where(amax > 0, tl.math.div_rn(amax, 2688.0 if FMT == 1 else 448.0), 1.0)
         if FMT == 1 or EMIT_BF16:
