@@ -23,7 +23,6 @@ import argparse
 import datetime
 import json
 import os
-import statistics
 import subprocess
 import sys
 import traceback
@@ -33,6 +32,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from trace_rl.engine.timing import graph_median_us  # noqa: E402
 from trace_rl.formats.paged_kv import PagedKV, default_block_size  # noqa: E402
 
 SMOKE = os.environ.get("ATTN_BENCH_SMOKE") == "1"     # CPU dry run of the script (interpreter, tiny shapes)
@@ -48,27 +48,7 @@ def graph_us(fn, calls: int = 5, reps: int = 9) -> float:
         t = time.perf_counter()
         fn()
         return (time.perf_counter() - t) * 1e6
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    del graph
-    return statistics.median(times)
+    return graph_median_us([fn] * calls, reps, warmup=1)
 
 
 def ceilings() -> dict:

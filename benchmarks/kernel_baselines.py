@@ -6,41 +6,20 @@ process; the disk cache is shared)."""
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 from concurrent.futures import ProcessPoolExecutor
 
 import torch
 import torch.nn.functional as F
 
+from trace_rl.engine.timing import graph_median_us
+
 DEV = "cuda"
 
 
 def graph_us(calls: list, reps: int = 15) -> float:
     """Median microseconds per call: all `calls` captured once in a CUDA graph, replayed `reps` times."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for fn in calls[:2]:
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in calls:
-            fn()
-    for _ in range(3):
-        graph.replay()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / len(calls))
-    del graph
-    return statistics.median(times)
+    return graph_median_us(calls, reps)
 
 
 # -- gemlite ---------------------------------------------------------------------------------------------------
