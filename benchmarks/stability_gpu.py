@@ -37,6 +37,7 @@ from trace_rl.models.decoder import build  # noqa: E402
 from trace_rl.models.presets import char_tokenizer_for  # noqa: E402
 from trace_rl.plan import PrecisionPlan  # noqa: E402
 from trace_rl.tasks import ArithmeticTask  # noqa: E402
+from trace_rl.tasks.sft import sft_batch  # noqa: E402
 
 # Priority order: what the study needs first (bf16 floor, full FP4, FP8), then attributions and the fix.
 PLANS = {
@@ -50,19 +51,9 @@ PLANS = {
 }
 
 
-def sft_batch(task, tok, problems, device):
+def encode_batch(task, tok, problems, device):
     """prompt + worked solution + EOS, right-padded; the loss mask covers the solution and EOS."""
-    rows, starts = [], []
-    for p in problems:
-        prompt = tok.encode(p.prompt)
-        rows.append(prompt + tok.encode(task.sft_target(p)) + [tok.eos_token_id])
-        starts.append(len(prompt))
-    width = max(map(len, rows))
-    tokens = torch.full((len(rows), width), tok.pad_token_id, dtype=torch.long)
-    mask = torch.zeros(len(rows), width, dtype=torch.bool)
-    for i, (r, s) in enumerate(zip(rows, starts)):
-        tokens[i, :len(r)] = torch.tensor(r)
-        mask[i, s:len(r)] = True
+    tokens, mask = sft_batch(task, tok, problems, eos=True)
     return tokens.to(device, non_blocking=True), mask.to(device, non_blocking=True)
 
 
@@ -82,7 +73,7 @@ def sft(model, task, tok, args, device, log) -> list[dict]:
         for group in opt.param_groups:
             group["lr"] = lr
         step += 1
-        tokens, mask = sft_batch(task, tok, task.problems(args.batch, args.seed * 7919 + step, "train"), device)
+        tokens, mask = encode_batch(task, tok, task.problems(args.batch, args.seed * 7919 + step, "train"), device)
         with autocast:
             logits = model(tokens[:, :-1])
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1),

@@ -23,23 +23,15 @@ from trace_rl.engine.base import SamplingParams
 from trace_rl.models.loading import save_pretrained
 from trace_rl.models.presets import tiny_model
 from trace_rl.tasks import ArithmeticTask
+from trace_rl.tasks.sft import sft_batch
 
 OUT = Path(__file__).resolve().parent.parent / "trace_rl" / "assets" / "default_policy"
 
 
 def encode_batch(tok, problems, task, device):
-    """tokens [B, T] (prompt + target, right-padded) and a loss mask over the target tokens."""
-    rows, masks = [], []
-    for p in problems:
-        prompt, target = tok.encode(p.prompt), tok.encode(task.sft_target(p))
-        rows.append(prompt + target)
-        masks.append([0] * len(prompt) + [1] * len(target))
-    width = max(map(len, rows))
-    tokens = torch.full((len(rows), width), tok.pad_token_id, dtype=torch.long)
-    mask = torch.zeros(len(rows), width, dtype=torch.bool)
-    for i, (r, m) in enumerate(zip(rows, masks)):
-        tokens[i, :len(r)] = torch.tensor(r)
-        mask[i, :len(m)] = torch.tensor(m, dtype=torch.bool)
+    """tokens [B, T] (prompt + target, right-padded; no EOS, as the shipped policy was trained) and a loss
+    mask over the target tokens."""
+    tokens, mask = sft_batch(task, tok, problems, eos=False)
     return tokens.to(device), mask.to(device)
 
 

@@ -52,6 +52,7 @@ if str(ROOT) not in sys.path:
 
 from trace_rl.models.config import ModelConfig  # noqa: E402
 from trace_rl.tasks import build_task  # noqa: E402
+from trace_rl.tasks.sft import sft_batch  # noqa: E402
 
 _IDS = dict(vocab_size=128, bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=True, qk_norm=True,
             max_position_embeddings=4096, family="qwen3")
@@ -88,18 +89,7 @@ def model_config(recipe: dict) -> ModelConfig:
 
 def encode_batch(task, tok, problems, device):
     """prompt + target (+ EOS when the task has no stop string), right-padded; loss mask over the target."""
-    eos = [] if task.stop_strings else [tok.eos_token_id]
-    rows, starts = [], []
-    for p in problems:
-        prompt = tok.encode(p.prompt)
-        rows.append(prompt + tok.encode(task.sft_target(p)) + eos)
-        starts.append(len(prompt))
-    width = max(map(len, rows))
-    tokens = torch.full((len(rows), width), tok.pad_token_id, dtype=torch.long)
-    mask = torch.zeros(len(rows), width, dtype=torch.bool)
-    for i, (r, s) in enumerate(zip(rows, starts)):
-        tokens[i, :len(r)] = torch.tensor(r)
-        mask[i, s:len(r)] = True
+    tokens, mask = sft_batch(task, tok, problems, eos=not task.stop_strings)
     if device.type == "cuda":          # built in a worker thread while the GPU runs the previous step
         return tokens.pin_memory().to(device, non_blocking=True), mask.pin_memory().to(device, non_blocking=True)
     return tokens, mask
