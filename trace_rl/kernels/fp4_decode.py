@@ -17,6 +17,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from trace_rl.kernels.fp_bits import bf16_halves
+
 DECODE_PURE = 0
 DECODE_ASM = 1
 
@@ -120,13 +122,6 @@ def tile_scales(sw, BN: tl.constexpr, BK: tl.constexpr, MX: tl.constexpr, DECODE
 
 
 @triton.jit
-def _halves_bf16(p):
-    lo = (p & 0xFFFF).to(tl.int16).to(tl.bfloat16, bitcast=True)
-    hi = (p >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
-    return lo, hi
-
-
-@triton.jit
 def _e2m1_from_bf16_bits(h):
     """The E2M1 value (float32, normal) of a 16-bit decoded pattern `s.......ee m......` whose bf16 value
     is E2M1 x 2**-126, built from its bits (no subnormal float operand, whatever the GPU's denormal mode)."""
@@ -158,10 +153,10 @@ def decode_tile(words, s_even, s_odd, BN: tl.constexpr, BK: tl.constexpr, DECODE
         a, b, c, d = tl.inline_asm_elementwise(DECODE_ASM_TEXT, "=r,=r,=r,=r,r,r,r", [words, se, so],
                                                dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True,
                                                pack=1)
-        a0, a1 = _halves_bf16(a)
-        b0, b1 = _halves_bf16(b)
-        c0, c1 = _halves_bf16(c)
-        d0, d1 = _halves_bf16(d)
+        a0, a1 = bf16_halves(a)
+        b0, b1 = bf16_halves(b)
+        c0, c1 = bf16_halves(c)
+        d0, d1 = bf16_halves(d)
     else:
         mask = -2118090304                                     # 0x81C081C0
         a = words & mask

@@ -163,7 +163,8 @@ def interleave8(v0, v1, v2, v3, v4, v5, v6, v7):
 
 
 @triton.jit
-def _bf16_halves(pair):
+def bf16_halves(pair):
+    """The two bf16 values packed in each int32 word (low half first)."""
     lo = (pair & 0xFFFF).to(tl.int16).to(tl.bfloat16, bitcast=True)
     hi = (pair >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
     return lo, hi
@@ -189,10 +190,10 @@ def fp4x8_to_bf16(words, scale, MODE: tl.constexpr):
         p0, p1, p2, p3 = tl.inline_asm_elementwise(
             FP4X8_ASM, "=r,=r,=r,=r,r,r", [words, s2], dtype=(tl.int32, tl.int32, tl.int32, tl.int32),
             is_pure=True, pack=1)
-        v0, v1 = _bf16_halves(p0)
-        v2, v3 = _bf16_halves(p1)
-        v4, v5 = _bf16_halves(p2)
-        v6, v7 = _bf16_halves(p3)
+        v0, v1 = bf16_halves(p0)
+        v2, v3 = bf16_halves(p1)
+        v4, v5 = bf16_halves(p2)
+        v6, v7 = bf16_halves(p3)
     return interleave8(v0, v1, v2, v3, v4, v5, v6, v7)
 
 
