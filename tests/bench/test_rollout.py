@@ -25,6 +25,8 @@ def test_bench_rollout_tiny_cpu(tmp_path):
     assert [(g["batch"], g["L"]) for g in report["grid"]] == [(2, 9), (2, 17)]
     for g in report["grid"]:
         assert g["engine_ms"] > 0 and g["baseline_ms"] > 0 and g["baseline_backend"] == "default"
+        assert g["baseline_eager"]["ms"] > 0 and g["baseline_compiled"]["ms"] > 0   # both variants ran
+        assert g["baseline_ms"] == min(g["baseline_eager"]["ms"], g["baseline_compiled"]["ms"])
         assert g["path"] == "torch.reference"
     assert {r["plan"] for r in report["results"]} == {"bf16", "w4a4-kv4"}
     for r in report["results"]:
@@ -34,6 +36,14 @@ def test_bench_rollout_tiny_cpu(tmp_path):
     assert report["hf"][0]["hf_tokens_per_s"] > 0
     assert json.loads((tmp_path / "rollout.json").read_text())["grid"]
     assert (tmp_path / "rollout.png").stat().st_size > 1000
+
+
+def test_bench_rejects_unknown_baseline_variant(tmp_path):
+    args = add_rollout_bench_args(argparse.ArgumentParser()).parse_args(
+        ["--baseline-variants", "eager,fast", "--out", str(tmp_path / "out")])
+    with pytest.raises(ValueError, match="--baseline-variants"):
+        run_rollout_bench(args)
+    assert not (tmp_path / "out").exists()          # rejected before anything is written
 
 
 def test_bench_rejects_unknown_part(tmp_path):

@@ -3,7 +3,7 @@
 What a careful user writes without an engine (gpt-fast style, bf16): fused QKV and gate/up weights for
 cuBLAS, RMSNorm, QK-norm (Qwen3), RoPE, a static contiguous KV cache [B, Hkv, L_max, D] per layer written
 at the new position, `scaled_dot_product_attention(enable_gqa=True)` over the first L positions, the
-lm_head. One CUDA graph per (context L, SDPA backend). No sampling: the forward of a decode step.
+lm_head. One CUDA graph per (context L, SDPA backend, variant). No sampling: the forward of a decode step.
 
 SDPA backends: `default` (PyTorch's own choice), `cudnn`, `efficient`, `flash`; `sweep` times every one
 that runs at a shape and keeps the fastest (reported with all timings), so the baseline is the best the
@@ -12,9 +12,24 @@ plain step can get, not the first backend that happens to run.
 Memory: the baseline can run on the engine's own tensors (`from_rollout_model`: the same bf16 weights,
 and its KV caches viewed over the engine cache's memory), so a shape that fills the GPU for one fills it
 for the other and both fit in turn.
+
+Variants (`run(length, backend, variant)`):
+- `eager`: the layer's torch ops as written (RMSNorm, q/k-norm, RoPE and the cache append are dozens of
+  small kernels per layer), under the CUDA graph;
+- `compiled`: the same two per-layer functions (`attention_in`: residual add + RMSNorm, QKV matmul,
+  q/k-norm, RoPE, cache append; `attention_out_mlp`: o_proj, residual add + RMSNorm, gate/up matmul,
+  SiLU*mul, down matmul) through `torch.compile` (Inductor's default mode: the matmuls stay cuBLAS calls,
+  the elementwise ops between them fuse into a few Triton kernels), SDPA between them in eager so the
+  backend sweep still applies, the whole step then captured in our own CUDA graph. What a careful user
+  writes. One compile serves every layer, context and B > 1 (the cache's length axis is marked dynamic,
+  the batch axis becomes dynamic at the second batch; B = 1 is specialised by torch): two compiles per
+  function in a bench, timed (`compile_s`). Compiling the whole step instead (fullgraph over 36 layers,
+  or `max-autotune` GEMM templates per shape) costs minutes of compile per shape for the same fusion.
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +43,47 @@ BACKENDS = ("default", "cudnn", "efficient", "flash")
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     h = x.float()
     return w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def attention_in(x, delta, n1, wqkv, qn, kn, cos, sin, k_cache, v_cache, pos, hq: int, hkv: int, d: int,
+                 eps: float):
+    """x + delta (the previous layer's MLP output) -> (x, q [B, Hq, 1, D]); K/V of the new token, normed
+    and rotated, written into the caches [B, Hkv, L_max, D] at `pos` (a [1] long tensor)."""
+    b = x.shape[0]
+    x = x + delta
+    q, k, v = (_rms(x, n1, eps) @ wqkv.T).split([hq * d, hkv * d, hkv * d], -1)
+    q, k, v = q.view(b, 1, hq, d), k.view(b, 1, hkv, d), v.view(b, 1, hkv, d)
+    if qn is not None:
+        q, k = _rms(q, qn, eps), _rms(k, kn, eps)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    k_cache.index_copy_(2, pos, k.transpose(1, 2))
+    v_cache.index_copy_(2, pos, v.transpose(1, 2))
+    return x, q.transpose(1, 2)
+
+
+def attention_out_mlp(x, o, wo, n2, w13, w2, eps: float):
+    """(x, attention output [B, Hq, 1, D]) -> (x + o_proj, the MLP's output); the caller adds the latter."""
+    b = x.shape[0]
+    x = x + o.transpose(1, 2).reshape(b, 1, -1) @ wo.T
+    gate, up = (_rms(x, n2, eps) @ w13.T).chunk(2, -1)
+    return x, (F.silu(gate) * up) @ w2.T
+
+
+VARIANTS = ("eager", "compiled")
+_COMPILED: dict[str, object] = {}
+
+
+def layer_functions(variant: str):
+    """(attention_in, attention_out_mlp) as written (`eager`) or through `torch.compile` (`compiled`, built
+    once per process and shared by every PlainDecode, so a bench compiles each function at most twice)."""
+    if variant == "eager":
+        return attention_in, attention_out_mlp
+    if variant != "compiled":
+        raise ValueError(f"unknown plain-step variant {variant!r}; choose from {', '.join(VARIANTS)}")
+    if not _COMPILED:
+        _COMPILED["in"] = torch.compile(attention_in)
+        _COMPILED["out"] = torch.compile(attention_out_mlp)
+    return _COMPILED["in"], _COMPILED["out"]
 
 
 def _sdpa_context(backend: str):
@@ -49,9 +105,12 @@ class PlainDecode:
         self.layers, self.embed, self.lm_head, self.norm = layers, embed, lm_head, norm
         self.device = torch.device(device)
         self.inv_freq = inverse_frequencies(config, self.device)
-        self.tokens = torch.randint(4, min(1000, config.vocab_size), (batch, 1), device=self.device)
-        self.graphs: dict[tuple[int, str], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        g = torch.Generator(device=self.device).manual_seed(batch)
+        self.tokens = torch.randint(4, min(1000, config.vocab_size), (batch, 1), device=self.device, generator=g)
+        self.graphs: dict[tuple[int, str, str], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = None
+        self.compile_s: float | None = None          # first call of the compiled variant (compile included)
+        self._marked = False
 
     @classmethod
     def random(cls, config: ModelConfig, batch: int, max_len: int, device="cuda", dtype=torch.bfloat16, seed=0):
@@ -102,62 +161,75 @@ class PlainDecode:
         c = self.c
         return 2 * c.num_layers * self.batch * c.num_kv_heads * length * c.head_dim * self.embed.element_size()
 
-    def step(self, length: int) -> torch.Tensor:
+    def step(self, length: int, variant: str = "eager") -> torch.Tensor:
         """Logits [B, V] of the token at position length-1 (attends over positions 0..length-1)."""
         c = self.c
-        hq, hkv, d = c.num_heads, c.num_kv_heads, c.head_dim
+        fn_in, fn_out = layer_functions(variant)
+        if variant == "compiled" and not self._marked:
+            for lw in self.layers:          # one compile for every cache length (bench batches differ in L_max)
+                torch._dynamo.mark_dynamic(lw["k"], 2)
+                torch._dynamo.mark_dynamic(lw["v"], 2)
+            self._marked = True
         b = self.batch
-        pos = torch.full((b, 1), length - 1, device=self.device)
+        pos = torch.full((1,), length - 1, device=self.device, dtype=torch.long)
         x = F.embedding(self.tokens, self.embed)
-        cos, sin = rope_cos_sin(pos, self.inv_freq, x.dtype)
+        delta = torch.zeros_like(x)
+        cos, sin = rope_cos_sin(pos.expand(b, 1), self.inv_freq, x.dtype)
         for lw in self.layers:
-            q, k, v = (_rms(x, lw["n1"], c.rms_norm_eps) @ lw["wqkv"].T).split([hq * d, hkv * d, hkv * d], -1)
-            q, k, v = q.view(b, 1, hq, d), k.view(b, 1, hkv, d), v.view(b, 1, hkv, d)
-            if c.qk_norm:
-                q, k = _rms(q, lw["qn"], c.rms_norm_eps), _rms(k, lw["kn"], c.rms_norm_eps)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-            lw["k"][:, :, length - 1] = k[:, 0]
-            lw["v"][:, :, length - 1] = v[:, 0]
-            o = F.scaled_dot_product_attention(q.transpose(1, 2), lw["k"][:, :, :length], lw["v"][:, :, :length],
-                                               enable_gqa=True)
-            x = x + o.transpose(1, 2).reshape(b, 1, hq * d) @ lw["wo"].T
-            gate, up = (_rms(x, lw["n2"], c.rms_norm_eps) @ lw["w13"].T).chunk(2, -1)
-            x = x + (F.silu(gate) * up) @ lw["w2"].T
-        return (_rms(x, self.norm, c.rms_norm_eps) @ self.lm_head.T)[:, 0]
+            x, q = fn_in(x, delta, lw["n1"], lw["wqkv"], lw["qn"] if c.qk_norm else None,
+                         lw["kn"] if c.qk_norm else None, cos, sin, lw["k"], lw["v"], pos, c.num_heads,
+                         c.num_kv_heads, c.head_dim, c.rms_norm_eps)
+            o = F.scaled_dot_product_attention(q, lw["k"][:, :, :length], lw["v"][:, :, :length], enable_gqa=True)
+            x, delta = fn_out(x, o, lw["wo"], lw["n2"], lw["w13"], lw["w2"], c.rms_norm_eps)
+        return (_rms(x + delta, self.norm, c.rms_norm_eps) @ self.lm_head.T)[:, 0]
 
-    def run(self, length: int, backend: str = "default") -> torch.Tensor:
-        """One decode forward with the given SDPA backend (a captured graph on GPU, eager on CPU)."""
+    def run(self, length: int, backend: str = "default", variant: str = "eager") -> torch.Tensor:
+        """One decode forward with the given SDPA backend and variant (a captured graph on GPU, the plain
+        call on CPU). The first call of the `compiled` variant compiles (timed into `compile_s`)."""
         if self.device.type != "cuda":
             with _sdpa_context(backend):
-                return self.step(length)
-        key = (length, backend)
+                return self._first(variant, lambda: self.step(length, variant))
+        key = (length, backend, variant)
         if key not in self.graphs:
             with _sdpa_context(backend):
-                self.step(length)                    # raises here if the backend refuses the shape
+                self._first(variant, lambda: self.step(length, variant))   # raises here if the backend refuses
                 side = torch.cuda.Stream()
                 side.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(side):
-                    self.step(length)
+                    self.step(length, variant)
                 torch.cuda.current_stream().wait_stream(side)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=self.pool):
-                    out = self.step(length)
+                    out = self.step(length, variant)
             self.pool = graph.pool()
             self.graphs[key] = (graph, out)
         graph, out = self.graphs[key]
         graph.replay()
         return out
 
-    def sweep(self, length: int, time_ms, backends=BACKENDS) -> dict:
+    def _first(self, variant: str, fn):
+        """Call fn; the compiled variant's first call per batch is timed (it compiles or loads the compile)."""
+        if variant != "compiled" or self.compile_s is not None:
+            return fn()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        out = fn()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        self.compile_s = time.perf_counter() - t
+        return out
+
+    def sweep(self, length: int, time_ms, backends=BACKENDS, variant: str = "eager") -> dict:
         """Time every SDPA backend at this context (`time_ms(fn) -> ms`); the fastest is the baseline."""
         times, errors = {}, {}
         for backend in backends:
             try:
-                times[backend] = time_ms(lambda b=backend: self.run(length, b))
+                times[backend] = time_ms(lambda b=backend: self.run(length, b, variant))
             except Exception as err:           # this backend does not run at this shape: recorded, skipped
                 errors[backend] = f"{type(err).__name__}: {str(err)[:200]}"
         if not times:
-            raise RuntimeError(f"no SDPA backend ran at L={length}: {errors}")
+            raise RuntimeError(f"no SDPA backend ran at L={length} ({variant}): {errors}")
         best = min(times, key=times.get)
         return {"ms": times[best], "backend": best, "backend_ms": times, "backend_errors": errors}
 

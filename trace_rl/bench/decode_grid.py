@@ -9,9 +9,13 @@ B rows at L, cache filled with random values):
   `engine_path_ms`: the forward with each candidate path (`kernels.decode_attention` is what the pool
   layout runs);
 - `step_ms`: the whole captured step (forward + fused sampling + bookkeeping);
-- `baseline_ms`: the plain step with the fastest SDPA backend at (B, L) (`baseline_backend`; all timed);
-- `ratio` = baseline_ms / engine_ms (>= 1: the engine is faster); the roofline floor = (weight bytes +
-  B * L * KV bytes per token) / measured read bandwidth.
+- `baseline_eager` / `baseline_compiled`: the plain step as written and through `torch.compile`
+  (`baseline.VARIANTS`), each with the fastest SDPA backend at (B, L) (all timed); `baseline_ms` = the
+  faster of the two (`baseline_variant`, `baseline_backend`): the strongest baseline;
+- `ratio` = baseline_ms / engine_ms (>= 1: the engine is faster; `ratio_eager` against the eager step
+  alone); the roofline floor = (weight bytes + B * L * KV bytes per token) / measured read bandwidth;
+- per batch, `baseline_compile_s`: the compiled variant's first call (compile included; later batches
+  reuse the compile unless the batch's shape forces a new one).
 """
 
 from __future__ import annotations
@@ -90,21 +94,35 @@ def run_grid(args, name: str, device, bw, log) -> list[dict]:
                         path_errors[p] = f"{type(err).__name__}: {str(err)[:200]}"
                 step = time_step(engine, batch, length, args.iters)
                 prime_decode(engine, batch, length, args.seed)
-                baseline = base.sweep(length, timer, args.sdpa_backends.split(",") if device.type == "cuda"
-                                      else ("default",))
+                backends = args.sdpa_backends.split(",") if device.type == "cuda" else ("default",)
+                variants = {}
+                for variant in args.baseline_variants.split(","):
+                    try:
+                        variants[variant] = base.sweep(length, timer, backends, variant)
+                    except Exception as err:   # one variant failing (e.g. no compiler) keeps the other
+                        variants[variant] = {"error": f"{type(err).__name__}: {str(err)[:300]}"}
+                ran = {v: b for v, b in variants.items() if "ms" in b}
+                if not ran:
+                    raise RuntimeError(f"no plain-step variant ran at B={batch}, L={length}: {variants}")
+                best_variant = min(ran, key=lambda v: ran[v]["ms"])
+                baseline = ran[best_variant]
                 floor = (wbytes + batch * length * per_token) / read_bw * 1e3
                 row = {"model": name, "batch": batch, "L": length, "engine_ms": per_path[path], "path": path,
                        "engine_path_ms": per_path, "engine_path_errors": path_errors, "step_ms": step,
-                       "baseline_ms": baseline["ms"],
-                       "baseline_backend": baseline["backend"], "baseline_backend_ms": baseline["backend_ms"],
-                       "baseline_errors": baseline["backend_errors"], "ratio": baseline["ms"] / per_path[path],
+                       "baseline_ms": baseline["ms"], "baseline_variant": best_variant,
+                       "baseline_backend": baseline["backend"],
+                       **{f"baseline_{v}": b for v, b in variants.items()},
+                       "baseline_compile_s": base.compile_s, "ratio": baseline["ms"] / per_path[path],
+                       "ratio_eager": (ran["eager"]["ms"] / per_path[path]) if "eager" in ran else None,
                        "floor_ms": floor, "engine_of_floor": floor / per_path[path],
                        "baseline_of_floor": floor / baseline["ms"],
                        "attention_autotune": engine.attention_choice.get((batch, engine.context_bucket(length)))}
                 rows.append(row)
+                each = " ".join(f"{v} {b['ms']:.2f} ({b['backend']})" if "ms" in b else f"{v} FAILED"
+                                for v, b in variants.items())
                 log(f"grid B={batch:<4} L={length:<5} engine {row['engine_ms']:7.2f} ms ({path}) step "
-                    f"{step:7.2f} | baseline {row['baseline_ms']:7.2f} ms ({row['baseline_backend']}) | "
-                    f"ratio {row['ratio']:.3f} | floor {floor:6.2f} ms")
+                    f"{step:7.2f} | plain {each} | ratio {row['ratio']:.3f} vs {best_variant} | floor "
+                    f"{floor:6.2f} ms | compile {base.compile_s or 0:.1f} s")
         except Exception as err:           # one batch failing must not lose the others
             rows.append({"model": name, "batch": batch, "error": f"{type(err).__name__}: {err}"})
             log(f"grid B={batch} FAILED: {type(err).__name__}: {err}")

@@ -2,8 +2,8 @@
 against the plain PyTorch decode step, the read-bandwidth roofline and transformers' `generate`.
 
 Parts (`--parts`, each written to rollout.json as soon as it finishes, one failure never hides the rest):
-- `grid`: the bf16 engine's decode step against the plain PyTorch step (fastest SDPA backend) at every
-  (B, context) of `--grid` (`trace_rl.bench.decode_grid`);
+- `grid`: the bf16 engine's decode step against the plain PyTorch step (eager and `torch.compile`d, the
+  fastest SDPA backend each) at every (B, context) of `--grid` (`trace_rl.bench.decode_grid`);
 - `profile`: GPU time per op class of one decode step per plan and context (`trace_rl.bench.profile`);
 - `fixed`: tokens/s on fixed-length responses with memory filled, per plan (`workloads.fixed_workload`);
 - `realistic`: tokens/s on long-tailed response lengths with stop tokens, GRPO groups sharing prompt
@@ -35,6 +35,8 @@ def add_rollout_bench_args(parser: argparse.ArgumentParser) -> argparse.Argument
     a("--grid", default="1:257,4352,8447;100:257,4352,8447;512:257,768,1536",
       help="decode grid 'B:L1,L2;B2:...' for the engine vs plain PyTorch comparison")
     a("--sdpa-backends", default="default,cudnn,efficient,flash", help="SDPA backends the plain step tries")
+    a("--baseline-variants", default="eager,compiled",
+      help="plain-step variants timed (eager, compiled = torch.compile'd layer functions); the fastest is the baseline")
     a("--plans", default=",".join(PLANS), help=f"plans of the fixed workload (default: {','.join(PLANS)})")
     a("--prompts", type=int, default=64, help="N prompts")
     a("--group", type=int, default=8, help="G samples per prompt")
@@ -76,6 +78,11 @@ def run_rollout_bench(args) -> dict:
     if unknown:
         raise ValueError(f"--parts: unknown {unknown}; choose from {', '.join(PARTS)}")
     parse_grid(args.grid)
+    from trace_rl.bench.baseline import VARIANTS
+
+    variants = [v for v in args.baseline_variants.split(",") if v]
+    if not variants or set(variants) - set(VARIANTS):
+        raise ValueError(f"--baseline-variants: {args.baseline_variants!r} is not a list of {', '.join(VARIANTS)}")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -145,8 +152,10 @@ def summary(report: dict) -> list[dict]:
     ratios = [g["ratio"] for g in report["grid"] if "ratio" in g]
     if ratios:
         lines.append({"bf16_engine_vs_plain_min": min(ratios), "max": max(ratios),
-                      "per_shape": {f"B{g['batch']}/L{g['L']}": round(g["ratio"], 3) for g in report["grid"]
-                                    if "ratio" in g}})
+                      "per_shape": {f"B{g['batch']}/L{g['L']}": f"{g['ratio']:.3f} vs {g['baseline_variant']}"
+                                    for g in report["grid"] if "ratio" in g},
+                      "baseline_compile_s": {f"B{g['batch']}": g["baseline_compile_s"] for g in report["grid"]
+                                             if g.get("baseline_compile_s") is not None}})
     for r in sorted({(x["model"], x["response_len"]) for x in report["results"]}):
         bf16 = _best(report["results"], model=r[0], response_len=r[1], plan="bf16")
         for plan in ("w4a4-kv4", "w4a4-kv4-mx", "fp8", "w4a16"):
@@ -178,7 +187,8 @@ def _plot(report: dict, path: Path) -> None:
         labels = [f"B{g['batch']}\nL{g['L']}" for g in grid]
         x = range(len(grid))
         axes[0].bar([i - 0.2 for i in x], [g["engine_ms"] for g in grid], 0.4, label="engine bf16")
-        axes[0].bar([i + 0.2 for i in x], [g["baseline_ms"] for g in grid], 0.4, label="plain PyTorch (best SDPA)")
+        axes[0].bar([i + 0.2 for i in x], [g["baseline_ms"] for g in grid], 0.4,
+                    label="plain PyTorch (best of eager/compiled, SDPA)")
         axes[0].set_xticks(list(x), labels, fontsize=7)
         axes[0].set_ylabel("decode step forward (ms)")
         axes[0].legend(fontsize=7)
