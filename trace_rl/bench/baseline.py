@@ -21,9 +21,9 @@ Variants (`run(length, backend, variant)`):
   SiLU*mul, down matmul) through `torch.compile` (Inductor's default mode: the matmuls stay cuBLAS calls,
   the elementwise ops between them fuse into a few Triton kernels), SDPA between them in eager so the
   backend sweep still applies, the whole step then captured in our own CUDA graph. What a careful user
-  writes. One compile serves every layer, context and B > 1 (the cache's length axis is marked dynamic,
-  the batch axis becomes dynamic at the second batch; B = 1 is specialised by torch): two compiles per
-  function in a bench, timed (`compile_s`). Compiling the whole step instead (fullgraph over 36 layers,
+  writes. One compile serves every layer, context and B > 1 (the batch and cache-length axes are marked
+  dynamic; B = 1 is specialised by torch): at most two compiles per function in a bench, timed
+  (`compile_s`). Compiling the whole step instead (fullgraph over 36 layers,
   or `max-autotune` GEMM templates per shape) costs minutes of compile per shape for the same fusion.
 """
 
@@ -84,6 +84,10 @@ def layer_functions(variant: str):
         _COMPILED["in"] = torch.compile(attention_in)
         _COMPILED["out"] = torch.compile(attention_out_mlp)
     return _COMPILED["in"], _COMPILED["out"]
+
+
+def _mark_batch(t: torch.Tensor) -> None:
+    torch._dynamo.mark_dynamic(t, 0)
 
 
 def _sdpa_context(backend: str):
@@ -165,21 +169,30 @@ class PlainDecode:
         """Logits [B, V] of the token at position length-1 (attends over positions 0..length-1)."""
         c = self.c
         fn_in, fn_out = layer_functions(variant)
-        if variant == "compiled" and not self._marked:
-            for lw in self.layers:          # one compile for every cache length (bench batches differ in L_max)
-                torch._dynamo.mark_dynamic(lw["k"], 2)
-                torch._dynamo.mark_dynamic(lw["v"], 2)
-            self._marked = True
         b = self.batch
+        # compiled: one compile for every B > 1 and every cache length (batches of a bench differ in both);
+        # marking is free and only matters at the call that compiles (B = 1 is always specialised by torch)
+        dynamic = (lambda *ts: [_mark_batch(t) for t in ts]) if variant == "compiled" and b > 1 else None
+        if variant == "compiled" and not self._marked:
+            for lw in self.layers:
+                for t in (lw["k"], lw["v"]):
+                    torch._dynamo.mark_dynamic(t, 2)
+                    if b > 1:
+                        torch._dynamo.mark_dynamic(t, 0)
+            self._marked = True
         pos = torch.full((1,), length - 1, device=self.device, dtype=torch.long)
         x = F.embedding(self.tokens, self.embed)
         delta = torch.zeros_like(x)
         cos, sin = rope_cos_sin(pos.expand(b, 1), self.inv_freq, x.dtype)
         for lw in self.layers:
+            if dynamic:
+                dynamic(x, delta, cos, sin)
             x, q = fn_in(x, delta, lw["n1"], lw["wqkv"], lw["qn"] if c.qk_norm else None,
                          lw["kn"] if c.qk_norm else None, cos, sin, lw["k"], lw["v"], pos, c.num_heads,
                          c.num_kv_heads, c.head_dim, c.rms_norm_eps)
             o = F.scaled_dot_product_attention(q, lw["k"][:, :, :length], lw["v"][:, :, :length], enable_gqa=True)
+            if dynamic:
+                dynamic(x, o)
             x, delta = fn_out(x, o, lw["wo"], lw["n2"], lw["w13"], lw["w2"], c.rms_norm_eps)
         return (_rms(x + delta, self.norm, c.rms_norm_eps) @ self.lm_head.T)[:, 0]
 

@@ -60,7 +60,9 @@ def time_step(engine, batch: int, length: int, iters: int, warmup: int = 3,
     return bm.median_ms(lambda: engine.decode_step(batch, length, sampling), engine.device, iters, warmup)
 
 
-def run_grid(args, name: str, device, bw, log) -> list[dict]:
+def run_grid(args, name: str, device, bw, log, sink=None) -> list[dict]:
+    """The grid's rows; each also goes to `sink(row)` as soon as it is measured (the bench writes its JSON
+    then, so a run cut short keeps the rows it has)."""
     from trace_rl.bench.baseline import PlainDecode
     from trace_rl.bench.measure import build_rollout_model, free
     from trace_rl.engine.native import NativeEngine
@@ -118,6 +120,8 @@ def run_grid(args, name: str, device, bw, log) -> list[dict]:
                        "baseline_of_floor": floor / baseline["ms"],
                        "attention_autotune": engine.attention_choice.get((batch, engine.context_bucket(length)))}
                 rows.append(row)
+                if sink is not None:
+                    sink(row)
                 each = " ".join(f"{v} {b['ms']:.2f} ({b['backend']})" if "ms" in b else f"{v} FAILED"
                                 for v, b in variants.items())
                 log(f"grid B={batch:<4} L={length:<5} engine {row['engine_ms']:7.2f} ms ({path}) step "
@@ -125,6 +129,8 @@ def run_grid(args, name: str, device, bw, log) -> list[dict]:
                     f"{floor:6.2f} ms | compile {base.compile_s or 0:.1f} s")
         except Exception as err:           # one batch failing must not lose the others
             rows.append({"model": name, "batch": batch, "error": f"{type(err).__name__}: {err}"})
+            if sink is not None:
+                sink(rows[-1])
             log(f"grid B={batch} FAILED: {type(err).__name__}: {err}")
         finally:
             if base is not None:

@@ -60,6 +60,8 @@ def add_rollout_bench_args(parser: argparse.ArgumentParser) -> argparse.Argument
     a("--realistic-max-batch", type=int, default=512, help="slots of the realistic workload's engine")
     a("--hf-batch", type=int, default=64, help="sequences in the HF comparison")
     a("--hf-new-tokens", type=int, default=64, help="response length of the HF comparison")
+    a("--hf-model", default="", help="model preset of the HF comparison (default: each of --models)")
+    a("--hf-layers", type=int, default=0, help="layers of the HF comparison's model (0: all)")
     a("--reserve-gb", type=float, default=6.0, help="GPU memory kept free beside weights and KV cache")
     a("--device", default=None, help="cuda (default when present) or cpu")
     a("--out", default="runs/bench_rollout", help="folder for rollout.json and rollout.png")
@@ -111,7 +113,12 @@ def run_rollout_bench(args) -> dict:
 
     for name in filter(None, args.models.split(",")):
         if "grid" in parts:
-            attempt(f"grid {name}", lambda n=name: run_grid(args, n, device, bw, log), "grid", many=True)
+            def grid_row(row: dict) -> None:
+                report["grid"].append(row)
+                _write(report, out_dir)
+
+            attempt(f"grid {name}", lambda n=name: run_grid(args, n, device, bw, log, sink=grid_row) and [],
+                    "grid", many=True)
         if "fixed" in parts:
             for r in [int(x) for x in args.response_lens.split(",") if x]:
                 for plan in filter(None, args.plans.split(",")):
