@@ -31,6 +31,11 @@ def test_bench_rollout_tiny_cpu(tmp_path):
     assert {r["plan"] for r in report["results"]} == {"bf16", "w4a4-kv4"}
     for r in report["results"]:
         assert r["batch"] == 4 and r["tokens_per_s"] > 0 and len(r["steps"]) == 3
+        # the plain step is timed beside the bf16 run (same batch, contexts and cache memory), not beside FP4
+        assert (r["plain_baseline"] is not None) == (r["plan"] == "bf16")
+    plain = next(r for r in report["results"] if r["plan"] == "bf16")
+    assert all(s["baseline_ms"] > 0 for s in plain["steps"]) and plain["plain_baseline"]["decode_tokens_per_s"] > 0
+    assert any(x.get("vs_plain_step_decode_tokens_per_s") for x in report["summary"])
     real = report["realistic"][0]
     assert real["lengths"]["honoured"] and real["rows"] == 4 and real["tokens"] > 0   # every drawn length met
     assert report["hf"][0]["hf_tokens_per_s"] > 0

@@ -60,6 +60,22 @@ def time_step(engine, batch: int, length: int, iters: int, warmup: int = 3,
     return bm.median_ms(lambda: engine.decode_step(batch, length, sampling), engine.device, iters, warmup)
 
 
+def best_baseline(args, base, length: int, timer, device) -> tuple[dict, str]:
+    """Each plain-step variant of `--baseline-variants` with its fastest SDPA backend at this context:
+    ({variant: sweep result or {"error": ...}}, the fastest variant). Raises if none ran."""
+    backends = args.sdpa_backends.split(",") if device.type == "cuda" else ("default",)
+    variants = {}
+    for variant in args.baseline_variants.split(","):
+        try:
+            variants[variant] = base.sweep(length, timer, backends, variant)
+        except Exception as err:   # one variant failing (e.g. no compiler) keeps the other
+            variants[variant] = {"error": f"{type(err).__name__}: {str(err)[:300]}"}
+    ran = {v: b for v, b in variants.items() if "ms" in b}
+    if not ran:
+        raise RuntimeError(f"no plain-step variant ran at B={base.batch}, L={length}: {variants}")
+    return variants, min(ran, key=lambda v: ran[v]["ms"])
+
+
 def run_grid(args, name: str, device, bw, log, sink=None) -> list[dict]:
     """The grid's rows; each also goes to `sink(row)` as soon as it is measured (the bench writes its JSON
     then, so a run cut short keeps the rows it has)."""
@@ -96,18 +112,8 @@ def run_grid(args, name: str, device, bw, log, sink=None) -> list[dict]:
                         path_errors[p] = f"{type(err).__name__}: {str(err)[:200]}"
                 step = time_step(engine, batch, length, args.iters)
                 prime_decode(engine, batch, length, args.seed)
-                backends = args.sdpa_backends.split(",") if device.type == "cuda" else ("default",)
-                variants = {}
-                for variant in args.baseline_variants.split(","):
-                    try:
-                        variants[variant] = base.sweep(length, timer, backends, variant)
-                    except Exception as err:   # one variant failing (e.g. no compiler) keeps the other
-                        variants[variant] = {"error": f"{type(err).__name__}: {str(err)[:300]}"}
-                ran = {v: b for v, b in variants.items() if "ms" in b}
-                if not ran:
-                    raise RuntimeError(f"no plain-step variant ran at B={batch}, L={length}: {variants}")
-                best_variant = min(ran, key=lambda v: ran[v]["ms"])
-                baseline = ran[best_variant]
+                variants, best_variant = best_baseline(args, base, length, timer, device)
+                baseline = variants[best_variant]
                 floor = (wbytes + batch * length * per_token) / read_bw * 1e3
                 row = {"model": name, "batch": batch, "L": length, "engine_ms": per_path[path], "path": path,
                        "engine_path_ms": per_path, "engine_path_errors": path_errors, "step_ms": step,
@@ -115,7 +121,8 @@ def run_grid(args, name: str, device, bw, log, sink=None) -> list[dict]:
                        "baseline_backend": baseline["backend"],
                        **{f"baseline_{v}": b for v, b in variants.items()},
                        "baseline_compile_s": base.compile_s, "ratio": baseline["ms"] / per_path[path],
-                       "ratio_eager": (ran["eager"]["ms"] / per_path[path]) if "eager" in ran else None,
+                       "ratio_eager": (variants["eager"]["ms"] / per_path[path]) if "ms" in variants.get(
+                           "eager", {}) else None,
                        "floor_ms": floor, "engine_of_floor": floor / per_path[path],
                        "baseline_of_floor": floor / baseline["ms"],
                        "attention_autotune": engine.attention_choice.get((batch, engine.context_bucket(length)))}

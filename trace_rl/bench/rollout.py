@@ -38,6 +38,8 @@ def add_rollout_bench_args(parser: argparse.ArgumentParser) -> argparse.Argument
     a("--baseline-variants", default="eager,compiled",
       help="plain-step variants timed (eager, compiled = torch.compile'd layer functions); the fastest is the baseline")
     a("--plans", default=",".join(PLANS), help=f"plans of the fixed workload (default: {','.join(PLANS)})")
+    a("--fixed-baseline", type=int, default=1, help="1: the fixed workload's bf16 run also times the plain "
+      "PyTorch step (--baseline-variants) at its batch and contexts; 0: skip")
     a("--prompts", type=int, default=64, help="N prompts")
     a("--group", type=int, default=8, help="G samples per prompt")
     a("--prompt-len", type=int, default=256, help="tokens per prompt")
@@ -168,8 +170,11 @@ def summary(report: dict) -> list[dict]:
         for plan in ("w4a4-kv4", "w4a4-kv4-mx", "fp8", "w4a16"):
             other = _best(report["results"], model=r[0], response_len=r[1], plan=plan)
             if bf16 and other:
+                plain = bf16.get("plain_baseline")
                 lines.append({"model": r[0], "response_len": r[1], "plan": plan,
-                              "vs_bf16_tokens_per_s": other["tokens_per_s"] / bf16["tokens_per_s"]})
+                              "vs_bf16_tokens_per_s": other["tokens_per_s"] / bf16["tokens_per_s"],
+                              "vs_plain_step_decode_tokens_per_s": other["tokens_per_s"] / plain["decode_tokens_per_s"]
+                              if plain else None})
     bf16 = next((x for x in report["realistic"] if x["plan"] == "bf16"), None)
     for x in report["realistic"]:
         lines.append({"realistic": x["plan"], "tokens_per_s": x["tokens_per_s"],

@@ -96,12 +96,34 @@ def fixed_workload(args, name: str, plan_name: str, response: int, device, bw, l
                           graph_buckets=[batch], prefill_tokens=args.prefill_tokens, kv_layout=layout)
     bm.fill_random(engine.cache, torch.Generator(device=device).manual_seed(args.seed))
     steps = []
+    base = None
+    if not plan.is_quantized and layout == "contiguous" and args.fixed_baseline:
+        from trace_rl.bench.baseline import PlainDecode
+
+        base = PlainDecode.from_rollout_model(engine.model, engine.cache, batch, p + r)
     for length in (p + 1, p + r // 2, p + r - 1):
         prime_decode(engine, batch, length, args.seed)
         fwd = bm.median_ms(lambda n=length: engine.decode_logits(batch, n), device, args.iters)
         step = time_step(engine, batch, length, args.iters)
         steps.append({"L": length, "forward_ms": fwd, "step_ms": step,
                       "path": engine.attention_path(batch, length)})
+        if base is not None:           # the plain step on the same weights, batch and cache memory
+            from trace_rl.bench.decode_grid import best_baseline
+
+            prime_decode(engine, batch, length, args.seed)
+            variants, best = best_baseline(args, base, length,
+                                           lambda fn: bm.median_ms(fn, device, args.iters), device)
+            steps[-1].update(baseline_ms=variants[best]["ms"], baseline_variant=best,
+                             baseline_backend=variants[best]["backend"],
+                             **{f"baseline_{v}": b for v, b in variants.items()})
+    if base is not None:
+        baseline = {"compile_s": base.compile_s, "step_ms_mean": _simpson([s["baseline_ms"] for s in steps])}
+        baseline["decode_tokens_per_s"] = batch / (baseline["step_ms_mean"] * 1e-3)
+        base.release_graphs()
+        free(base)
+        log(f"fixed {name} R={r} plain PyTorch step (best of {args.baseline_variants}) B={batch}: "
+            + " ".join(f"L{s['L']}:{s['baseline_ms']:.2f}ms({s['baseline_variant']})" for s in steps)
+            + f" -> {baseline['decode_tokens_per_s']:.0f} decode tok/s; compile {base.compile_s or 0:.1f} s")
     # Prefill: the samples of a prompt share it. Time `timed` rows (whole groups) after a warm-up, scale to B.
     vocab = model.config.vocab_size
     group = min(args.group, batch)
@@ -134,6 +156,7 @@ def fixed_workload(args, name: str, plan_name: str, response: int, device, bw, l
         "e2e": {"rows": e2e_prompts * group, "new_tokens": e2e_new, "seconds": e2e_s, "predicted_s": predicted,
                 "ratio": e2e_s / predicted},
         "paths": engine.report(),
+        "plain_baseline": baseline if base is not None else None,
         "peak_memory_GB": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
     }
     st = " ".join(f"L{s['L']}:{s['forward_ms']:.2f}/{s['step_ms']:.2f}ms({s['roofline_frac']:.0%})" for s in steps)
