@@ -22,6 +22,17 @@ def graph_us(calls: list, reps: int = 15) -> float:
     return graph_median_us(calls, reps)
 
 
+def ceilings() -> dict:
+    """Measured device-to-device copy (read + write) and read-only (a reduction) bandwidth, TB/s."""
+    n = 1 << 30                                                  # 1 Gi floats = 4 GiB
+    a = torch.randn(n, device=DEV)
+    b = torch.empty_like(a)
+    copy = graph_us([lambda a=a, b=b: b.copy_(a)], reps=10)
+    read = graph_us([lambda a=a: torch.amax(a)], reps=10)
+    del a, b
+    return {"copy_rw_TBps": 2 * 4 * n / copy / 1e6, "read_TBps": 4 * n / read / 1e6}
+
+
 # -- gemlite ---------------------------------------------------------------------------------------------------
 
 def gemlite_available() -> tuple[bool, str]:

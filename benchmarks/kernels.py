@@ -41,6 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from kernel_baselines import (  # noqa: E402
+    ceilings,
     cublas_expert_loop,
     gemlite_available,
     gemlite_int4_linear,
@@ -67,16 +68,6 @@ MOE = dict(experts=128, top_k=8, hidden=2048, inter=768, tokens=[64, 128, 256, 5
 def loop_ms(fn, reps: int = 3) -> float:
     """Median milliseconds of fn() (eager: Python and launch overheads included), CUDA events."""
     return median_ms(fn, torch.device("cuda"), iters=reps, warmup=0)
-
-
-def ceilings() -> dict:
-    n = 1 << 30                                                  # 1 Gi floats = 4 GiB
-    a = torch.randn(n, device=DEV)
-    b = torch.empty_like(a)
-    copy = graph_us([lambda a=a, b=b: b.copy_(a)], reps=10)
-    read = graph_us([lambda a=a: torch.amax(a)], reps=10)
-    del a, b
-    return {"copy_rw_TBps": 2 * 4 * n / copy / 1e6, "read_TBps": 4 * n / read / 1e6}
 
 
 def num_sms() -> int:

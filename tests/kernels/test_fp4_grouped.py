@@ -61,3 +61,24 @@ def test_stacked_relayout_equals_per_expert(fmt, device, gen):
         assert torch.equal(st.values[e].cpu(), ref.values)
         assert torch.equal(st.scales[e].cpu(), ref.scales)
         assert torch.equal(st.row_factor[e].cpu().view(torch.int32), ref.row_factor.view(torch.int32))
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_in_kernel_act_quant_matches_separate_quantizer(fmt, device, gen):
+    """W4A4 with the activations quantized in the grouped kernel's K loop gives the same output, bit for bit,
+    as the row quantize kernel + the grouped kernel: the operand (codes x block scales, row global) is the
+    same. Odd K (not a multiple of the K tile), an all-zero row, a NaN row, a wide dynamic range."""
+    E, N, K = 3, 48, 160 if fmt == "nvfp4" else 224
+    experts = prepare_expert_weights(torch.randn(E, N, K, generator=gen), fmt)
+    experts = experts.__class__(fmt, N, K, q=experts.q.to(device))
+    counts = torch.tensor([5, 0, 19])
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)]).to(torch.int32).to(device)
+    x = torch.randn(24, K, generator=gen) * torch.exp(3 * torch.randn(24, 1, generator=gen))
+    x[2] = 0.0
+    x[7, 5] = float("nan")
+    x = x.to(torch.bfloat16).to(device)
+    fused = fp4_grouped_linear(x, offsets, experts, fmt, fuse_act_quant=True)
+    separate = fp4_grouped_linear(x, offsets, experts, fmt, fuse_act_quant=False)
+    assert torch.equal(fused.isnan(), separate.isnan()) and fused[7].isnan().any()
+    assert torch.equal(fused.nan_to_num(0.0), separate.nan_to_num(0.0))
+    assert not fused[2].any()

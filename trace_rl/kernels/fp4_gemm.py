@@ -28,6 +28,7 @@ import triton.language as tl
 
 from trace_rl.kernels.fp4_decode import DECODE_ASM, DECODE_PURE, decode_tile, tile_scales
 from trace_rl.kernels.hopper_fp4 import COLS, ROWS, HopperFP4
+from trace_rl.kernels.row_quantize import fp4_quantize_dequant_bf16
 
 
 @triton.jit
@@ -47,10 +48,13 @@ def _epilogue_store(acc, rows, offs_m, N, M, rf_ptr, row_scale_ptr, bias_ptr, ou
 @triton.jit
 def fp4_tile_mma(acc, x_ptrs, x_mask_m, K, w_ptrs, w_mask, s_ptrs, s_mask, kb_lo, kb_hi,
                  BN: tl.constexpr, BK: tl.constexpr, MX: tl.constexpr, DECODE: tl.constexpr,
-                 DOT_F32: tl.constexpr, EVEN_K: tl.constexpr, MASK_W: tl.constexpr):
+                 DOT_F32: tl.constexpr, EVEN_K: tl.constexpr, MASK_W: tl.constexpr,
+                 gscale=None, ACT: tl.constexpr = 0):
     """acc[BN, BM] += W[BN, kb_lo*BK : kb_hi*BK] @ x[BM, same]^T over the layout (shared by the dense and
     the grouped kernels). `w_ptrs` [BN/16, 2 BK] int32 layout words, `s_ptrs` [BN, BK/64 or BK/128] int32
-    scale words, `x_ptrs` [BM, BK] at K-block 0."""
+    scale words, `x_ptrs` [BM, BK] at K-block 0. ACT: 0 x is the operand (bf16, or W4A4 pre-quantized);
+    1 / 2 quantize the bf16 x in registers per token to nvfp4:row (row global `gscale` [BM]) / mxfp4, with
+    the row quantizer's own rounding (`row_quantize.fp4_quantize_dequant_bf16`: bit-identical operand)."""
     SW: tl.constexpr = BK // 128 if MX else BK // 64
     offs_k = tl.arange(0, x_ptrs.shape[1])
     for kb in range(kb_lo, kb_hi):
@@ -67,6 +71,9 @@ def fp4_tile_mma(acc, x_ptrs, x_mask_m, K, w_ptrs, w_mask, s_ptrs, s_mask, kb_lo
             x = tl.load(x_ptrs + kb * BK, mask=x_mask_m, other=0.0)
         else:
             x = tl.load(x_ptrs + kb * BK, mask=x_mask_m & ((kb * BK + offs_k) < K)[None, :], other=0.0)
+        if ACT != 0:
+            x = fp4_quantize_dequant_bf16(x.to(tl.float32), gscale, ACT == 2, x_ptrs.shape[0], BK,
+                                          32 if ACT == 2 else 16)
         if DOT_F32:
             acc = tl.dot(wt, tl.trans(x.to(tl.float32)), acc)
         else:

@@ -57,6 +57,42 @@ def _tensor_amax_kernel(x_ptr, amax_bits_ptr, n_rows, K, stride_x, BLOCK_M: tl.c
 
 
 @triton.jit
+def fp4_quantize_blocks(x, gscale, MX: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, G: tl.constexpr):
+    """x [BLOCK_M, BLOCK_K] float32 (whole blocks of G along K), gscale [BLOCK_M] (nvfp4: the row or tensor
+    global scale; mxfp4: unused) -> (codes [BLOCK_M, BLOCK_K / G, G] int32 E2M1, scale codes [BLOCK_M,
+    BLOCK_K / G] int32 (E8M0 or E4M3 bits), block step [same] float32 = the block scale's value without the
+    global scale (NaN for a block holding NaN/Inf)). The one definition of the per-block FP4 rounding: the row
+    quantizer and the grouped GEMM's in-kernel W4A4 prologue both call it."""
+    blocks = tl.reshape(x, [BLOCK_M, BLOCK_K // G, G])
+    xa, finite = finite_abs(blocks)
+    block_amax = tl.max(xa, axis=2)
+    bad = tl.max(tl.where(finite, 0, 1), axis=2) > 0
+    if MX:
+        scale_code = tl.where(bad, 255, e8m0_scale_code(block_amax))
+        inv_step = e8m0_inverse(tl.minimum(scale_code, 254))     # x / 2**e as x * 2**-e (exact)
+        scaled = blocks * inv_step[:, :, None]
+        step = (scale_code << 23).to(tl.float32, bitcast=True)
+        step = tl.where(scale_code == 0, 5.877471754111438e-39, step)    # 2**-127
+        step = tl.where(bad, float("nan"), step)
+    else:
+        v = tl.minimum(tl.math.div_rn(tl.math.div_rn(block_amax, 6.0), gscale[:, None]), 448.0)
+        scale_code, scale_val = e4m3_round(v)
+        scale_code = tl.where(bad, 0x7F, scale_code)
+        full = tl.where(bad, float("nan"), scale_val * gscale[:, None])[:, :, None]
+        scaled = tl.where(full == 0, blocks * 0.0, tl.math.div_rn(blocks, full))
+        step = tl.where(bad, float("nan"), scale_val)
+    return e2m1_encode(scaled), scale_code, step
+
+
+@triton.jit
+def fp4_quantize_dequant_bf16(x, gscale, MX: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+                              G: tl.constexpr):
+    """x [BLOCK_M, BLOCK_K] float32 -> bf16 code value x block step (exact), the W4A4 activation operand."""
+    codes, _, step = fp4_quantize_blocks(x, gscale, MX, BLOCK_M, BLOCK_K, G)
+    return tl.reshape(e2m1_value(codes) * step[:, :, None], [BLOCK_M, BLOCK_K]).to(tl.bfloat16)
+
+
+@triton.jit
 def _quantize_chunk(x, k0, cols, out_rows, row_mask, gscale, codes_ptr, scales_ptr, K, stride_codes,
                     stride_scales, FMT: tl.constexpr, EMIT_BF16: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_K: tl.constexpr, G: tl.constexpr):
@@ -69,26 +105,7 @@ def _quantize_chunk(x, k0, cols, out_rows, row_mask, gscale, codes_ptr, scales_p
         out_mask = row_mask[:, None] & (cols < K)[None, :]
         tl.store(codes_ptr + out_rows[:, None] * stride_codes + cols[None, :], code.to(tl.uint8), mask=out_mask)
     else:
-        blocks = tl.reshape(x, [BLOCK_M, BLOCK_K // G, G])
-        xa, finite = finite_abs(blocks)
-        block_amax = tl.max(xa, axis=2)
-        bad = tl.max(tl.where(finite, 0, 1), axis=2) > 0
-        if FMT == 2:
-            scale_code = tl.where(bad, 255, e8m0_scale_code(block_amax))
-            inv_step = e8m0_inverse(tl.minimum(scale_code, 254))     # x / 2**e as x * 2**-e (exact)
-            scaled = blocks * inv_step[:, :, None]
-            step = (scale_code << 23).to(tl.float32, bitcast=True)
-            step = tl.where(scale_code == 0, 5.877471754111438e-39, step)    # 2**-127
-            step = tl.where(bad, float("nan"), step)
-        else:
-            v = tl.minimum(tl.math.div_rn(tl.math.div_rn(block_amax, 6.0), gscale[:, None]), 448.0)
-            scale_code, scale_val = e4m3_round(v)
-            scale_code = tl.where(bad, 0x7F, scale_code)
-            step = tl.where(bad, float("nan"), scale_val * gscale[:, None])
-            step_b = step[:, :, None]
-            scaled = tl.where(step_b == 0, blocks * 0.0, tl.math.div_rn(blocks, step_b))
-            step = tl.where(bad, float("nan"), scale_val)   # for EMIT_BF16: block scale without global
-        codes = e2m1_encode(scaled)
+        codes, scale_code, step = fp4_quantize_blocks(x, gscale, FMT == 2, BLOCK_M, BLOCK_K, G)
         sc_cols = k0 // G + tl.arange(0, BLOCK_K // G)
         if EMIT_BF16:
             deq = e2m1_value(codes).to(tl.float32) * step[:, :, None]

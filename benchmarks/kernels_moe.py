@@ -1,0 +1,374 @@
+"""Grouped (mixture-of-experts) FP4 GEMM at the MoE rollout's decode shapes: a config sweep with baselines, plus a
+small dense-GEMM sweep (issue 15, items 2-3).
+
+    python benchmarks/kernels_moe.py --out moe_sweep.json [--batches 128,409,512] [--dense] [--checks]
+    python benchmarks/kernels_moe.py --compile-only      # CPU: compile every swept config for sm_90 (SASS/elem)
+
+Grouped: Qwen3-30B-A3B experts (hidden 2048, 128 experts of intermediate 768, top-8), gate+up [1536 x 2048] and
+down [2048 x 768], 8 B routed rows for B sequences (random top-8 router: uneven counts), nvfp4 and mxfp4, W4A16,
+W4A4 with the separate quantize launch ("a4sep") and W4A4 quantized inside the grouped kernel ("a4fused").
+Every config's output is checked against the torch reference (`grouped_linear_reference`, rel. error < 1e-2)
+before it is timed. Baselines in the same run: `torch._grouped_mm` (BF16) and a per-expert cuBLAS loop captured
+in a CUDA graph. bw = (active experts' FP4 bytes + bf16 activations read) / time / measured read ceiling.
+Dense: nvfp4 W4A16 tile/split candidates at 4096x12288 and 12288x4096, M = 1, 16, 64, against cuBLAS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+MOE = dict(experts=128, top_k=8, hidden=2048, inter=768)
+GEMMS = (("gate_up", 2 * MOE["inter"], MOE["hidden"]), ("down", MOE["hidden"], MOE["inter"]))
+# (BM, BN, BK, warps, stages): the shipped two first
+GROUPED_TILES = [(16, 128, 128, 4, 4), (32, 128, 128, 4, 3), (32, 128, 128, 4, 4), (32, 64, 128, 4, 4),
+                 (16, 64, 128, 4, 4), (32, 256, 128, 8, 3), (64, 128, 128, 4, 3), (64, 128, 128, 8, 3),
+                 (16, 128, 256, 4, 3), (32, 128, 256, 4, 3)]
+FUSED_TILES = [(16, 128, 128, 4, 4), (32, 128, 128, 4, 3)]
+DENSE_SHAPES = [(4096, 12288), (12288, 4096)]
+DENSE_M = [1, 16, 64]
+
+
+def grouped_configs(tiles=GROUPED_TILES):
+    from trace_rl.kernels.fp4_gemm import GemmConfig
+
+    return [GemmConfig(bm, bn, bk, 1, nw, ns) for bm, bn, bk, nw, ns in tiles]
+
+
+def dense_configs(M: int):
+    from trace_rl.kernels.fp4_gemm import GemmConfig
+
+    if M <= 16:
+        tiles, splits = [(16, 128, 128, 4, 4), (16, 128, 128, 4, 5), (16, 128, 128, 4, 6), (16, 64, 128, 4, 5),
+                         (16, 128, 256, 4, 3), (16, 256, 128, 4, 4)], [4, 8, 16]
+    else:
+        tiles, splits = [(64, 128, 128, 8, 3), (64, 128, 128, 4, 3), (64, 128, 128, 4, 4), (32, 128, 128, 4, 3),
+                         (64, 64, 128, 4, 4)], [1, 2, 4]
+    return [GemmConfig(bm, bn, bk, s, nw, ns) for bm, bn, bk, nw, ns in tiles for s in splits]
+
+
+def variants():
+    """(fmt, act tag, config) of every grouped binary the sweep runs."""
+    out = []
+    for fmt in ("nvfp4", "mxfp4"):
+        out += [(fmt, "a16", c) for c in grouped_configs()]
+        out += [(fmt, "a4sep", c) for c in grouped_configs()]
+        out += [(fmt, "a4fused", c) for c in grouped_configs(FUSED_TILES)]
+    return out
+
+
+# -- compile -----------------------------------------------------------------------------------------------------
+
+def compile_only(path: str | None) -> int:
+    """Compile every swept config for sm_90 on this machine (Triton's ptxas; no GPU) and report SASS per weight
+    element of the K loop, registers and spills. Exit 1 if a config fails to compile."""
+    from trace_rl.kernels.fp4_gemm import gemm_gate_case
+    from trace_rl.kernels.fp4_grouped import grouped_gate_case
+    from trace_rl.kernels.sass_gate import compile_sass, inspect
+
+    cases = [grouped_gate_case(c, f, budget=99, act=None if a == "a16" else ("nvfp4:row" if f == "nvfp4" else f))
+             for f, a, c in variants() if a != "a4sep"]
+    seen = set()
+    for M in DENSE_M:
+        for c in dense_configs(M):
+            key = (c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages)
+            if key not in seen:
+                seen.add(key)
+                cases.append(gemm_gate_case(c, "nvfp4", budget=99))
+    reports, failed = [], 0
+    for case in cases:
+        try:
+            r = inspect(case, *compile_sass(case))
+            reports.append({"name": r.name, "sass_per_elem": round(r.per_element, 2), "regs": r.registers,
+                            "spills": r.spills, "shared": r.shared_bytes,
+                            "violations": [v for v in r.violations if "budget" not in v]})
+            print(f"{r.name:<44} {r.per_element:6.2f} SASS/elem {r.registers:4d} regs {r.spills:3d} spills",
+                  flush=True)
+        except Exception as e:   # noqa: BLE001
+            failed += 1
+            reports.append({"name": case.name, "error": repr(e)[:300]})
+            print(f"FAIL {case.name}: {e!r}"[:300], flush=True)
+    if path:
+        with open(path, "w") as f:
+            json.dump(reports, f, indent=1)
+    return 1 if failed else 0
+
+
+def _compile_job(job):
+    fmt, tag, cfg = job
+    try:
+        from trace_rl.backends.fp4 import prepare_expert_weights
+        from trace_rl.kernels.fp4_gemm import GemmConfig
+        from trace_rl.kernels.linear import fp4_grouped_linear
+
+        c = GemmConfig(**dict(cfg))
+        g = torch.Generator(device="cuda").manual_seed(0)
+        ex = prepare_expert_weights(torch.randn(4, 512, 2048, device="cuda", generator=g), fmt)
+        x = torch.randn(40, 2048, device="cuda", generator=g).to(torch.bfloat16)
+        off = torch.tensor([0, 8, 16, 24, 32], device="cuda", dtype=torch.int32)
+        fp4_grouped_linear(x, off, ex, "bf16" if tag == "a16" else fmt, config=c, fuse_act_quant=tag == "a4fused")
+        torch.cuda.synchronize()
+        return ""
+    except Exception as e:   # noqa: BLE001
+        return f"{job}: {e!r}"[:300]
+
+
+def precompile_grouped(workers: int) -> list[str]:
+    from concurrent.futures import ProcessPoolExecutor
+
+    jobs = [(f, t, tuple(c.__dict__.items())) for f, t, c in variants()
+            if not (t == "a4sep" and f == "mxfp4")]   # mxfp4 a4sep = the a16 binary (no row scale)
+    ctx = __import__("multiprocessing").get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx) as pool:
+        return [e for e in pool.map(_compile_job, jobs) if e]
+
+
+# -- measure -----------------------------------------------------------------------------------------------------
+
+def routing(T: int, E: int, k: int, gen) -> tuple[torch.Tensor, list[int]]:
+    """Top-k of random router logits: (int32 offsets [E + 1] on the device, the same on the host)."""
+    logits = torch.randn(T, E, device="cuda", generator=gen)
+    experts = logits.topk(k, dim=1).indices.reshape(-1)
+    counts = torch.bincount(experts, minlength=E)
+    offsets = torch.zeros(E + 1, dtype=torch.int32, device="cuda")
+    offsets[1:] = counts.cumsum(0).to(torch.int32)
+    return offsets, offsets.tolist()
+
+
+def rel_err(y, ref) -> float:
+    return ((y.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+def sweep_grouped(batches: list[int], read_bw: float, log, deadline: float) -> list:
+    from kernel_baselines import cublas_expert_loop, graph_us, grouped_mm_call
+
+    from trace_rl.backends.fp4 import grouped_linear_reference, prepare_expert_weights
+    from trace_rl.kernels.linear import fp4_grouped_linear, hopper_weight
+    from trace_rl.kernels.row_quantize import quantize_dequant_bf16
+
+    E, k = MOE["experts"], MOE["top_k"]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows_out = []
+    for name, N, K in GEMMS:
+        w = torch.randn(E, N, K, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.02
+        experts = {f: prepare_expert_weights(w, f) for f in ("nvfp4", "mxfp4")}
+        lay_bytes = {f: hopper_weight(experts[f]).nbytes for f in experts}
+        w_t = w.transpose(1, 2)
+        for B in batches:
+            if time.time() > deadline:
+                log({"skipped": f"{name} B={B}: out of time"})
+                continue
+            offsets, offs = routing(B, E, k, gen)
+            R = B * k
+            counts = [offs[e + 1] - offs[e] for e in range(E)]
+            x = torch.randn(R, K, device="cuda", dtype=torch.bfloat16, generator=gen)
+            out = torch.empty(R, N, device="cuda", dtype=torch.bfloat16)
+            active = sum(1 for c in counts if c)
+            row = {"gemm": name, "N": N, "K": K, "B": B, "rows": R, "active_experts": active,
+                   "rows_per_expert": {"min": min(counts), "mean": R / E, "max": max(counts)}}
+            try:
+                row["cublas_loop_us"] = graph_us([cublas_expert_loop(x, w, offs, out)], reps=10)
+            except Exception as e:   # noqa: BLE001
+                row["cublas_loop_error"] = repr(e)[:300]
+            call, why = grouped_mm_call(x, w_t, offsets[1:])
+            if call is not None:
+                row["grouped_mm_us"] = graph_us([call], reps=10)
+            else:
+                row["grouped_mm_error"] = why
+            base = min([row[kk] for kk in ("cublas_loop_us", "grouped_mm_us") if kk in row] or [float("nan")])
+            row["bf16_best_us"] = base
+            for fmt in ("nvfp4", "mxfp4"):
+                ex = experts[fmt]
+                read_bytes = lay_bytes[fmt] * active / E + 2 * R * K
+                row[f"{fmt}_floor_us"] = read_bytes / read_bw * 1e6
+                for tag in ("a16", "a4sep", "a4fused"):
+                    act = "bf16" if tag == "a16" else fmt
+                    try:
+                        ref = grouped_linear_reference(x, offsets, ex, act)
+                    except Exception as e:   # noqa: BLE001
+                        row[f"{fmt}_{tag}_ref_error"] = repr(e)[:300]
+                        continue
+                    res = []
+                    for c in grouped_configs(FUSED_TILES if tag == "a4fused" else GROUPED_TILES):
+                        def fn(c=c, a=act, t=tag, x=x, o=offsets, ex=ex):
+                            return fp4_grouped_linear(x, o, ex, a, config=c, fuse_act_quant=t == "a4fused")
+                        entry = {"cfg": [c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages]}
+                        try:
+                            err = rel_err(fn(), ref)
+                            entry["rel_err"] = err
+                            if not err < 1e-2:
+                                entry["error"] = f"rel err {err:.3g} vs the torch reference"
+                            else:
+                                us = graph_us([fn], reps=10)
+                                entry.update(us=round(us, 2), x_bf16_best=round(base / us, 3),
+                                             bw=round(read_bytes / (us * 1e-6) / read_bw, 3))
+                        except Exception as e:   # noqa: BLE001
+                            entry["error"] = repr(e)[:300]
+                        res.append(entry)
+                    row[f"{fmt}_{tag}"] = res
+                    ok = [r for r in res if "us" in r]
+                    if ok:
+                        best = min(ok, key=lambda r: r["us"])
+                        row[f"{fmt}_{tag}_best"] = best
+                if fmt == "nvfp4":   # the separate quantize launch on its own
+                    try:
+                        row["quantize_launch_us"] = graph_us(
+                            [lambda x=x: quantize_dequant_bf16(x, "nvfp4:row")], reps=10)
+                        xb = x[: B]   # quantizing the B tokens before the permute (8x fewer rows)
+                        row["quantize_tokens_us"] = graph_us([lambda xb=xb: quantize_dequant_bf16(xb, "nvfp4:row")],
+                                                             reps=10)
+                    except Exception as e:   # noqa: BLE001
+                        row["quantize_error"] = repr(e)[:300]
+            log(row)
+            rows_out.append(row)
+        del w, w_t, experts
+        torch.cuda.empty_cache()
+    return rows_out
+
+
+def sweep_dense(read_bw: float, log, deadline: float) -> list:
+    import torch.nn.functional as F
+    from kernel_baselines import graph_us
+
+    from trace_rl.backends import PackedWeight
+    from trace_rl.kernels import quantize
+    from trace_rl.kernels.fp4_gemm import default_config
+    from trace_rl.kernels.linear import fp4_linear, hopper_weight
+
+    rows = []
+    for K, N in DENSE_SHAPES:
+        copies = 8
+        w_bf16 = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+        packed = {f: [PackedWeight(f, N, K, q=quantize(w, f)) for w in w_bf16] for f in ("nvfp4", "mxfp4")}
+        nbytes = {f: [hopper_weight(p) for p in packed[f]][0].nbytes for f in packed}
+        ref_w = packed["nvfp4"][0].dequantized().float()
+        for M in DENSE_M:
+            if time.time() > deadline:
+                log({"skipped": f"dense {K}x{N} M={M}: out of time"})
+                continue
+            x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+            ref = x.float() @ ref_w.T
+            row = {"K": K, "N": N, "M": M}
+            row["cublas_bf16_us"] = graph_us([lambda w=w, x=x: F.linear(x, w) for w in w_bf16])
+            cands = [default_config(M, N, K)] + dense_configs(M)
+            res = []
+            for i, c in enumerate(cands):
+                entry = {"cfg": [c.block_m, c.block_n, c.block_k, c.split_k, c.num_warps, c.num_stages],
+                         "default": i == 0}
+                try:
+                    err = rel_err(fp4_linear(x, packed["nvfp4"][0], "bf16", None, config=c), ref)
+                    if not err < 1e-2:
+                        entry["error"] = f"rel err {err:.3g}"
+                    else:
+                        us = graph_us([lambda p=p, c=c, x=x: fp4_linear(x, p, "bf16", None, config=c)
+                                       for p in packed["nvfp4"]], reps=7)
+                        entry.update(us=round(us, 2), x_cublas=round(row["cublas_bf16_us"] / us, 3),
+                                     bw=round(nbytes["nvfp4"] / (us * 1e-6) / read_bw, 3))
+                except Exception as e:   # noqa: BLE001
+                    entry["error"] = repr(e)[:300]
+                res.append(entry)
+            row["nvfp4_w4a16"] = res
+            ok = [r for r in res if "us" in r]
+            if ok:
+                best = min(ok, key=lambda r: r["us"])
+                row["nvfp4_best"] = best
+                bm, bn, bk, s, nw, ns = best["cfg"]
+                from trace_rl.kernels.fp4_gemm import GemmConfig
+
+                c = GemmConfig(bm, bn, bk, s, nw, ns)
+                try:
+                    us = graph_us([lambda p=p, c=c, x=x: fp4_linear(x, p, "bf16", None, config=c)
+                                   for p in packed["mxfp4"]])
+                    row["mxfp4_best_cfg_us"] = us
+                    row["mxfp4_best_cfg_x_cublas"] = row["cublas_bf16_us"] / us
+                except Exception as e:   # noqa: BLE001
+                    row["mxfp4_error"] = repr(e)[:300]
+            log(row)
+            rows.append(row)
+        del w_bf16, packed, ref_w
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="moe_sweep.json")
+    ap.add_argument("--batches", default="128,409,512")
+    ap.add_argument("--dense", action="store_true", help="also the small dense sweep")
+    ap.add_argument("--checks", default="", help="comma-separated test files run (GPU) while kernels compile")
+    ap.add_argument("--compile-only", action="store_true", help="CPU: compile every config for sm_90, no GPU")
+    ap.add_argument("--jobs", type=int, default=14)
+    ap.add_argument("--budget-s", type=float, default=85.0, help="stop starting new shapes after this")
+    args = ap.parse_args()
+    try:
+        batches = [int(b) for b in args.batches.split(",")]
+    except ValueError:
+        print(f"--batches: comma-separated integers, got {args.batches!r}", file=sys.stderr)
+        return 2
+    if args.compile_only:
+        return compile_only(args.out)
+    import triton
+
+    t_start = time.time()
+    deadline = t_start + args.budget_s
+    res = {"env": {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
+                   "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                   "command": " ".join(sys.argv)}}
+
+    def save():
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+    def log(obj):
+        print(json.dumps(obj)[:4000], flush=True)
+        save()
+
+    checks = None
+    if args.checks:
+        checks = subprocess.Popen([sys.executable, "-m", "pytest", *args.checks.split(","), "-q", "-p",
+                                   "no:cacheprovider"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    t0 = time.time()
+    res["compile_errors"] = precompile_grouped(args.jobs)
+    res["compile_s"] = time.time() - t0
+    log({"compile_s": res["compile_s"], "errors": res["compile_errors"][:5]})
+    if checks is not None:
+        try:
+            out, _ = checks.communicate(timeout=max(5.0, deadline - 45 - time.time()))
+        except subprocess.TimeoutExpired:
+            checks.kill()
+            out, _ = checks.communicate()
+            out += "\nTIMEOUT"
+        tail = out.strip().splitlines()
+        res["checks"] = {"returncode": checks.returncode, "summary": tail[-1] if tail else "", "tail": tail[-40:]}
+        log(res["checks"]["summary"])
+    from kernel_baselines import ceilings
+
+    res["ceilings"] = ceilings()
+    log(res["ceilings"])
+    read_bw = res["ceilings"]["read_TBps"] * 1e12
+    for name, fn in (("grouped", lambda: sweep_grouped(batches, read_bw, log, deadline)),
+                     ("dense", lambda: sweep_dense(read_bw, log, deadline) if args.dense else [])):
+        try:
+            res[name] = fn()
+        except Exception:   # noqa: BLE001
+            res[name + "_error"] = traceback.format_exc()[-2000:]
+            print(res[name + "_error"], flush=True)
+        save()
+    res["wall_s"] = time.time() - t_start
+    save()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
