@@ -30,14 +30,33 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 MOE = dict(experts=128, top_k=8, hidden=2048, inter=768)
+SMOKE = "--smoke" in sys.argv     # CPU smoke test of this script: interpreter, tiny shapes, wall-clock timing
+if SMOKE:
+    os.environ["TRITON_INTERPRET"] = "1"
+    MOE = dict(experts=4, top_k=2, hidden=256, inter=128)
+DEV = "cpu" if SMOKE else "cuda"
 GEMMS = (("gate_up", 2 * MOE["inter"], MOE["hidden"]), ("down", MOE["hidden"], MOE["inter"]))
 # (BM, BN, BK, warps, stages): the shipped two first
 GROUPED_TILES = [(16, 128, 128, 4, 4), (32, 128, 128, 4, 3), (32, 128, 128, 4, 4), (32, 64, 128, 4, 4),
                  (16, 64, 128, 4, 4), (32, 256, 128, 8, 3), (64, 128, 128, 4, 3), (64, 128, 128, 8, 3),
                  (16, 128, 256, 4, 3), (32, 128, 256, 4, 3)]
 FUSED_TILES = [(16, 128, 128, 4, 4), (32, 128, 128, 4, 3)]
-DENSE_SHAPES = [(4096, 12288), (12288, 4096)]
+DENSE_SHAPES = [(256, 128)] if SMOKE else [(4096, 12288), (12288, 4096)]
 DENSE_M = [1, 16, 64]
+if SMOKE:
+    GROUPED_TILES, FUSED_TILES = GROUPED_TILES[:1], FUSED_TILES[:1]
+
+
+def time_us(calls: list, reps: int = 10) -> float:
+    """Median microseconds per call: CUDA-graph replays (kernel_baselines.graph_us); wall clock under --smoke."""
+    if SMOKE:
+        t = time.perf_counter()
+        for fn in calls:
+            fn()
+        return (time.perf_counter() - t) * 1e6 / len(calls)
+    from kernel_baselines import graph_us
+
+    return graph_us(calls, reps)
 
 
 def grouped_configs(tiles=GROUPED_TILES):
@@ -55,7 +74,8 @@ def dense_configs(M: int):
     else:
         tiles, splits = [(64, 128, 128, 8, 3), (64, 128, 128, 4, 3), (64, 128, 128, 4, 4), (32, 128, 128, 4, 3),
                          (64, 64, 128, 4, 4)], [1, 2, 4]
-    return [GemmConfig(bm, bn, bk, s, nw, ns) for bm, bn, bk, nw, ns in tiles for s in splits]
+    cfgs = [GemmConfig(bm, bn, bk, s, nw, ns) for bm, bn, bk, nw, ns in tiles for s in splits]
+    return cfgs[:1] if SMOKE else cfgs
 
 
 def variants():
@@ -113,10 +133,10 @@ def _compile_job(job):
         from trace_rl.kernels.linear import fp4_grouped_linear
 
         c = GemmConfig(**dict(cfg))
-        g = torch.Generator(device="cuda").manual_seed(0)
-        ex = prepare_expert_weights(torch.randn(4, 512, 2048, device="cuda", generator=g), fmt)
-        x = torch.randn(40, 2048, device="cuda", generator=g).to(torch.bfloat16)
-        off = torch.tensor([0, 8, 16, 24, 32], device="cuda", dtype=torch.int32)
+        g = torch.Generator(device=DEV).manual_seed(0)
+        ex = prepare_expert_weights(torch.randn(4, 512, 2048, device=DEV, generator=g), fmt)
+        x = torch.randn(40, 2048, device=DEV, generator=g).to(torch.bfloat16)
+        off = torch.tensor([0, 8, 16, 24, 32], device=DEV, dtype=torch.int32)
         fp4_grouped_linear(x, off, ex, "bf16" if tag == "a16" else fmt, config=c, fuse_act_quant=tag == "a4fused")
         torch.cuda.synchronize()
         return ""
@@ -124,24 +144,33 @@ def _compile_job(job):
         return f"{job}: {e!r}"[:300]
 
 
-def precompile_grouped(workers: int) -> list[str]:
+def _any_job(job):
+    from kernel_baselines import _compile_one
+
+    return _compile_one(job) if len(job) == 4 else _compile_job(job)
+
+
+def precompile_grouped(workers: int, dense_too: bool) -> list[str]:
     from concurrent.futures import ProcessPoolExecutor
 
     jobs = [(f, t, tuple(c.__dict__.items())) for f, t, c in variants()
             if not (t == "a4sep" and f == "mxfp4")]   # mxfp4 a4sep = the a16 binary (no row scale)
+    dense = {tuple((n, 1 if n == "split_k" else v) for n, v in c.__dict__.items())
+             for M in DENSE_M for c in dense_configs(M)} if dense_too else set()
     ctx = __import__("multiprocessing").get_context("spawn")
     with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx) as pool:
-        return [e for e in pool.map(_compile_job, jobs) if e]
+        all_jobs = jobs + [("dense", "nvfp4", "bf16", c) for c in sorted(dense)]
+        return [e for e in pool.map(_any_job, all_jobs) if e]
 
 
 # -- measure -----------------------------------------------------------------------------------------------------
 
 def routing(T: int, E: int, k: int, gen) -> tuple[torch.Tensor, list[int]]:
     """Top-k of random router logits: (int32 offsets [E + 1] on the device, the same on the host)."""
-    logits = torch.randn(T, E, device="cuda", generator=gen)
+    logits = torch.randn(T, E, device=DEV, generator=gen)
     experts = logits.topk(k, dim=1).indices.reshape(-1)
     counts = torch.bincount(experts, minlength=E)
-    offsets = torch.zeros(E + 1, dtype=torch.int32, device="cuda")
+    offsets = torch.zeros(E + 1, dtype=torch.int32, device=DEV)
     offsets[1:] = counts.cumsum(0).to(torch.int32)
     return offsets, offsets.tolist()
 
@@ -151,17 +180,17 @@ def rel_err(y, ref) -> float:
 
 
 def sweep_grouped(batches: list[int], read_bw: float, log, deadline: float) -> list:
-    from kernel_baselines import cublas_expert_loop, graph_us, grouped_mm_call
+    from kernel_baselines import cublas_expert_loop, grouped_mm_call
 
     from trace_rl.backends.fp4 import grouped_linear_reference, prepare_expert_weights
     from trace_rl.kernels.linear import fp4_grouped_linear, hopper_weight
     from trace_rl.kernels.row_quantize import quantize_dequant_bf16
 
     E, k = MOE["experts"], MOE["top_k"]
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    gen = torch.Generator(device=DEV).manual_seed(0)
     rows_out = []
     for name, N, K in GEMMS:
-        w = torch.randn(E, N, K, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.02
+        w = torch.randn(E, N, K, device=DEV, dtype=torch.bfloat16, generator=gen) * 0.02
         experts = {f: prepare_expert_weights(w, f) for f in ("nvfp4", "mxfp4")}
         lay_bytes = {f: hopper_weight(experts[f]).nbytes for f in experts}
         w_t = w.transpose(1, 2)
@@ -172,18 +201,18 @@ def sweep_grouped(batches: list[int], read_bw: float, log, deadline: float) -> l
             offsets, offs = routing(B, E, k, gen)
             R = B * k
             counts = [offs[e + 1] - offs[e] for e in range(E)]
-            x = torch.randn(R, K, device="cuda", dtype=torch.bfloat16, generator=gen)
-            out = torch.empty(R, N, device="cuda", dtype=torch.bfloat16)
+            x = torch.randn(R, K, device=DEV, dtype=torch.bfloat16, generator=gen)
+            out = torch.empty(R, N, device=DEV, dtype=torch.bfloat16)
             active = sum(1 for c in counts if c)
             row = {"gemm": name, "N": N, "K": K, "B": B, "rows": R, "active_experts": active,
                    "rows_per_expert": {"min": min(counts), "mean": R / E, "max": max(counts)}}
             try:
-                row["cublas_loop_us"] = graph_us([cublas_expert_loop(x, w, offs, out)], reps=10)
+                row["cublas_loop_us"] = time_us([cublas_expert_loop(x, w, offs, out)], reps=10)
             except Exception as e:   # noqa: BLE001
                 row["cublas_loop_error"] = repr(e)[:300]
             call, why = grouped_mm_call(x, w_t, offsets[1:])
             if call is not None:
-                row["grouped_mm_us"] = graph_us([call], reps=10)
+                row["grouped_mm_us"] = time_us([call], reps=10)
             else:
                 row["grouped_mm_error"] = why
             base = min([row[kk] for kk in ("cublas_loop_us", "grouped_mm_us") if kk in row] or [float("nan")])
@@ -210,7 +239,7 @@ def sweep_grouped(batches: list[int], read_bw: float, log, deadline: float) -> l
                             if not err < 1e-2:
                                 entry["error"] = f"rel err {err:.3g} vs the torch reference"
                             else:
-                                us = graph_us([fn], reps=10)
+                                us = time_us([fn], reps=10)
                                 entry.update(us=round(us, 2), x_bf16_best=round(base / us, 3),
                                              bw=round(read_bytes / (us * 1e-6) / read_bw, 3))
                         except Exception as e:   # noqa: BLE001
@@ -223,10 +252,10 @@ def sweep_grouped(batches: list[int], read_bw: float, log, deadline: float) -> l
                         row[f"{fmt}_{tag}_best"] = best
                 if fmt == "nvfp4":   # the separate quantize launch on its own
                     try:
-                        row["quantize_launch_us"] = graph_us(
+                        row["quantize_launch_us"] = time_us(
                             [lambda x=x: quantize_dequant_bf16(x, "nvfp4:row")], reps=10)
                         xb = x[: B]   # quantizing the B tokens before the permute (8x fewer rows)
-                        row["quantize_tokens_us"] = graph_us([lambda xb=xb: quantize_dequant_bf16(xb, "nvfp4:row")],
+                        row["quantize_tokens_us"] = time_us([lambda xb=xb: quantize_dequant_bf16(xb, "nvfp4:row")],
                                                              reps=10)
                     except Exception as e:   # noqa: BLE001
                         row["quantize_error"] = repr(e)[:300]
@@ -239,7 +268,6 @@ def sweep_grouped(batches: list[int], read_bw: float, log, deadline: float) -> l
 
 def sweep_dense(read_bw: float, log, deadline: float) -> list:
     import torch.nn.functional as F
-    from kernel_baselines import graph_us
 
     from trace_rl.backends import PackedWeight
     from trace_rl.kernels import quantize
@@ -249,7 +277,7 @@ def sweep_dense(read_bw: float, log, deadline: float) -> list:
     rows = []
     for K, N in DENSE_SHAPES:
         copies = 8
-        w_bf16 = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+        w_bf16 = [torch.randn(N, K, device=DEV, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
         packed = {f: [PackedWeight(f, N, K, q=quantize(w, f)) for w in w_bf16] for f in ("nvfp4", "mxfp4")}
         nbytes = {f: [hopper_weight(p) for p in packed[f]][0].nbytes for f in packed}
         ref_w = packed["nvfp4"][0].dequantized().float()
@@ -257,10 +285,10 @@ def sweep_dense(read_bw: float, log, deadline: float) -> list:
             if time.time() > deadline:
                 log({"skipped": f"dense {K}x{N} M={M}: out of time"})
                 continue
-            x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+            x = torch.randn(M, K, device=DEV, dtype=torch.bfloat16)
             ref = x.float() @ ref_w.T
             row = {"K": K, "N": N, "M": M}
-            row["cublas_bf16_us"] = graph_us([lambda w=w, x=x: F.linear(x, w) for w in w_bf16])
+            row["cublas_bf16_us"] = time_us([lambda w=w, x=x: F.linear(x, w) for w in w_bf16])
             cands = [default_config(M, N, K)] + dense_configs(M)
             res = []
             for i, c in enumerate(cands):
@@ -271,7 +299,7 @@ def sweep_dense(read_bw: float, log, deadline: float) -> list:
                     if not err < 1e-2:
                         entry["error"] = f"rel err {err:.3g}"
                     else:
-                        us = graph_us([lambda p=p, c=c, x=x: fp4_linear(x, p, "bf16", None, config=c)
+                        us = time_us([lambda p=p, c=c, x=x: fp4_linear(x, p, "bf16", None, config=c)
                                        for p in packed["nvfp4"]], reps=7)
                         entry.update(us=round(us, 2), x_cublas=round(row["cublas_bf16_us"] / us, 3),
                                      bw=round(nbytes["nvfp4"] / (us * 1e-6) / read_bw, 3))
@@ -288,7 +316,7 @@ def sweep_dense(read_bw: float, log, deadline: float) -> list:
 
                 c = GemmConfig(bm, bn, bk, s, nw, ns)
                 try:
-                    us = graph_us([lambda p=p, c=c, x=x: fp4_linear(x, p, "bf16", None, config=c)
+                    us = time_us([lambda p=p, c=c, x=x: fp4_linear(x, p, "bf16", None, config=c)
                                    for p in packed["mxfp4"]])
                     row["mxfp4_best_cfg_us"] = us
                     row["mxfp4_best_cfg_x_cublas"] = row["cublas_bf16_us"] / us
@@ -301,15 +329,89 @@ def sweep_dense(read_bw: float, log, deadline: float) -> list:
     return rows
 
 
+def moe_chain(batches: list[int], log, deadline: float) -> list:
+    """One MoE layer's experts (permute gather, gate+up, SiLU * up, down; router and un-permute excluded) in a
+    CUDA graph, per plan: bf16 (`torch._grouped_mm`), W4A16, W4A4 as the rollout runs it today (gather, then the
+    grouped linear with its quantize launch, torch SiLU * up) and W4A4 with the producers fused into the
+    quantizer (`quantize_dequant_bf16(src_rows=...)`, `(silu_mul=True)`, then the grouped kernel on the
+    pre-quantized rows)."""
+    import torch.nn.functional as F
+
+    from trace_rl.backends.fp4 import prepare_expert_weights
+    from trace_rl.kernels.fp4_grouped import fp4_grouped_matmul
+    from trace_rl.kernels.linear import fp4_grouped_linear, hopper_weight
+    from trace_rl.kernels.row_quantize import quantize_dequant_bf16
+    from trace_rl.kernels.swiglu import silu_mul
+    from trace_rl.models.grouped import gather_rows, permute
+
+    E, k, H, I = MOE["experts"], MOE["top_k"], MOE["hidden"], MOE["inter"]
+    gen = torch.Generator(device=DEV).manual_seed(1)
+    w_gu = torch.randn(E, 2 * I, H, device=DEV, dtype=torch.bfloat16, generator=gen) * 0.02
+    w_d = torch.randn(E, H, I, device=DEV, dtype=torch.bfloat16, generator=gen) * 0.02
+    rows = []
+    for B in batches:
+        if time.time() > deadline:
+            log({"skipped": f"chain B={B}: out of time"})
+            continue
+        x = torch.randn(B, H, device=DEV, dtype=torch.bfloat16, generator=gen)
+        ids = torch.randn(B, E, device=DEV, generator=gen).topk(k, dim=1).indices
+        perm = permute(ids, E)
+        off = torch.cat([perm.ends.new_zeros(1), perm.ends])
+        row = {"B": B, "rows": B * k}
+
+        def bf16(x=x, perm=perm):
+            g, u = torch._grouped_mm(gather_rows(x, perm), w_gu.transpose(1, 2), offs=perm.ends).chunk(2, dim=-1)
+            return torch._grouped_mm(F.silu(g) * u, w_d.transpose(1, 2), offs=perm.ends)
+        plans = {"bf16_grouped_mm": bf16}
+        for fmt in ("nvfp4", "mxfp4"):
+            gu, dn = prepare_expert_weights(w_gu, fmt), prepare_expert_weights(w_d, fmt)
+            lgu, ldn = hopper_weight(gu), hopper_weight(dn)
+            act = "nvfp4:row" if fmt == "nvfp4" else "mxfp4"
+
+            def a16(x=x, perm=perm, off=off, gu=gu, dn=dn):
+                g, u = fp4_grouped_linear(gather_rows(x, perm), off, gu).chunk(2, dim=-1)
+                return fp4_grouped_linear(F.silu(g) * u, off, dn)
+
+            def a16_swiglu(x=x, perm=perm, off=off, gu=gu, dn=dn):
+                return fp4_grouped_linear(silu_mul(fp4_grouped_linear(gather_rows(x, perm), off, gu)), off, dn)
+
+            def a4_today(x=x, perm=perm, off=off, gu=gu, dn=dn, fmt=fmt):
+                g, u = fp4_grouped_linear(gather_rows(x, perm), off, gu, fmt, fuse_act_quant=False).chunk(2, dim=-1)
+                return fp4_grouped_linear(F.silu(g) * u, off, dn, fmt, fuse_act_quant=False)
+
+            def a4_fused_producers(x=x, perm=perm, off=off, lgu=lgu, ldn=ldn, act=act):
+                xq, rs = quantize_dequant_bf16(x, act, src_rows=perm.token_of_row)
+                h = fp4_grouped_matmul(xq, off, lgu, rs, zero_tail=True)
+                hq, rs2 = quantize_dequant_bf16(h, act, silu_mul=True)
+                return fp4_grouped_matmul(hq, off, ldn, rs2, zero_tail=True)
+            plans.update({f"{fmt}_w4a16": a16, f"{fmt}_w4a16_swiglu": a16_swiglu, f"{fmt}_w4a4_today": a4_today,
+                          f"{fmt}_w4a4_fused_producers": a4_fused_producers})
+            try:
+                a, b = a4_today(), a4_fused_producers()
+                row[f"{fmt}_fused_vs_today_max_abs_diff"] = (a.float() - b.float()).abs().max().item()
+            except Exception as e:   # noqa: BLE001
+                row[f"{fmt}_fused_check_error"] = repr(e)[:300]
+        for name, fn in plans.items():
+            try:
+                row[f"{name}_us"] = round(time_us([fn], reps=10), 2)
+            except Exception as e:   # noqa: BLE001
+                row[f"{name}_error"] = repr(e)[:300]
+        log(row)
+        rows.append(row)
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="moe_sweep.json")
     ap.add_argument("--batches", default="128,409,512")
     ap.add_argument("--dense", action="store_true", help="also the small dense sweep")
+    ap.add_argument("--chain", action="store_true", help="also one MoE layer's experts per plan (moe_chain)")
     ap.add_argument("--checks", default="", help="comma-separated test files run (GPU) while kernels compile")
     ap.add_argument("--compile-only", action="store_true", help="CPU: compile every config for sm_90, no GPU")
     ap.add_argument("--jobs", type=int, default=14)
     ap.add_argument("--budget-s", type=float, default=85.0, help="stop starting new shapes after this")
+    ap.add_argument("--smoke", action="store_true", help="CPU smoke test: interpreter, tiny shapes")
     args = ap.parse_args()
     try:
         batches = [int(b) for b in args.batches.split(",")]
@@ -322,7 +424,8 @@ def main() -> int:
 
     t_start = time.time()
     deadline = t_start + args.budget_s
-    res = {"env": {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
+    device = "cpu (smoke)" if SMOKE else torch.cuda.get_device_name(0)
+    res = {"env": {"device": device, "torch": torch.__version__, "triton": triton.__version__,
                    "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                    "command": " ".join(sys.argv)}}
 
@@ -339,7 +442,7 @@ def main() -> int:
         checks = subprocess.Popen([sys.executable, "-m", "pytest", *args.checks.split(","), "-q", "-p",
                                    "no:cacheprovider"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     t0 = time.time()
-    res["compile_errors"] = precompile_grouped(args.jobs)
+    res["compile_errors"] = [] if SMOKE else precompile_grouped(args.jobs, args.dense)
     res["compile_s"] = time.time() - t0
     log({"compile_s": res["compile_s"], "errors": res["compile_errors"][:5]})
     if checks is not None:
@@ -354,10 +457,11 @@ def main() -> int:
         log(res["checks"]["summary"])
     from kernel_baselines import ceilings
 
-    res["ceilings"] = ceilings()
+    res["ceilings"] = {"read_TBps": 1.0} if SMOKE else ceilings()
     log(res["ceilings"])
     read_bw = res["ceilings"]["read_TBps"] * 1e12
-    for name, fn in (("grouped", lambda: sweep_grouped(batches, read_bw, log, deadline)),
+    for name, fn in (("chain", lambda: moe_chain(batches, log, deadline) if args.chain else []),
+                     ("grouped", lambda: sweep_grouped(batches, read_bw, log, deadline)),
                      ("dense", lambda: sweep_dense(read_bw, log, deadline) if args.dense else [])):
         try:
             res[name] = fn()
