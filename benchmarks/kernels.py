@@ -12,7 +12,8 @@
   every variant of that row (the default config's nvfp4 W4A16 time is recorded too).
 - grouped: the mixture-of-experts GEMM at the Qwen3-30B-A3B expert shape (hidden 2048, expert intermediate 768,
   128 experts, top-8; gate+up [1536, 2048] and down [2048, 768]) for 64-512 tokens, against a per-expert cuBLAS
-  loop captured in a CUDA graph and `torch._grouped_mm`.
+  loop captured in a CUDA graph and `torch._grouped_mm` (`kernels_moe.sweep_grouped`; its own script sweeps the
+  configs at the MoE rollout's decode batches).
 - quant: activation quantization per token; the weight re-quantization of a Qwen3-8B-shaped model (252 linears:
   quantize + the Hopper layout) captured in one CUDA graph.
 - gemlite: its 4-bit (INT4, group 64) GEMM at the same shapes (source carried in GEMLITE_SRC, never installed).
@@ -42,13 +43,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from kernel_baselines import (  # noqa: E402
     ceilings,
-    cublas_expert_loop,
     gemlite_available,
     gemlite_int4_linear,
     graph_us,
-    grouped_mm_call,
     precompile,
 )
+from kernels_moe import sweep_grouped  # noqa: E402
 
 from trace_rl.backends import PackedWeight  # noqa: E402
 from trace_rl.bench.measure import median_ms  # noqa: E402
@@ -62,7 +62,7 @@ SWEEP_M = [1, 16, 64, 256]
 ATTN_CONTEXTS = [1024, 4096, 8192, 16384, 32768]
 QWEN3_8B_LINEARS = [(4096, 4096), (1024, 4096), (1024, 4096), (4096, 4096), (12288, 4096), (12288, 4096),
                     (4096, 12288)]   # (N, K) of q, k, v, o, gate, up, down; 36 layers
-MOE = dict(experts=128, top_k=8, hidden=2048, inter=768, tokens=[64, 128, 256, 512])
+MOE_TOKENS = [64, 128, 256, 512]
 
 
 def loop_ms(fn, reps: int = 3) -> float:
@@ -96,6 +96,8 @@ def sweep_candidates(M: int) -> list:
 
 
 def compile_jobs(sweep: bool, grouped: bool) -> list:
+    from kernels_moe import grouped_configs
+
     from trace_rl.kernels.fp4_gemm import default_config
     from trace_rl.kernels.fp4_grouped import GROUPED_M16, GROUPED_M32
 
@@ -104,15 +106,9 @@ def compile_jobs(sweep: bool, grouped: bool) -> list:
         cfgs += [c for M in GEMM_M for c in sweep_candidates(M) if c.split_k == 1]
     jobs = [("dense", f, a, tuple(c.__dict__.items())) for c in cfgs for f in ("nvfp4", "mxfp4") for a in ("bf16", f)]
     if grouped:
-        for c in (GROUPED_M16, GROUPED_M32) + tuple(grouped_candidates()):
+        for c in [GROUPED_M16, GROUPED_M32] + (grouped_configs() if sweep else []):
             jobs += [("grouped", f, "bf16", tuple(c.__dict__.items())) for f in ("nvfp4", "mxfp4")]
     return [(k, f, a, tuple((n, 1 if n == "split_k" else v) for n, v in c)) for k, f, a, c in jobs]
-
-
-def grouped_candidates() -> list:
-    from trace_rl.kernels.fp4_gemm import GemmConfig
-
-    return [GemmConfig(16, 128, 128, 1, 4, 4), GemmConfig(32, 128, 128, 1, 4, 3), GemmConfig(32, 256, 128, 1, 4, 3)]
 
 
 def _sweep(M, packed_nv, x, cublas_us, row) -> object:
@@ -181,69 +177,6 @@ def bench_gemm(read_bw: float, sweep: bool, log) -> list:
             log(row)
             rows.append(row)
         del w_bf16, packed
-        torch.cuda.empty_cache()
-    return rows
-
-
-def _routing(T: int, E: int, k: int, gen) -> tuple[torch.Tensor, list[int]]:
-    """Top-k of random router logits: (int32 offsets [E + 1] on the device, the same on the host)."""
-    logits = torch.randn(T, E, device=DEV, generator=gen)
-    experts = logits.topk(k, dim=1).indices.reshape(-1)
-    counts = torch.bincount(experts, minlength=E)
-    offsets = torch.zeros(E + 1, dtype=torch.int32, device=DEV)
-    offsets[1:] = counts.cumsum(0).to(torch.int32)
-    return offsets, offsets.tolist()
-
-
-def bench_grouped(read_bw: float, sweep: bool, log) -> list:
-    from trace_rl.backends.fp4 import prepare_expert_weights
-    from trace_rl.kernels.linear import fp4_grouped_linear, hopper_weight
-
-    E, k = MOE["experts"], MOE["top_k"]
-    gen = torch.Generator(device=DEV).manual_seed(0)
-    rows = []
-    for name, N, K in (("gate_up", 2 * MOE["inter"], MOE["hidden"]), ("down", MOE["hidden"], MOE["inter"])):
-        w = torch.randn(E, N, K, device=DEV, dtype=torch.bfloat16, generator=gen) * 0.02
-        experts = {f: prepare_expert_weights(w, f) for f in ("nvfp4", "mxfp4")}
-        lay_bytes = {f: hopper_weight(experts[f]).nbytes for f in experts}
-        w_t = w.transpose(1, 2)                                     # [E, K, N] (column-major per expert)
-        for T in MOE["tokens"]:
-            offsets, offs = _routing(T, E, k, gen)
-            R = T * k
-            x = torch.randn(R, K, device=DEV, dtype=torch.bfloat16, generator=gen)
-            out = torch.empty(R, N, device=DEV, dtype=torch.bfloat16)
-            active = sum(1 for e in range(E) if offs[e + 1] > offs[e])
-            row = {"gemm": name, "N": N, "K": K, "tokens": T, "rows": R, "active_experts": active}
-            row["cublas_loop_us"] = graph_us([cublas_expert_loop(x, w, offs, out)], reps=10)
-            call, why = grouped_mm_call(x, w_t, offsets[1:])
-            if call is not None:
-                row["grouped_mm_us"] = graph_us([call], reps=10)
-            else:
-                row["grouped_mm_error"] = why
-            base = min(v for kk, v in row.items() if kk in ("cublas_loop_us", "grouped_mm_us"))
-            row["bf16_best_us"] = base
-            for fmt in ("nvfp4", "mxfp4"):
-                nbytes = lay_bytes[fmt] * active / E + 2 * R * (K + N)
-                row[f"{fmt}_floor_us"] = nbytes / read_bw * 1e6
-                try:
-                    us = graph_us([lambda x=x, o=offsets, ex=experts[fmt]: fp4_grouped_linear(x, o, ex)], reps=10)
-                except Exception as e:   # noqa: BLE001
-                    row[f"{fmt}_error"] = repr(e)[:300]
-                    continue
-                row[f"{fmt}_us"] = us
-                row[f"{fmt}_speedup_vs_bf16_best"] = base / us
-                row[f"{fmt}_bw_frac"] = nbytes / (us * 1e-6) / read_bw
-            if sweep:
-                for c in grouped_candidates():
-                    try:
-                        us = graph_us([lambda c=c, x=x, o=offsets, ex=experts["nvfp4"]: fp4_grouped_linear(
-                            x, o, ex, config=c)], reps=7)
-                        row.setdefault("sweep", []).append({**c.__dict__, "us": us})
-                    except Exception as e:   # noqa: BLE001
-                        row.setdefault("sweep_errors", []).append(repr(e)[:200])
-            log(row)
-            rows.append(row)
-        del w, w_t, experts
         torch.cuda.empty_cache()
     return rows
 
@@ -423,13 +356,13 @@ def print_tables(res: dict) -> None:
             print(f"{r['K']:>5}x{r['N']:<5} {r['M']:>4} {r['cublas_bf16_us']:7.1f} "
                   + " ".join(f"{c:>15}" for c in cells) + f" {bw:6.2f} {best:>14}")
     if res.get("grouped"):
-        print("\ngrouped MoE us (Qwen3-30B-A3B experts, top-8 of 128)")
+        print("\ngrouped MoE us (Qwen3-30B-A3B experts, top-8 of 128; best config, x the best BF16 baseline)")
         print(f"{'gemm':>8} {'tokens':>6} {'cublas loop':>11} {'grouped_mm':>10} {'nvfp4':>14} {'mxfp4':>14}")
         for r in res["grouped"]:
             g = lambda k, r=r: f"{r[k]:.1f}" if k in r else "-"  # noqa: E731
-            fp = [f"{r[f + '_us']:.1f} ({r[f + '_speedup_vs_bf16_best']:.2f}x)" if f + "_us" in r else "error"
-                  for f in ("nvfp4", "mxfp4")]
-            print(f"{r['gemm']:>8} {r['tokens']:>6} {g('cublas_loop_us'):>11} {g('grouped_mm_us'):>10} "
+            fp = [f"{r[f + '_a16_best']['us']:.1f} ({r[f + '_a16_best']['x_bf16_best']:.2f}x)"
+                  if f + "_a16_best" in r else "error" for f in ("nvfp4", "mxfp4")]
+            print(f"{r['gemm']:>8} {r['B']:>6} {g('cublas_loop_us'):>11} {g('grouped_mm_us'):>10} "
                   f"{fp[0]:>14} {fp[1]:>14}")
     if res.get("gemlite"):
         print("\ngemlite:", json.dumps(res["gemlite"])[:2000])
@@ -493,7 +426,8 @@ def main() -> None:
         return _log
 
     for name, fn in (("gemm", lambda: bench_gemm(read_bw, args.sweep, logger("gemm"))),
-                     ("grouped", lambda: bench_grouped(read_bw, args.sweep, logger("grouped"))),
+                     ("grouped", lambda: sweep_grouped(MOE_TOKENS, read_bw, logger("grouped"), float("inf"),
+                                                       args.sweep)),
                      ("quant", lambda: bench_quant(read_bw, log)),
                      ("gemlite", lambda: bench_gemlite(read_bw, res.get("gemm") or [], log)),
                      ("attn", lambda: bench_attn(read_bw, log, sweep=args.attn_sweep))):

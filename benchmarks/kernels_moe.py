@@ -180,7 +180,9 @@ def rel_err(y, ref) -> float:
     return ((y.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
-def sweep_grouped(batches: list[int], read_bw: float, log, deadline: float) -> list:
+def sweep_grouped(batches: list[int], read_bw: float, log, deadline: float, sweep: bool = True) -> list:
+    """Per GEMM, B, format and activation variant: every swept config (`sweep`), or only the launcher's
+    default (cfg "default"; variants a16 and a4sep), each checked against the torch reference, then timed."""
     from kernel_baselines import cublas_expert_loop, grouped_mm_call
 
     from trace_rl.backends.fp4 import grouped_linear_reference, prepare_expert_weights
@@ -222,7 +224,7 @@ def sweep_grouped(batches: list[int], read_bw: float, log, deadline: float) -> l
                 ex = experts[fmt]
                 read_bytes = lay_bytes[fmt] * active / E + 2 * R * K
                 row[f"{fmt}_floor_us"] = read_bytes / read_bw * 1e6
-                for tag in ("a16", "a4sep", "a4fused"):
+                for tag in ("a16", "a4sep", "a4fused") if sweep else ("a16", "a4sep"):
                     act = "bf16" if tag == "a16" else fmt
                     try:
                         ref = grouped_linear_reference(x, offsets, ex, act)
@@ -230,10 +232,12 @@ def sweep_grouped(batches: list[int], read_bw: float, log, deadline: float) -> l
                         row[f"{fmt}_{tag}_ref_error"] = repr(e)[:300]
                         continue
                     res = []
-                    for c in grouped_configs(FUSED_TILES if tag == "a4fused" else GROUPED_TILES):
+                    cfgs = grouped_configs(FUSED_TILES if tag == "a4fused" else GROUPED_TILES) if sweep else [None]
+                    for c in cfgs:
                         def fn(c=c, a=act, t=tag, x=x, o=offsets, ex=ex):
                             return fp4_grouped_linear(x, o, ex, a, config=c, fuse_act_quant=t == "a4fused")
-                        entry = {"cfg": [c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages]}
+                        entry = {"cfg": "default" if c is None else
+                                 [c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages]}
                         try:
                             err = rel_err(fn(), ref)
                             entry["rel_err"] = err
