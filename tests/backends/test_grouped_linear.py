@@ -1,7 +1,8 @@
 """`GroupedQuantLinear`'s FP4 grouped path (`fp4_grouped`: `kernels.linear.fp4_grouped_linear` over the stacked
-buffers) against its loop path and a freshly built module, on CPU through Triton's interpreter (tests/conftest.py
-sets TRITON_INTERPRET=1 without a GPU; the kernel's pure decode path runs there). GPU: the path is taken on its
-own, and equals the per-expert `fp4.triton` loop."""
+buffers) against its loop path and a freshly built module: on CPU through Triton's interpreter (tests/conftest.py
+sets TRITON_INTERPRET=1 without a GPU; the kernel's pure decode path runs there), on a GPU with the tensors on it
+(the compiled kernel against the per-expert `fp4.triton` loop). The FP8 grouped path (`fp8_grouped`,
+`torch._scaled_grouped_mm`) and `offload_reference` likewise; the launch-counting test is interpreter-only."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import pytest
 import torch
 
 from trace_rl.backends.fp4 import grouped_linear_reference, prepare_expert_weights
-from trace_rl.backends.grouped_linear import GroupedQuantLinear
+from trace_rl.backends.grouped_linear import GroupedQuantLinear, fp8_grouped_why_not
+from trace_rl.kernels import interpreting
 from trace_rl.models.grouped import gather_rows, permute
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
@@ -17,19 +19,23 @@ pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
               pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning")]
 
 CASES = [("nvfp4", "bf16"), ("nvfp4", "nvfp4"), ("mxfp4", "bf16"), ("mxfp4", "mxfp4")]
+# The FP4 kernel runs on CUDA tensors, or on CPU tensors under the interpreter (CPU CI): on a GPU machine
+# (interpreter off) the tests put their tensors on the GPU.
+DEV = "cuda" if torch.cuda.is_available() and not interpreting() else "cpu"
 
 
 def _weights(rng, e=5, n=40, k=96):
     return torch.randn(e, n, k, generator=rng) * torch.exp(torch.randn(e, 1, 1, generator=rng))
 
 
-def _routed(rng, e, tokens, k_dim, align, dtype=torch.bfloat16):
+def _routed(rng, e, tokens, k_dim, align, dtype=torch.bfloat16, device=DEV):
     """A buffer of rows sorted by expert: 2 slots per token over experts 1..e-2, so the first and the last
     expert get no rows (an empty group at each end); `align` > 1 adds zero padding rows and rows past the end."""
     first = torch.randint(1, e - 1, (tokens,), generator=rng)
     ids = torch.stack([first, 1 + first % (e - 2)], 1)
     perm = permute(ids, e, align)
-    return gather_rows(torch.randn(tokens, k_dim, generator=rng).to(dtype), perm), perm.ends
+    x = gather_rows(torch.randn(tokens, k_dim, generator=rng).to(dtype), perm)
+    return x.to(device), perm.ends.to(device)
 
 
 def _assert_bf16_close(got: torch.Tensor, want: torch.Tensor) -> None:
@@ -47,7 +53,7 @@ def test_fp4_grouped_equals_loop(fmt, act, rng):
     (align 4), W4A16 and W4A4. bf16 out: within one bf16 ulp of the loop (accumulation order, the output
     rounding; the interpreter's cast to bf16 truncates); float32 out: to float32 rounding (nvfp4: the kernel
     multiplies code x block scale, then the global, where the reference rounds scale x global first)."""
-    w = _weights(rng)
+    w = _weights(rng).to(DEV)
     g = GroupedQuantLinear(w, fmt, act)
     # the stacked view is what prepare_expert_weights builds from the same weights, bit for bit (no copy)
     ref = prepare_expert_weights(w, fmt).q
@@ -59,9 +65,11 @@ def test_fp4_grouped_equals_loop(fmt, act, rng):
         assert torch.equal(st.global_scale, ref.global_scale)
     for align in (1, 4):
         x, ends = _routed(rng, 5, 13, 96, align)
+        assert g.path(x) == ("loop" if DEV == "cpu" else "fp4_grouped")
         seen = dict(g.backend.paths.counts)
+        g.force_path = "loop"                    # CPU: fp4.emulated per expert; GPU: fp4.triton's dense GEMM
         loop = g(x, ends)
-        assert g.path(x) == "loop" and g.backend.paths.counts["experts.loop"] == seen.get("experts.loop", 0) + 1
+        assert g.backend.paths.counts["experts.loop"] == seen.get("experts.loop", 0) + 1
         g.force_path = "fp4_grouped"
         got = g(x, ends)
         assert g.backend.paths.last == "experts.fp4_grouped"                 # recorded, and no emulated linear ran
@@ -69,12 +77,13 @@ def test_fp4_grouped_equals_loop(fmt, act, rng):
         assert got.shape == loop.shape and got.dtype == torch.bfloat16
         _assert_bf16_close(got[:used], loop[:used])
         assert not got[used:].any() and not loop[used:].any()
-        offsets = torch.cat([torch.zeros(1, dtype=torch.int32), ends])
+        offsets = torch.cat([torch.zeros(1, dtype=torch.int32, device=DEV), ends])
         kernel_ref = grouped_linear_reference(x, offsets, g.stacked(), act)
         _assert_bf16_close(got[:used], kernel_ref[:used])
         xf = x.float()                            # float32 activations (bf16-representable: W4A16 casts to bf16)
-        got_f, g.force_path = g(xf, ends), None
+        got_f, g.force_path = g(xf, ends), "loop"
         loop_f = g(xf, ends)
+        g.force_path = None
         torch.testing.assert_close(got_f, loop_f, rtol=1e-5, atol=1e-5 * float(loop_f.abs().max()))
 
 
@@ -84,7 +93,7 @@ def test_load_weight_refreshes_the_kernel_layout_in_place(fmt, act, rng):
     same layout tensors (re-derived in place: a CUDA graph that captured them reads the new weights)."""
     from trace_rl.kernels.linear import hopper_weight
 
-    old, new = _weights(rng, 3, 24, 64), _weights(rng, 3, 24, 64)
+    old, new = _weights(rng, 3, 24, 64).to(DEV), _weights(rng, 3, 24, 64).to(DEV)
     g = GroupedQuantLinear(old, fmt, act)
     fresh = GroupedQuantLinear(new, fmt, act)
     g.force_path = fresh.force_path = "fp4_grouped"
@@ -101,7 +110,7 @@ def test_load_weight_refreshes_the_kernel_layout_in_place(fmt, act, rng):
         a, b = getattr(g, name), getattr(fresh, name)
         assert (a is None and b is None) or torch.equal(a.view(torch.uint8), b.view(torch.uint8))
     # the loop path's per-expert dequantized caches are refreshed too
-    g.force_path = fresh.force_path = None
+    g.force_path = fresh.force_path = "loop"
     assert torch.equal(g(x, ends), fresh(x, ends))
 
 
@@ -120,6 +129,8 @@ def _count_launches(monkeypatch) -> list:
     return launches
 
 
+@pytest.mark.skipif(not interpreting(), reason="counts launches through Triton's interpreter (CPU CI); on a GPU, "
+                    "tests/models/test_moe_gpu.py captures the same expert computation in a CUDA graph")
 @pytest.mark.parametrize("fmt,act", [("nvfp4", "nvfp4"), ("mxfp4", "bf16")])
 def test_fp4_grouped_path_has_no_host_sync(fmt, act, monkeypatch, rng):
     """Under FakeTensorMode any op that reads device data on the host (.item(), .tolist(), nonzero) raises: the
@@ -160,7 +171,7 @@ def test_fp4_grouped_path_has_no_host_sync(fmt, act, monkeypatch, rng):
 def test_path_choice_and_errors(monkeypatch, rng):
     w = _weights(rng, 3, 16, 32)
     g = GroupedQuantLinear(w, "nvfp4")
-    x, ends = _routed(rng, 3, 4, 32, 1)
+    x, ends = _routed(rng, 3, 4, 32, 1, device="cpu")
     assert g.path(x) == "loop" and not g.capturable(torch.device("cpu"), torch.bfloat16)
     assert g.row_align(x) == 1
     g.force_path = "fp4_grouped"
@@ -172,10 +183,66 @@ def test_path_choice_and_errors(monkeypatch, rng):
     with pytest.raises(ValueError, match="nvfp4/mxfp4"):
         fp8(x, ends)
     fp8.force_path = "bogus"
-    with pytest.raises(ValueError, match="known: grouped_mm, fp4_grouped, loop"):
+    with pytest.raises(ValueError, match="known: grouped_mm, fp4_grouped, fp8_grouped, loop"):
         fp8(x, ends)
     with pytest.raises(ValueError, match="bf16 experts"):
         GroupedQuantLinear(w, "bf16").stacked()
+    # FP8 experts on CPU: the loop, stated; forcing the grouped FP8 path says why it does not run
+    fp8.force_path = None
+    assert fp8.path(x) == "loop" and fp8.row_align(x) == 1 and not fp8.capturable(x.device, torch.bfloat16)
+    fp8.force_path = "fp8_grouped"
+    with pytest.raises(RuntimeError, match="fp8_grouped path does not run here"):
+        fp8(x, ends)
+    cuda = torch.device("cuda")             # format reasons come before any CUDA query
+    assert "block-scaled" in fp8_grouped_why_not(cuda, "fp8_e4m3:block", "fp8_e4m3:row", 64, 64, fp8.backend)
+    assert "per-token" in fp8_grouped_why_not(cuda, "fp8_e4m3:row", "bf16", 64, 64, fp8.backend)
+    assert "per-token" in fp8_grouped_why_not(cuda, "fp8_e4m3:row", "fp8_e4m3:tensor", 64, 64, fp8.backend)
+    # offloading needs the fp4_grouped kernel
+    with pytest.raises(ValueError, match="do not run the fp4_grouped kernel"):
+        GroupedQuantLinear(w, "nvfp4").offload_reference()
+
+
+@pytest.mark.parametrize("fmt,act", [("nvfp4", "nvfp4"), ("mxfp4", "bf16")])
+def test_offload_reference_keeps_the_kernel_layout(fmt, act, monkeypatch, rng):
+    """The reference codes move to host memory; the grouped path computes the same from the kept layout; a
+    weight sync (load_weight, or a packed copy into the buffers + refresh_layouts) re-derives the layout in
+    place, a few experts at a time, bit for bit what a fresh module computes."""
+    from trace_rl.kernels.linear import hopper_weight
+
+    monkeypatch.setattr(GroupedQuantLinear, "REDERIVE_CHUNK", 2)          # 5 experts: chunks of 2, 2, 1
+    old, new = _weights(rng, 5, 32, 64).to(DEV), _weights(rng, 5, 32, 64).to(DEV)
+    g, fresh = GroupedQuantLinear(old, fmt, act), GroupedQuantLinear(new, fmt, act)
+    if DEV == "cpu":
+        g.force_path = fresh.force_path = "fp4_grouped"
+    x, ends = _routed(rng, 5, 11, 64, 1)
+    before = g(x, ends)
+    layout = hopper_weight(g.stacked())
+    ptrs = [t.data_ptr() for t in (layout.values, layout.scales, layout.row_factor)]
+    allocated = torch.cuda.memory_allocated() if DEV == "cuda" else 0
+    assert g.offload_reference() == g.nbytes and g.offloaded and g.w_codes.device.type == "cpu"
+    if DEV == "cuda":
+        assert torch.cuda.memory_allocated() <= allocated - g.nbytes
+    assert g.offload_reference() == 0 and hopper_weight(g.stacked()) is layout
+    assert torch.equal(g(x, ends), before)
+    g.load_weight(new)
+    assert [t.data_ptr() for t in (layout.values, layout.scales, layout.row_factor)] == ptrs
+    assert torch.equal(g(x, ends), fresh(x, ends))
+    for name in ("w_codes", "w_scales", "w_global_scale"):      # the host copy is the new reference
+        a, b = getattr(g, name), getattr(fresh, name)
+        assert (a is None and b is None) or torch.equal(a.view(torch.uint8), b.cpu().view(torch.uint8))
+    back = GroupedQuantLinear(old, fmt, act)                      # packed weight sync: copy, then refresh
+    for name in ("w_codes", "w_scales", "w_global_scale"):
+        if getattr(g, name) is not None:
+            getattr(g, name).copy_(getattr(back, name))
+    g.refresh_layouts()
+    assert torch.equal(g(x, ends), before)
+    g.force_path = back.force_path = "loop"
+    if DEV == "cuda":
+        with pytest.raises(RuntimeError, match="restore_reference"):
+            g(x, ends)
+    g.restore_reference()
+    assert not g.offloaded and g.w_codes.device.type == DEV and hopper_weight(g.stacked()) is layout
+    assert torch.equal(g(x, ends), back(x, ends))                # the loop reads the restored reference
 
 
 # -- GPU: the path is taken on its own and equals the per-expert kernel loop --
@@ -196,5 +263,33 @@ def test_cuda_takes_the_grouped_path(fmt, act, rng):
     used = int(ends[-1])
     _assert_bf16_close(got[:used], loop[:used])
     assert not got[used:].any()
-    fp8 = GroupedQuantLinear(w, "fp8_e4m3:row", "fp8_e4m3:row")
-    assert fp8.path(x) == "loop" and not fp8.capturable(x.device, torch.bfloat16)   # no grouped FP8 kernel
+
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("wfmt", ["fp8_e4m3:row", "fp8_e4m3:tensor"])
+def test_cuda_fp8_grouped_equals_loop(wfmt, rng):
+    """`torch._scaled_grouped_mm` on sm_90: the same activation codes and scales as the per-expert
+    `fp8.scaled_mm.rowwise` loop, fp32 sums in another order, each output rounded to bf16 once: within one bf16
+    ulp of the loop. Captured in a CUDA graph, the replay equals eager bit for bit."""
+    w = _weights(rng, 7, 96, 256).cuda()
+    g = GroupedQuantLinear(w, wfmt, "fp8_e4m3:row")
+    x, ends = _routed(rng, 7, 37, 256, 16, device="cuda")
+    assert g.fp8_why_not(x.device) == "", g.fp8_why_not(x.device)
+    assert g.path(x) == "fp8_grouped" and g.capturable(x.device, torch.bfloat16) and g.row_align(x) == 16
+    got = g(x, ends)
+    assert g.backend.paths.last == "experts.fp8_grouped"
+    g.force_path = "loop"
+    loop = g(x, ends)
+    used = int(ends[-1])
+    _assert_bf16_close(got[:used], loop[:used])
+    g.force_path = None
+    static_x, out = x.clone(), None
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        out = g(static_x, ends)
+    static_x.copy_(x)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out[:used], got[:used])

@@ -24,12 +24,28 @@ device. Paths (recorded as `experts.<path>` in the backend's `paths`, never sile
   activation quantization launch), offsets [0, *ends] built on the device: no host sync, CUDA-graph
   capturable. The layout (the kernel's arrangement of the codes and scales, like a dense FP4 `QuantLinear`'s)
   is derived on the first forward, or ahead of it with `derive_kernel_layout()`.
+- `fp8_grouped` (E4M3 weights per row or per tensor, E4M3 activations per token, where the fp8 backend's dense
+  linears take `fp8.scaled_mm.rowwise`, on sm_90): `torch._scaled_grouped_mm` (CUTLASS, 2-D x 3-D with
+  `offs` = ends) over the stacked codes, scale_a [rows] (each row's per-token scale, quantized by the format
+  reference as the dense path does), scale_b [E, N], bf16 out, fp32 accumulation as `torch._scaled_mm`: the
+  same codes and scales as the per-expert loop, the sums in another order (<= 1 bf16 ulp apart). One launch
+  plus the activation quantization ops, no host sync, CUDA-graph capturable. Groups aligned to 16 rows (16
+  bytes of E4M3, as torchtitan aligns FP8 groups). Whether it runs here is probed once per device
+  (`fp8_grouped_support`: a small problem against the loop); if not, the reason is logged and `loop` runs.
 - `loop`: each expert's rows through its backend's linear (`fp8.*`, `fp4.emulated`, bf16 with quantized
   activations), group bounds read on the host — correct everywhere, eager only (no CUDA graph). FP8
-  experts take it on every device (no grouped FP8 kernel), FP4 experts on CPU (emulation).
+  experts take it off sm_90 (or with block scales, TE, tensor-scaled activations), FP4 experts on CPU.
+
+Rollout capacity (`offload_reference`): once the FP4 kernel layout is derived, the reference codes are a second
+copy of the experts on the GPU (~16 GB at Qwen3-30B-A3B). `offload_reference()` moves them to host memory: the
+kernel reads only its layout; `state_dict` (packed weight sync), `packed(e)`/`stacked()` (CPU paths, tests)
+still see them; `load_weight` and `refresh_layouts` re-derive the layout on the GPU expert by expert. A path
+that would read them on the GPU (`loop` on CUDA) raises, naming `restore_reference()`.
 """
 
 from __future__ import annotations
+
+import logging
 
 import torch
 from torch import nn
@@ -38,8 +54,12 @@ from trace_rl.backends.base import PackedWeight
 from trace_rl.backends.registry import backend_for_format
 from trace_rl.formats import QTensor
 
-GROUPED_PATHS = ("grouped_mm", "fp4_grouped", "loop")
+log = logging.getLogger("trace_rl.backends.grouped_linear")
+
+GROUPED_PATHS = ("grouped_mm", "fp4_grouped", "fp8_grouped", "loop")
 FP4_GROUPED_FORMATS = ("nvfp4", "mxfp4")
+FP8_GROUPED_ALIGN = 16
+_FP8_GROUPED_SUPPORT: dict[int, str] = {}      # device index -> "" (runs) or why not
 
 
 def grouped_mm_runs(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -78,7 +98,78 @@ def grouped_loop(x: torch.Tensor, ends: torch.Tensor, linear, out_features: int)
     return torch.cat(parts)
 
 
+def fp8_grouped_why_not(device: torch.device, weight_fmt: str, act_fmt: str, n: int, k: int, backend) -> str:
+    """'' when `fp8_grouped` runs these experts on `device` with the numerics of the fp8 backend's dense linears,
+    else why not."""
+    if device.type != "cuda":
+        return "no CUDA device"
+    if not (weight_fmt.startswith("fp8_e4m3:") and act_fmt == "fp8_e4m3:row"):
+        return (f"fp8_grouped takes E4M3 weights (per row or tensor) with E4M3 per-token activations, "
+                f"got {weight_fmt} x {act_fmt}")
+    if weight_fmt not in ("fp8_e4m3:row", "fp8_e4m3:tensor"):
+        return f"{weight_fmt}: block-scaled weights have no grouped scaled GEMM in torch"
+    if not hasattr(torch, "_scaled_grouped_mm"):
+        return f"torch {torch.__version__} has no torch._scaled_grouped_mm"
+    cap = torch.cuda.get_device_capability(device)
+    if cap != (9, 0):
+        return f"torch._scaled_grouped_mm's FP8 rowwise kernel is built for sm_90; this GPU is sm_{cap[0]}{cap[1]}"
+    if n % 16 or k % 16:
+        return f"torch's FP8 GEMMs need in/out features divisible by 16, got {k} -> {n}"
+    dense = backend.available(device, weight_fmt, act_fmt).path
+    if dense != "fp8.scaled_mm.rowwise":
+        return f"the fp8 backend's dense linears take {dense}; fp8_grouped matches fp8.scaled_mm.rowwise only"
+    return fp8_grouped_support(device)
+
+
+def fp8_grouped(x: torch.Tensor, ends: torch.Tensor, codes: torch.Tensor, scale_b: torch.Tensor,
+                act_fmt: str = "fp8_e4m3:row") -> torch.Tensor:
+    """Rows of x [R, K] sorted by expert through E4M3 expert weights `codes` [E, N, K] with per-row scales
+    `scale_b` [E, N] float32: each row quantized per token by the format reference (as the dense
+    `fp8.scaled_mm.rowwise` linear does), then one `torch._scaled_grouped_mm` (fp32 accumulation, bf16 out).
+    Rows past ends[-1]: unspecified."""
+    from trace_rl.formats import get_format
+
+    qa = get_format(act_fmt).quantize(x)
+    y = torch._scaled_grouped_mm(qa.codes, codes.transpose(1, 2), qa.scales.reshape(-1).float(), scale_b,
+                                 offs=ends, out_dtype=torch.bfloat16)
+    return y.to(x.dtype)
+
+
+def fp8_grouped_support(device: torch.device) -> str:
+    """'' if `torch._scaled_grouped_mm` runs here and equals per-expert `torch._scaled_mm` on a small problem
+    (odd groups, an empty one); else why not (logged once, the experts then take `loop`)."""
+    idx = torch.device(device).index
+    idx = torch.cuda.current_device() if idx is None else idx
+    if idx in _FP8_GROUPED_SUPPORT:
+        return _FP8_GROUPED_SUPPORT[idx]
+    from trace_rl.formats import get_format
+
+    dev = torch.device("cuda", idx)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    e, n, k = 3, 48, 64
+    w = get_format("fp8_e4m3:row").quantize(torch.randn(e * n, k, device=dev, generator=gen))
+    codes, scale_b = w.codes.view(e, n, k), w.scales.float().view(e, n)
+    ends = torch.tensor([16, 16, 48], dtype=torch.int32, device=dev)
+    x = torch.randn(48, k, device=dev, generator=gen, dtype=torch.bfloat16)
+    try:
+        got = fp8_grouped(x, ends, codes, scale_b).float()
+        qa = get_format("fp8_e4m3:row").quantize(x)
+        want = torch.cat([torch._scaled_mm(qa.codes[lo:hi], codes[g].t(), scale_a=qa.scales[lo:hi].float(),
+                                           scale_b=scale_b[g].view(1, -1), out_dtype=torch.bfloat16).float()
+                          for g, lo, hi in ((0, 0, 16), (2, 16, 48))])       # expert 1's group is empty
+        rel = float((got - want).norm() / want.norm())
+        why = "" if rel < 1e-2 else f"torch._scaled_grouped_mm differs from per-expert torch._scaled_mm (rel {rel:.3g})"
+    except (RuntimeError, TypeError, ValueError, NotImplementedError) as err:
+        why = f"torch._scaled_grouped_mm fails here: {type(err).__name__}: {str(err).splitlines()[0][:200]}"
+    if why:
+        log.warning("fp8_grouped: %s; FP8 experts take the per-expert loop (no CUDA graphs)", why)
+    _FP8_GROUPED_SUPPORT[idx] = why
+    return why
+
+
 class GroupedQuantLinear(nn.Module):
+    REDERIVE_CHUNK = 16      # experts per re-derivation step of an offloaded layout (bounds its temporaries)
+
     def __init__(self, weight: torch.Tensor, weight_fmt: str, act_fmt: str = "bf16"):
         super().__init__()
         if weight.dim() != 3:
@@ -100,6 +191,9 @@ class GroupedQuantLinear(nn.Module):
         self._views: dict[int, tuple[tuple, PackedWeight]] = {}
         self._stacked: tuple[tuple, PackedWeight] | None = None
         self._fp4_kernels: dict[torch.device, bool] = {}
+        self._fp8_why: dict[torch.device, str] = {}
+        self._fp8_scale_b: tuple[tuple, torch.Tensor] | None = None   # (buffer key, [E, N] float32 scales)
+        self.compute_device: torch.device | None = None   # set by offload_reference: where the kernel layout lives
 
     def _tensors(self) -> tuple:
         return (self.weight,) if self.weight_fmt == "bf16" else (self.w_codes, self.w_scales, self.w_global_scale)
@@ -145,6 +239,14 @@ class GroupedQuantLinear(nn.Module):
             self._fp4_kernels[device] = self.backend.available(device).path == "fp4.triton"
         return self._fp4_kernels[device]
 
+    def fp8_why_not(self, device: torch.device) -> str:
+        """'' when FP8 experts take `fp8_grouped` on `device`, else why they take the loop."""
+        device = torch.device(device)
+        if device not in self._fp8_why:
+            self._fp8_why[device] = fp8_grouped_why_not(device, self.weight_fmt, self.act_fmt, self.out_features,
+                                                        self.in_features, self.backend)
+        return self._fp8_why[device]
+
     def path(self, x: torch.Tensor) -> str:
         """The path a forward on `x` takes (`force_path` when set)."""
         if self.force_path is not None:
@@ -153,26 +255,77 @@ class GroupedQuantLinear(nn.Module):
             return "grouped_mm"
         if self.weight_fmt in FP4_GROUPED_FORMATS and x.is_cuda and self._fp4_kernels_run(x.device):
             return "fp4_grouped"
+        if self.weight_fmt.startswith("fp8") and x.is_cuda and not self.fp8_why_not(x.device):
+            return "fp8_grouped"
         return "loop"
 
     def capturable(self, device: torch.device, dtype: torch.dtype) -> bool:
         """Can a CUDA graph capture this forward (no host sync)?"""
         x = torch.empty(0, self.in_features, device=device, dtype=dtype)
-        return device.type == "cuda" and self.path(x) in ("grouped_mm", "fp4_grouped")
+        return device.type == "cuda" and self.path(x) in ("grouped_mm", "fp4_grouped", "fp8_grouped")
 
     def row_align(self, x: torch.Tensor) -> int:
-        """Rows per group multiple this path wants: 8 for `torch._grouped_mm` on CUDA (as torchtitan pads), else
-        1 (the FP4 grouped kernel takes any offsets; padding rows would only add work)."""
-        return 8 if x.is_cuda and self.path(x) == "grouped_mm" else 1
+        """Rows per group multiple this path wants: 8 for `torch._grouped_mm` on CUDA and 16 for
+        `torch._scaled_grouped_mm` (16 bytes, as torchtitan pads), else 1 (the FP4 grouped kernel takes any
+        offsets; padding rows would only add work)."""
+        path = self.path(x) if x.is_cuda else "loop"
+        return {"grouped_mm": 8, "fp8_grouped": FP8_GROUPED_ALIGN}.get(path, 1)
 
     def derive_kernel_layout(self) -> None:
         """Derive the FP4 grouped kernel's layout now (else on the first forward): before sizing a KV cache to
         the free memory, or before a CUDA-graph capture. No-op for other paths."""
+        if self.offloaded:
+            return
         x = torch.empty(0, self.in_features, device=self._tensors()[0].device)
         if self.path(x) == "fp4_grouped":
             from trace_rl.kernels.linear import hopper_weight
 
             hopper_weight(self.stacked())
+
+    @property
+    def offloaded(self) -> bool:
+        """The reference codes live in host memory, the kernel layout on `compute_device`."""
+        return self.compute_device is not None
+
+    @torch.no_grad()
+    def offload_reference(self) -> int:
+        """Rollout capacity: derive the FP4 kernel layout, then move the reference codes and scales to host
+        memory (the kernel reads only its layout). Returns the GPU bytes freed. Only for experts that run
+        `fp4_grouped` on the device they are on; see the module doc for what still reads the reference."""
+        if self.offloaded:
+            return 0
+        device = self._tensors()[0].device
+        if self.weight_fmt not in FP4_GROUPED_FORMATS or self.path(torch.empty(0, device=device)) != "fp4_grouped":
+            raise ValueError(f"offload_reference: these experts ({self.weight_fmt}) do not run the fp4_grouped "
+                             f"kernel on {device}, which is what lets their reference codes leave the device")
+        from trace_rl.kernels.linear import LAYOUT_KEY, hopper_weight
+
+        layout = hopper_weight(self.stacked())
+        freed = self.nbytes
+        for name in ("w_codes", "w_scales", "w_global_scale"):
+            t = getattr(self, name)
+            if t is not None:
+                setattr(self, name, t.cpu())
+        self.compute_device = device
+        self._views.clear()
+        self._stacked = None
+        self.stacked().layout[LAYOUT_KEY] = layout
+        return freed
+
+    @torch.no_grad()
+    def restore_reference(self) -> None:
+        """Undo `offload_reference`: the reference codes back on the compute device (the layout is kept)."""
+        if not self.offloaded:
+            return
+        layout = self.stacked().layout
+        for name in ("w_codes", "w_scales", "w_global_scale"):
+            t = getattr(self, name)
+            if t is not None:
+                setattr(self, name, t.to(self.compute_device))
+        self._views.clear()
+        self._stacked = None
+        self.stacked().layout.update(layout)
+        self.compute_device = None
 
     @torch.no_grad()
     def load_weight(self, weight: torch.Tensor) -> None:
@@ -184,8 +337,9 @@ class GroupedQuantLinear(nn.Module):
         if self.weight_fmt == "bf16":
             self.weight.copy_(weight)
         else:
+            device = self.compute_device if self.offloaded else self.w_codes.device   # quantize where it is fast
             for e in range(self.num_experts):
-                q = self.backend.prepare_weight(weight[e].to(self.w_codes.device), self.weight_fmt).q
+                q = self.backend.prepare_weight(weight[e].to(device), self.weight_fmt).q
                 self.w_codes[e].copy_(q.codes)
                 if self.w_scales is not None:
                     self.w_scales[e].copy_(q.scales)
@@ -196,9 +350,33 @@ class GroupedQuantLinear(nn.Module):
     def refresh_layouts(self) -> None:
         """The buffers were rewritten in place (`load_weight`, or a packed weight sync copying into them):
         drop emulation's dequantized copies, re-derive kernel layouts in place."""
-        views = [p for _, p in self._views.values()] + ([self._stacked[1]] if self._stacked is not None else [])
-        for p in views:
+        if self._fp8_scale_b is not None and self.w_scales.dim() == 1:
+            self._fp8_scale_b[1].copy_(self.w_scales.float().view(-1, 1).expand(-1, self.out_features))
+        for _, p in self._views.values():
             p.refresh_layouts()
+        if self._stacked is None:
+            return
+        if self.offloaded:
+            self._stacked[1].cache.clear()
+            self._rederive_offloaded(self.REDERIVE_CHUNK)
+        else:
+            self._stacked[1].refresh_layouts()
+
+    def _rederive_offloaded(self, chunk: int) -> None:
+        """The kernel layout from the host-resident reference, `chunk` experts at a time on the compute device
+        (into views of the layout: in place, no full-size temporary)."""
+        from trace_rl.kernels.hopper_fp4 import HopperFP4
+        from trace_rl.kernels.linear import LAYOUT_KEY, derive_layout
+
+        h = self._stacked[1].layout[LAYOUT_KEY]
+        shape, dtype, fmt = self._q_meta
+        for lo in range(0, self.num_experts, chunk):
+            hi = min(self.num_experts, lo + chunk)
+            part = lambda t, lo=lo, hi=hi: None if t is None else t[lo:hi].to(self.compute_device)  # noqa: E731
+            g = part(self.w_global_scale)
+            q = QTensor(part(self.w_codes), part(self.w_scales), None if g is None else g.view(hi - lo, 1, 1),
+                        (hi - lo, *shape), dtype, fmt)
+            derive_layout(q, HopperFP4(h.fmt, h.n, h.k, h.values[lo:hi], h.scales[lo:hi], h.row_factor[lo:hi]))
 
     def forward(self, x: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
         """x [rows, K] sorted by expert, `ends [E]` int32 -> [rows, N] (rows past ends[-1]: unspecified)."""
@@ -208,8 +386,14 @@ class GroupedQuantLinear(nn.Module):
             return torch._grouped_mm(x, self.weight.transpose(1, 2), offs=ends)
         if path == "fp4_grouped":
             return self._fp4_grouped(x, ends)
+        if path == "fp8_grouped":
+            return self._fp8_grouped(x, ends)
         if path != "loop":
             raise ValueError(f"GroupedQuantLinear: path {path!r}; known: {', '.join(GROUPED_PATHS)}")
+        if self.offloaded and x.device != self.w_codes.device:
+            raise RuntimeError(f"GroupedQuantLinear: the loop path reads the reference codes, which "
+                               f"offload_reference() moved to host memory; call restore_reference() first "
+                               f"(or let these {x.device} inputs take fp4_grouped: force_path None)")
         return grouped_loop(x, ends, lambda e, rows: self.backend.linear(rows, self.packed(e), self.act_fmt),
                             self.out_features)
 
@@ -226,6 +410,18 @@ class GroupedQuantLinear(nn.Module):
 
         offsets = torch.cat([ends.new_zeros(1), ends]).to(torch.int32)     # [0, *ends] on the device, no sync
         return fp4_grouped_linear(x, offsets, self.stacked(), self.act_fmt)
+
+    def _fp8_grouped(self, x: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+        why = self.fp8_why_not(x.device) if x.is_cuda else "the inputs are not on a CUDA device"
+        if why:
+            raise RuntimeError(f"GroupedQuantLinear: the fp8_grouped path does not run here: {why}; leave "
+                               f"force_path None (the experts then take the loop)")
+        key = self._key()
+        if self._fp8_scale_b is None or self._fp8_scale_b[0] != key:     # a view of the row scales (float32)
+            s = self.w_scales.float()
+            self._fp8_scale_b = (key, s.view(self.num_experts, self.out_features) if s.dim() == 3 else
+                                 s.view(-1, 1).expand(-1, self.out_features).contiguous())
+        return fp8_grouped(x, ends, self.w_codes, self._fp8_scale_b[1], self.act_fmt)
 
     def extra_repr(self) -> str:
         return (f"experts={self.num_experts}, in={self.in_features}, out={self.out_features}, "

@@ -14,7 +14,10 @@ weight x down(silu(gate(x)) * up(x)).
   is an error). Expert e is quantized as its own Linear would be (own scales, own nvfp4 global scale).
   Rollout stage: `GroupedQuantLinear`s (gate/up stacked when the format quantizes rows independently);
   FP4 experts run the grouped FP4 kernel on CUDA (`experts.fp4_grouped`: one launch per projection, no host
-  sync, so the decode step is CUDA-graph capturable), FP8 experts and CPU emulation the per-expert loop.
+  sync, so the decode step is CUDA-graph capturable), FP8 experts `torch._scaled_grouped_mm` on sm_90
+  (`experts.fp8_grouped`, likewise capturable), CPU emulation and the rest the per-expert loop.
+  `derive_kernel_layouts(offload_reference=True)` moves FP4 experts' reference codes to host memory once the
+  kernel layout exists (rollout capacity; `GroupedQuantLinear.offload_reference`).
 - **Dispatch**: `trace_rl.models.grouped` (sort by expert, static shapes, no host sync) and the grouped
   matmuls of `trace_rl.backends.grouped_linear`.
 - **Routing hooks** (`MoEBlock`): `routing_hook(block, ids [B, T, k])` is called with the experts each
@@ -130,10 +133,17 @@ class Experts(nn.Module):
         for g in self.grouped_linears().values():
             g.refresh_layouts()
 
-    def derive_kernel_layouts(self) -> None:
-        """Rollout stage: derive the FP4 grouped kernel's layouts now (else on the first forward)."""
+    def derive_kernel_layouts(self, offload_reference: bool = False) -> int:
+        """Rollout stage: derive the FP4 grouped kernel's layouts now (else on the first forward); with
+        `offload_reference`, move the reference codes of experts that run `fp4_grouped` to host memory.
+        Returns the device bytes freed."""
+        freed = 0
         for g in self.grouped_linears().values():
             g.derive_kernel_layout()
+            probe = torch.empty(0, g.in_features, device=g.w_codes.device if g.weight_fmt != "bf16" else "cpu")
+            if offload_reference and g.weight_fmt != "bf16" and g.path(probe) == "fp4_grouped":
+                freed += g.offload_reference()
+        return freed
 
     def _align(self, x: torch.Tensor) -> int:
         if self.align:
