@@ -7,13 +7,19 @@ per plan (bf16, fp8, w4a16, w4a4-kv4): decode step time at three contexts (captu
 with sampling and bookkeeping; medians after warm-up), prefill of the prompts, tokens/s of one wave =
 B*R / (prefill + (R-1) x mean step), the expert paths the engine took, and the roofline: per step,
 bytes = dense weights + the experts a batch of B tokens touches (E * (1 - (1 - k/E)^B) per layer) + the
-live KV cache, over the measured read bandwidth. Expert paths: bf16 `grouped_mm` and FP4 `fp4_grouped` (the grouped
-FP4 kernel) decode in CUDA graphs; FP8 experts run the per-expert `loop` without graphs (no grouped FP8 kernel).
-FP4 experts' kernel layouts are derived before the KV cache is sized to the free memory.
+live KV cache, over the measured read bandwidth. Expert paths: bf16 `grouped_mm`, FP4 `fp4_grouped` (the grouped
+FP4 kernel) and FP8 `fp8_grouped` (`torch._scaled_grouped_mm`, sm_90) decode in CUDA graphs. FP4 experts' kernel
+layouts are derived, and their reference codes moved to host memory (`offload_reference`; `--keep-reference`
+keeps them on the GPU), before the KV cache is sized to the free memory. `--profile`: one eager decode step per
+plan at the last context under torch.profiler, GPU time by op class (expert GEMMs, dense GEMMs, activation
+quantization, attention, router/top-k/permute/un-permute, SiLU x mul, norms, KV write, sampling, other).
+`--estimate`: the batch each plan fits on an H200 (`--gpu-gib`), computed from the shapes alone (any device).
 
-Trainer: forward + backward of `--train-rows` sequences of prompt+response tokens in bf16 through the
-same model, without and with router replay (the replayed experts differ from the trainer's own), median
-of `--iters` after warm-up.
+Trainer (run first, in a fresh memory state): forward + backward of `--train-rows` sequences of prompt+response
+tokens in bf16 through one model, without and then with router replay (the replayed experts differ from the
+trainer's own), median of `--iters` after warm-up each, the cache emptied between them.
+The bench sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (`--alloc-conf`) before CUDA starts: the rollout
+plans and the trainer allocate tens of GiB in different shapes, and fixed segments fragment.
 
 Each configuration runs in its own try/except and the JSON (`--out`/moe_rollout.json) is rewritten after
 each, so a failure or a cut-off run keeps the others' numbers; a table is printed last. On a CPU the same
@@ -26,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import time
 from pathlib import Path
 
@@ -52,6 +59,13 @@ def parse_args(argv=None):
     a("--train-rows", type=int, default=4, help="sequences in the timed trainer step")
     a("--train-prompt", type=int, default=256, help="prompt tokens per trainer sequence")
     a("--train-response", type=int, default=768, help="response tokens per trainer sequence")
+    a("--layers", type=int, default=0, help="first N layers of the preset only (0: all; smoke tests)")
+    a("--profile", action="store_true", help="per plan: an eager decode step at the last context, by op class")
+    a("--keep-reference", action="store_true", help="keep FP4 experts' reference codes on the GPU (no offload)")
+    a("--estimate", action="store_true", help="only the per-plan batch estimate from the shapes (no device)")
+    a("--gpu-gib", type=float, default=139.8, help="device memory for --estimate (H200: 139.8 GiB)")
+    a("--alloc-conf", default="expandable_segments:True",
+      help="PYTORCH_CUDA_ALLOC_CONF set before CUDA starts unless already set ('' leaves it alone)")
     a("--skip-rollout", action="store_true", help="only the trainer step")
     a("--skip-trainer", action="store_true", help="only the rollout")
     a("--device", default=None, help="cuda (default when present) or cpu")
@@ -60,12 +74,40 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def _random_model(name: str, plan, device, dtype, seed: int):
-    """A trainer-stage model of the preset's shape with random weights."""
-    from trace_rl.models import build, preset
+def _config(args):
+    from dataclasses import replace
 
-    model = build(preset(name), device=device, dtype=dtype, plan=plan)
-    return model.init_random(generator=torch.Generator(device=device).manual_seed(seed))
+    from trace_rl.models import preset
+
+    config = preset(args.model)
+    return replace(config, num_layers=args.layers) if args.layers else config
+
+
+def _random_model(args, plan, device, dtype):
+    """A trainer-stage model of the preset's shape (first `--layers`) with random weights."""
+    from trace_rl.models import build
+
+    model = build(_config(args), device=device, dtype=dtype, plan=plan)
+    return model.init_random(generator=torch.Generator(device=device).manual_seed(args.seed))
+
+
+def _rollout_model(args, plan, device, dtype) -> tuple:
+    """The plan's rollout model, FP4 expert layouts derived (and their reference codes offloaded unless
+    `--keep-reference`) before anything sizes a cache: (model, seconds per stage, GiB offloaded)."""
+    times, t = {}, time.perf_counter()
+    model = _random_model(args, plan, device, dtype)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    times["build_init_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    model = model.to_rollout()
+    model.plan = plan
+    times["to_rollout_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    freed = sum(ex.derive_kernel_layouts(offload_reference=not args.keep_reference) for ex in model.experts())
+    bm.free()
+    times["layouts_s"] = time.perf_counter() - t
+    return model, times, freed / 2**30
 
 
 def _weight_bytes(model) -> tuple[int, int, int]:
@@ -123,9 +165,7 @@ def bench_rollout(args, plan_name: str, device, bw) -> dict:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     t0 = time.perf_counter()
-    model = bm.build_rollout_model(args.model, plan, device, dtype, args.seed)
-    for ex in model.experts():        # FP4 experts on CUDA: the grouped kernel's layouts, before sizing the cache
-        ex.derive_kernel_layouts()
+    model, build_parts, offloaded_gib = _rollout_model(args, plan, device, dtype)
     build_s = time.perf_counter() - t0
     probe = torch.empty(1, model.config.hidden_size, device=device, dtype=dtype)
     expert_paths = sorted({g.path(probe) for ex in model.experts() for g in ex.grouped_linears().values()})
@@ -145,6 +185,18 @@ def bench_rollout(args, plan_name: str, device, bw) -> dict:
         prime_decode(engine, batch, max(1, length - 1 - warmup - args.iters), args.seed)
         step = bm.median_ms(_step_with_records(engine, batch, length), device, args.iters, warmup)
         steps.append({"L": length, "forward_ms": fwd, "step_ms": step})
+    profile = None
+    if args.profile and device.type != "cuda":
+        profile = {"skipped": "the profile times GPU kernels: needs a CUDA device"}
+    elif args.profile:
+        try:
+            profile = profile_decode(engine, batch, p + r - 1)
+            print(f"profile {plan_name} B={batch} L={p + r - 1}: " + "  ".join(
+                f"{c}={ms:.2f}" for c, ms in profile["classes_ms"].items() if ms) +
+                f"  (kernels {profile['kernel_sum_ms']:.2f} ms, graph step {steps[-1]['step_ms']:.2f} ms)", flush=True)
+        except Exception as err:  # the profile must not lose the plan's numbers
+            profile = {"error": f"{type(err).__name__}: {err}"}
+            print(f"profile {plan_name} FAILED: {profile['error']}", flush=True)
     vocab = model.config.vocab_size
     group = min(args.group, batch)
     one = SamplingParams(n=group, temperature=1.0, max_new_tokens=1, ignore_stop=True, seed=args.seed)
@@ -166,7 +218,8 @@ def bench_rollout(args, plan_name: str, device, bw) -> dict:
     wave_s = prefill_s + (r - 1) * step_mean * 1e-3
     result = {
         "plan": plan_name, "label": plan.label, "model": args.model, "batch": batch, "kv_layout": layout, **fit,
-        "waves": math.ceil(args.prompts * args.group / batch), "build_s": build_s,
+        "waves": math.ceil(args.prompts * args.group / batch), "build_s": build_s, "build_parts": build_parts,
+        "layers": model.config.num_layers, "reference_offloaded_GiB": offloaded_gib, "profile": profile,
         "dense_weight_GB": dense / 1e9, "expert_weight_GB": moe_layers * expert_layer / 1e9,
         "experts_touched_per_layer": touched, "steps": steps, "step_ms_mean": step_mean,
         "forward_ms_mean": _simpson([st["forward_ms"] for st in steps]), "prefill_s": prefill_s, "wave_s": wave_s,
@@ -178,7 +231,9 @@ def bench_rollout(args, plan_name: str, device, bw) -> dict:
     return result
 
 
-def bench_trainer(args, replay: bool, device) -> dict:
+def bench_trainer(args, device) -> list[dict]:
+    """Forward + backward without and with router replay through one bf16 model, each timed after its own
+    warm-up from the same memory state (gradients dropped, cache emptied in between)."""
     from tensordict import TensorDict
 
     from trace_rl.data import schema as K
@@ -187,9 +242,7 @@ def bench_trainer(args, replay: bool, device) -> dict:
 
     bm.free()
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    model = _random_model(args.model, None, device, dtype, args.seed)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    model = _random_model(args, None, device, dtype)
     c, rows, lp, lr = model.config, args.train_rows, args.train_prompt, args.train_response
     gen = torch.Generator(device=device).manual_seed(args.seed)
     prompt = torch.randint(4, min(1000, c.vocab_size), (rows, lp), device=device, generator=gen)
@@ -202,18 +255,29 @@ def bench_trainer(args, replay: bool, device) -> dict:
     td = TensorDict({K.TOKENS_PROMPT: prompt, K.MASK_PROMPT: ones(prompt), K.TOKENS_RESPONSE: resp,
                      K.MASK_RESPONSE: ones(resp), K.ROUTING_EXPERTS: experts,
                      K.ROUTING_VALID: torch.ones(rows, lp + lr, dtype=torch.bool, device=device)}, batch_size=[rows])
+    paths = sorted({"grouped_mm" if _grouped(ex, dtype, device) else "loop" for ex in model.experts()})
+    out = []
+    for replay in (False, True):
+        def step(replay=replay):
+            model.zero_grad(set_to_none=True)
+            with router_replay(model, td) if replay else _null():
+                logp, _ = response_log_probs(model, prompt, ones(prompt), resp, ones(resp))
+            logp.sum().backward()
 
-    def step():
-        model.zero_grad(set_to_none=True)
-        with router_replay(model, td) if replay else _null():
-            logp, _ = response_log_probs(model, prompt, ones(prompt), resp, ones(resp))
-        logp.sum().backward()
-
-    ms = bm.median_ms(step, device, args.iters, warmup=2)
-    paths = sorted({g for ex in model.experts() for g in ["grouped_mm" if _grouped(ex, dtype, device) else "loop"]})
-    out = {"replay": replay, "rows": rows, "tokens": rows * (lp + lr), "fwd_bwd_ms": ms,
-           "tokens_per_s": rows * (lp + lr) / (ms * 1e-3), "expert_path": paths,
-           "peak_memory_GB": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None}
+        try:
+            model.zero_grad(set_to_none=True)
+            bm.free()
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            ms = bm.median_ms(step, device, args.iters, warmup=2)
+            res = {"replay": replay, "rows": rows, "tokens": rows * (lp + lr), "fwd_bwd_ms": ms,
+                   "tokens_per_s": rows * (lp + lr) / (ms * 1e-3), "expert_path": paths,
+                   "layers": c.num_layers,
+                   "peak_memory_GB": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None}
+        except Exception as err:  # replay off's number must survive replay on's failure
+            res = {"replay": replay, "error": f"{type(err).__name__}: {err}"}
+        out.append(res)
+    model.zero_grad(set_to_none=True)
     bm.free(model)
     return out
 
@@ -235,17 +299,38 @@ class _null:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if args.alloc_conf and not torch.cuda.is_initialized():
+        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", args.alloc_conf)   # read when CUDA starts, just below
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.estimate:
+        report = {"estimate": estimate_batches(args)}
+        (out / "moe_rollout_estimate.json").write_text(json.dumps(report, indent=1))
+        return report
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     bw = bm.bandwidth_ceilings(device) if device.type == "cuda" else {"read": None, "copy": None}
     report = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "torch": torch.__version__, "read_bandwidth_TBps": (bw["read"] or 0) / 1e12,
+              "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
               "args": vars(args), "rollout": [], "trainer": [], "errors": []}
 
     def write():
         (out / "moe_rollout.json").write_text(json.dumps(report, indent=1, default=str))
 
+    if not args.skip_trainer:          # first: a fresh memory state, before any rollout engine existed
+        try:
+            report["trainer"] = bench_trainer(args, device)
+        except Exception as err:
+            report["errors"].append({"trainer": True, "error": f"{type(err).__name__}: {err}"})
+            bm.free()
+        for t in report["trainer"]:
+            if "error" in t:
+                report["errors"].append({"trainer_replay": t["replay"], "error": t["error"]})
+                print(f"FAILED trainer replay={t['replay']}: {t['error']}", flush=True)
+            else:
+                print(f"trainer fwd+bwd replay={'on ' if t['replay'] else 'off'} {t['tokens']} tokens: "
+                      f"{t['fwd_bwd_ms']:.1f} ms, peak {t['peak_memory_GB'] or 0:.1f} GiB", flush=True)
+        write()
     if not args.skip_rollout:
         for plan in [p for p in args.plans.split(",") if p]:
             try:
@@ -254,19 +339,10 @@ def main(argv=None) -> dict:
                 roof = [round(s["roofline_frac"], 2) for s in res["steps"]]
                 print(f"{plan:<9} B={res['batch']:<4} tok/s={res['tokens_per_s']:9.0f} "
                       f"step={res['step_ms_mean']:.2f}ms graphs={res['cuda_graphs']} experts={res['expert_paths']} "
-                      f"roofline={roof}", flush=True)
+                      f"roofline={roof} offloaded={res['reference_offloaded_GiB']:.1f}GiB", flush=True)
             except Exception as err:  # one failing plan must not lose the others
                 report["errors"].append({"plan": plan, "error": f"{type(err).__name__}: {err}"})
                 print(f"FAILED {plan}: {type(err).__name__}: {err}", flush=True)
-                bm.free()
-            write()
-    if not args.skip_trainer:
-        for replay in (False, True):
-            try:
-                report["trainer"].append(bench_trainer(args, replay, device))
-            except Exception as err:
-                report["errors"].append({"trainer_replay": replay, "error": f"{type(err).__name__}: {err}"})
-                print(f"FAILED trainer replay={replay}: {type(err).__name__}: {err}", flush=True)
                 bm.free()
             write()
     bf16 = next((x for x in report["rollout"] if x["plan"] == "bf16"), None)
@@ -282,11 +358,121 @@ def main(argv=None) -> dict:
         print(f"{x['plan']:<10}{x['batch']:>7}{x['tokens_per_s']:>11.0f}{(ratio or 0):>9.2f}{x['step_ms_mean']:>10.2f}"
               f"{str(x['cuda_graphs']):>8}  {','.join(x['expert_paths'])}")
     for t in report["trainer"]:
-        print(f"trainer fwd+bwd replay={'on ' if t['replay'] else 'off'} {t['tokens']} tokens: "
-              f"{t['fwd_bwd_ms']:.1f} ms ({t['tokens_per_s']:.0f} tok/s, experts {t['expert_path']})")
+        if "error" not in t:
+            print(f"trainer fwd+bwd replay={'on ' if t['replay'] else 'off'} {t['tokens']} tokens: "
+                  f"{t['fwd_bwd_ms']:.1f} ms ({t['tokens_per_s']:.0f} tok/s, experts {t['expert_path']})")
     for e in report["errors"]:
         print("error:", json.dumps(e))
     return report
+
+
+# -- profile: where one decode step's GPU time goes --
+
+PROFILE_CLASSES = ("experts_gemm", "dense_gemm", "act_quant", "attention", "router_permute", "activation", "norm",
+                   "kv_write", "sampling", "other")
+_RANGE_CLASS = {"experts": "experts_gemm", "linear": "dense_gemm", "quantization": "act_quant",
+                "attention": "attention", "prologue": "attention", "rope": "attention", "router": "router_permute",
+                "permute": "router_permute", "unpermute": "router_permute", "activation": "activation",
+                "norm": "norm", "kv_write": "kv_write", "sampling": "sampling", "bookkeeping": "sampling"}
+# kernels no CPU op of the trace launched (Triton's launcher): by name, first match
+_NAME_CLASS = (("_fp4_grouped", "experts_gemm"), ("_quantize_rows", "act_quant"), ("_decode_attention", "attention"),
+               ("_merge_splits", "attention"), ("flash", "attention"), ("_qk_norm_rope", "attention"),
+               ("_add_rms_norm", "norm"), ("rms", "norm"), ("_silu_mul", "activation"), ("_sample", "sampling"),
+               ("kv_write", "kv_write"), ("_kv_", "kv_write"), ("gemm", "dense_gemm"), ("fp4", "dense_gemm"),
+               ("nvjet", "dense_gemm"), ("cutlass", "dense_gemm"), ("sm90_xmma", "dense_gemm"))
+
+
+def _op_range(evt) -> str | None:
+    from trace_rl.op_ranges import PREFIX
+
+    while evt is not None:
+        if evt.name.startswith(PREFIX):
+            return evt.name[len(PREFIX):]
+        evt = evt.cpu_parent
+    return None
+
+
+def kernel_class(range_name: str | None, kernel: str) -> str:
+    low = kernel.lower()
+    if "quant" in low and range_name != "kv_write":       # activation quantization launched inside a linear
+        return "act_quant"
+    if range_name in _RANGE_CLASS:
+        return _RANGE_CLASS[range_name]
+    return next((cls for key, cls in _NAME_CLASS if key in low), "other")
+
+
+def profile_decode(engine, batch: int, length: int, sampling=(1.0, 0, 1.0)) -> dict:
+    """GPU ms per op class of one eager decode step (slots primed at context `length`), kernels by op range
+    (`trace_rl.op_ranges`; MoE blocks mark router, permute, experts, activation, unpermute) or by name."""
+    from collections import defaultdict
+
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    from trace_rl.bench.decode_grid import prime_decode
+
+    path = engine.attention_path(batch, length)
+    prime_decode(engine, batch, length)
+    engine._step(batch, path, sampling)                          # eager warm-up
+    prime_decode(engine, batch, length)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        engine._step(batch, path, sampling)
+        torch.cuda.synchronize()
+    events = list(prof.events())
+    cpu = {e.id: e for e in events if e.device_type == DeviceType.CPU}
+    per_class, per_kernel = defaultdict(float), defaultdict(float)
+    kernels = [e for e in events if e.device_type == DeviceType.CUDA]
+    for k in kernels:
+        ms = (k.time_range.end - k.time_range.start) / 1e3
+        per_class[kernel_class(_op_range(cpu.get(getattr(k, "linked_correlation_id", 0))), k.name)] += ms
+        per_kernel[k.name[:80]] += ms
+    top = sorted(per_kernel.items(), key=lambda kv: -kv[1])[:15]
+    return {"batch": batch, "L": length, "attention_path": path, "kernels": len(kernels),
+            "kernel_sum_ms": sum(per_class.values()),
+            "classes_ms": {c: round(per_class.get(c, 0.0), 4) for c in PROFILE_CLASSES},
+            "top_kernels_ms": [(n, round(ms, 4)) for n, ms in top]}
+
+
+# -- estimate: the batch each plan fits, from the shapes --
+
+def _bytes_per_param(fmt: str) -> float:
+    return {"bf16": 2.0, "nvfp4": 0.5 + 1 / 16, "mxfp4": 0.5 + 1 / 32}.get(fmt, 1.0)   # fp8: 1 B (+ row scales)
+
+
+def estimate_batches(args, context_gib: float = 0.7) -> list[dict]:
+    """Per plan: device bytes of the rollout weights (FP4 experts: kernel layout, plus the reference codes
+    unless offloaded), the free memory left on a `--gpu-gib` device (minus `context_gib`, the CUDA context and
+    allocator slack call 1 measured: 139.8 - 82.3 free - 56.8 bf16 weights), and the batch `_fit` would take."""
+    from trace_rl.plan import PrecisionPlan
+
+    c = _config(args)
+    h, moe = c.hidden_size, len(c.moe_layers())
+    expert_params = 3 * c.num_experts * c.moe_intermediate_size * h * moe
+    attn = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim * h + c.num_heads * c.head_dim * h
+    dense_mlp = 3 * c.intermediate_size * h * (c.num_layers - moe)
+    embed = c.vocab_size * h * (1 if c.tie_word_embeddings else 2)
+    p, r = args.prompt_len, args.response_len
+    out = []
+    for name in [x for x in args.plans.split(",") if x]:
+        plan = PrecisionPlan.preset(name)
+        wf = plan.rollout_weights
+        kv = bm.kv_bytes_per_token(plan.kv_cache, c.num_layers, c.num_kv_heads, c.head_dim)
+        capacity = math.ceil((p + r) / 256) * 256
+        per_seq = capacity * (kv + 2 * moe * c.num_experts_per_tok) + 40 * c.vocab_size
+        experts = expert_params * _bytes_per_param(wf)
+        dense = (attn * c.num_layers + dense_mlp) * _bytes_per_param(wf) + embed * 2
+        row = {"plan": name, "dense_GB": dense / 1e9, "experts_GB": experts / 1e9}
+        for offload in (False, True):
+            resident = dense + experts * (2 if wf in ("nvfp4", "mxfp4") and not offload else 1)
+            free = args.gpu_gib * 2**30 - context_gib * 2**30 - resident
+            fit = int((free - args.reserve_gb * 2**30) // per_seq)
+            row["offloaded" if offload else "kept"] = {"free_GiB": free / 2**30,
+                                                       "batch": min(fit, args.prompts * args.group)}
+        out.append(row)
+        print(f"estimate {name:<9} weights {dense / 1e9:.1f}+{experts / 1e9:.1f} GB, B={row['kept']['batch']} "
+              f"(reference kept) B={row['offloaded']['batch']} (offloaded)", flush=True)
+    return out
 
 
 if __name__ == "__main__":

@@ -53,6 +53,7 @@ from torch import nn
 from trace_rl.backends.base import PackedWeight
 from trace_rl.backends.registry import backend_for_format
 from trace_rl.formats import QTensor
+from trace_rl.op_ranges import op_range
 
 log = logging.getLogger("trace_rl.backends.grouped_linear")
 
@@ -129,7 +130,8 @@ def fp8_grouped(x: torch.Tensor, ends: torch.Tensor, codes: torch.Tensor, scale_
     Rows past ends[-1]: unspecified."""
     from trace_rl.formats import get_format
 
-    qa = get_format(act_fmt).quantize(x)
+    with op_range("quantization"):
+        qa = get_format(act_fmt).quantize(x)
     y = torch._scaled_grouped_mm(qa.codes, codes.transpose(1, 2), qa.scales.reshape(-1).float(), scale_b,
                                  offs=ends, out_dtype=torch.bfloat16)
     return y.to(x.dtype)

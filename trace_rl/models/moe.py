@@ -42,6 +42,7 @@ from trace_rl.backends.registry import backend_for_format
 from trace_rl.formats import get_format
 from trace_rl.models.config import ModelConfig
 from trace_rl.models.grouped import gather_rows, permute, unpermute
+from trace_rl.op_ranges import op_range
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 FUSABLE = ("bf16", "fp8_e4m3:row", "fp8_e5m2:row", "mxfp4")   # as models.linear.FUSABLE_WEIGHT_FORMATS
@@ -155,9 +156,15 @@ class Experts(nn.Module):
     # -- forward --
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """x [N, H], ids/weights [N, k] -> [N, H]."""
-        perm = permute(ids, self.num_experts, self._align(x))
+        with op_range("permute"):
+            perm = permute(ids, self.num_experts, self._align(x))
         if self.rollout is not None:
-            return unpermute(self._rollout_forward(gather_rows(x, perm), perm.ends), perm, weights)
+            with op_range("permute"):
+                xs = gather_rows(x, perm)
+            with op_range("experts"):
+                ys = self._rollout_forward(xs, perm.ends)
+            with op_range("unpermute"):
+                return unpermute(ys, perm, weights)
         if self.trainer_mode != "bf16" and self.is_quantized:
             return unpermute(self._aligned_forward(x, perm), perm, weights)
         gate, up = grouped_mm(gather_rows(x, perm), self.gate_up_proj, perm.ends).chunk(2, dim=-1)
@@ -169,7 +176,9 @@ class Experts(nn.Module):
             gate, up = r["gate_up"](xs, ends).chunk(2, dim=-1)
         else:
             gate, up = r["gate"](xs, ends), r["up"](xs, ends)
-        return r["down"](F.silu(gate) * up, ends)
+        with op_range("activation"):
+            h = F.silu(gate) * up
+        return r["down"](h, ends)
 
     def _aligned_forward(self, x: torch.Tensor, perm) -> torch.Tensor:
         """Trainer `aligned`/`guided`: weights per expert and activations per token fake-quantized to the
@@ -227,21 +236,23 @@ class MoEBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, h = x.shape
         flat = x.reshape(-1, h)
-        logits = self.gate(flat)
-        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-        own = torch.topk(probs, self.top_k, dim=-1).indices
-        ids = own
-        if self.replay is not None:
-            replay_ids, valid = self.replay
-            if tuple(replay_ids.shape) != (b, t, self.top_k):
-                raise ValueError(f"router replay for layer {self.layer_idx}: records of shape "
-                                 f"{tuple(replay_ids.shape)} for a forward of [{b}, {t}] tokens x top-{self.top_k}; "
-                                 f"the records must come from the same rows, packed as pack_full lays them out")
-            ids = torch.where(valid.reshape(-1, 1), replay_ids.reshape(-1, self.top_k).long(), own)
-        weights = probs.gather(1, ids)
-        if self.norm_topk_prob:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        weights = weights.to(logits.dtype)
+        with op_range("router"):
+            logits = self.gate(flat)
+            probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+            own = torch.topk(probs, self.top_k, dim=-1).indices
+            ids = own
+            if self.replay is not None:
+                replay_ids, valid = self.replay
+                if tuple(replay_ids.shape) != (b, t, self.top_k):
+                    raise ValueError(f"router replay for layer {self.layer_idx}: records of shape "
+                                     f"{tuple(replay_ids.shape)} for a forward of [{b}, {t}] tokens x "
+                                     f"top-{self.top_k}; the records must come from the same rows, packed as "
+                                     f"pack_full lays them out")
+                ids = torch.where(valid.reshape(-1, 1), replay_ids.reshape(-1, self.top_k).long(), own)
+            weights = probs.gather(1, ids)
+            if self.norm_topk_prob:
+                weights = weights / weights.sum(dim=-1, keepdim=True)
+            weights = weights.to(logits.dtype)
         if self.track_routing:
             self.own_ids = own.view(b, t, self.top_k)
         if self.collect_router_logits:
