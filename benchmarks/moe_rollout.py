@@ -422,7 +422,10 @@ def profile_decode(engine, batch: int, length: int, sampling=(1.0, 0, 1.0)) -> d
     events = list(prof.events())
     cpu = {e.id: e for e in events if e.device_type == DeviceType.CPU}
     per_class, per_kernel = defaultdict(float), defaultdict(float)
-    kernels = [e for e in events if e.device_type == DeviceType.CUDA]
+    from trace_rl.op_ranges import PREFIX
+
+    # GPU-side spans of the op ranges (gpu_user_annotation) are no kernels: counting them counts twice
+    kernels = [e for e in events if e.device_type == DeviceType.CUDA and not e.name.startswith(PREFIX)]
     for k in kernels:
         ms = (k.time_range.end - k.time_range.start) / 1e3
         per_class[kernel_class(_op_range(cpu.get(getattr(k, "linked_correlation_id", 0))), k.name)] += ms
