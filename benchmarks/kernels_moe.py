@@ -339,13 +339,11 @@ def moe_chain(batches: list[int], log, deadline: float) -> list:
     CUDA graph, per plan: bf16 (`torch._grouped_mm`), W4A16, W4A4 as the rollout runs it today (gather, then the
     grouped linear with its quantize launch, torch SiLU * up) and W4A4 with the producers fused into the
     quantizer (`quantize_dequant_bf16(src_rows=...)`, `(silu_mul=True)`, then the grouped kernel on the
-    pre-quantized rows)."""
+    pre-quantized rows: `fp4_grouped_linear(src_rows=...)`, `(silu_mul=True)`)."""
     import torch.nn.functional as F
 
     from trace_rl.backends.fp4 import prepare_expert_weights
-    from trace_rl.kernels.fp4_grouped import fp4_grouped_matmul
     from trace_rl.kernels.linear import fp4_grouped_linear, hopper_weight
-    from trace_rl.kernels.row_quantize import quantize_dequant_bf16
     from trace_rl.kernels.swiglu import silu_mul
     from trace_rl.models.grouped import gather_rows, permute
 
@@ -370,8 +368,7 @@ def moe_chain(batches: list[int], log, deadline: float) -> list:
         plans = {"bf16_grouped_mm": bf16}
         for fmt in ("nvfp4", "mxfp4"):
             gu, dn = prepare_expert_weights(w_gu, fmt), prepare_expert_weights(w_d, fmt)
-            lgu, ldn = hopper_weight(gu), hopper_weight(dn)
-            act = "nvfp4:row" if fmt == "nvfp4" else "mxfp4"
+            hopper_weight(gu), hopper_weight(dn)                     # derive the layouts now
 
             def a16(x=x, perm=perm, off=off, gu=gu, dn=dn):
                 g, u = fp4_grouped_linear(gather_rows(x, perm), off, gu).chunk(2, dim=-1)
@@ -384,11 +381,9 @@ def moe_chain(batches: list[int], log, deadline: float) -> list:
                 g, u = fp4_grouped_linear(gather_rows(x, perm), off, gu, fmt, fuse_act_quant=False).chunk(2, dim=-1)
                 return fp4_grouped_linear(F.silu(g) * u, off, dn, fmt, fuse_act_quant=False)
 
-            def a4_fused_producers(x=x, perm=perm, off=off, lgu=lgu, ldn=ldn, act=act):
-                xq, rs = quantize_dequant_bf16(x, act, src_rows=perm.token_of_row)
-                h = fp4_grouped_matmul(xq, off, lgu, rs, zero_tail=True)
-                hq, rs2 = quantize_dequant_bf16(h, act, silu_mul=True)
-                return fp4_grouped_matmul(hq, off, ldn, rs2, zero_tail=True)
+            def a4_fused_producers(x=x, perm=perm, off=off, gu=gu, dn=dn, fmt=fmt):
+                h = fp4_grouped_linear(x, off, gu, fmt, fuse_act_quant=False, src_rows=perm.token_of_row)
+                return fp4_grouped_linear(h, off, dn, fmt, fuse_act_quant=False, silu_mul=True)
             plans.update({f"{fmt}_w4a16": a16, f"{fmt}_w4a16_swiglu": a16_swiglu, f"{fmt}_w4a4_today": a4_today,
                           f"{fmt}_w4a4_fused_producers": a4_fused_producers})
             try:

@@ -82,3 +82,24 @@ def test_in_kernel_act_quant_matches_separate_quantizer(fmt, device, gen):
     assert torch.equal(fused.isnan(), separate.isnan()) and fused[7].isnan().any()
     assert torch.equal(fused.nan_to_num(0.0), separate.nan_to_num(0.0))
     assert not fused[2].any()
+
+
+@pytest.mark.parametrize("act", ["bf16", "nvfp4"])
+def test_grouped_linear_with_fused_producers(act, device, gen):
+    """`src_rows` (the experts' permute) and `silu_mul` (SwiGLU) as producers of the grouped input give what
+    running them first gives: W4A4 fuses them into the quantize launch, W4A16 runs them ahead."""
+    from trace_rl.kernels.swiglu import silu_mul
+
+    E, N, K = 3, 40, 96
+    experts = prepare_expert_weights(torch.randn(E, N, K, generator=gen), "nvfp4")
+    experts = experts.__class__("nvfp4", N, K, q=experts.q.to(device))
+    offsets = torch.tensor([0, 4, 4, 9], dtype=torch.int32, device=device)
+    tokens = torch.randn(5, K, generator=gen).to(torch.bfloat16).to(device)
+    src = torch.tensor([4, 0, 2, 5, 1, 3, 3, 0, 2, 1], device=device)              # 5 = a zero row; row 9 unused
+    gathered = torch.cat([tokens, tokens.new_zeros(1, K)])[src]
+    want = fp4_grouped_linear(gathered, offsets, experts, act)
+    got = fp4_grouped_linear(tokens, offsets, experts, act, src_rows=src)
+    assert got.shape == (10, N) and torch.equal(got, want)
+    gate_up = (2 * torch.randn(10, 2 * K, generator=gen)).to(torch.bfloat16).to(device)
+    assert torch.equal(fp4_grouped_linear(gate_up, offsets, experts, act, silu_mul=True),
+                       fp4_grouped_linear(silu_mul(gate_up), offsets, experts, act))

@@ -102,28 +102,42 @@ def fp4_linear_prequantized(xq: torch.Tensor, row_scale: torch.Tensor | None, pa
 
 def fp4_grouped_linear(x_sorted: torch.Tensor, expert_offsets: torch.Tensor, experts, act_fmt: str = "bf16",
                        bias: torch.Tensor | None = None, config: GemmConfig | None = None,
-                       fuse_act_quant: bool | None = None) -> torch.Tensor:
+                       fuse_act_quant: bool | None = None, src_rows: torch.Tensor | None = None,
+                       silu_mul: bool = False) -> torch.Tensor:
     """Mixture-of-experts linear in one launch: rows of `x_sorted` [R, K] (tokens sorted by expert; a token
     routed to k experts appears k times) offsets[e] <= r < offsets[e + 1] go through expert e of `experts`
     (a PackedWeight with q [E, N, K], `backends.fp4.prepare_expert_weights`). `expert_offsets` int32 [E + 1]
     on the device. W4A16 (act_fmt "bf16") or W4A4 (act_fmt == experts.fmt, tokens quantized per row).
     Rows >= offsets[E] come back as zeros. Returns [R, N] in x's dtype; `bias` [E, N] or None.
     W4A4: `fuse_act_quant` quantizes the activations inside the grouped kernel (one launch) instead of a
-    separate quantize launch; same codes and scales either way. None: `fp4_grouped.FUSE_ACT_QUANT`."""
+    separate quantize launch; same codes and scales either way. None: `fp4_grouped.FUSE_ACT_QUANT`.
+    Producers of the rows, fused into the W4A4 quantize launch (W4A16: run first), same result as running them:
+    - `src_rows` [R] int64: `x_sorted` holds the tokens [T, K] and row r is token src_rows[r] (T: a zero row),
+      i.e. `models.grouped.gather_rows` (Permutation.token_of_row);
+    - `silu_mul`: `x_sorted` is [R, 2K] (gate | up) and the rows are SiLU(gate) * up (`swiglu.silu_mul`)."""
     from trace_rl.kernels.fp4_grouped import FUSE_ACT_QUANT, fp4_grouped_matmul
 
     if experts.q is None or len(experts.q.shape) != 3:
         raise ValueError("fp4_grouped_linear: `experts` must hold [E, N, K] weights "
                          "(backends.fp4.prepare_expert_weights)")
-    K = x_sorted.shape[-1]
+    if src_rows is not None and silu_mul:
+        raise ValueError("fp4_grouped_linear: src_rows (the permute) and silu_mul (the SwiGLU) are different "
+                         "producers; pass one")
+    K = x_sorted.shape[-1] // 2 if silu_mul else x_sorted.shape[-1]
     _check(experts, act_fmt, K)
-    row_scale, act_quant = None, None
     fuse = FUSE_ACT_QUANT if fuse_act_quant is None else fuse_act_quant
-    if act_fmt == "bf16" or fuse:
-        xb = x_sorted.to(torch.bfloat16)
-        xb = xb if xb.stride(-1) == 1 else xb.contiguous()
-        act_quant = None if act_fmt == "bf16" else per_token(act_fmt)
-    else:
-        xb, row_scale = quantize_dequant_bf16(x_sorted.contiguous(), per_token(act_fmt))
-    return fp4_grouped_matmul(xb, expert_offsets, hopper_weight(experts), row_scale, bias, x_sorted.dtype, config,
+    if act_fmt != "bf16" and not fuse:     # the quantize launch, producers fused in
+        xb, row_scale = quantize_dequant_bf16(x_sorted.contiguous(), per_token(act_fmt), src_rows, silu_mul)
+        return fp4_grouped_matmul(xb, expert_offsets, hopper_weight(experts), row_scale, bias, x_sorted.dtype,
+                                  config, zero_tail=True)
+    if src_rows is not None:
+        x_sorted = torch.cat([x_sorted, x_sorted.new_zeros(1, K)])[src_rows]
+    elif silu_mul:
+        from trace_rl.kernels.swiglu import silu_mul as _silu_mul
+
+        x_sorted = _silu_mul(x_sorted)
+    xb = x_sorted.to(torch.bfloat16)
+    xb = xb if xb.stride(-1) == 1 else xb.contiguous()
+    act_quant = None if act_fmt == "bf16" else per_token(act_fmt)   # W4A4 quantized in the grouped kernel
+    return fp4_grouped_matmul(xb, expert_offsets, hopper_weight(experts), None, bias, x_sorted.dtype, config,
                               act_quant=act_quant, zero_tail=True)
