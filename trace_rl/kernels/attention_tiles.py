@@ -117,14 +117,15 @@ def _token_pairs(t0, KHA: tl.constexpr, KL: tl.constexpr):
 
 
 @triton.jit
-def _vt_fp8(x, t0, t_hi, T: tl.constexpr, DV: tl.constexpr, KL: tl.constexpr, MODE: tl.constexpr,
-            MASKED: tl.constexpr):
+def _vt_fp8(x, T: tl.constexpr, DV: tl.constexpr, KL: tl.constexpr, MODE: tl.constexpr):
+    """FP8 V^T words -> [DV, T]. The last tile needs no mask here: an E4M3 code always decodes to a finite value
+    (<= 480; NaN/Inf are flagged by the row scale), and a masked token's row factor loads as 0, so its
+    probability x factor is 0 and so is every product with its (stale) values. Masking the codes instead
+    (x & half-mask) put the decoded tile in a layout the MMA cannot take from registers: Triton sent it
+    through shared memory (STS + LDSM), the one structural difference from the FP4 tail, and with cp.async
+    pipelining (2-3 stages) that tail read wrong values on the H200."""
     KHA: tl.constexpr = T // (16 * KL)
     x = tl.reshape(x, [KHA, DV // 128, 4, 8, 4, KL, 2, 2])                         # kh, mw, w, g, tq, kl, h, ml
-    if MASKED:
-        tp = _token_pairs(t0, KHA, KL)[:, None, None, None, None, :, :, None]
-        tp = tp + 2 * tl.arange(0, 4)[None, None, None, None, :, None, None, None]
-        x = x & _half_mask(tp, t_hi)
     a_lo, a_hi, b_lo, b_hi = fp8_words(x, MODE)
     y = tl.join(tl.join(a_lo, a_hi), tl.join(b_lo, b_hi))                          # [..., l, hr]
     # kh0 mw1 w2 g3 tq4 kl5 h6 ml7 l8 hr9 -> rows (mw, ml, w, hr, g), cols (kh, kl, h, tq, l)
@@ -181,7 +182,7 @@ def _vt_tile(vc_ptr, vs_ptr, hp, r0, t0, t_hi, HKV: tl.constexpr, D: tl.constexp
         vt = tl.trans(v)
     elif KV_FMT == 1:
         ptrs = (vc_ptr + hp * (PAGE * DV // 4))[:, None] + (r0 * (DV // 4) + tl.arange(0, RP * DV // 4))[None, :]
-        vt = _vt_fp8(tl.load(ptrs), t0, t_hi, T, DV, KL, MODE, MASKED)
+        vt = _vt_fp8(tl.load(ptrs), T, DV, KL, MODE)
     else:
         G: tl.constexpr = 16 if KV_FMT == 2 else 32
         ptrs = (vc_ptr + hp * (PAGE * DV // 8))[:, None] + (r0 * (DV // 8) + tl.arange(0, RP * DV // 8))[None, :]

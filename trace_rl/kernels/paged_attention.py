@@ -13,7 +13,8 @@ the scores (K) and the probabilities (V), not the elements. bf16 caches keep the
 are read through shared memory (both MMA operands from `wgmma` descriptors).
 
 Full tiles run unmasked; the last (partial) tile of a split masks tokens past the sequence (their
-scores -inf, their V values zeroed so that stale NaN in a reused page cannot leak in). Split-KV only
+scores -inf, their per-token factors 0; FP4 V block scales zeroed so that a stale NaN scale in a reused
+page cannot leak in, while FP8 codes always decode finite and need no mask). Split-KV only
 when B x kv heads is small (`choose_splits`): programs then write float32 partials, merged in a fixed
 order by a second kernel (deterministic); with one split the output is written directly.
 """
