@@ -78,7 +78,7 @@ def loop_body(sass: str) -> list[str]:
 
 def attention_loop(kv_format: str, block_t: int | None = None, stages: int | None = None, num_warps: int = 4,
                    head_dim: int = 128, page: int = 64, group: int = 4, kv_heads: int = 8,
-                   maxnreg: int | None = 0) -> LoopReport:
+                   maxnreg: int | None = 0, split: bool = True) -> LoopReport:
     """Compile the decode-attention kernel for one configuration (default: the shipped one) and summarise its
     main loop."""
     from trace_rl.kernels.paged_attention import DEFAULTS, _decode_attention_kernel
@@ -98,7 +98,7 @@ def attention_loop(kv_format: str, block_t: int | None = None, stages: int | Non
     dv = head_dim if fmt == 0 else L.v_rows(head_dim)
     n = max(16, 1 << (group - 1).bit_length())
     consts = dict(HKV=kv_heads, D=head_dim, DV=dv, GROUP=group, N=n, PAGE=page, LOG2_PAGE=page.bit_length() - 1,
-                  KV_FMT=fmt, BLOCK_T=block_t, MODE=1, DOT_F32=False, SPLIT=True)
+                  KV_FMT=fmt, BLOCK_T=block_t, MODE=1, DOT_F32=False, SPLIT=split)
     sass, usage = compile_sass(_decode_attention_kernel, sig, consts, divisible, num_warps, stages, maxnreg)
     body = loop_body(sass)
     text = "\n".join(body)
