@@ -255,8 +255,9 @@ def time_shape(cls: str, batch: int, ctx: int, fmt: str, configs: list, read_bw:
     import torch
 
     from trace_rl.formats.paged_kv import default_block_size
+    from trace_rl.kernels.attention_config import choose_splits
     from trace_rl.kernels.attention_reference import decode_attention_reference
-    from trace_rl.kernels.paged_attention import choose_splits, decode_attention
+    from trace_rl.kernels.paged_attention import decode_attention
 
     hkv = CLASSES[cls]
     page = default_block_size(fmt)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from trace_rl.formats import kv_layout as L
 
-SHIPPED = ("bf16", "fp8_e4m3", "nvfp4", "mxfp4")   # paged_attention.DEFAULTS, Qwen3-8B heads, pages of 64
+SHIPPED = ("bf16", "fp8_e4m3", "nvfp4", "mxfp4")   # attention_config.TILES, Qwen3-8B heads, pages of 64
 # SASS per K/V element in the loop (Triton 3.6). nvfp4 decodes 8 values in ~11 LOP3/SHF + 4 HMUL2; mxfp4
 # needs 4 more HMUL2 (its 2**125 bias: E8M0's range does not fit one bf16 factor), +0.25 per element, and
 # the register cap of the shipped config costs ~0.1 more (the issue's 3.5 is missed there: 3.68); fp8
@@ -76,16 +76,18 @@ def loop_body(sass: str) -> list[str]:
     return [ln for ln, a in zip(lines, addr) if best[1] <= a <= best[2]]
 
 
-def attention_loop(kv_format: str, block_t: int | None = None, stages: int | None = None, num_warps: int = 4,
+def attention_loop(kv_format: str, block_t: int | None = None, stages: int | None = None,
+                   num_warps: int | None = None,
                    head_dim: int = 128, page: int = 64, group: int = 4, kv_heads: int = 8,
                    maxnreg: int | None = 0, split: bool = True) -> LoopReport:
     """Compile the decode-attention kernel for one configuration (default: the shipped one) and summarise its
     main loop."""
-    from trace_rl.kernels.paged_attention import DEFAULTS, _decode_attention_kernel
+    from trace_rl.kernels.attention_config import TILES
+    from trace_rl.kernels.paged_attention import _decode_attention_kernel
 
-    d_block, d_stages, d_maxnreg, _ = DEFAULTS[kv_format]
-    block_t, stages = block_t or d_block, stages or d_stages
-    maxnreg = d_maxnreg if maxnreg == 0 else maxnreg
+    cfg = TILES[kv_format]
+    block_t, stages, num_warps = block_t or cfg.block_t, stages or cfg.num_stages, num_warps or cfg.num_warps
+    maxnreg = cfg.maxnreg if maxnreg == 0 else maxnreg
     fmt = _FMT_ID[kv_format]
     cache = "*bf16" if fmt == 0 else "*i32"
     factor = "*bf16" if fmt == 0 else "*fp32"
@@ -137,7 +139,7 @@ def main() -> None:
         kw = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
         print(json.dumps(dataclasses.asdict(attention_loop(sys.argv[2], **kw))))
         return
-    print(f"Triton {triton.__version__}, sm_90, Qwen3-8B heads, pages of 64, paged_attention.DEFAULTS")
+    print(f"Triton {triton.__version__}, sm_90, Qwen3-8B heads, pages of 64, attention_config.TILES")
     for fmt in SHIPPED:
         r = attention_loop(fmt)
         print(f"{fmt:9} {r.instructions:5d} instr/loop  {r.per_element:.2f} per K/V element (budget {BUDGET[fmt]})  "

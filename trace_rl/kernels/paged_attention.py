@@ -27,6 +27,7 @@ import triton.language as tl
 
 from trace_rl.formats import kv_layout as L
 from trace_rl.formats.paged_kv import PagedKV
+from trace_rl.kernels.attention_config import SPLIT_BELOW_PROGRAMS_PER_SM, TILES, choose_splits
 from trace_rl.kernels.attention_tiles import _k_tile, _low_half, _pad_half, _page_heads, _row_factor, _vt_tile
 from trace_rl.kernels.fp_bits import dot_acc
 from trace_rl.kernels.kv_decode import DECODE_ASM, DECODE_PURE
@@ -34,15 +35,6 @@ from trace_rl.kernels.kv_decode import DECODE_ASM, DECODE_PURE
 KV_BF16, KV_FP8, KV_NVFP4, KV_MXFP4 = 0, 1, 2, 3
 KV_FORMAT_IDS = {"bf16": KV_BF16, "fp8_e4m3:row": KV_FP8, "nvfp4:row": KV_NVFP4, "mxfp4": KV_MXFP4}
 LOG2E = 1.4426950408889634
-
-# Launch defaults per cache format (H200 sweep, benchmarks/results/attention_h200_run2.json, Qwen3-8B heads):
-# (block_t, num_stages, maxnreg, programs_per_sm). FP4: 128-token tiles, 3 stages, registers capped at 168
-# (3 CTAs per SM instead of 2: +20-25% over the uncapped kernel, no spills); splits up to ~4 programs/SM.
-# fp8: one stage: with cp.async pipelining (2-3 stages) the masked last tile of a split read wrong data on
-# the H200 when it held a whole valid page (run 3 of that session; compute-sanitizer clean, not found yet).
-DEFAULTS = {"bf16": (64, 2, None, 2.0), "fp8_e4m3": (128, 1, None, 2.0), "nvfp4": (128, 3, 168, 4.0),
-            "mxfp4": (128, 3, 168, 4.0)}
-
 
 @triton.jit
 def _tile(q_t, m_i, l_acc, acc, kc, ks, kg, vc, vs, vg, bt_row, h, t0, t_hi, qk_scale,
@@ -164,15 +156,6 @@ def _merge_splits_kernel(part_ptr, ml_ptr, out_ptr, stride_ob, stride_oh, HQ: tl
     tl.store(out_ptr + b.to(tl.int64) * stride_ob + head * stride_oh + d, out.to(out_ptr.dtype.element_ty))
 
 
-def choose_splits(batch: int, kv_heads: int, capacity: int, block_t: int, sms: int,
-                  programs_per_sm: float = 2.0) -> int:
-    """Split the context only when B x kv heads programs cannot fill the GPU (>= programs_per_sm per SM);
-    never below 4 tiles per split."""
-    programs = batch * kv_heads
-    want = max(1, -(-int(programs_per_sm * sms) // programs))
-    return max(1, min(want, capacity // (4 * block_t)))
-
-
 def _check(q, k: PagedKV, v: PagedKV, block_table, seq_lens):
     B, Hq, D = q.shape
     if k.fmt != v.fmt or k.fmt not in KV_FORMAT_IDS:
@@ -213,10 +196,11 @@ def _cache_args(c: PagedKV):
 
 def decode_attention(q: torch.Tensor, k: PagedKV, v: PagedKV, block_table: torch.Tensor, seq_lens: torch.Tensor,
                      scale: float, *, block_t: int | None = None, splits: int | None = None,
-                     decode: int | None = None, num_warps: int = 4, num_stages: int | None = None,
+                     decode: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
                      programs_per_sm: float | None = None, maxnreg: int | None = 0) -> torch.Tensor:
-    """Kernel version of `decode_attention_reference` (same signature); keyword tiles for benchmarks
-    (None / 0: the format's `DEFAULTS`; maxnreg=None: no register cap)."""
+    """Kernel version of `decode_attention_reference` (same signature). The launch follows
+    `attention_config` (tile per format, splits per shape); the keywords override it for benchmarks
+    (None / 0: the configured value; maxnreg=None: no register cap)."""
     from trace_rl.kernels import interpreting
 
     _check(q, k, v, block_table, seq_lens)
@@ -224,11 +208,12 @@ def decode_attention(q: torch.Tensor, k: PagedKV, v: PagedKV, block_table: torch
     hkv, page = k.heads, k.block_size
     fmt_id = KV_FORMAT_IDS[k.fmt]
     interp = interpreting()
-    d_block, d_stages, d_maxnreg, d_pps = DEFAULTS[k.kv_format]
-    block_t = block_t or (64 if interp else d_block)
-    num_stages = num_stages or d_stages
-    maxnreg = d_maxnreg if maxnreg == 0 else maxnreg
-    programs_per_sm = programs_per_sm or d_pps
+    cfg = TILES[k.kv_format]
+    block_t = block_t or (64 if interp else cfg.block_t)
+    num_warps = num_warps or cfg.num_warps
+    num_stages = num_stages or cfg.num_stages
+    maxnreg = cfg.maxnreg if maxnreg == 0 else maxnreg
+    programs_per_sm = programs_per_sm or SPLIT_BELOW_PROGRAMS_PER_SM[k.kv_format]
     if block_t % page and page % block_t:
         raise ValueError(f"decode_attention: block_t={block_t} and the page size {page} must divide one another")
     capacity = block_table.shape[1] * page               # static bound on lengths: no host sync (CUDA graphs)
