@@ -404,6 +404,30 @@ def gpu_main(args) -> None:
     save()
 
 
+def print_tables(path: str) -> None:
+    """Markdown rows of a results file: per shape and format the shipped launch and the best checked one."""
+    res = json.load(open(path))
+    print(f"read ceiling {res.get('read_TBps', float('nan')):.2f} TB/s; {res.get('check_summary', '')}")
+    print("| shape | B x L | SDPA (us, backend) | format | shipped: us (x SDPA; of read BW) | best: config, splits, us "
+          "(x SDPA; of read BW) |")
+    print("|---|---|---|---|---|---|")
+    for r in res["rows"]:
+        sd = res["sdpa"].get(f"{r['cls']}_{r['batch']}x{r['context']}", {})
+
+        def cell(x):
+            if not x or "us" not in x:
+                return "wrong" if x and x.get("wrong") else "-"
+            return f"{x['us']:.0f} ({x.get('x_sdpa', float('nan')):.2f}x; {x['bw_frac']:.2f})"
+        best = r.get("best")
+        print(f"| {r['cls']} | {r['batch']} x {r['context']} | {sd.get('best_us', float('nan')):.0f} "
+              f"({sd.get('best')}) | {r['format']} | {cell(r.get('default'))} | "
+              + (f"{best['config']}, {best['splits']}, {cell(best)}" if best else "-") + " |")
+    wrong = [(r["format"], r["batch"], r["context"], x["config"], x["splits"]) for r in res["rows"]
+             for x in r.get("runs", []) if x.get("wrong") or "error" in x]
+    bad = [(c["format"], c["cls"], c["config"]) for c in res.get("checks", []) if not c.get("ok")]
+    print(f"wrong or failed at the timed shapes: {wrong or 'none'}; failed ragged checks: {bad or 'none'}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--compile-check", action="store_true", help="compile every config for sm_90 (no GPU needed)")
@@ -413,11 +437,14 @@ def main() -> None:
     ap.add_argument("--check-seconds", type=float, default=50.0, help="the check phase ends by then")
     ap.add_argument("--only-defaults", action="store_true", help="time the shipped defaults only (a confirming run)")
     ap.add_argument("--deadline", type=float, default=105.0, help="seconds from start: timing stops by then")
+    ap.add_argument("--table", help="print the markdown summary of a results JSON and exit")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", help=argparse.SUPPRESS)
     ap.add_argument("--worker-deadline", type=float, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.worker:
+    if args.table:
+        print_tables(args.table)
+    elif args.worker:
         check_worker([(f, c, tuple(cfg)) for f, c, cfg in json.loads(args.worker)], args.worker_out,
                      args.worker_deadline)
     elif args.compile_check:
