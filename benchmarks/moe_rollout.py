@@ -191,6 +191,7 @@ def bench_rollout(args, plan_name: str, device, bw) -> dict:
     elif args.profile:
         try:
             profile = profile_decode(engine, batch, p + r - 1)
+            profile["graph_step_ms"] = steps[-1]["step_ms"]     # the same step, captured: gaps = graph - kernels
             print(f"profile {plan_name} B={batch} L={p + r - 1}: " + "  ".join(
                 f"{c}={ms:.2f}" for c, ms in profile["classes_ms"].items() if ms) +
                 f"  (kernels {profile['kernel_sum_ms']:.2f} ms, graph step {steps[-1]['step_ms']:.2f} ms)", flush=True)
@@ -392,8 +393,10 @@ def _op_range(evt) -> str | None:
     return None
 
 
-def kernel_class(range_name: str | None, kernel: str) -> str:
+def kernel_class(range_name: str | None, kernel: str, following: str = "") -> str:
     low = kernel.lower()
+    if range_name is None and "_quantize_rows" in low:    # one kernel quantizes both: before a GEMM, activations
+        return "act_quant" if any(k in following.lower() for k in ("gemm", "fp4", "grouped")) else "kv_write"
     if "quant" in low and range_name != "kv_write":       # activation quantization launched inside a linear
         return "act_quant"
     if range_name in _RANGE_CLASS:
@@ -425,10 +428,12 @@ def profile_decode(engine, batch: int, length: int, sampling=(1.0, 0, 1.0)) -> d
     from trace_rl.op_ranges import PREFIX
 
     # GPU-side spans of the op ranges (gpu_user_annotation) are no kernels: counting them counts twice
-    kernels = [e for e in events if e.device_type == DeviceType.CUDA and not e.name.startswith(PREFIX)]
-    for k in kernels:
+    kernels = sorted((e for e in events if e.device_type == DeviceType.CUDA and not e.name.startswith(PREFIX)),
+                     key=lambda e: e.time_range.start)
+    for i, k in enumerate(kernels):
         ms = (k.time_range.end - k.time_range.start) / 1e3
-        per_class[kernel_class(_op_range(cpu.get(getattr(k, "linked_correlation_id", 0))), k.name)] += ms
+        following = kernels[i + 1].name if i + 1 < len(kernels) else ""
+        per_class[kernel_class(_op_range(cpu.get(getattr(k, "linked_correlation_id", 0))), k.name, following)] += ms
         per_kernel[k.name[:80]] += ms
     top = sorted(per_kernel.items(), key=lambda kv: -kv[1])[:15]
     return {"batch": batch, "L": length, "attention_path": path, "kernels": len(kernels),
