@@ -135,8 +135,9 @@ class NativeEngine(RolloutEngine):
         if not all(ex.capturable(self.device, self.dtype) for ex in self.model.experts()):
             if cuda_graphs:
                 raise ValueError("these experts' grouped matmul reads group bounds on the host (the per-expert "
-                                 "loop: FP8 experts, or FP4 experts without the Triton kernels, or bf16 experts "
-                                 "where torch._grouped_mm does not run): use cuda_graphs=None/False")
+                                 "loop: FP8 experts where fp8_grouped does not run, see GroupedQuantLinear."
+                                 "fp8_why_not; FP4 experts without the Triton kernels; bf16 experts where "
+                                 "torch._grouped_mm does not run): use cuda_graphs=None/False")
             if self.device.type == "cuda":
                 log.info("decode runs without CUDA graphs: the experts' grouped matmul is not capturable here "
                          "(experts.loop)")
