@@ -113,6 +113,24 @@ def test_permute_groups_slots_by_expert(align, rng):
     assert torch.allclose(y, want, atol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int16])
+def test_unpadded_permute_equals_the_padded_construction(dtype, rng):
+    """align 1 takes the sort + searchsorted construction: the same rows, slots and ends as the general one,
+    with empty experts at both ends and in the middle."""
+    from trace_rl.models.grouped import _permute_padded
+
+    ids = torch.randint(1, 6, (23, 3), generator=rng)
+    ids[ids == 3] = 4                                        # experts 0, 3 and 7 get nothing
+    ids = ids.to(dtype)
+    fast, slow = permute(ids, 8, 1), _permute_padded(ids, 8, 1)
+    assert not fast.padded and slow.padded and fast.rows == slow.rows == 69
+    for name in ("token_of_row", "row_of_slot", "ends"):
+        a, b = getattr(fast, name), getattr(slow, name)
+        assert a.dtype == b.dtype and torch.equal(a, b), name
+    x = torch.randn(23, 5, generator=rng)
+    assert torch.equal(gather_rows(x, fast), gather_rows(x, slow))
+
+
 def test_grouped_paths_agree(rng):
     if not hasattr(torch, "_grouped_mm"):
         pytest.skip("torch has no _grouped_mm")

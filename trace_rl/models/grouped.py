@@ -27,6 +27,7 @@ class Permutation:
     ends: torch.Tensor            # [E] int32: end row (exclusive) of each expert's group
     num_tokens: int
     top_k: int
+    padded: bool = True           # False: align 1, every row is a slot (no zero padding row is read)
 
     @property
     def rows(self) -> int:
@@ -39,6 +40,24 @@ def buffer_rows(num_tokens: int, top_k: int, num_experts: int, align: int = 1) -
 
 def permute(ids: torch.Tensor, num_experts: int, align: int = 1) -> Permutation:
     """Sort the slots of `ids [N, k]` (expert ids in [0, E)) by expert; groups padded to `align` rows."""
+    if align == 1:
+        return _permute_unpadded(ids, num_experts)
+    return _permute_padded(ids, num_experts, align)
+
+
+def _permute_unpadded(ids: torch.Tensor, num_experts: int) -> Permutation:
+    """align 1: the stably sorted slots are the buffer, and a group ends where the sorted ids pass its expert
+    (searchsorted): the same Permutation as `_permute_padded(ids, E, 1)` in ~half the launches, which the
+    decode step of every FP4 MoE layer pays."""
+    n, k = ids.shape
+    keys, order = torch.sort(ids.reshape(-1), stable=True)
+    bounds = torch.arange(1, num_experts + 1, device=ids.device, dtype=keys.dtype)
+    ends = torch.searchsorted(keys, bounds, out_int32=True)       # slots with expert < e + 1
+    row_of_slot = torch.empty_like(order).scatter_(0, order, torch.arange(n * k, device=ids.device))
+    return Permutation(order // k, row_of_slot, ends, n, k, padded=False)
+
+
+def _permute_padded(ids: torch.Tensor, num_experts: int, align: int) -> Permutation:
     n, k = ids.shape
     flat = ids.reshape(-1).long()
     order = torch.argsort(flat, stable=True)                       # slots, grouped by expert
@@ -59,6 +78,8 @@ def permute(ids: torch.Tensor, num_experts: int, align: int = 1) -> Permutation:
 
 def gather_rows(x: torch.Tensor, perm: Permutation) -> torch.Tensor:
     """x [N, H] -> the buffer [rows, H]: each row its token's input, padding rows zero."""
+    if not perm.padded:
+        return x[perm.token_of_row]
     padded = torch.cat([x, x.new_zeros(1, x.shape[1])])
     return padded[perm.token_of_row]
 
