@@ -223,6 +223,11 @@ def test_offload_reference_keeps_the_kernel_layout(fmt, act, monkeypatch, rng):
     if DEV == "cuda":
         assert torch.cuda.memory_allocated() <= allocated - g.nbytes
     assert g.offload_reference() == 0 and hopper_weight(g.stacked()) is layout
+    codes = g.w_codes
+    g.to(DEV)                                  # an engine adopting the model moves it: the reference stays put
+    g._apply(lambda t: t.clone())              # (on CPU `.to` is a no-op: any buffer function leaves them alone)
+    assert g.w_codes is codes and g.w_codes.device.type == "cpu" and hopper_weight(g.stacked()) is layout
+    assert list(g._buffers) == ["w_codes", "w_scales", "w_global_scale"]           # state_dict order kept
     assert torch.equal(g(x, ends), before)
     g.load_weight(new)
     assert [t.data_ptr() for t in (layout.values, layout.scales, layout.row_factor)] == ptrs

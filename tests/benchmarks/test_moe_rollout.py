@@ -33,3 +33,18 @@ def test_kernel_classes():
     assert k("activation", "silu") == "activation" and k(None, "_add_rms_norm_kernel") == "norm"
     assert k("linear", "nvjet_tst_128x64") == k(None, "nvjet_tst_128x64") == "dense_gemm"
     assert k(None, "something_else") == "other"
+    assert k("linear", "reduce_kernel<512>") == k("experts", "AbsFunctor") == "act_quant"     # FP8 input quantization
+    assert k("experts", "Memset (Device)") == "other"
+
+
+class _Evt:
+    def __init__(self, name, start, end):
+        self.name, self.time_range = name, type("T", (), {"start": start, "end": end})()
+
+
+def test_span_ranges_take_the_innermost_enclosing_span():
+    spans = [_Evt("op:experts", 10, 50), _Evt("op:activation", 20, 30), _Evt("op:attention", 60, 70)]
+    kernels = [_Evt("a", 5, 8), _Evt("gemm", 10, 19), _Evt("silu", 20, 25), _Evt("mul", 25, 30),
+               _Evt("gemm2", 31, 50), _Evt("gap", 52, 55), _Evt("attn", 60, 70)]
+    assert mr.span_ranges(kernels, spans) == [None, "experts", "activation", "activation", "experts", None,
+                                             "attention"]

@@ -314,6 +314,17 @@ class GroupedQuantLinear(nn.Module):
         self.stacked().layout[LAYOUT_KEY] = layout
         return freed
 
+    def _apply(self, fn, recurse=True):
+        """`module.to(...)` / `.cuda()` move buffers: an offloaded reference stays in host memory (the engine
+        adopting a rollout model calls `model.to(device)`; moving the codes back would undo the offload)."""
+        if not self.offloaded:
+            return super()._apply(fn, recurse)
+        held = {n: self._buffers.pop(n) for n in ("w_codes", "w_scales", "w_global_scale")}
+        try:
+            return super()._apply(fn, recurse)
+        finally:
+            self._buffers.update(held)
+
     @torch.no_grad()
     def restore_reference(self) -> None:
         """Undo `offload_reference`: the reference codes back on the compute device (the layout is kept)."""
