@@ -26,8 +26,8 @@ device. Paths (recorded as `experts.<path>` in the backend's `paths`, never sile
   is derived on the first forward, or ahead of it with `derive_kernel_layout()`.
 - `fp8_grouped` (E4M3 weights per row or per tensor, E4M3 activations per token, where the fp8 backend's dense
   linears take `fp8.scaled_mm.rowwise`, on sm_90): `torch._scaled_grouped_mm` (CUTLASS, 2-D x 3-D with
-  `offs` = ends) over the stacked codes, scale_a [rows] (each row's per-token scale, quantized by the format
-  reference as the dense path does), scale_b [E, N], bf16 out, fp32 accumulation as `torch._scaled_mm`: the
+  `offs` = ends) over the stacked codes, scale_a [rows] (each row's per-token scale: the quantize kernel, bit for
+  bit the format reference the dense path runs), scale_b [E, N], bf16 out, fp32 accumulation as `torch._scaled_mm`: the
   same codes and scales as the per-expert loop, the sums in another order (<= 1 bf16 ulp apart). One launch
   plus the activation quantization ops, no host sync, CUDA-graph capturable. Groups aligned to 16 rows (16
   bytes of E4M3, as torchtitan aligns FP8 groups). Whether it runs here is probed once per device
@@ -125,13 +125,21 @@ def fp8_grouped_why_not(device: torch.device, weight_fmt: str, act_fmt: str, n: 
 def fp8_grouped(x: torch.Tensor, ends: torch.Tensor, codes: torch.Tensor, scale_b: torch.Tensor,
                 act_fmt: str = "fp8_e4m3:row") -> torch.Tensor:
     """Rows of x [R, K] sorted by expert through E4M3 expert weights `codes` [E, N, K] with per-row scales
-    `scale_b` [E, N] float32: each row quantized per token by the format reference (as the dense
-    `fp8.scaled_mm.rowwise` linear does), then one `torch._scaled_grouped_mm` (fp32 accumulation, bf16 out).
+    `scale_b` [E, N] float32: each row quantized per token (on CUDA by `kernels.row_quantize`, bit for bit the
+    format reference the dense `fp8.scaled_mm.rowwise` linear runs), then one `torch._scaled_grouped_mm` (fp32
+    accumulation, bf16 out).
     Rows past ends[-1]: unspecified."""
     from trace_rl.formats import get_format
 
     with op_range("quantization"):
-        qa = get_format(act_fmt).quantize(x)
+        if x.is_cuda and act_fmt == "fp8_e4m3:row":
+            # one Triton launch, the format reference's codes and scales bit for bit (call 2, H200: the
+            # reference's ~8 torch kernels per call took ~18 ms of an fp8 decode step over all linears)
+            from trace_rl.kernels.row_quantize import quantize as quantize_rows
+
+            qa = quantize_rows(x, act_fmt)
+        else:
+            qa = get_format(act_fmt).quantize(x)
     y = torch._scaled_grouped_mm(qa.codes, codes.transpose(1, 2), qa.scales.reshape(-1).float(), scale_b,
                                  offs=ends, out_dtype=torch.bfloat16)
     return y.to(x.dtype)
