@@ -313,15 +313,45 @@ def hf_vs_native(args, name: str, device, log) -> dict:
         hf = AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
     engine = HFEngine(hf, return_log_probs=False)
     engine.generate(prompts, short)
+    progress = _ForwardProgress(hf, batch, device, log, every=max(1, new // 8))
     hf_s = bm.wall_s(lambda: engine.generate(prompts, sampling), device)
+    progress.remove()
     hf_attention = getattr(hf.config, "_attn_implementation", None)
     free(engine, hf)
     res = {"model": model_name, "layers": config.num_layers, "batch": batch, "prompt_len": p, "new_tokens": new,
            "hf_s": hf_s, "native_s": ours_s, "native_first_run_s": warm_s, "native_graph_capture_s": capture_s,
            "hf_tokens_per_s": batch * new / hf_s, "native_tokens_per_s": batch * new / ours_s,
            "speedup": hf_s / ours_s, "speedup_vs_native_first_run": hf_s / warm_s,
-           "hf_attention": hf_attention}
+           "hf_attention": hf_attention, "hf_progress": progress.points}
     log(f"HF {model_name} B={batch} new={new}: HF {res['hf_tokens_per_s']:.0f} tok/s, native "
         f"{res['native_tokens_per_s']:.0f} tok/s ({res['speedup']:.1f}x; {res['speedup_vs_native_first_run']:.1f}x "
         f"against our first run, captures included)")
     return res
+
+
+class _ForwardProgress:
+    """Logs how many forward calls (one per generated token after the prefill) HF's `generate` has made and
+    when, every `every` calls: a run cut short by its time limit still leaves HF's rate in the log."""
+
+    def __init__(self, model: nn.Module, batch: int, device, log, every: int):
+        import time
+
+        self.batch, self.device, self.log, self.every, self.calls = batch, device, log, every, 0
+        self.points: list[tuple[int, float]] = []
+        self.start = time.perf_counter()
+        self.handle = model.register_forward_hook(self)
+
+    def __call__(self, module, args, output) -> None:
+        import time
+
+        self.calls += 1
+        if self.calls % self.every == 0:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - self.start
+            self.points.append((self.calls, seconds))
+            self.log(f"HF generate: {self.calls} forwards in {seconds:.1f} s "
+                     f"({self.batch * self.calls / seconds:.0f} tok/s so far)")
+
+    def remove(self) -> None:
+        self.handle.remove()
