@@ -1,7 +1,8 @@
 """Grouped (mixture-of-experts) FP4 GEMM at the MoE rollout's decode shapes: a config sweep with baselines, plus a
 small dense-GEMM sweep (issue 15, items 2-3).
 
-    python benchmarks/kernels_moe.py --out moe_sweep.json [--batches 128,409,512] [--dense] [--checks]
+    python benchmarks/kernels_moe.py --out moe_sweep.json [--batches 128,409,512] [--dense] [--chain] [--defaults]
+        [--checks tests/a.py,tests/b.py]
     python benchmarks/kernels_moe.py --compile-only      # CPU: compile every swept config for sm_90 (SASS/elem)
 
 Grouped: Qwen3-30B-A3B experts (hidden 2048, 128 experts of intermediate 768, top-8), gate+up [1536 x 2048] and
@@ -151,13 +152,25 @@ def _any_job(job):
     return _compile_one(job) if len(job) == 4 else _compile_job(job)
 
 
-def precompile_grouped(workers: int, dense_too: bool) -> list[str]:
+def precompile_grouped(workers: int, dense_too: bool, batches: list[int], sweep: bool = True) -> list[str]:
+    """Compile the variants this run times in `workers` processes (the disk cache is shared); with `sweep`
+    False only the launchers' defaults at these batches."""
     from concurrent.futures import ProcessPoolExecutor
 
-    jobs = [(f, t, tuple(c.__dict__.items())) for f, t, c in variants()
+    from trace_rl.kernels.fp4_gemm import default_config
+    from trace_rl.kernels.fp4_grouped import default_grouped_config
+
+    if sweep:
+        grouped = variants()
+        dense_cfgs = [c for M in DENSE_M for c in dense_configs(M)]
+    else:
+        defaults = {default_grouped_config(b * MOE["top_k"], MOE["experts"]) for b in batches}
+        grouped = [(f, t, c) for f in ("nvfp4", "mxfp4") for t in ("a16", "a4sep") for c in defaults]
+        dense_cfgs = [default_config(M, N, K) for M in DENSE_M for K, N in DENSE_SHAPES]
+    jobs = [(f, t, tuple(c.__dict__.items())) for f, t, c in grouped
             if not (t == "a4sep" and f == "mxfp4")]   # mxfp4 a4sep = the a16 binary (no row scale)
     dense = {tuple((n, 1 if n == "split_k" else v) for n, v in c.__dict__.items())
-             for M in DENSE_M for c in dense_configs(M)} if dense_too else set()
+             for c in dense_cfgs} if dense_too else set()
     ctx = __import__("multiprocessing").get_context("spawn")
     with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx) as pool:
         all_jobs = jobs + [("dense", "nvfp4", "bf16", c) for c in sorted(dense)]
@@ -271,7 +284,7 @@ def sweep_grouped(batches: list[int], read_bw: float, log, deadline: float, swee
     return rows_out
 
 
-def sweep_dense(read_bw: float, log, deadline: float) -> list:
+def sweep_dense(read_bw: float, log, deadline: float, sweep: bool = True) -> list:
     import torch.nn.functional as F
 
     from trace_rl.backends import PackedWeight
@@ -294,7 +307,7 @@ def sweep_dense(read_bw: float, log, deadline: float) -> list:
             ref = x.float() @ ref_w.T
             row = {"K": K, "N": N, "M": M}
             row["cublas_bf16_us"] = time_us([lambda w=w, x=x: F.linear(x, w) for w in w_bf16])
-            cands = [default_config(M, N, K)] + dense_configs(M)
+            cands = [default_config(M, N, K)] + (dense_configs(M) if sweep else [])
             res = []
             for i, c in enumerate(cands):
                 entry = {"cfg": [c.block_m, c.block_n, c.block_k, c.split_k, c.num_warps, c.num_stages],
@@ -406,6 +419,7 @@ def main() -> int:
     ap.add_argument("--out", default="moe_sweep.json")
     ap.add_argument("--batches", default="128,409,512")
     ap.add_argument("--dense", action="store_true", help="also the small dense sweep")
+    ap.add_argument("--defaults", action="store_true", help="only the launchers' default configs (no sweep)")
     ap.add_argument("--chain", action="store_true", help="also one MoE layer's experts per plan (moe_chain)")
     ap.add_argument("--checks", default="", help="comma-separated test files run (GPU) while kernels compile")
     ap.add_argument("--compile-only", action="store_true", help="CPU: compile every config for sm_90, no GPU")
@@ -442,7 +456,7 @@ def main() -> int:
         checks = subprocess.Popen([sys.executable, "-m", "pytest", *args.checks.split(","), "-q", "-p",
                                    "no:cacheprovider"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     t0 = time.time()
-    res["compile_errors"] = [] if SMOKE else precompile_grouped(args.jobs, args.dense)
+    res["compile_errors"] = [] if SMOKE else precompile_grouped(args.jobs, args.dense, batches, not args.defaults)
     res["compile_s"] = time.time() - t0
     log({"compile_s": res["compile_s"], "errors": res["compile_errors"][:5]})
     if checks is not None:
@@ -461,8 +475,8 @@ def main() -> int:
     log(res["ceilings"])
     read_bw = res["ceilings"]["read_TBps"] * 1e12
     for name, fn in (("chain", lambda: moe_chain(batches, log, deadline) if args.chain else []),
-                     ("grouped", lambda: sweep_grouped(batches, read_bw, log, deadline)),
-                     ("dense", lambda: sweep_dense(read_bw, log, deadline) if args.dense else [])):
+                     ("grouped", lambda: sweep_grouped(batches, read_bw, log, deadline, not args.defaults)),
+                     ("dense", lambda: sweep_dense(read_bw, log, deadline, not args.defaults) if args.dense else [])):
         try:
             res[name] = fn()
         except Exception:   # noqa: BLE001
