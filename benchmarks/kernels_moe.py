@@ -20,6 +20,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -41,7 +42,9 @@ GEMMS = (("gate_up", 2 * MOE["inter"], MOE["hidden"]), ("down", MOE["hidden"], M
 GROUPED_TILES = [(16, 128, 128, 4, 4), (32, 128, 128, 4, 3), (32, 128, 128, 4, 4), (32, 64, 128, 4, 4),
                  (16, 64, 128, 4, 4), (32, 256, 128, 8, 3), (64, 128, 128, 4, 3), (64, 128, 128, 8, 3),
                  (16, 128, 256, 4, 3), (32, 128, 256, 4, 3), (32, 128, 128, 8, 4), (16, 128, 128, 8, 4)]
-FUSED_TILES = [(16, 128, 128, 4, 4)]   # the SASS rules it out (14.6 / 8.5 per weight element): one config confirms
+# W4A4 quantized inside the grouped kernel: ruled out by the SASS (14.6 / 8.5 per weight element) and the H200
+# (gate+up, 16x128x128: 763-1359 us against 95-231 with the separate launch); `--fused-tiles` to re-measure
+FUSED_TILES: list = []
 DENSE_SHAPES = [(256, 128)] if SMOKE else [(4096, 12288), (12288, 4096)]
 DENSE_M = [1, 16, 64]
 if SMOKE:
@@ -60,9 +63,10 @@ def time_us(calls: list, reps: int = 10) -> float:
     return graph_us(calls, reps)
 
 
-def grouped_configs(tiles=GROUPED_TILES):
+def grouped_configs(tiles=None):
     from trace_rl.kernels.fp4_gemm import GemmConfig
 
+    tiles = GROUPED_TILES if tiles is None else tiles
     return [GemmConfig(bm, bn, bk, 1, nw, ns) for bm, bn, bk, nw, ns in tiles]
 
 
@@ -86,7 +90,7 @@ def variants():
     for fmt in ("nvfp4", "mxfp4"):
         out += [(fmt, "a16", c) for c in grouped_configs()]
         out += [(fmt, "a4sep", c) for c in grouped_configs()]
-        out += [(fmt, "a4fused", c) for c in grouped_configs(FUSED_TILES)]
+        out += [(fmt, "a4fused", c) for c in grouped_configs(FUSED_TILES)] if FUSED_TILES else []
     return out
 
 
@@ -193,7 +197,8 @@ def rel_err(y, ref) -> float:
     return ((y.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
-def sweep_grouped(batches: list[int], read_bw: float, log, deadline: float, sweep: bool = True) -> list:
+def sweep_grouped(batches: list[int], read_bw: float, log, deadline: float, sweep: bool = True,
+                  gemms: tuple = ("gate_up", "down")) -> list:
     """Per GEMM, B, format and activation variant: every swept config (`sweep`), or only the launcher's
     default (cfg "default"; variants a16 and a4sep), each checked against the torch reference, then timed."""
     from kernel_baselines import cublas_expert_loop, grouped_mm_call
@@ -205,7 +210,7 @@ def sweep_grouped(batches: list[int], read_bw: float, log, deadline: float, swee
     E, k = MOE["experts"], MOE["top_k"]
     gen = torch.Generator(device=DEV).manual_seed(0)
     rows_out = []
-    for name, N, K in GEMMS:
+    for name, N, K in [g for g in GEMMS if g[0] in gemms]:
         w = torch.randn(E, N, K, device=DEV, dtype=torch.bfloat16, generator=gen) * 0.02
         experts = {f: prepare_expert_weights(w, f) for f in ("nvfp4", "mxfp4")}
         lay_bytes = {f: hopper_weight(experts[f]).nbytes for f in experts}
@@ -237,7 +242,7 @@ def sweep_grouped(batches: list[int], read_bw: float, log, deadline: float, swee
                 ex = experts[fmt]
                 read_bytes = lay_bytes[fmt] * active / E + 2 * R * K
                 row[f"{fmt}_floor_us"] = read_bytes / read_bw * 1e6
-                for tag in ("a16", "a4sep", "a4fused") if sweep else ("a16", "a4sep"):
+                for tag in ("a16", "a4sep") + (("a4fused",) if sweep and FUSED_TILES else ()):
                     act = "bf16" if tag == "a16" else fmt
                     try:
                         ref = grouped_linear_reference(x, offsets, ex, act)
@@ -349,10 +354,10 @@ def sweep_dense(read_bw: float, log, deadline: float, sweep: bool = True) -> lis
 
 def moe_chain(batches: list[int], log, deadline: float) -> list:
     """One MoE layer's experts (permute gather, gate+up, SiLU * up, down; router and un-permute excluded) in a
-    CUDA graph, per plan: bf16 (`torch._grouped_mm`), W4A16, W4A4 as the rollout runs it today (gather, then the
-    grouped linear with its quantize launch, torch SiLU * up) and W4A4 with the producers fused into the
-    quantizer (`quantize_dequant_bf16(src_rows=...)`, `(silu_mul=True)`, then the grouped kernel on the
-    pre-quantized rows: `fp4_grouped_linear(src_rows=...)`, `(silu_mul=True)`)."""
+    CUDA graph, per plan: bf16 (`torch._grouped_mm`), W4A16 (torch SiLU * up, or the swiglu kernel), W4A4 as the
+    rollout ran it (gather, the grouped linear with its quantize launch over the k-times-repeated rows, torch
+    SiLU * up) and W4A4 with the producers handed to `fp4_grouped_linear` (`src_rows`: the tokens quantized
+    once, then gathered; `silu_mul`: SwiGLU fused into the quantize launch)."""
     import torch.nn.functional as F
 
     from trace_rl.backends.fp4 import prepare_expert_weights
@@ -420,6 +425,9 @@ def main() -> int:
     ap.add_argument("--batches", default="128,409,512")
     ap.add_argument("--dense", action="store_true", help="also the small dense sweep")
     ap.add_argument("--defaults", action="store_true", help="only the launchers' default configs (no sweep)")
+    ap.add_argument("--fused-tiles", action="store_true", help="also W4A4 quantized in the grouped kernel")
+    ap.add_argument("--gemms", default="gate_up,down", help="grouped GEMMs to run (gate_up, down)")
+    ap.add_argument("--tiles", default="", help="grouped sweep tiles BMxBNxBKwWsS,... (default: GROUPED_TILES)")
     ap.add_argument("--chain", action="store_true", help="also one MoE layer's experts per plan (moe_chain)")
     ap.add_argument("--checks", default="", help="comma-separated test files run (GPU) while kernels compile")
     ap.add_argument("--compile-only", action="store_true", help="CPU: compile every config for sm_90, no GPU")
@@ -432,6 +440,20 @@ def main() -> int:
     except ValueError:
         print(f"--batches: comma-separated integers, got {args.batches!r}", file=sys.stderr)
         return 2
+    global GROUPED_TILES, FUSED_TILES
+    gemms = tuple(args.gemms.split(","))
+    if not set(gemms) <= {"gate_up", "down"}:
+        print(f"--gemms: gate_up and/or down, got {args.gemms!r}", file=sys.stderr)
+        return 2
+    if args.tiles:
+        try:
+            GROUPED_TILES = [tuple(int(v) for v in re.fullmatch(r"(\d+)x(\d+)x(\d+)w(\d+)s(\d+)", t).groups())
+                             for t in args.tiles.split(",")]
+        except AttributeError:
+            print(f"--tiles: BMxBNxBKwWsS,... (e.g. 32x128x128w4s3), got {args.tiles!r}", file=sys.stderr)
+            return 2
+    if args.fused_tiles:
+        FUSED_TILES = [(16, 128, 128, 4, 4)]
     if args.compile_only:
         return compile_only(args.out)
     import triton
@@ -474,9 +496,18 @@ def main() -> int:
     res["ceilings"] = {"read_TBps": 1.0} if SMOKE else ceilings()
     log(res["ceilings"])
     read_bw = res["ceilings"]["read_TBps"] * 1e12
-    for name, fn in (("chain", lambda: moe_chain(batches, log, deadline) if args.chain else []),
-                     ("grouped", lambda: sweep_grouped(batches, read_bw, log, deadline, not args.defaults)),
-                     ("dense", lambda: sweep_dense(read_bw, log, deadline, not args.defaults) if args.dense else [])):
+    def logger(section):   # every finished row goes into the JSON at once (a timeout keeps what was measured)
+        def _log(obj):
+            if "skipped" not in obj:
+                res.setdefault(section, []).append(obj)
+            log(obj)
+        return _log
+
+    for name, fn in (("chain", lambda: moe_chain(batches, logger("chain"), deadline) if args.chain else []),
+                     ("grouped", lambda: sweep_grouped(batches, read_bw, logger("grouped"), deadline,
+                                                       not args.defaults, gemms)),
+                     ("dense", lambda: sweep_dense(read_bw, logger("dense"), deadline, not args.defaults)
+                      if args.dense else [])):
         try:
             res[name] = fn()
         except Exception:   # noqa: BLE001

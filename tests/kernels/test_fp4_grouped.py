@@ -87,7 +87,8 @@ def test_in_kernel_act_quant_matches_separate_quantizer(fmt, device, gen):
 @pytest.mark.parametrize("act", ["bf16", "nvfp4"])
 def test_grouped_linear_with_fused_producers(act, device, gen):
     """`src_rows` (the experts' permute) and `silu_mul` (SwiGLU) as producers of the grouped input give what
-    running them first gives: W4A4 fuses them into the quantize launch, W4A16 runs them ahead."""
+    running them first gives (W4A4: the tokens quantized once then gathered, SwiGLU fused into the quantize
+    launch; W4A16: run ahead)."""
     from trace_rl.kernels.swiglu import silu_mul
 
     E, N, K = 3, 40, 96

@@ -111,10 +111,13 @@ def fp4_grouped_linear(x_sorted: torch.Tensor, expert_offsets: torch.Tensor, exp
     Rows >= offsets[E] come back as zeros. Returns [R, N] in x's dtype; `bias` [E, N] or None.
     W4A4: `fuse_act_quant` quantizes the activations inside the grouped kernel (one launch) instead of a
     separate quantize launch; same codes and scales either way. None: `fp4_grouped.FUSE_ACT_QUANT`.
-    Producers of the rows, fused into the W4A4 quantize launch (W4A16: run first), same result as running them:
+    Producers of the rows, same result as running them first:
     - `src_rows` [R] int64: `x_sorted` holds the tokens [T, K] and row r is token src_rows[r] (T: a zero row),
-      i.e. `models.grouped.gather_rows` (Permutation.token_of_row);
-    - `silu_mul`: `x_sorted` is [R, 2K] (gate | up) and the rows are SiLU(gate) * up (`swiglu.silu_mul`)."""
+      i.e. `models.grouped.gather_rows` (Permutation.token_of_row). W4A4 quantizes the T tokens once, then
+      gathers the quantized rows and their scales (per-token quantization: the same codes as quantizing the
+      gathered rows, at 1/k of the quantize work for top-k routing);
+    - `silu_mul`: `x_sorted` is [R, 2K] (gate | up) and the rows are SiLU(gate) * up (`swiglu.silu_mul`),
+      fused into the W4A4 quantize launch."""
     from trace_rl.kernels.fp4_grouped import FUSE_ACT_QUANT, fp4_grouped_matmul
 
     if experts.q is None or len(experts.q.shape) != 3:
@@ -127,7 +130,10 @@ def fp4_grouped_linear(x_sorted: torch.Tensor, expert_offsets: torch.Tensor, exp
     _check(experts, act_fmt, K)
     fuse = FUSE_ACT_QUANT if fuse_act_quant is None else fuse_act_quant
     if act_fmt != "bf16" and not fuse:     # the quantize launch, producers fused in
-        xb, row_scale = quantize_dequant_bf16(x_sorted.contiguous(), per_token(act_fmt), src_rows, silu_mul)
+        xb, row_scale = quantize_dequant_bf16(x_sorted.contiguous(), per_token(act_fmt), silu_mul)
+        if src_rows is not None:           # zero padding row: codes 0, row scale 1 (= quantizing a zero row)
+            xb = torch.cat([xb, xb.new_zeros(1, K)])[src_rows]
+            row_scale = None if row_scale is None else torch.cat([row_scale, row_scale.new_ones(1)])[src_rows]
         return fp4_grouped_matmul(xb, expert_offsets, hopper_weight(experts), row_scale, bias, x_sorted.dtype,
                                   config, zero_tail=True)
     if src_rows is not None:

@@ -138,18 +138,13 @@ def _quantize_rows_kernel(
     n_rows, K, stride_x, stride_codes, stride_scales, heads,
     FMT: tl.constexpr, HAS_DEST: tl.constexpr, EMIT_BF16: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SINGLE: tl.constexpr,
-    src_ptr=None, n_src=0, GATHER: tl.constexpr = False, SILU_MUL: tl.constexpr = False,
+    SILU_MUL: tl.constexpr = False,
 ):
-    """SINGLE (K <= BLOCK_K): each row is loaded once, for its amax and its codes. GATHER: output row r
-    quantizes x row src[r] (src[r] == n_src: a zero row), the mixture-of-experts permute fused in. SILU_MUL:
-    the operand is SiLU(x[:, :K]) * x[:, K:] (x has 2K columns), the experts' SwiGLU fused in."""
+    """SINGLE (K <= BLOCK_K): each row is loaded once, for its amax and its codes. SILU_MUL: the operand is
+    SiLU(x[:, :K]) * x[:, K:] (x has 2K columns), the experts' SwiGLU fused in."""
     G: tl.constexpr = 16 if FMT <= 1 else (32 if FMT == 2 else BLOCK_K)  # elements per scale
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < n_rows
-    in_rows, in_mask = rows, row_mask
-    if GATHER:
-        in_rows = tl.load(src_ptr + rows, mask=row_mask, other=0)
-        in_mask = row_mask & (in_rows < n_src)
     if HAS_DEST:  # KV write: row r = (token r // heads, head r % heads) goes to slot dest[token]
         slot = tl.load(dest_ptr + rows // heads, mask=row_mask, other=0)
         out_rows = slot.to(tl.int64) * heads + rows % heads
@@ -157,7 +152,7 @@ def _quantize_rows_kernel(
         out_rows = rows.to(tl.int64)
     cols0 = tl.arange(0, BLOCK_K)
     if SINGLE:
-        x_all = _load_rows(x_ptr, in_rows, in_mask, cols0, K, stride_x, SILU_MUL)
+        x_all = _load_rows(x_ptr, rows, row_mask, cols0, K, stride_x, SILU_MUL)
 
     # 1) the global scale: amax / 2688 for nvfp4 (tensor amax from _tensor_amax_kernel, in dest_ptr) and
     #    nvfp4:row, amax / 448 for fp8 rows; 1.0 for an all-zero tensor / row.
@@ -173,7 +168,7 @@ def _quantize_rows_kernel(
         else:
             amax = tl.zeros([BLOCK_M], dtype=tl.float32)
             for k0 in range(0, K, BLOCK_K):
-                xa, _ = finite_abs(_load_rows(x_ptr, in_rows, in_mask, k0 + cols0, K, stride_x, SILU_MUL))
+                xa, _ = finite_abs(_load_rows(x_ptr, rows, row_mask, k0 + cols0, K, stride_x, SILU_MUL))
                 amax = tl.maximum(amax, tl.max(xa, axis=1))
         gscale = tl.where(amax > 0, tl.math.div_rn(amax, 2688.0 if FMT == 1 else 448.0), 1.0)
         if FMT == 1 or EMIT_BF16:
@@ -189,7 +184,7 @@ def _quantize_rows_kernel(
                         stride_scales, FMT, EMIT_BF16, BLOCK_M, BLOCK_K, G)
     else:
         for k0 in range(0, K, BLOCK_K):
-            x = _load_rows(x_ptr, in_rows, in_mask, k0 + cols0, K, stride_x, SILU_MUL)
+            x = _load_rows(x_ptr, rows, row_mask, k0 + cols0, K, stride_x, SILU_MUL)
             _quantize_chunk(x, k0, k0 + cols0, out_rows, row_mask, gscale, codes_ptr, scales_ptr, K,
                             stride_codes, stride_scales, FMT, EMIT_BF16, BLOCK_M, BLOCK_K, G)
 
@@ -222,13 +217,11 @@ def tensor_amax_bits(x2: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def launch_quantize_rows(x2, fmt_id, codes, scales, gscale, dest=None, heads=1, emit_bf16=False, src=None,
-                         silu_mul=False):
+def launch_quantize_rows(x2, fmt_id, codes, scales, gscale, dest=None, heads=1, emit_bf16=False, silu_mul=False):
     """Quantize rows of x2 [rows, K] (unit column stride) into preallocated outputs (see kernel). `dest`:
-    the KV write's slots, or for nvfp4 (tensor scale) the int32 amax bits from `tensor_amax_bits`. `src`
-    [R] int64: gather (output row r from x2 row src[r]; x2.shape[0] = a zero row). `silu_mul`: x2 is
-    [rows, 2K] gate | up."""
-    n_rows = src.shape[0] if src is not None else x2.shape[0]
+    the KV write's slots, or for nvfp4 (tensor scale) the int32 amax bits from `tensor_amax_bits`.
+    `silu_mul`: x2 is [rows, 2K] gate | up."""
+    n_rows = x2.shape[0]
     K = x2.shape[1] // 2 if silu_mul else x2.shape[1]
     G = BLOCK[fmt_id] if fmt_id != FMT_FP8_ROW else 16
     bm, bk, warps = _tiles(n_rows, K, G)
@@ -238,7 +231,7 @@ def launch_quantize_rows(x2, fmt_id, codes, scales, gscale, dest=None, heads=1, 
         dest if dest is not None else codes,
         n_rows, K, x2.stride(0), codes.stride(0), scales.stride(0) if scales is not None else 0, heads,
         FMT=fmt_id, HAS_DEST=dest is not None and fmt_id != FMT_NVFP4, EMIT_BF16=emit_bf16, BLOCK_M=bm, BLOCK_K=bk,
-        SINGLE=K <= bk, src_ptr=src, n_src=x2.shape[0], GATHER=src is not None, SILU_MUL=silu_mul, num_warps=warps)
+        SINGLE=K <= bk, SILU_MUL=silu_mul, num_warps=warps)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -282,30 +275,25 @@ def quantize(x: torch.Tensor, fmt_name: str) -> QTensor:
                    name)
 
 
-def quantize_dequant_bf16(x2: torch.Tensor, fmt_name: str, src_rows: torch.Tensor | None = None,
+def quantize_dequant_bf16(x2: torch.Tensor, fmt_name: str,
                           silu_mul: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """W4A4 activations: (bf16 [rows, K] = code value * block scale, float32 [rows] row global or None).
 
     x2 quantized per token with `fmt_name` ("nvfp4:row" or "mxfp4"); value * global reproduces
     `get_format(fmt_name).dequantize(quantize(x2))` up to the float32 rounding of that last product.
-    Producers fused in, same codes and scales as running them first:
-    - `src_rows` [R] int64: quantize `x2[src_rows]` (index x2.shape[0] = a zero row), i.e.
-      `models.grouped.gather_rows` (the experts' permute) then quantize, in one launch;
-    - `silu_mul`: x2 is [rows, 2K] (gate | up); quantize `swiglu.silu_mul(x2)`."""
+    `silu_mul`: x2 is [rows, 2K] (gate | up); quantize `swiglu.silu_mul(x2)` in the same launch (same codes
+    and scales as running it first)."""
     name = get_format(fmt_name).name
     if name not in ("nvfp4:row", "mxfp4"):
         raise ValueError(f"W4A4 activations are quantized per token to nvfp4:row or mxfp4, not {fmt_name!r}")
     fmt_id = FORMAT_IDS[name]
     if silu_mul and x2.shape[-1] % 2:
         raise ValueError(f"quantize_dequant_bf16(silu_mul=True): x has {x2.shape[-1]} columns, not gate | up halves")
-    if src_rows is not None and (src_rows.dim() != 1 or src_rows.dtype not in (torch.int64, torch.int32)):
-        raise ValueError(f"quantize_dequant_bf16: src_rows must be a 1-D int64/int32 index, got "
-                         f"{src_rows.dtype} {tuple(src_rows.shape)}")
     K = x2.shape[1] // 2 if silu_mul else x2.shape[1]
     check_block_divisible(x2[:, :K], BLOCK[fmt_id], name)
-    n_rows = src_rows.shape[0] if src_rows is not None else x2.shape[0]
+    n_rows = x2.shape[0]
     out = torch.empty(n_rows, K, device=x2.device, dtype=torch.bfloat16)
     gscale = torch.empty(n_rows, device=x2.device, dtype=torch.float32) if fmt_id == FMT_NVFP4_ROW else None
     if n_rows:
-        launch_quantize_rows(x2, fmt_id, out, None, gscale, emit_bf16=True, src=src_rows, silu_mul=silu_mul)
+        launch_quantize_rows(x2, fmt_id, out, None, gscale, emit_bf16=True, silu_mul=silu_mul)
     return out, gscale
