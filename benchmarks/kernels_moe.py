@@ -402,6 +402,22 @@ def moe_chain(batches: list[int], log, deadline: float) -> list:
             def a4_fused_producers(x=x, perm=perm, off=off, gu=gu, dn=dn, fmt=fmt):
                 h = fp4_grouped_linear(x, off, gu, fmt, fuse_act_quant=False, src_rows=perm.token_of_row)
                 return fp4_grouped_linear(h, off, dn, fmt, fuse_act_quant=False, silu_mul=True)
+            if fmt == "nvfp4":   # the w4a4 plans keep nvfp4 gate and up apart (a global scale per projection)
+                g_, u_ = prepare_expert_weights(w_gu[:, :I], fmt), prepare_expert_weights(w_gu[:, I:], fmt)
+                hopper_weight(g_), hopper_weight(u_)
+
+                def a4_split_today(x=x, perm=perm, off=off, g_=g_, u_=u_, dn=dn, fmt=fmt):
+                    xs = gather_rows(x, perm)
+                    g = fp4_grouped_linear(xs, off, g_, fmt, fuse_act_quant=False)
+                    u = fp4_grouped_linear(xs, off, u_, fmt, fuse_act_quant=False)
+                    return fp4_grouped_linear(F.silu(g) * u, off, dn, fmt, fuse_act_quant=False)
+
+                def a4_split_producers(x=x, perm=perm, off=off, g_=g_, u_=u_, dn=dn, fmt=fmt):
+                    g, u = (fp4_grouped_linear(x, off, w_, fmt, fuse_act_quant=False, src_rows=perm.token_of_row)
+                            for w_ in (g_, u_))
+                    return fp4_grouped_linear(F.silu(g) * u, off, dn, fmt, fuse_act_quant=False)
+                plans.update({"nvfp4_w4a4_split_today": a4_split_today,
+                              "nvfp4_w4a4_split_producers": a4_split_producers})
             plans.update({f"{fmt}_w4a16": a16, f"{fmt}_w4a16_swiglu": a16_swiglu, f"{fmt}_w4a4_today": a4_today,
                           f"{fmt}_w4a4_fused_producers": a4_fused_producers})
             try:

@@ -159,10 +159,8 @@ class Experts(nn.Module):
         with op_range("permute"):
             perm = permute(ids, self.num_experts, self._align(x))
         if self.rollout is not None:
-            with op_range("permute"):
-                xs = gather_rows(x, perm)
             with op_range("experts"):
-                ys = self._rollout_forward(xs, perm.ends)
+                ys = self._rollout_forward(x, perm)
             with op_range("unpermute"):
                 return unpermute(ys, perm, weights)
         if self.trainer_mode != "bf16" and self.is_quantized:
@@ -170,11 +168,19 @@ class Experts(nn.Module):
         gate, up = grouped_mm(gather_rows(x, perm), self.gate_up_proj, perm.ends).chunk(2, dim=-1)
         return unpermute(grouped_mm(F.silu(gate) * up, self.down_proj, perm.ends), perm, weights)
 
-    def _rollout_forward(self, xs: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
-        r = self.rollout
+    def _rollout_forward(self, x: torch.Tensor, perm) -> torch.Tensor:
+        """The experts on the tokens x [N, H]. The permute's gather (and, with gate/up stacked, SiLU * up) are
+        handed to the grouped linears as producers: the FP4 kernel path fuses them (W4A4 quantizes each token
+        once, then gathers; SwiGLU runs inside the down projection's quantize launch), the others run them."""
+        r, ends = self.rollout, perm.ends
         if "gate_up" in r:
-            gate, up = r["gate_up"](xs, ends).chunk(2, dim=-1)
+            h = r["gate_up"](x, ends, src_rows=perm.token_of_row)
+            return r["down"](h, ends, silu_mul=True)
+        if all(r[p].path(x) == "fp4_grouped" for p in ("gate", "up")):    # each quantizes the tokens once
+            gate, up = (r[p](x, ends, src_rows=perm.token_of_row) for p in ("gate", "up"))
         else:
+            with op_range("permute"):
+                xs = gather_rows(x, perm)
             gate, up = r["gate"](xs, ends), r["up"](xs, ends)
         with op_range("activation"):
             h = F.silu(gate) * up
