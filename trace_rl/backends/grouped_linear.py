@@ -400,19 +400,20 @@ class GroupedQuantLinear(nn.Module):
             derive_layout(q, HopperFP4(h.fmt, h.n, h.k, h.values[lo:hi], h.scales[lo:hi], h.row_factor[lo:hi]))
 
     def forward(self, x: torch.Tensor, ends: torch.Tensor, src_rows: torch.Tensor | None = None,
-                silu_mul: bool = False) -> torch.Tensor:
+                silu_mul: bool = False, src_padded: bool = True) -> torch.Tensor:
         """x [rows, K] sorted by expert, `ends [E]` int32 -> [rows, N] (rows past ends[-1]: unspecified).
 
         Producers of the rows, optional: `src_rows` [rows] int64 (x holds the tokens [T, K], row r is token
-        src_rows[r], T a zero row: `models.grouped.gather_rows`); `silu_mul` (x is [rows, 2K] gate | up, the
-        rows are SiLU(gate) * up). The fp4_grouped path fuses them (`kernels.linear.fp4_grouped_linear`: W4A4
-        quantizes the tokens once, SwiGLU inside the quantize launch); the other paths run them first."""
+        src_rows[r], T a zero row unless `src_padded` is False: `models.grouped.gather_rows`); `silu_mul` (x is
+        [rows, 2K] gate | up, the rows are SiLU(gate) * up). The fp4_grouped path fuses them
+        (`kernels.linear.fp4_grouped_linear`: W4A4 quantizes the tokens once, SwiGLU inside the quantize launch);
+        the other paths run them first."""
         path = self.path(x)
         self.backend.paths.record(f"experts.{path}")
         if path == "fp4_grouped":
-            return self._fp4_grouped(x, ends, src_rows, silu_mul)
+            return self._fp4_grouped(x, ends, src_rows, silu_mul, src_padded)
         if src_rows is not None:
-            x = torch.cat([x, x.new_zeros(1, x.shape[1])])[src_rows]
+            x = (torch.cat([x, x.new_zeros(1, x.shape[1])]) if src_padded else x)[src_rows]
         if silu_mul:
             gate, up = x.chunk(2, dim=-1)
             x = torch.nn.functional.silu(gate) * up
@@ -430,7 +431,7 @@ class GroupedQuantLinear(nn.Module):
                             self.out_features)
 
     def _fp4_grouped(self, x: torch.Tensor, ends: torch.Tensor, src_rows: torch.Tensor | None = None,
-                     silu_mul: bool = False) -> torch.Tensor:
+                     silu_mul: bool = False, src_padded: bool = True) -> torch.Tensor:
         from trace_rl.kernels import interpreting
 
         if self.weight_fmt not in FP4_GROUPED_FORMATS:
@@ -442,7 +443,8 @@ class GroupedQuantLinear(nn.Module):
         from trace_rl.kernels.linear import fp4_grouped_linear
 
         offsets = torch.cat([ends.new_zeros(1), ends]).to(torch.int32)     # [0, *ends] on the device, no sync
-        return fp4_grouped_linear(x, offsets, self.stacked(), self.act_fmt, src_rows=src_rows, silu_mul=silu_mul)
+        return fp4_grouped_linear(x, offsets, self.stacked(), self.act_fmt, src_rows=src_rows, silu_mul=silu_mul,
+                                  src_padded=src_padded)
 
     def _fp8_grouped(self, x: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
         why = self.fp8_why_not(x.device) if x.is_cuda else "the inputs are not on a CUDA device"

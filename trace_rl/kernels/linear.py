@@ -103,7 +103,7 @@ def fp4_linear_prequantized(xq: torch.Tensor, row_scale: torch.Tensor | None, pa
 def fp4_grouped_linear(x_sorted: torch.Tensor, expert_offsets: torch.Tensor, experts, act_fmt: str = "bf16",
                        bias: torch.Tensor | None = None, config: GemmConfig | None = None,
                        fuse_act_quant: bool | None = None, src_rows: torch.Tensor | None = None,
-                       silu_mul: bool = False) -> torch.Tensor:
+                       silu_mul: bool = False, src_padded: bool = True) -> torch.Tensor:
     """Mixture-of-experts linear in one launch: rows of `x_sorted` [R, K] (tokens sorted by expert; a token
     routed to k experts appears k times) offsets[e] <= r < offsets[e + 1] go through expert e of `experts`
     (a PackedWeight with q [E, N, K], `backends.fp4.prepare_expert_weights`). `expert_offsets` int32 [E + 1]
@@ -113,7 +113,8 @@ def fp4_grouped_linear(x_sorted: torch.Tensor, expert_offsets: torch.Tensor, exp
     separate quantize launch; same codes and scales either way. None: `fp4_grouped.FUSE_ACT_QUANT`.
     Producers of the rows, same result as running them first:
     - `src_rows` [R] int64: `x_sorted` holds the tokens [T, K] and row r is token src_rows[r] (T: a zero row),
-      i.e. `models.grouped.gather_rows` (Permutation.token_of_row). W4A4 quantizes the T tokens once, then
+      i.e. `models.grouped.gather_rows` (Permutation.token_of_row; `src_padded` False: no index is T, which
+      saves appending the zero row). W4A4 quantizes the T tokens once, then
       gathers the quantized rows and their scales (per-token quantization: the same codes as quantizing the
       gathered rows, at 1/k of the quantize work for top-k routing);
     - `silu_mul`: `x_sorted` is [R, 2K] (gate | up) and the rows are SiLU(gate) * up (`swiglu.silu_mul`),
@@ -131,13 +132,15 @@ def fp4_grouped_linear(x_sorted: torch.Tensor, expert_offsets: torch.Tensor, exp
     fuse = FUSE_ACT_QUANT if fuse_act_quant is None else fuse_act_quant
     if act_fmt != "bf16" and not fuse:     # the quantize launch, producers fused in
         xb, row_scale = quantize_dequant_bf16(x_sorted.contiguous(), per_token(act_fmt), silu_mul)
-        if src_rows is not None:           # zero padding row: codes 0, row scale 1 (= quantizing a zero row)
-            xb = torch.cat([xb, xb.new_zeros(1, K)])[src_rows]
-            row_scale = None if row_scale is None else torch.cat([row_scale, row_scale.new_ones(1)])[src_rows]
+        if src_rows is not None and src_padded:   # zero padding row: codes 0, row scale 1 (= quantizing zeros)
+            xb = torch.cat([xb, xb.new_zeros(1, K)])
+            row_scale = None if row_scale is None else torch.cat([row_scale, row_scale.new_ones(1)])
+        if src_rows is not None:
+            xb, row_scale = xb[src_rows], None if row_scale is None else row_scale[src_rows]
         return fp4_grouped_matmul(xb, expert_offsets, hopper_weight(experts), row_scale, bias, x_sorted.dtype,
                                   config, zero_tail=True)
     if src_rows is not None:
-        x_sorted = torch.cat([x_sorted, x_sorted.new_zeros(1, K)])[src_rows]
+        x_sorted = (torch.cat([x_sorted, x_sorted.new_zeros(1, K)]) if src_padded else x_sorted)[src_rows]
     elif silu_mul:
         from trace_rl.kernels.swiglu import silu_mul as _silu_mul
 

@@ -174,10 +174,10 @@ class Experts(nn.Module):
         once, then gathers; SwiGLU runs inside the down projection's quantize launch), the others run them."""
         r, ends = self.rollout, perm.ends
         if "gate_up" in r:
-            h = r["gate_up"](x, ends, src_rows=perm.token_of_row)
+            h = r["gate_up"](x, ends, src_rows=perm.token_of_row, src_padded=perm.padded)
             return r["down"](h, ends, silu_mul=True)
         if all(r[p].path(x) == "fp4_grouped" for p in ("gate", "up")):    # each quantizes the tokens once
-            gate, up = (r[p](x, ends, src_rows=perm.token_of_row) for p in ("gate", "up"))
+            gate, up = (r[p](x, ends, src_rows=perm.token_of_row, src_padded=perm.padded) for p in ("gate", "up"))
         else:
             with op_range("permute"):
                 xs = gather_rows(x, perm)
