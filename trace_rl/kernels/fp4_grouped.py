@@ -103,10 +103,11 @@ GROUPED_M32 = GemmConfig(32, 128, 128, 1, 4, 3)
 
 
 def default_grouped_config(rows: int, n_experts: int, interpret: bool = False) -> GemmConfig:
-    """By the mean rows per expert (H200 sweep, Qwen3-30B-A3B experts): up to 16, 16-row x 128 tiles (gate+up
-    at 64-256 tokens: 85-120 us against 96-141 for 256-row tiles); above, 32-row tiles (512 tokens: 32 x 256
-    took 186 us against 202; 32 x 128, which the dense sweep prefers and which does not spill with Triton 3.9,
-    is what ships)."""
+    """By the mean rows per expert: up to 16, 16-row x 128 tiles; above, 32-row tiles. H200 sweep at the MoE rollout's
+    decode batches (benchmarks/kernels_moe.py, 2026-12-01 call 2; Qwen3-30B-A3B gate+up, nvfp4 W4A16, 12 tiles):
+    8 rows per expert (B = 128): 16x128x128 86.9 us, 32x128 102.7, 64x128 141.8; 25.6 (B = 409): 32x128x128 w4s3
+    121.3, 64x128 149.7, 16x128 169.0; 32 (B = 512): 32x128 150.8, 64x128 154.6, 16x128 198.5. The fastest tile was
+    the default at every B (mxfp4 the same)."""
     if interpret:
         return GemmConfig(16, 64, 128, decode=DECODE_PURE)
     return GROUPED_M16 if rows <= 16 * n_experts else GROUPED_M32
