@@ -210,7 +210,7 @@ def sweep_grouped(batches: list[int], read_bw: float, log, deadline: float, swee
     E, k = MOE["experts"], MOE["top_k"]
     gen = torch.Generator(device=DEV).manual_seed(0)
     rows_out = []
-    for name, N, K in [g for g in GEMMS if g[0] in gemms]:
+    for name, N, K in [g for name in gemms for g in GEMMS if g[0] == name]:     # in the order asked
         w = torch.randn(E, N, K, device=DEV, dtype=torch.bfloat16, generator=gen) * 0.02
         experts = {f: prepare_expert_weights(w, f) for f in ("nvfp4", "mxfp4")}
         lay_bytes = {f: hopper_weight(experts[f]).nbytes for f in experts}
@@ -520,10 +520,10 @@ def main() -> int:
         return _log
 
     for name, fn in (("chain", lambda: moe_chain(batches, logger("chain"), deadline) if args.chain else []),
-                     ("grouped", lambda: sweep_grouped(batches, read_bw, logger("grouped"), deadline,
-                                                       not args.defaults, gemms)),
                      ("dense", lambda: sweep_dense(read_bw, logger("dense"), deadline, not args.defaults)
-                      if args.dense else [])):
+                      if args.dense else []),
+                     ("grouped", lambda: sweep_grouped(batches, read_bw, logger("grouped"), deadline,
+                                                       not args.defaults, gemms))):
         try:
             res[name] = fn()
         except Exception:   # noqa: BLE001
