@@ -413,10 +413,12 @@ class GroupedQuantLinear(nn.Module):
         if path == "fp4_grouped":
             return self._fp4_grouped(x, ends, src_rows, silu_mul, src_padded)
         if src_rows is not None:
-            x = (torch.cat([x, x.new_zeros(1, x.shape[1])]) if src_padded else x)[src_rows]
+            with op_range("permute"):            # the profile counts them where they belong, not as the GEMM's
+                x = (torch.cat([x, x.new_zeros(1, x.shape[1])]) if src_padded else x)[src_rows]
         if silu_mul:
-            gate, up = x.chunk(2, dim=-1)
-            x = torch.nn.functional.silu(gate) * up
+            with op_range("activation"):
+                gate, up = x.chunk(2, dim=-1)
+                x = torch.nn.functional.silu(gate) * up
         if path == "grouped_mm":
             return torch._grouped_mm(x, self.weight.transpose(1, 2), offs=ends)
         if path == "fp8_grouped":
