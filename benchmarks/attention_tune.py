@@ -342,8 +342,19 @@ def gpu_main(args) -> None:
         print(json.dumps(obj), flush=True)
 
     formats = [f for f in args.formats.split(",") if f]
-    tasks = [] if args.only_defaults else \
-        [(fmt, cls, cfg) for cls in CLASSES for fmt in formats for cfg in CONFIGS[fmt]]
+    if args.only_defaults:                    # check (and compile) what the launch policy picks at the shapes
+        from trace_rl.kernels.attention_config import launch_config
+
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        tasks = []
+        for cls_, batch, ctx in SHAPES:
+            for fmt in formats:
+                c = launch_config(fmt, batch, CLASSES[cls_], ctx, sms)[0]
+                task = (fmt, cls_, (c.block_t, c.num_warps, c.num_stages, c.maxnreg))
+                if task not in tasks:
+                    tasks.append(task)
+    else:
+        tasks = [(fmt, cls, cfg) for cls in CLASSES for fmt in formats for cfg in CONFIGS[fmt]]
     workers = []
     check_deadline = t0 + args.check_seconds
     for i in range(args.workers if tasks else 0):
@@ -392,7 +403,7 @@ def gpu_main(args) -> None:
         for fmt in formats:
             if time.time() > deadline:
                 break
-            configs = [c for c in CONFIGS[fmt] if (fmt, cls, cfg_name(c)) in ok]
+            configs = [] if args.only_defaults else [c for c in CONFIGS[fmt] if (fmt, cls, cfg_name(c)) in ok]
             try:
                 res["rows"].append(time_shape(cls, batch, ctx, fmt, configs, read_bw, sdpa_us, deadline, log))
             except Exception:
