@@ -27,7 +27,7 @@ import triton.language as tl
 
 from trace_rl.formats import kv_layout as L
 from trace_rl.formats.paged_kv import PagedKV
-from trace_rl.kernels.attention_config import SPLIT_BELOW_PROGRAMS_PER_SM, TILES, choose_splits
+from trace_rl.kernels.attention_config import SPLIT_BELOW_PROGRAMS_PER_SM, choose_splits, launch_config
 from trace_rl.kernels.attention_tiles import _k_tile, _low_half, _pad_half, _page_heads, _row_factor, _vt_tile
 from trace_rl.kernels.fp_bits import dot_acc
 from trace_rl.kernels.kv_decode import DECODE_ASM, DECODE_PURE
@@ -208,21 +208,26 @@ def decode_attention(q: torch.Tensor, k: PagedKV, v: PagedKV, block_table: torch
     hkv, page = k.heads, k.block_size
     fmt_id = KV_FORMAT_IDS[k.fmt]
     interp = interpreting()
-    cfg = TILES[k.kv_format]
+    capacity = block_table.shape[1] * page               # static bound on lengths: no host sync (CUDA graphs)
+    sms = 4 if interp else torch.cuda.get_device_properties(q.device).multi_processor_count
+    cfg, policy_splits = launch_config(k.kv_format, B, hkv, capacity, sms)
     block_t = block_t or (64 if interp else cfg.block_t)
     num_warps = num_warps or cfg.num_warps
     num_stages = num_stages or cfg.num_stages
     maxnreg = cfg.maxnreg if maxnreg == 0 else maxnreg
-    programs_per_sm = programs_per_sm or SPLIT_BELOW_PROGRAMS_PER_SM[k.kv_format]
+    if fmt_id in (KV_NVFP4, KV_MXFP4) and block_t < 128 and not interp:
+        raise ValueError(f"decode_attention: block_t={block_t} over an FP4 cache gave wrong results and an illegal "
+                         "address on the H200 (benchmarks/results/attention_tune_h200.json); use block_t >= 128")
     if block_t % page and page % block_t:
         raise ValueError(f"decode_attention: block_t={block_t} and the page size {page} must divide one another")
-    capacity = block_table.shape[1] * page               # static bound on lengths: no host sync (CUDA graphs)
     if splits is None:
         if interp:
             splits = 2
-        else:
-            sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-            splits = choose_splits(B, hkv, capacity, block_t, sms, programs_per_sm)
+        elif programs_per_sm is None and (block_t, num_warps, maxnreg) == (cfg.block_t, cfg.num_warps, cfg.maxnreg):
+            splits = policy_splits
+        else:                                            # an explicit tile: fill the GPU
+            splits = choose_splits(B, hkv, capacity, block_t, sms,
+                                   programs_per_sm or SPLIT_BELOW_PROGRAMS_PER_SM[k.kv_format])
     per_split = triton.cdiv(triton.cdiv(capacity, splits), block_t) * block_t
     splits = triton.cdiv(capacity, per_split)
     group = Hq // hkv
