@@ -199,6 +199,8 @@ def check_worker(tasks: list, out_path: str, deadline: float) -> None:
                     ref = decode_attention_reference(q, k, v, bt, lens, D ** -0.5)
                     problems[fmt, cls] = (q, k, v, bt, lens, ref)
                 q, k, v, bt, lens, ref = problems[fmt, cls]
+                if SMOKE and os.environ.get("ATTN_TUNE_SMOKE_FAULT") == cfg_name(cfg):   # tests the respawn
+                    raise RuntimeError("CUDA error: an illegal memory access was encountered (injected, smoke)")
                 for mode, splits in (("split", None), ("one", 1)):
                     out = decode_attention(q, k, v, bt, lens, D ** -0.5, splits=splits, **cfg_kw(cfg))
                     sync()
@@ -211,6 +213,8 @@ def check_worker(tasks: list, out_path: str, deadline: float) -> None:
             row["seconds"] = round(time.time() - t, 2)
             f.write(json.dumps(row) + "\n")
             f.flush()
+            if "CUDA" in row.get("error", ""):     # a fault poisons the context: the main process respawns us
+                sys.exit(3)
 
 
 def sdpa_best(hkv: int, batch: int, ctx: int) -> dict:
@@ -355,14 +359,15 @@ def gpu_main(args) -> None:
                     tasks.append(task)
     else:
         tasks = [(fmt, cls, cfg) for cls in CLASSES for fmt in formats for cfg in CONFIGS[fmt]]
-    workers = []
     check_deadline = t0 + args.check_seconds
-    for i in range(args.workers if tasks else 0):
-        mine = tasks[i :: args.workers]
+
+    def spawn(i: int, mine: list) -> tuple:
         path = os.path.join(args.out, f"check_{i}.jsonl")
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(mine), "--worker-out", path,
                "--worker-deadline", str(check_deadline)]
-        workers.append((subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(path + ".err", "w")), path))
+        return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(path + ".err", "w")), path, mine
+
+    workers = [spawn(i, tasks[i :: args.workers]) for i in range(min(args.workers, len(tasks)))]
     # baselines while the workers compile (they use the GPU lightly: small problems)
     n = 1 << (16 if SMOKE else 30)                                  # 1 Gi floats = 4 GiB
     a = torch.randn(n, device=DEV)
@@ -372,13 +377,26 @@ def gpu_main(args) -> None:
     torch.cuda.empty_cache()
     log({"read_TBps": res["read_TBps"]})
     save()
-    for w, _ in workers:
-        try:
-            w.wait(timeout=max(1.0, check_deadline + 5 - time.time()))
-        except subprocess.TimeoutExpired:                           # its unfinished configs stay unchecked
-            w.kill()
+    done_paths, spawned = [], len(workers)
+    while workers:                   # a worker exits after a CUDA fault (sticky); its remaining tasks get a new one
+        time.sleep(0.2)
+        for item in list(workers):
+            w, path, mine = item
+            if w.poll() is None:
+                if time.time() < check_deadline + 5:
+                    continue
+                w.kill()                                            # its unfinished configs stay unchecked
+                w.wait()
+            workers.remove(item)
+            done_paths.append(path)
+            rows = list(map(json.loads, open(path))) if os.path.exists(path) else []
+            ran = {(c["format"], c["cls"], c["config"]) for c in rows}
+            rest = [t for t in mine if (t[0], t[1], cfg_name(t[2])) not in ran]
+            if w.returncode == 3 and rest and time.time() < check_deadline:
+                workers.append(spawn(spawned, rest))
+                spawned += 1
     ok = set()
-    for _, path in workers:
+    for path in done_paths:
         if os.path.exists(path):
             for line in open(path):
                 c = json.loads(line)
