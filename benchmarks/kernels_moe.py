@@ -41,7 +41,8 @@ GEMMS = (("gate_up", 2 * MOE["inter"], MOE["hidden"]), ("down", MOE["hidden"], M
 # (BM, BN, BK, warps, stages): the shipped two first
 GROUPED_TILES = [(16, 128, 128, 4, 4), (32, 128, 128, 4, 3), (32, 128, 128, 4, 4), (32, 64, 128, 4, 4),
                  (16, 64, 128, 4, 4), (32, 256, 128, 8, 3), (64, 128, 128, 4, 3), (64, 128, 128, 8, 3),
-                 (16, 128, 256, 4, 3), (32, 128, 256, 4, 3), (32, 128, 128, 8, 4), (16, 128, 128, 8, 4)]
+                 (16, 128, 256, 4, 3), (32, 128, 256, 4, 3), (32, 128, 128, 8, 4), (16, 128, 128, 8, 4),
+                 (64, 128, 128, 4, 3, 1), (32, 128, 128, 4, 4, 1)]   # 6th field 1: dual halves (see fp4_grouped)
 # W4A4 quantized inside the grouped kernel: ruled out by the SASS (14.6 / 8.5 per weight element) and the H200
 # (gate+up, 16x128x128: 763-1359 us against 95-231 with the separate launch); `--fused-tiles` to re-measure
 FUSED_TILES: list = []
@@ -67,7 +68,7 @@ def grouped_configs(tiles=None):
     from trace_rl.kernels.fp4_gemm import GemmConfig
 
     tiles = GROUPED_TILES if tiles is None else tiles
-    return [GemmConfig(bm, bn, bk, 1, nw, ns) for bm, bn, bk, nw, ns in tiles]
+    return [GemmConfig(bm, bn, bk, 1, nw, ns, dual=bool(d)) for bm, bn, bk, nw, ns, *d in tiles]
 
 
 def dense_configs(M: int):
@@ -255,7 +256,7 @@ def sweep_grouped(batches: list[int], read_bw: float, log, deadline: float, swee
                         def fn(c=c, a=act, t=tag, x=x, o=offsets, ex=ex):
                             return fp4_grouped_linear(x, o, ex, a, config=c, fuse_act_quant=t == "a4fused")
                         entry = {"cfg": "default" if c is None else
-                                 [c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages]}
+                                 [c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages] + (["dual"] * c.dual)}
                         try:
                             err = rel_err(fn(), ref)
                             entry["rel_err"] = err
@@ -443,7 +444,8 @@ def main() -> int:
     ap.add_argument("--defaults", action="store_true", help="only the launchers' default configs (no sweep)")
     ap.add_argument("--fused-tiles", action="store_true", help="also W4A4 quantized in the grouped kernel")
     ap.add_argument("--gemms", default="gate_up,down", help="grouped GEMMs to run (gate_up, down)")
-    ap.add_argument("--tiles", default="", help="grouped sweep tiles BMxBNxBKwWsS,... (default: GROUPED_TILES)")
+    ap.add_argument("--tiles", default="", help="grouped sweep tiles BMxBNxBKwWsS[d],... (d: dual halves; default: "
+                    "GROUPED_TILES)")
     ap.add_argument("--chain", action="store_true", help="also one MoE layer's experts per plan (moe_chain)")
     ap.add_argument("--checks", default="", help="comma-separated test files run (GPU) while kernels compile")
     ap.add_argument("--compile-only", action="store_true", help="CPU: compile every config for sm_90, no GPU")
@@ -463,7 +465,8 @@ def main() -> int:
         return 2
     if args.tiles:
         try:
-            GROUPED_TILES = [tuple(int(v) for v in re.fullmatch(r"(\d+)x(\d+)x(\d+)w(\d+)s(\d+)", t).groups())
+            GROUPED_TILES = [tuple(int(v) for v in re.fullmatch(r"(\d+)x(\d+)x(\d+)w(\d+)s(\d+)", t[:-1] if
+                                                                t.endswith("d") else t).groups()) + (t.endswith("d"),)
                              for t in args.tiles.split(",")]
         except AttributeError:
             print(f"--tiles: BMxBNxBKwWsS,... (e.g. 32x128x128w4s3), got {args.tiles!r}", file=sys.stderr)

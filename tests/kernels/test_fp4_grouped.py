@@ -104,3 +104,27 @@ def test_grouped_linear_with_fused_producers(act, device, gen):
     gate_up = (2 * torch.randn(10, 2 * K, generator=gen)).to(torch.bfloat16).to(device)
     assert torch.equal(fp4_grouped_linear(gate_up, offsets, experts, act, silu_mul=True),
                        fp4_grouped_linear(silu_mul(gate_up), offsets, experts, act))
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_dual_tiles_match_reference(fmt, device, gen):
+    """A dual config (a 64-row tile as two 32-row halves sharing each decoded weight tile; a tile with at most 32
+    rows runs one half): experts with 0, 5, 40 (both halves) and 70 rows (a dual tile, then a single one)."""
+    from trace_rl.kernels.fp4_gemm import GemmConfig
+
+    E, N, K = 4, 40, 256
+    experts = prepare_expert_weights(torch.randn(E, N, K, generator=gen), fmt)
+    counts = torch.tensor([5, 0, 40, 70])
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)]).to(torch.int32)
+    x = torch.randn(int(counts.sum()) + 3, K, generator=gen).to(torch.bfloat16)
+    bias = torch.randn(E, N, generator=gen)
+    ref = grouped_linear_reference(x, offsets, experts, "bf16", bias)
+    dev = experts.__class__(fmt, N, K, q=experts.q.to(device))
+    cfg = GemmConfig(64, 64, 256, dual=True)
+    y = fp4_grouped_linear(x.to(device), offsets.to(device), dev, "bf16", bias.to(device), config=cfg)
+    assert _rel_err(y[:-3], ref[:-3]) < 1e-2 and not y[-3:].any()
+    single = fp4_grouped_linear(x.to(device), offsets.to(device), dev, "bf16", bias.to(device),
+                                config=GemmConfig(32, 64, 256))
+    torch.testing.assert_close(y, single, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="dual"):
+        fp4_grouped_linear(x.to(device), offsets.to(device), dev, fmt, config=cfg, fuse_act_quant=True)

@@ -81,6 +81,40 @@ def fp4_tile_mma(acc, x_ptrs, x_mask_m, K, w_ptrs, w_mask, s_ptrs, s_mask, kb_lo
     return acc
 
 
+@triton.jit
+def fp4_tile_mma2(acc_a, acc_b, xa_ptrs, xa_mask_m, xb_ptrs, xb_mask_m, K, w_ptrs, w_mask, s_ptrs, s_mask, kb_lo,
+                  kb_hi, BN: tl.constexpr, BK: tl.constexpr, MX: tl.constexpr, DECODE: tl.constexpr,
+                  DOT_F32: tl.constexpr, EVEN_K: tl.constexpr, MASK_W: tl.constexpr):
+    """`fp4_tile_mma` over two activation tiles (acc_a += W @ xa^T, acc_b += W @ xb^T): each K step's weight tile
+    is decoded once for both (the grouped kernel's experts with more rows than one tile)."""
+    SW: tl.constexpr = BK // 128 if MX else BK // 64
+    offs_k = tl.arange(0, xa_ptrs.shape[1])
+    for kb in range(kb_lo, kb_hi):
+        if MASK_W:
+            w = tl.load(w_ptrs + kb * (2 * BK), mask=w_mask, other=0)
+            sw = tl.load(s_ptrs + kb * SW, mask=s_mask, other=0)
+        else:
+            w = tl.load(w_ptrs + kb * (2 * BK))
+            sw = tl.load(s_ptrs + kb * SW)
+        w = tl.reshape(w, [BN // 16, BK // 128, 2, 8, 4, 4])
+        s_even, s_odd = tile_scales(sw, BN, BK, MX, DECODE)
+        wt = decode_tile(w, s_even, s_odd, BN, BK, DECODE, DOT_F32)
+        if EVEN_K:
+            xa = tl.load(xa_ptrs + kb * BK, mask=xa_mask_m, other=0.0)
+            xb = tl.load(xb_ptrs + kb * BK, mask=xb_mask_m, other=0.0)
+        else:
+            k_ok = ((kb * BK + offs_k) < K)[None, :]
+            xa = tl.load(xa_ptrs + kb * BK, mask=xa_mask_m & k_ok, other=0.0)
+            xb = tl.load(xb_ptrs + kb * BK, mask=xb_mask_m & k_ok, other=0.0)
+        if DOT_F32:
+            acc_a = tl.dot(wt, tl.trans(xa.to(tl.float32)), acc_a)
+            acc_b = tl.dot(wt, tl.trans(xb.to(tl.float32)), acc_b)
+        else:
+            acc_a = tl.dot(wt, tl.trans(xa), acc_a)
+            acc_b = tl.dot(wt, tl.trans(xb), acc_b)
+    return acc_a, acc_b
+
+
 @triton.jit(do_not_specialize=["M", "N", "KB", "NP16", "SPLIT_K"])   # one binary for every M and split
 def _fp4_gemm_kernel(
     x_ptr, w_ptr, s_ptr, rf_ptr, out_ptr, row_scale_ptr, bias_ptr, part_ptr, count_ptr,
@@ -136,6 +170,7 @@ class GemmConfig:
     num_warps: int = 4
     num_stages: int = 3
     decode: int = DECODE_ASM
+    dual: bool = False   # grouped only: BM-row tiles as two BM/2-row accumulators sharing each decoded weight tile
 
     def check(self) -> None:
         if self.block_n % 64 or self.block_k % COLS or self.block_m < 16 or self.block_m & (self.block_m - 1):

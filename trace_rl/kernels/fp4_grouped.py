@@ -23,9 +23,24 @@ import triton
 import triton.language as tl
 
 from trace_rl.kernels.fp4_decode import DECODE_ASM, DECODE_PURE
-from trace_rl.kernels.fp4_gemm import GEMM_BUDGET, GemmConfig, fp4_tile_mma
+from trace_rl.kernels.fp4_gemm import GEMM_BUDGET, GemmConfig, fp4_tile_mma, fp4_tile_mma2
 from trace_rl.kernels.fp_bits import finite_abs
 from trace_rl.kernels.hopper_fp4 import COLS, ROWS, HopperFP4
+
+
+@triton.jit
+def _grouped_store(acc, offs_m, m_mask, rows, N, e64, rf_ptr, stride_rfe, row_scale_ptr, bias_ptr, stride_be,
+                   out_ptr, stride_om, HAS_ROW_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """acc [BN, BM] (weight rows x tokens) -> out[tokens, rows]: the expert's row factor, the W4A4 row scale,
+    the bias."""
+    n_mask = rows < N
+    acc = acc * tl.load(rf_ptr + e64 * stride_rfe + rows, mask=n_mask, other=1.0)[:, None]
+    if HAS_ROW_SCALE:
+        acc = acc * tl.load(row_scale_ptr + offs_m, mask=m_mask, other=1.0)[None, :]
+    if HAS_BIAS:
+        acc = acc + tl.load(bias_ptr + e64 * stride_be + rows, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+    tl.store(out_ptr + offs_m[None, :].to(tl.int64) * stride_om + rows[:, None],
+             acc.to(out_ptr.dtype.element_ty), mask=n_mask[:, None] & m_mask[None, :])
 
 
 @triton.jit(do_not_specialize=["R", "N", "KB", "NP16", "E"])
@@ -35,10 +50,13 @@ def _fp4_grouped_kernel(
     MX: tl.constexpr, HAS_ROW_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, E_POW2: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DECODE: tl.constexpr, DOT_F32: tl.constexpr,
     EVEN_K: tl.constexpr, MASK_W: tl.constexpr, ACT: tl.constexpr = 0, ZERO_TAIL: tl.constexpr = False,
+    DUAL: tl.constexpr = False,
 ):
     """ACT 0: x is the operand (bf16, or W4A4 activations quantized by the caller, with `row_scale`);
     1 / 2: W4A4 with the activations quantized here, per token, to nvfp4:row / mxfp4 (nvfp4:row first walks
-    the rows once for their amax, the global scale)."""
+    the rows once for their amax, the global scale). DUAL (ACT 0): a BM-row tile is two BM/2-row halves; a
+    tile holding more than BM/2 rows decodes each weight tile once for both halves (`fp4_tile_mma2`), one
+    holding fewer runs the single-half loop (no MMA or activation staging for empty rows)."""
     pid_n, pid_m = tl.program_id(0), tl.program_id(1)
     SW: tl.constexpr = BK // 128 if MX else BK // 64
     e_idx = tl.arange(0, E_POW2)
@@ -59,30 +77,45 @@ def _fp4_grouped_kernel(
         s_ptrs = s_ptr + e64 * stride_se + rows[:, None].to(tl.int64) * stride_s + tl.arange(0, SW)[None, :]
         x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + tl.arange(0, BK)[None, :]
         tl.assume(KB > 0)                    # no zero-trip path (see fp4_gemm: ptxas would serialise wgmma)
-        if ACT == 1:                         # nvfp4:row: the row global scale amax / 2688 (1 for a zero row)
-            amax = tl.zeros([BM], dtype=tl.float32)
-            offs_k = tl.arange(0, BK)
-            for kb in range(0, KB):
-                k_mask = ((kb * BK + offs_k) < K)[None, :]
-                xk = tl.load(x_ptrs + kb * BK, mask=m_mask[:, None] & k_mask, other=0.0)
-                amax = tl.maximum(amax, tl.max(finite_abs(xk.to(tl.float32))[0], axis=1))
-            gscale = tl.where(amax > 0, tl.math.div_rn(amax, 2688.0), 1.0)
+        if DUAL:
+            H: tl.constexpr = BM // 2
+            offs_a = row0 + tl.arange(0, H)
+            mask_a = offs_a < row_end
+            xa_ptrs = x_ptr + offs_a[:, None].to(tl.int64) * stride_xm + tl.arange(0, BK)[None, :]
+            acc_a = tl.zeros([BN, H], dtype=tl.float32)
+            if row_end - row0 > H:
+                acc_b = tl.zeros([BN, H], dtype=tl.float32)
+                acc_a, acc_b = fp4_tile_mma2(acc_a, acc_b, xa_ptrs, mask_a[:, None], xa_ptrs + H * stride_xm,
+                                             (offs_a + H < row_end)[:, None], K, w_ptrs, (n16 < NP16)[:, None],
+                                             s_ptrs, (rows < NP16 * 16)[:, None], 0, KB, BN, BK, MX, DECODE,
+                                             DOT_F32, EVEN_K, MASK_W)
+                _grouped_store(acc_b, offs_a + H, offs_a + H < row_end, rows, N, e64, rf_ptr, stride_rfe,
+                               row_scale_ptr, bias_ptr, stride_be, out_ptr, stride_om, HAS_ROW_SCALE, HAS_BIAS)
+            else:
+                acc_a = fp4_tile_mma(acc_a, xa_ptrs, mask_a[:, None], K, w_ptrs, (n16 < NP16)[:, None], s_ptrs,
+                                     (rows < NP16 * 16)[:, None], 0, KB, BN, BK, MX, DECODE, DOT_F32, EVEN_K,
+                                     MASK_W)
+            _grouped_store(acc_a, offs_a, mask_a, rows, N, e64, rf_ptr, stride_rfe, row_scale_ptr, bias_ptr,
+                           stride_be, out_ptr, stride_om, HAS_ROW_SCALE, HAS_BIAS)
         else:
-            gscale = tl.full([BM], 1.0, dtype=tl.float32)
-        acc = tl.zeros([BN, BM], dtype=tl.float32)
-        acc = fp4_tile_mma(acc, x_ptrs, m_mask[:, None], K, w_ptrs, (n16 < NP16)[:, None], s_ptrs,
-                           (rows < NP16 * 16)[:, None], 0, KB, BN, BK, MX, DECODE, DOT_F32, EVEN_K, MASK_W,
-                           gscale, ACT)
-        n_mask = rows < N
-        acc = acc * tl.load(rf_ptr + e64 * stride_rfe + rows, mask=n_mask, other=1.0)[:, None]
-        if ACT == 1:
-            acc = acc * gscale[None, :]
-        if HAS_ROW_SCALE:
-            acc = acc * tl.load(row_scale_ptr + offs_m, mask=m_mask, other=1.0)[None, :]
-        if HAS_BIAS:
-            acc = acc + tl.load(bias_ptr + e64 * stride_be + rows, mask=n_mask, other=0.0).to(tl.float32)[:, None]
-        tl.store(out_ptr + offs_m[None, :].to(tl.int64) * stride_om + rows[:, None],
-                 acc.to(out_ptr.dtype.element_ty), mask=n_mask[:, None] & m_mask[None, :])
+            if ACT == 1:                         # nvfp4:row: the row global scale amax / 2688 (1 for a zero row)
+                amax = tl.zeros([BM], dtype=tl.float32)
+                offs_k = tl.arange(0, BK)
+                for kb in range(0, KB):
+                    k_mask = ((kb * BK + offs_k) < K)[None, :]
+                    xk = tl.load(x_ptrs + kb * BK, mask=m_mask[:, None] & k_mask, other=0.0)
+                    amax = tl.maximum(amax, tl.max(finite_abs(xk.to(tl.float32))[0], axis=1))
+                gscale = tl.where(amax > 0, tl.math.div_rn(amax, 2688.0), 1.0)
+            else:
+                gscale = tl.full([BM], 1.0, dtype=tl.float32)
+            acc = tl.zeros([BN, BM], dtype=tl.float32)
+            acc = fp4_tile_mma(acc, x_ptrs, m_mask[:, None], K, w_ptrs, (n16 < NP16)[:, None], s_ptrs,
+                               (rows < NP16 * 16)[:, None], 0, KB, BN, BK, MX, DECODE, DOT_F32, EVEN_K, MASK_W,
+                               gscale, ACT)
+            if ACT == 1:
+                acc = acc * gscale[None, :]
+            _grouped_store(acc, offs_m, m_mask, rows, N, e64, rf_ptr, stride_rfe, row_scale_ptr, bias_ptr,
+                           stride_be, out_ptr, stride_om, HAS_ROW_SCALE, HAS_BIAS)
     elif ZERO_TAIL:   # the programs past the experts' tiles zero the rows past offsets[E] (no memset launch)
         tail0 = tl.load(off_ptr + E) + (pid_m - tl.sum(tiles, 0)) * BM
         offs_m = tail0 + tl.arange(0, BM)
@@ -139,11 +172,14 @@ def fp4_grouped_matmul(x: torch.Tensor, offsets: torch.Tensor, w: HopperFP4, row
         raise ValueError(f"fp4_grouped_matmul: {act_quant} activations need K divisible by its block, K = {K}")
     interp = interpreting()
     c = config or default_grouped_config(R, E, interp)
-    c = c if not interp or c.decode == DECODE_PURE else GemmConfig(c.block_m, c.block_n, c.block_k, decode=DECODE_PURE)
+    if interp and c.decode != DECODE_PURE:
+        c = GemmConfig(c.block_m, c.block_n, c.block_k, decode=DECODE_PURE, dual=c.dual)
+    if c.dual and (act_quant is not None or c.block_m < 32):
+        raise ValueError(f"fp4_grouped_matmul: a dual config ({c}) needs block_m >= 32 and no act_quant")
     c.check()
     np_, kp = w.padded
     if kp % c.block_k:
-        c = GemmConfig(c.block_m, c.block_n, COLS, 1, c.num_warps, c.num_stages, c.decode)
+        c = GemmConfig(c.block_m, c.block_n, COLS, 1, c.num_warps, c.num_stages, c.decode, c.dual)
     out = torch.empty(R, w.n, device=x.device, dtype=out_dtype) if out is None else out
     if R == 0:
         return out
@@ -158,7 +194,7 @@ def fp4_grouped_matmul(x: torch.Tensor, offsets: torch.Tensor, w: HopperFP4, row
         MX=w.fmt == "mxfp4", HAS_ROW_SCALE=row_scale is not None, HAS_BIAS=bias is not None,
         E_POW2=triton.next_power_of_2(E), BM=c.block_m, BN=c.block_n, BK=c.block_k, DECODE=c.decode,
         DOT_F32=interp, EVEN_K=K % c.block_k == 0, MASK_W=np_ % c.block_n != 0,
-        ACT=ACT_IDS[act_quant], ZERO_TAIL=zero_tail, num_warps=c.num_warps, num_stages=c.num_stages)
+        ACT=ACT_IDS[act_quant], ZERO_TAIL=zero_tail, DUAL=c.dual, num_warps=c.num_warps, num_stages=c.num_stages)
     return out
 
 
@@ -175,10 +211,10 @@ def grouped_gate_case(cfg: GemmConfig, fmt: str, n_experts: int = 128, budget: f
                stride_om="i32", stride_be="i32")
     consts = dict(MX=fmt == "mxfp4", HAS_ROW_SCALE=False, HAS_BIAS=False, E_POW2=n_experts, BM=cfg.block_m,
                   BN=cfg.block_n, BK=cfg.block_k, DECODE=DECODE_ASM, DOT_F32=False, EVEN_K=True, MASK_W=False,
-                  ACT=ACT_IDS[act], ZERO_TAIL=True)
+                  ACT=ACT_IDS[act], ZERO_TAIL=True, DUAL=cfg.dual)
     div = ("x_ptr", "off_ptr", "w_ptr", "s_ptr", "rf_ptr", "out_ptr", "K", "stride_xm", "stride_we", "stride_w",
            "stride_se", "stride_s", "stride_rfe", "stride_om")
-    tiles = f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} w{cfg.num_warps}s{cfg.num_stages}"
+    tiles = f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} w{cfg.num_warps}s{cfg.num_stages}{' dual' if cfg.dual else ''}"
     return GateCase(f"grouped {fmt}{'' if act is None else ' a4'} {tiles}",
                     _fp4_grouped_kernel, sig, consts, cfg.num_warps, cfg.num_stages,
                     cfg.block_n * cfg.block_k / (32 * cfg.num_warps), budget, div)
