@@ -188,23 +188,51 @@ SMALL_M = GemmConfig(16, 128, 128, 1, 4, 4)
 M32 = GemmConfig(32, 128, 128, 1, 4, 3)
 MID_M = GemmConfig(64, 128, 128, 1, 8, 3)
 LARGE_M = GemmConfig(128, 128, 128, 1, 8, 3)
+WIDE_M = GemmConfig(256, 128, 128, 1, 8, 3)     # 254 registers, no spills (Triton 3.6, sm_90)
 SMALL_M_LEAN = GemmConfig(16, 256, 128, 1, 4, 4)
+
+# M > 64: one program per SM (182 / 254 registers x 256 threads), so a launch costs about
+#   waves x (K steps per split) x step_us  +  the split-K partials' float32 traffic (written and read once),
+# with step_us the time of one 128-deep K step of one program, fitted to the H200 sweep
+# (kernels_h200_hopper_sweep.json, 12288x4096 / 4096x12288 / 1024x4096 at M = 128-512: the model ranks the
+# measured winners first and is within ~10% where the SMs are full): 1.34 us for 128x128, 2.34 us for 256x128
+# (twice the MMA per decoded weight tile). E.g. 12288x4096 at M = 256: 96 programs of 256x128 (74.9 us
+# measured) beat 192 of 128x128 (2 waves, 84.7 us); at M = 512 the wide tile's 192 programs need 2 waves and
+# 128x128 wins (129 vs 145 us). At M = 471 on the MoE's qkv (5120x2048), 128x128 leaves 160 programs (1.2 waves).
+LARGE_M_STEP_US = ((LARGE_M, 1.34), (WIDE_M, 2.34))
+PARTIAL_BYTES_PER_US = 3.4e6    # split-K partial write + read, fitted: 12288x4096 M = 512 split 2 costs +29 us
+
+
+def large_m_cost_us(M: int, N: int, K: int, cfg: GemmConfig, step_us: float, split: int, num_sms: int) -> float:
+    """Modelled microseconds of a launch with M > 64 (see LARGE_M_STEP_US)."""
+    kb = triton.cdiv(K, cfg.block_k)
+    split = max(1, min(split, kb))
+    split = triton.cdiv(kb, triton.cdiv(kb, split))          # as the launcher normalises it
+    m_tiles, n_tiles = triton.cdiv(M, cfg.block_m), triton.cdiv(N, cfg.block_n)
+    us = triton.cdiv(m_tiles * n_tiles * split, num_sms) * triton.cdiv(kb, split) * step_us
+    if split > 1:
+        us += 2 * split * m_tiles * cfg.block_m * N * 4 / PARTIAL_BYTES_PER_US
+    return us
 
 
 def default_config(M: int, N: int, K: int, num_sms: int = 132, interpret: bool = False,
                    decode: int = DECODE_ASM) -> GemmConfig:
-    """Tiles by M bucket, then split K (one launch, fixed-order reduction): for M <= 64 the largest power of two
+    """Tiles by M bucket, then split K (one launch, fixed-order reduction). For M <= 64: the largest power of two
     keeping <= 3 programs per SM and >= 4 K steps per split (H200 sweep: 4096x12288 -> 4, 12288x4096 -> 8,
-    4096x1024 -> 8 at M <= 32; at M = 64 at most 4); above, at most 2 and only while the tiles leave SMs idle."""
+    4096x1024 -> 8 at M <= 32; at M = 64 at most 4). For M > 64: the 128x128 or 256x128 tile and split 1, 2 or 4
+    with the lowest modelled time (`large_m_cost_us`; ties keep the smaller tile and split)."""
     if interpret:   # few programs, big tiles: each interpreted program costs milliseconds
         return GemmConfig(max(16, min(64, triton.next_power_of_2(M))), 64, 128 if K <= 128 else 256,
                           decode=DECODE_PURE)
-    base = SMALL_M if M <= 16 else M32 if M <= 32 else MID_M if M <= 64 else LARGE_M
+    if M > 64:
+        cost, _, split, base = min((large_m_cost_us(M, N, K, c, us, s, num_sms), i, s, c)
+                                   for i, (c, us) in enumerate(LARGE_M_STEP_US) for s in (1, 2, 4))
+        return GemmConfig(base.block_m, base.block_n, base.block_k, split, base.num_warps, base.num_stages, decode)
+    base = SMALL_M if M <= 16 else M32 if M <= 32 else MID_M
     tiles = triton.cdiv(M, base.block_m) * triton.cdiv(N, base.block_n)
     kb = triton.cdiv(K, base.block_k)
-    split, cap = 1, (16 if M <= 32 else 4 if M <= 64 else 2)
-    limit = 3 * num_sms if M <= 64 else num_sms
-    while split * 2 <= cap and tiles * split * 2 <= limit and kb // (split * 2) >= 4:
+    split, cap = 1, (16 if M <= 32 else 4)
+    while split * 2 <= cap and tiles * split * 2 <= 3 * num_sms and kb // (split * 2) >= 4:
         split *= 2
     return GemmConfig(base.block_m, base.block_n, base.block_k, split, base.num_warps, base.num_stages, decode)
 
@@ -274,7 +302,7 @@ GEMM_BUDGET = 3.0   # SASS per weight element in the K loop (issue 15): the deco
 # bookkeeping (~0.45 per element) buys more programs in flight, which the H200 sweep shows matters more; at
 # M >= 64 the K loop also stages 64-128 activation rows per step (cp.async + addressing, ~1 per element) and is
 # tensor-core-bound. docs/kernels.md lists the numbers.
-SHIPPED_BUDGET = {SMALL_M: 3.3, M32: 3.4, MID_M: 4.3, LARGE_M: 4.6}
+SHIPPED_BUDGET = {SMALL_M: 3.3, M32: 3.4, MID_M: 4.3, LARGE_M: 4.6, WIDE_M: 5.3}
 
 
 def gemm_gate_case(cfg: GemmConfig, fmt: str, name: str | None = None, budget: float = GEMM_BUDGET):
