@@ -70,6 +70,47 @@ def test_fp4_linear_split_k_and_tails(fmt, device, gen):
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_fp4_linear_large_m_tiles(fmt, device, gen):
+    """The M > 64 tiles the launcher picks (128x128, 256x128; split 1 and 4 over ragged M, N, K tails), W4A4:
+    one 256-row program per output tile (the wide tile's accumulator covers all 300 rows in two M tiles)."""
+    from trace_rl.kernels.fp4_gemm import LARGE_M, WIDE_M
+
+    N, K, M = 72, 544, 300
+    packed = _weight(N, K, fmt, gen)
+    packed_dev = packed.__class__(packed.fmt, N, K, q=packed.q.to(device))
+    x = torch.randn(M, K, generator=gen).to(torch.bfloat16)
+    ref = _reference(x, packed, fmt, None)
+    for base, split in ((WIDE_M, 1), (LARGE_M, 4)):
+        cfg = GemmConfig(**{**base.__dict__, "split_k": split, "decode": 0 if device == "cpu" else 1})
+        y = fp4_linear_cfg(x.to(device), packed_dev, fmt, None, config=cfg)
+        assert _rel_err(y, ref) < 1e-2, cfg
+
+
+def test_default_config_large_m_follows_the_cost_model():
+    """M > 64: the cheapest modelled (tile, split); the measured H200 winners it must reproduce
+    (kernels_h200_hopper_sweep.json): 12288x4096 -> 256x128 at M = 256, 128x128 at M = 128 and 512; the MoE qkv
+    (5120x2048) at M = 471 -> 256x128 (80 programs, one wave, instead of 160 of 128x128); small N -> split 4."""
+    from trace_rl.kernels.fp4_gemm import LARGE_M, LARGE_M_STEP_US, WIDE_M, default_config, large_m_cost_us
+
+    def pick(M, N, K):
+        c = default_config(M, N, K, 132)
+        return c.block_m, c.block_n, c.split_k
+
+    assert pick(256, 12288, 4096) == (256, 128, 1)
+    assert pick(128, 12288, 4096) == (128, 128, 1)
+    assert pick(512, 12288, 4096) == (128, 128, 1)
+    assert pick(471, 5120, 2048) == (256, 128, 1)
+    assert pick(128, 2048, 4096) == (128, 128, 4)
+    assert pick(64, 12288, 4096)[0] == 64                      # M <= 64 keeps its own buckets
+    for M, N, K in ((65, 1000, 300), (471, 2048, 4096), (1000, 4096, 12288)):
+        c = default_config(M, N, K, 132)
+        best = min(large_m_cost_us(M, N, K, b, us, s, 132) for b, us in LARGE_M_STEP_US for s in (1, 2, 4))
+        base = WIDE_M if c.block_m == 256 else LARGE_M
+        step = dict((id(b), us) for b, us in LARGE_M_STEP_US)[id(base)]
+        assert large_m_cost_us(M, N, K, base, step, c.split_k, 132) == best
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 def test_prequantized_entry_equals_w4a4(fmt, device, gen):
     """`fp4_linear_prequantized` on what the quantize kernel emits = `fp4_linear(x, packed, fmt)`, bit for bit."""
     from trace_rl.kernels import fp4_linear_prequantized
