@@ -2,9 +2,12 @@
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from trace_rl.formats import get_format
 from trace_rl.kernels import quantize
+from trace_rl.kernels.row_quantize import e2m1_round
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # NaN blocks, interpreter
 
@@ -107,3 +110,74 @@ def test_w4a4_quantize_fuses_swiglu(fmt, device, gen):
     assert (got_rs is None and ref_rs is None) or torch.equal(got_rs, ref_rs)
     with pytest.raises(ValueError, match="gate | up"):
         quantize_dequant_bf16(gate_up[:, :-1], fmt, silu_mul=True)
+
+
+def _emitted_reference(x: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """What `quantize_dequant_bf16` must emit, from the reference QTensor: bf16 code value x block scale (the
+    block step without the row global scale), and the row global scale (nvfp4:row) or None."""
+    from trace_rl.formats import unpack_nibbles
+    from trace_rl.formats.e2m1 import e2m1_decode
+    from trace_rl.formats.mxfp4 import e8m0_to_float
+
+    q = get_format(fmt).quantize(x)
+    block = 32 if fmt == "mxfp4" else 16
+    values = e2m1_decode(unpack_nibbles(q.codes)).reshape(x.shape[0], -1, block)
+    step = e8m0_to_float(q.scales) if fmt == "mxfp4" else q.scales.float()
+    out = (values * step.unsqueeze(-1)).reshape(x.shape).to(torch.bfloat16)
+    return out, None if q.global_scale is None else q.global_scale.reshape(-1)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4:row", "mxfp4"])
+@pytest.mark.parametrize("rows,K,silu", [(5, 768, True), (3, 1056, False), (2, 2048, False), (7, 96, True)])
+def test_w4a4_operand_matches_reference(fmt, rows, K, silu, device, gen):
+    """The W4A4 activation operand (row-in-registers kernel: K = 768 as 3 chunks of 256, 1056 as 3 chunks
+    with a masked tail, 2048 as one) is code value x block scale of the reference quantization, bit for
+    bit, with the reference row global scale; a NaN/Inf block emits NaN."""
+    from trace_rl.kernels.row_quantize import quantize_dequant_bf16
+    from trace_rl.kernels.swiglu import silu_mul
+
+    x = _inputs(rows, 2 * K if silu else K, gen)
+    got, got_rs = quantize_dequant_bf16(x.to(device), fmt, silu_mul=silu)
+    src = silu_mul(x.to(device)).cpu() if silu else x
+    ref, ref_rs = _emitted_reference(src, fmt)
+    ok = _finite_blocks(src, 32 if fmt == "mxfp4" else 16)
+    got = got.cpu()
+    assert torch.equal(got[ok].view(torch.int16), ref[ok].view(torch.int16)), "emitted operand differs"
+    assert got[~ok].isnan().all()
+    assert (got_rs is None and ref_rs is None) or torch.equal(got_rs.cpu(), ref_rs)
+
+
+@triton.jit
+def _e2m1_round_probe(q_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    q = tl.load(q_ptr + offs, mask=offs < n, other=0.0)
+    tl.store(out_ptr + offs, e2m1_round(q), mask=offs < n)
+
+
+def _floats_near_e2m1_boundaries() -> torch.Tensor:
+    """Every float32 within 4096 ulps of each E2M1 rounding midpoint and magnitude (both signs), the
+    specials (+-0, subnormals, the largest finite, +-Inf) and random bit patterns."""
+    from trace_rl.formats.e2m1 import E2M1_MAGNITUDES, E2M1_MIDPOINTS
+
+    centers = torch.tensor(E2M1_MIDPOINTS + E2M1_MAGNITUDES + (8.0, 12.0), dtype=torch.float32)
+    bits = centers.view(torch.int32)[:, None] + torch.arange(-4096, 4097, dtype=torch.int32)[None, :]
+    special = torch.tensor([0, 1, 2, 0x007FFFFF, 0x00800000, 0x7F7FFFFF, 0x7F800000, 0x3F7FFFFF],
+                           dtype=torch.int32)
+    rand = torch.randint(0, 0x7F800000, (1 << 16,), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
+    mags = torch.cat([bits.reshape(-1).clamp(min=0), special, rand]).view(torch.float32)
+    return torch.cat([mags, -mags])
+
+
+def test_e2m1_round_is_encode_then_decode(device):
+    """`row_quantize.e2m1_round` (float bit tricks) equals the reference's e2m1_decode(e2m1_encode(q)),
+    sign of zero included, on every float near a rounding boundary. Both are monotone step functions of |q|
+    with the same steps, so agreeing around every step and magnitude (and on random floats) is agreeing
+    everywhere."""
+    from trace_rl.formats.e2m1 import e2m1_decode, e2m1_encode
+
+    q = _floats_near_e2m1_boundaries()
+    out = torch.empty_like(q, device=device)
+    block = 1 << 17
+    _e2m1_round_probe[(triton.cdiv(q.numel(), block),)](q.to(device), out, q.numel(), BLOCK=block)
+    ref = e2m1_decode(e2m1_encode(q))
+    assert torch.equal(out.cpu().view(torch.int32), ref.view(torch.int32))

@@ -34,6 +34,7 @@ FMT_MXFP4 = 2
 FMT_FP8_ROW = 3
 FORMAT_IDS = {"nvfp4": FMT_NVFP4, "nvfp4:row": FMT_NVFP4_ROW, "mxfp4": FMT_MXFP4, "fp8_e4m3:row": FMT_FP8_ROW}
 BLOCK = {FMT_NVFP4: 16, FMT_NVFP4_ROW: 16, FMT_MXFP4: 32, FMT_FP8_ROW: 1}
+USE_BLOCK_TILES = True   # W4A4 activations through `_quantize_dequant_rows_kernel` (False: the general kernel)
 
 
 @triton.jit
@@ -189,6 +190,154 @@ def _quantize_rows_kernel(
                             stride_codes, stride_scales, FMT, EMIT_BF16, BLOCK_M, BLOCK_K, G)
 
 
+@triton.jit
+def e2m1_round(scaled):
+    """`e2m1_value(e2m1_encode(scaled))` (float32 -> the nearest E2M1 value, ties to even, saturating at 6,
+    keeping the sign, so -0.0 and tiny negatives give -0.0) in ~8 instructions instead of ~20: below 1 the
+    grid is multiples of 0.5, which (m + 2**22) - 2**22 rounds to (the ulp of 2**22 is 0.5); from 1 up it
+    is one significand bit, rounded to nearest even on the float's bits (a carry into the exponent is the
+    correct result). Identical on every float32 (tests/kernels/test_quantize.py checks every float near
+    each rounding boundary; both sides are monotone step functions). NaN in, NaN or 6 out: only in blocks
+    whose scale is NaN, which dequantize to NaN either way."""
+    mag = tl.abs(scaled)
+    small = (mag + 4194304.0) - 4194304.0
+    bits = mag.to(tl.int32, bitcast=True)
+    big = ((bits + 0x1FFFFF + ((bits >> 22) & 1)) & -4194304).to(tl.float32, bitcast=True)   # 0xFFC00000
+    r = tl.where(mag < 1.0, small, tl.minimum(big, 6.0))
+    sign = scaled.to(tl.int32, bitcast=True) & -2147483648                                   # 0x80000000
+    return (r.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _load_blocks(x_ptr, row0, n_rows, k0, K, stride_x, ROWS: tl.constexpr, NB: tl.constexpr, G: tl.constexpr,
+                 SILU_MUL: tl.constexpr):
+    """Columns k0 .. k0 + NB*G of rows row0 .. row0 + ROWS as a [ROWS * NB, G] float32 tile, one scale block
+    per tile row (blocks are contiguous in memory): the block amax is a reduction along axis 1 and its
+    result broadcasts back without a layout conversion (the [rows, K] -> [rows, K/G, G] reshape did one,
+    through shared memory, for every block-level value)."""
+    i = tl.arange(0, ROWS * NB)
+    rows = row0 + i // NB
+    cols = k0 + (i % NB) * G
+    mask = (rows < n_rows)[:, None] & (cols < K)[:, None]
+    ptrs = x_ptr + rows.to(tl.int64)[:, None] * stride_x + cols[:, None] + tl.arange(0, G)[None, :]
+    g = tl.load(ptrs, mask=mask, other=0.0)
+    if SILU_MUL:
+        u = tl.load(ptrs + K, mask=mask, other=0.0)
+        gf = g.to(tl.float32)
+        s = (gf / (1.0 + tl.exp(-gf))).to(g.dtype).to(tl.float32)
+        return (s * u.to(tl.float32)).to(g.dtype).to(tl.float32)
+    return g.to(tl.float32)
+
+
+@triton.jit
+def _block_stats(xb, ROWS: tl.constexpr, NB: tl.constexpr):
+    """[ROWS * NB, G] tile -> (finite block amax [ROWS * NB], bad block flag, row amax [ROWS])."""
+    xa, finite = finite_abs(xb)
+    block_amax = tl.max(xa, axis=1)
+    bad = tl.max(tl.where(finite, 0, 1), axis=1) > 0
+    return block_amax, bad, tl.max(tl.reshape(block_amax, [ROWS, NB]), axis=1)
+
+
+@triton.jit
+def _dequant_blocks(xb, block_amax, bad, gscale, MX: tl.constexpr):
+    """`fp4_quantize_blocks` then code value x block step, on a [N, G] tile of whole blocks with the block
+    amax / NaN flag / global scale per tile row ([N]): the same operations in the same order, so the same
+    bits. Returns bf16 [N, G]."""
+    if MX:
+        scale_code = tl.where(bad, 255, e8m0_scale_code(block_amax))
+        inv_step = e8m0_inverse(tl.minimum(scale_code, 254))
+        scaled = xb * inv_step[:, None]
+        step = (scale_code << 23).to(tl.float32, bitcast=True)
+        step = tl.where(scale_code == 0, 5.877471754111438e-39, step)
+        step = tl.where(bad, float("nan"), step)
+    else:
+        v = tl.minimum(tl.math.div_rn(tl.math.div_rn(block_amax, 6.0), gscale), 448.0)
+        _, scale_val = e4m3_round(v)
+        full = tl.where(bad, float("nan"), scale_val * gscale)[:, None]
+        scaled = tl.where(full == 0, xb * 0.0, tl.math.div_rn(xb, full))
+        step = tl.where(bad, float("nan"), scale_val)
+    return (e2m1_round(scaled) * step[:, None]).to(tl.bfloat16)
+
+
+@triton.jit
+def _store_blocks(out_ptr, vals, row0, n_rows, k0, K, stride_out, ROWS: tl.constexpr, NB: tl.constexpr,
+                  G: tl.constexpr):
+    i = tl.arange(0, ROWS * NB)
+    rows = row0 + i // NB
+    cols = k0 + (i % NB) * G
+    mask = (rows < n_rows)[:, None] & (cols < K)[:, None]
+    tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_out + cols[:, None] + tl.arange(0, G)[None, :], vals,
+             mask=mask)
+
+
+@triton.jit
+def _quantize_dequant_rows_kernel(x_ptr, out_ptr, gscale_ptr, n_rows, K, stride_x, stride_out,
+                                  MX: tl.constexpr, ROWS: tl.constexpr, NB: tl.constexpr, NCH: tl.constexpr,
+                                  SILU_MUL: tl.constexpr):
+    """The W4A4 activation path (`quantize_dequant_bf16`): ROWS rows per program, each row held in registers
+    as NCH (1..4) chunks of NB blocks of G elements (K <= NCH * NB * G; K = 768 is 3 chunks of 256, not one
+    of 1024 with a quarter masked). Row amax (nvfp4:row), then per block the scale, codes, and code value x
+    block step in bf16; the row global scale goes to gscale_ptr. Same bits as `_quantize_rows_kernel`."""
+    G: tl.constexpr = 32 if MX else 16
+    CH: tl.constexpr = NB * G
+    row0 = tl.program_id(0) * ROWS
+    x0 = _load_blocks(x_ptr, row0, n_rows, 0, K, stride_x, ROWS, NB, G, SILU_MUL)
+    a0, b0, amax = _block_stats(x0, ROWS, NB)
+    if NCH > 1:
+        x1 = _load_blocks(x_ptr, row0, n_rows, CH, K, stride_x, ROWS, NB, G, SILU_MUL)
+        a1, b1, m1 = _block_stats(x1, ROWS, NB)
+        amax = tl.maximum(amax, m1)
+    if NCH > 2:
+        x2 = _load_blocks(x_ptr, row0, n_rows, 2 * CH, K, stride_x, ROWS, NB, G, SILU_MUL)
+        a2, b2, m2 = _block_stats(x2, ROWS, NB)
+        amax = tl.maximum(amax, m2)
+    if NCH > 3:
+        x3 = _load_blocks(x_ptr, row0, n_rows, 3 * CH, K, stride_x, ROWS, NB, G, SILU_MUL)
+        a3, b3, m3 = _block_stats(x3, ROWS, NB)
+        amax = tl.maximum(amax, m3)
+    if MX:
+        gs = tl.full([ROWS * NB], 1.0, dtype=tl.float32)
+    else:
+        gscale = tl.where(amax > 0, tl.math.div_rn(amax, 2688.0), 1.0)          # [ROWS]
+        rows = row0 + tl.arange(0, ROWS)
+        tl.store(gscale_ptr + rows, gscale, mask=rows < n_rows)
+        gs = tl.reshape(tl.broadcast_to(gscale[:, None], [ROWS, NB]), [ROWS * NB])
+    _store_blocks(out_ptr, _dequant_blocks(x0, a0, b0, gs, MX), row0, n_rows, 0, K, stride_out, ROWS, NB, G)
+    if NCH > 1:
+        _store_blocks(out_ptr, _dequant_blocks(x1, a1, b1, gs, MX), row0, n_rows, CH, K, stride_out, ROWS, NB, G)
+    if NCH > 2:
+        _store_blocks(out_ptr, _dequant_blocks(x2, a2, b2, gs, MX), row0, n_rows, 2 * CH, K, stride_out, ROWS,
+                      NB, G)
+    if NCH > 3:
+        _store_blocks(out_ptr, _dequant_blocks(x3, a3, b3, gs, MX), row0, n_rows, 3 * CH, K, stride_out, ROWS,
+                      NB, G)
+
+
+def _dequant_tiles(n_rows: int, K: int, G: int) -> tuple[int, int, int, int] | None:
+    """(ROWS, NB, NCH, num_warps) for `_quantize_dequant_rows_kernel`, or None when a row does not fit in
+    registers (K > 16384: the general kernel walks K). A row is NCH <= 4 chunks of NB blocks (NB a power of
+    two) with as little masked padding as possible: K = 768 -> 3 x 256, 2048 -> 1 x 2048, 1536 -> 3 x 512."""
+    nblocks = K // G
+    best = None
+    for nch in (1, 2, 3, 4):
+        nb = triton.next_power_of_2(triton.cdiv(nblocks, nch))
+        key = (nch * nb, nch)
+        if nb * G <= 16384 and (best is None or key < best[0]):
+            best = (key, nb, nch)
+    if best is None or best[0][0] * G > 16384:
+        return None
+    _, nb, nch = best
+    def pow2_floor(n: int) -> int:
+        return 1 << max(0, n.bit_length() - 1)
+
+    if _interpreting():
+        rows = pow2_floor(max(1, min(64, triton.next_power_of_2(n_rows), 4096 // (nch * nb * G))))
+        return rows, nb, nch, 4
+    rows = pow2_floor(max(1, min(8, 2048 // (nch * nb * G))))
+    elems = rows * nb * G                                   # per chunk
+    return rows, nb, nch, max(1, min(8, elems // 512))
+
+
 def _interpreting() -> bool:
     import os
 
@@ -224,6 +373,14 @@ def launch_quantize_rows(x2, fmt_id, codes, scales, gscale, dest=None, heads=1, 
     n_rows = x2.shape[0]
     K = x2.shape[1] // 2 if silu_mul else x2.shape[1]
     G = BLOCK[fmt_id] if fmt_id != FMT_FP8_ROW else 16
+    tiles = _dequant_tiles(n_rows, K, G) if emit_bf16 and dest is None and fmt_id in (FMT_NVFP4_ROW, FMT_MXFP4) \
+        else None
+    if tiles is not None and USE_BLOCK_TILES:
+        rows, nb, nch, warps = tiles
+        _quantize_dequant_rows_kernel[(triton.cdiv(n_rows, rows),)](
+            x2, codes, gscale if gscale is not None else codes, n_rows, K, x2.stride(0), codes.stride(0),
+            MX=fmt_id == FMT_MXFP4, ROWS=rows, NB=nb, NCH=nch, SILU_MUL=silu_mul, num_warps=warps)
+        return
     bm, bk, warps = _tiles(n_rows, K, G)
     grid = (triton.cdiv(n_rows, bm),)
     _quantize_rows_kernel[grid](
