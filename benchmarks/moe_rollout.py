@@ -201,9 +201,11 @@ def bench_rollout(args, plan_name: str, device, bw) -> dict:
     vocab = model.config.vocab_size
     group = min(args.group, batch)
     one = SamplingParams(n=group, temperature=1.0, max_new_tokens=1, ignore_stop=True, seed=args.seed)
-    engine.generate(random_prompts(max(1, min(max(1, args.prefill_tokens // p), batch) // group), p, vocab, device,
-                                   args.seed), one)
     timed = max(1, min(64, batch) // group)
+    # Warm up with the timed call's shape: the FP4 GEMMs pick their tile by M (prompt tokens), and a first call
+    # at a new M compiles its Triton kernels, which the timed prefill must not include (x batch/(timed x group)
+    # below, a 2 s compile would read as ~15 s of prefill; calls 5-6 on 2026-12-01 were measured that way).
+    engine.generate(random_prompts(timed, p, vocab, device, args.seed), one)
     prefill_s = bm.wall_s(lambda: engine.generate(random_prompts(timed, p, vocab, device, args.seed + 1), one),
                           device) * batch / (timed * group)
     c = model.config
