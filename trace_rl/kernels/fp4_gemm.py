@@ -46,6 +46,23 @@ def _epilogue_store(acc, rows, offs_m, N, M, rf_ptr, row_scale_ptr, bias_ptr, ou
 
 
 @triton.jit
+def _load_decode_w(w_ptrs, w_mask, s_ptrs, s_mask, kb, BN: tl.constexpr, BK: tl.constexpr, MX: tl.constexpr,
+                   DECODE: tl.constexpr, DOT_F32: tl.constexpr, MASK_W: tl.constexpr):
+    """K block `kb` of the weight tile, decoded to the MMA operand [BN, BK] (bf16, or float32 if DOT_F32):
+    the layout words and scale words loaded (masked if MASK_W), then `tile_scales` + `decode_tile`."""
+    SW: tl.constexpr = BK // 128 if MX else BK // 64
+    if MASK_W:
+        w = tl.load(w_ptrs + kb * (2 * BK), mask=w_mask, other=0)
+        sw = tl.load(s_ptrs + kb * SW, mask=s_mask, other=0)
+    else:
+        w = tl.load(w_ptrs + kb * (2 * BK))
+        sw = tl.load(s_ptrs + kb * SW)
+    w = tl.reshape(w, [BN // 16, BK // 128, 2, 8, 4, 4])
+    s_even, s_odd = tile_scales(sw, BN, BK, MX, DECODE)
+    return decode_tile(w, s_even, s_odd, BN, BK, DECODE, DOT_F32)
+
+
+@triton.jit
 def fp4_tile_mma(acc, x_ptrs, x_mask_m, K, w_ptrs, w_mask, s_ptrs, s_mask, kb_lo, kb_hi,
                  BN: tl.constexpr, BK: tl.constexpr, MX: tl.constexpr, DECODE: tl.constexpr,
                  DOT_F32: tl.constexpr, EVEN_K: tl.constexpr, MASK_W: tl.constexpr,
@@ -55,18 +72,9 @@ def fp4_tile_mma(acc, x_ptrs, x_mask_m, K, w_ptrs, w_mask, s_ptrs, s_mask, kb_lo
     scale words, `x_ptrs` [BM, BK] at K-block 0. ACT: 0 x is the operand (bf16, or W4A4 pre-quantized);
     1 / 2 quantize the bf16 x in registers per token to nvfp4:row (row global `gscale` [BM]) / mxfp4, with
     the row quantizer's own rounding (`row_quantize.fp4_quantize_dequant_bf16`: bit-identical operand)."""
-    SW: tl.constexpr = BK // 128 if MX else BK // 64
     offs_k = tl.arange(0, x_ptrs.shape[1])
     for kb in range(kb_lo, kb_hi):
-        if MASK_W:
-            w = tl.load(w_ptrs + kb * (2 * BK), mask=w_mask, other=0)
-            sw = tl.load(s_ptrs + kb * SW, mask=s_mask, other=0)
-        else:
-            w = tl.load(w_ptrs + kb * (2 * BK))
-            sw = tl.load(s_ptrs + kb * SW)
-        w = tl.reshape(w, [BN // 16, BK // 128, 2, 8, 4, 4])
-        s_even, s_odd = tile_scales(sw, BN, BK, MX, DECODE)
-        wt = decode_tile(w, s_even, s_odd, BN, BK, DECODE, DOT_F32)
+        wt = _load_decode_w(w_ptrs, w_mask, s_ptrs, s_mask, kb, BN, BK, MX, DECODE, DOT_F32, MASK_W)
         if EVEN_K:
             x = tl.load(x_ptrs + kb * BK, mask=x_mask_m, other=0.0)
         else:
@@ -87,18 +95,9 @@ def fp4_tile_mma2(acc_a, acc_b, xa_ptrs, xa_mask_m, xb_ptrs, xb_mask_m, K, w_ptr
                   DOT_F32: tl.constexpr, EVEN_K: tl.constexpr, MASK_W: tl.constexpr):
     """`fp4_tile_mma` over two activation tiles (acc_a += W @ xa^T, acc_b += W @ xb^T): each K step's weight tile
     is decoded once for both (the grouped kernel's experts with more rows than one tile)."""
-    SW: tl.constexpr = BK // 128 if MX else BK // 64
     offs_k = tl.arange(0, xa_ptrs.shape[1])
     for kb in range(kb_lo, kb_hi):
-        if MASK_W:
-            w = tl.load(w_ptrs + kb * (2 * BK), mask=w_mask, other=0)
-            sw = tl.load(s_ptrs + kb * SW, mask=s_mask, other=0)
-        else:
-            w = tl.load(w_ptrs + kb * (2 * BK))
-            sw = tl.load(s_ptrs + kb * SW)
-        w = tl.reshape(w, [BN // 16, BK // 128, 2, 8, 4, 4])
-        s_even, s_odd = tile_scales(sw, BN, BK, MX, DECODE)
-        wt = decode_tile(w, s_even, s_odd, BN, BK, DECODE, DOT_F32)
+        wt = _load_decode_w(w_ptrs, w_mask, s_ptrs, s_mask, kb, BN, BK, MX, DECODE, DOT_F32, MASK_W)
         if EVEN_K:
             xa = tl.load(xa_ptrs + kb * BK, mask=xa_mask_m, other=0.0)
             xb = tl.load(xb_ptrs + kb * BK, mask=xb_mask_m, other=0.0)
