@@ -45,11 +45,9 @@ USE_BLOCK_TILES = True   # W4A4 activations through `_quantize_dequant_rows_kern
 
 
 @triton.jit
-def _load_rows(x_ptr, rows, row_mask, cols, K, stride_x, SILU_MUL: tl.constexpr = False):
-    """x[rows, cols] as float32; SILU_MUL: the operand is silu(x[:, cols]) * x[:, K + cols] rounded as
-    `swiglu.silu_mul` rounds it (SiLU in float32 rounded to x's dtype, the product rounded again)."""
-    mask = row_mask[:, None] & (cols < K)[None, :]
-    ptrs = x_ptr + rows[:, None].to(tl.int64) * stride_x + cols[None, :]
+def _load_operand(ptrs, mask, K, SILU_MUL: tl.constexpr):
+    """x at `ptrs` as float32; SILU_MUL: silu(x) * x[+K columns] rounded as `swiglu.silu_mul` rounds it
+    (SiLU in float32 rounded to x's dtype, the product rounded again). Shared by both tile shapes."""
     g = tl.load(ptrs, mask=mask, other=0.0)
     if SILU_MUL:
         u = tl.load(ptrs + K, mask=mask, other=0.0)
@@ -57,6 +55,14 @@ def _load_rows(x_ptr, rows, row_mask, cols, K, stride_x, SILU_MUL: tl.constexpr 
         s = (gf / (1.0 + tl.exp(-gf))).to(g.dtype).to(tl.float32)
         return (s * u.to(tl.float32)).to(g.dtype).to(tl.float32)
     return g.to(tl.float32)
+
+
+@triton.jit
+def _load_rows(x_ptr, rows, row_mask, cols, K, stride_x, SILU_MUL: tl.constexpr = False):
+    """x[rows, cols] as float32; SILU_MUL: the operand is silu(x[:, cols]) * x[:, K + cols] (`_load_operand`)."""
+    mask = row_mask[:, None] & (cols < K)[None, :]
+    ptrs = x_ptr + rows[:, None].to(tl.int64) * stride_x + cols[None, :]
+    return _load_operand(ptrs, mask, K, SILU_MUL)
 
 
 @triton.jit
@@ -243,13 +249,7 @@ def _load_blocks(x_ptr, row0, n_rows, k0, K, stride_x, ROWS: tl.constexpr, NB: t
     cols = k0 + (i % NB) * G
     mask = (rows < n_rows)[:, None] & (cols < K)[:, None]
     ptrs = x_ptr + rows.to(tl.int64)[:, None] * stride_x + cols[:, None] + tl.arange(0, G)[None, :]
-    g = tl.load(ptrs, mask=mask, other=0.0)
-    if SILU_MUL:
-        u = tl.load(ptrs + K, mask=mask, other=0.0)
-        gf = g.to(tl.float32)
-        s = (gf / (1.0 + tl.exp(-gf))).to(g.dtype).to(tl.float32)
-        return (s * u.to(tl.float32)).to(g.dtype).to(tl.float32)
-    return g.to(tl.float32)
+    return _load_operand(ptrs, mask, K, SILU_MUL)
 
 
 @triton.jit
