@@ -31,69 +31,22 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-MOE = dict(experts=128, top_k=8, hidden=2048, inter=768)
-SMOKE = "--smoke" in sys.argv     # CPU smoke test of this script: interpreter, tiny shapes, wall-clock timing
-if SMOKE:
-    os.environ["TRITON_INTERPRET"] = "1"
-    MOE = dict(experts=4, top_k=2, hidden=256, inter=128)
-DEV = "cpu" if SMOKE else "cuda"
-GEMMS = (("gate_up", 2 * MOE["inter"], MOE["hidden"]), ("down", MOE["hidden"], MOE["inter"]))
-# (BM, BN, BK, warps, stages): the shipped two first
-GROUPED_TILES = [(16, 128, 128, 4, 4), (32, 128, 128, 4, 3), (32, 128, 128, 4, 4), (32, 64, 128, 4, 4),
-                 (16, 64, 128, 4, 4), (32, 256, 128, 8, 3), (64, 128, 128, 4, 3), (64, 128, 128, 8, 3),
-                 (16, 128, 256, 4, 3), (32, 128, 256, 4, 3), (32, 128, 128, 8, 4), (16, 128, 128, 8, 4),
-                 (64, 128, 128, 4, 3, 1), (32, 128, 128, 4, 4, 1)]   # 6th field 1: dual halves (see fp4_grouped)
-# W4A4 quantized inside the grouped kernel: ruled out by the SASS (14.6 / 8.5 per weight element) and the H200
-# (gate+up, 16x128x128: 763-1359 us against 95-231 with the separate launch); `--fused-tiles` to re-measure
-FUSED_TILES: list = []
-DENSE_SHAPES = [(256, 128)] if SMOKE else [(4096, 12288), (12288, 4096)]
-DENSE_M = [1, 16, 64]
-if SMOKE:
-    GROUPED_TILES, FUSED_TILES = GROUPED_TILES[:1], FUSED_TILES[:1]
-
-
-def time_us(calls: list, reps: int = 10) -> float:
-    """Median microseconds per call: CUDA-graph replays (kernel_baselines.graph_us); wall clock under --smoke."""
-    if SMOKE:
-        t = time.perf_counter()
-        for fn in calls:
-            fn()
-        return (time.perf_counter() - t) * 1e6 / len(calls)
-    from kernel_baselines import graph_us
-
-    return graph_us(calls, reps)
-
-
-def grouped_configs(tiles=None):
-    from trace_rl.kernels.fp4_gemm import GemmConfig
-
-    tiles = GROUPED_TILES if tiles is None else tiles
-    return [GemmConfig(bm, bn, bk, 1, nw, ns, dual=bool(d)) for bm, bn, bk, nw, ns, *d in tiles]
-
-
-def dense_configs(M: int):
-    from trace_rl.kernels.fp4_gemm import GemmConfig
-
-    if M <= 16:
-        tiles, splits = [(16, 128, 128, 4, 4), (16, 128, 128, 4, 5), (16, 128, 128, 4, 6), (16, 64, 128, 4, 5),
-                         (16, 128, 256, 4, 3), (16, 256, 128, 4, 4), (16, 128, 128, 8, 4), (16, 128, 256, 8, 3)], \
-            [4, 8, 16]
-    else:
-        tiles, splits = [(64, 128, 128, 8, 3), (64, 128, 128, 4, 3), (64, 128, 128, 4, 4), (32, 128, 128, 4, 3),
-                         (64, 64, 128, 4, 4)], [1, 2, 4]
-    cfgs = [GemmConfig(bm, bn, bk, s, nw, ns) for bm, bn, bk, nw, ns in tiles for s in splits]
-    return cfgs[:1] if SMOKE else cfgs
-
-
-def variants():
-    """(fmt, act tag, config) of every grouped binary the sweep runs."""
-    out = []
-    for fmt in ("nvfp4", "mxfp4"):
-        out += [(fmt, "a16", c) for c in grouped_configs()]
-        out += [(fmt, "a4sep", c) for c in grouped_configs()]
-        out += [(fmt, "a4fused", c) for c in grouped_configs(FUSED_TILES)] if FUSED_TILES else []
-    return out
-
+import kernels_moe_shapes as shapes  # noqa: E402  (tiles: `main` may replace them)
+from kernels_moe_layer import moe_chain, sweep_dense  # noqa: E402
+from kernels_moe_shapes import (  # noqa: E402, F401  (grouped_configs: imported by kernels.py)
+    DENSE_M,
+    DENSE_SHAPES,
+    DEV,
+    GEMMS,
+    MOE,
+    SMOKE,
+    dense_configs,
+    grouped_configs,
+    rel_err,
+    routing,
+    time_us,
+    variants,
+)
 
 # -- compile -----------------------------------------------------------------------------------------------------
 
@@ -184,19 +137,6 @@ def precompile_grouped(workers: int, dense_too: bool, batches: list[int], sweep:
 
 # -- measure -----------------------------------------------------------------------------------------------------
 
-def routing(T: int, E: int, k: int, gen) -> tuple[torch.Tensor, list[int]]:
-    """Top-k of random router logits: (int32 offsets [E + 1] on the device, the same on the host)."""
-    logits = torch.randn(T, E, device=DEV, generator=gen)
-    experts = logits.topk(k, dim=1).indices.reshape(-1)
-    counts = torch.bincount(experts, minlength=E)
-    offsets = torch.zeros(E + 1, dtype=torch.int32, device=DEV)
-    offsets[1:] = counts.cumsum(0).to(torch.int32)
-    return offsets, offsets.tolist()
-
-
-def rel_err(y, ref) -> float:
-    return ((y.float() - ref.float()).norm() / ref.float().norm()).item()
-
 
 def sweep_grouped(batches: list[int], read_bw: float, log, deadline: float, sweep: bool = True,
                   gemms: tuple = ("gate_up", "down")) -> list:
@@ -243,7 +183,7 @@ def sweep_grouped(batches: list[int], read_bw: float, log, deadline: float, swee
                 ex = experts[fmt]
                 read_bytes = lay_bytes[fmt] * active / E + 2 * R * K
                 row[f"{fmt}_floor_us"] = read_bytes / read_bw * 1e6
-                for tag in ("a16", "a4sep") + (("a4fused",) if sweep and FUSED_TILES else ()):
+                for tag in ("a16", "a4sep") + (("a4fused",) if sweep and shapes.FUSED_TILES else ()):
                     act = "bf16" if tag == "a16" else fmt
                     try:
                         ref = grouped_linear_reference(x, offsets, ex, act)
@@ -251,7 +191,8 @@ def sweep_grouped(batches: list[int], read_bw: float, log, deadline: float, swee
                         row[f"{fmt}_{tag}_ref_error"] = repr(e)[:300]
                         continue
                     res = []
-                    cfgs = grouped_configs(FUSED_TILES if tag == "a4fused" else GROUPED_TILES) if sweep else [None]
+                    tiles = shapes.FUSED_TILES if tag == "a4fused" else shapes.GROUPED_TILES
+                    cfgs = grouped_configs(tiles) if sweep else [None]
                     for c in cfgs:
                         def fn(c=c, a=act, t=tag, x=x, o=offsets, ex=ex):
                             return fp4_grouped_linear(x, o, ex, a, config=c, fuse_act_quant=t == "a4fused")
@@ -289,153 +230,6 @@ def sweep_grouped(batches: list[int], read_bw: float, log, deadline: float, swee
         torch.cuda.empty_cache()
     return rows_out
 
-
-def sweep_dense(read_bw: float, log, deadline: float, sweep: bool = True) -> list:
-    import torch.nn.functional as F
-
-    from trace_rl.backends import PackedWeight
-    from trace_rl.kernels import quantize
-    from trace_rl.kernels.fp4_gemm import default_config
-    from trace_rl.kernels.linear import fp4_linear, hopper_weight
-
-    rows = []
-    for K, N in DENSE_SHAPES:
-        copies = 8
-        w_bf16 = [torch.randn(N, K, device=DEV, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
-        packed = {f: [PackedWeight(f, N, K, q=quantize(w, f)) for w in w_bf16] for f in ("nvfp4", "mxfp4")}
-        nbytes = {f: [hopper_weight(p) for p in packed[f]][0].nbytes for f in packed}
-        ref_w = packed["nvfp4"][0].dequantized().float()
-        for M in DENSE_M:
-            if time.time() > deadline:
-                log({"skipped": f"dense {K}x{N} M={M}: out of time"})
-                continue
-            x = torch.randn(M, K, device=DEV, dtype=torch.bfloat16)
-            ref = x.float() @ ref_w.T
-            row = {"K": K, "N": N, "M": M}
-            row["cublas_bf16_us"] = time_us([lambda w=w, x=x: F.linear(x, w) for w in w_bf16])
-            cands = [default_config(M, N, K)] + (dense_configs(M) if sweep else [])
-            res = []
-            for i, c in enumerate(cands):
-                entry = {"cfg": [c.block_m, c.block_n, c.block_k, c.split_k, c.num_warps, c.num_stages],
-                         "default": i == 0}
-                try:
-                    err = rel_err(fp4_linear(x, packed["nvfp4"][0], "bf16", None, config=c), ref)
-                    if not err < 1e-2:
-                        entry["error"] = f"rel err {err:.3g}"
-                    else:
-                        us = time_us([lambda p=p, c=c, x=x: fp4_linear(x, p, "bf16", None, config=c)
-                                       for p in packed["nvfp4"]], reps=7)
-                        entry.update(us=round(us, 2), x_cublas=round(row["cublas_bf16_us"] / us, 3),
-                                     bw=round(nbytes["nvfp4"] / (us * 1e-6) / read_bw, 3))
-                except Exception as e:   # noqa: BLE001
-                    entry["error"] = repr(e)[:300]
-                res.append(entry)
-            row["nvfp4_w4a16"] = res
-            ok = [r for r in res if "us" in r]
-            if ok:
-                best = min(ok, key=lambda r: r["us"])
-                row["nvfp4_best"] = best
-                bm, bn, bk, s, nw, ns = best["cfg"]
-                from trace_rl.kernels.fp4_gemm import GemmConfig
-
-                c = GemmConfig(bm, bn, bk, s, nw, ns)
-                try:
-                    us = time_us([lambda p=p, c=c, x=x: fp4_linear(x, p, "bf16", None, config=c)
-                                   for p in packed["mxfp4"]])
-                    row["mxfp4_best_cfg_us"] = us
-                    row["mxfp4_best_cfg_x_cublas"] = row["cublas_bf16_us"] / us
-                except Exception as e:   # noqa: BLE001
-                    row["mxfp4_error"] = repr(e)[:300]
-            log(row)
-            rows.append(row)
-        del w_bf16, packed, ref_w
-        torch.cuda.empty_cache()
-    return rows
-
-
-def moe_chain(batches: list[int], log, deadline: float) -> list:
-    """One MoE layer's experts (permute gather, gate+up, SiLU * up, down; router and un-permute excluded) in a
-    CUDA graph, per plan: bf16 (`torch._grouped_mm`), W4A16 (torch SiLU * up, or the swiglu kernel), W4A4 as the
-    rollout ran it (gather, the grouped linear with its quantize launch over the k-times-repeated rows, torch
-    SiLU * up) and W4A4 with the producers handed to `fp4_grouped_linear` (`src_rows`: the tokens quantized
-    once, then gathered; `silu_mul`: SwiGLU fused into the quantize launch)."""
-    import torch.nn.functional as F
-
-    from trace_rl.backends.fp4 import prepare_expert_weights
-    from trace_rl.kernels.linear import fp4_grouped_linear, hopper_weight
-    from trace_rl.kernels.swiglu import silu_mul
-    from trace_rl.models.grouped import gather_rows, permute
-
-    E, k, H, I = MOE["experts"], MOE["top_k"], MOE["hidden"], MOE["inter"]
-    gen = torch.Generator(device=DEV).manual_seed(1)
-    w_gu = torch.randn(E, 2 * I, H, device=DEV, dtype=torch.bfloat16, generator=gen) * 0.02
-    w_d = torch.randn(E, H, I, device=DEV, dtype=torch.bfloat16, generator=gen) * 0.02
-    rows = []
-    for B in batches:
-        if time.time() > deadline:
-            log({"skipped": f"chain B={B}: out of time"})
-            continue
-        x = torch.randn(B, H, device=DEV, dtype=torch.bfloat16, generator=gen)
-        ids = torch.randn(B, E, device=DEV, generator=gen).topk(k, dim=1).indices
-        perm = permute(ids, E)
-        off = torch.cat([perm.ends.new_zeros(1), perm.ends])
-        row = {"B": B, "rows": B * k}
-
-        def bf16(x=x, perm=perm):
-            g, u = torch._grouped_mm(gather_rows(x, perm), w_gu.transpose(1, 2), offs=perm.ends).chunk(2, dim=-1)
-            return torch._grouped_mm(F.silu(g) * u, w_d.transpose(1, 2), offs=perm.ends)
-        plans = {"bf16_grouped_mm": bf16}
-        for fmt in ("nvfp4", "mxfp4"):
-            gu, dn = prepare_expert_weights(w_gu, fmt), prepare_expert_weights(w_d, fmt)
-            hopper_weight(gu), hopper_weight(dn)                     # derive the layouts now
-
-            def a16(x=x, perm=perm, off=off, gu=gu, dn=dn):
-                g, u = fp4_grouped_linear(gather_rows(x, perm), off, gu).chunk(2, dim=-1)
-                return fp4_grouped_linear(F.silu(g) * u, off, dn)
-
-            def a16_swiglu(x=x, perm=perm, off=off, gu=gu, dn=dn):
-                return fp4_grouped_linear(silu_mul(fp4_grouped_linear(gather_rows(x, perm), off, gu)), off, dn)
-
-            def a4_today(x=x, perm=perm, off=off, gu=gu, dn=dn, fmt=fmt):
-                g, u = fp4_grouped_linear(gather_rows(x, perm), off, gu, fmt, fuse_act_quant=False).chunk(2, dim=-1)
-                return fp4_grouped_linear(F.silu(g) * u, off, dn, fmt, fuse_act_quant=False)
-
-            def a4_fused_producers(x=x, perm=perm, off=off, gu=gu, dn=dn, fmt=fmt):
-                h = fp4_grouped_linear(x, off, gu, fmt, fuse_act_quant=False, src_rows=perm.token_of_row)
-                return fp4_grouped_linear(h, off, dn, fmt, fuse_act_quant=False, silu_mul=True)
-            if fmt == "nvfp4":   # the w4a4 plans keep nvfp4 gate and up apart (a global scale per projection)
-                g_, u_ = prepare_expert_weights(w_gu[:, :I], fmt), prepare_expert_weights(w_gu[:, I:], fmt)
-                hopper_weight(g_), hopper_weight(u_)
-
-                def a4_split_today(x=x, perm=perm, off=off, g_=g_, u_=u_, dn=dn, fmt=fmt):
-                    xs = gather_rows(x, perm)
-                    g = fp4_grouped_linear(xs, off, g_, fmt, fuse_act_quant=False)
-                    u = fp4_grouped_linear(xs, off, u_, fmt, fuse_act_quant=False)
-                    return fp4_grouped_linear(F.silu(g) * u, off, dn, fmt, fuse_act_quant=False)
-
-                def a4_split_producers(x=x, perm=perm, off=off, g_=g_, u_=u_, dn=dn, fmt=fmt):
-                    g, u = (fp4_grouped_linear(x, off, w_, fmt, fuse_act_quant=False, src_rows=perm.token_of_row)
-                            for w_ in (g_, u_))
-                    return fp4_grouped_linear(F.silu(g) * u, off, dn, fmt, fuse_act_quant=False)
-                plans.update({"nvfp4_w4a4_split_today": a4_split_today,
-                              "nvfp4_w4a4_split_producers": a4_split_producers})
-            plans.update({f"{fmt}_w4a16": a16, f"{fmt}_w4a16_swiglu": a16_swiglu, f"{fmt}_w4a4_today": a4_today,
-                          f"{fmt}_w4a4_fused_producers": a4_fused_producers})
-            try:
-                a, b = a4_today(), a4_fused_producers()
-                row[f"{fmt}_fused_vs_today_max_abs_diff"] = (a.float() - b.float()).abs().max().item()
-            except Exception as e:   # noqa: BLE001
-                row[f"{fmt}_fused_check_error"] = repr(e)[:300]
-        for name, fn in plans.items():
-            try:
-                row[f"{name}_us"] = round(time_us([fn], reps=10), 2)
-            except Exception as e:   # noqa: BLE001
-                row[f"{name}_error"] = repr(e)[:300]
-        log(row)
-        rows.append(row)
-    return rows
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="moe_sweep.json")
@@ -458,21 +252,20 @@ def main() -> int:
     except ValueError:
         print(f"--batches: comma-separated integers, got {args.batches!r}", file=sys.stderr)
         return 2
-    global GROUPED_TILES, FUSED_TILES
     gemms = tuple(args.gemms.split(","))
     if not set(gemms) <= {"gate_up", "down"}:
         print(f"--gemms: gate_up and/or down, got {args.gemms!r}", file=sys.stderr)
         return 2
     if args.tiles:
         try:
-            GROUPED_TILES = [tuple(int(v) for v in re.fullmatch(r"(\d+)x(\d+)x(\d+)w(\d+)s(\d+)", t[:-1] if
+            shapes.GROUPED_TILES = [tuple(int(v) for v in re.fullmatch(r"(\d+)x(\d+)x(\d+)w(\d+)s(\d+)", t[:-1] if
                                                                 t.endswith("d") else t).groups()) + (t.endswith("d"),)
                              for t in args.tiles.split(",")]
         except AttributeError:
             print(f"--tiles: BMxBNxBKwWsS,... (e.g. 32x128x128w4s3), got {args.tiles!r}", file=sys.stderr)
             return 2
     if args.fused_tiles:
-        FUSED_TILES = [(16, 128, 128, 4, 4)]
+        shapes.FUSED_TILES = [(16, 128, 128, 4, 4)]
     if args.compile_only:
         return compile_only(args.out)
     import triton
