@@ -98,24 +98,26 @@ def v_dim_of_row(DV: int) -> torch.Tensor:
     return 16 * (2 * w + (g >> 2)) + 4 * (g & 3) + 2 * (mt & 1) + hr + 128 * (mt >> 1)
 
 
+def _k_row_dims(D: int, n: int) -> torch.Tensor:
+    """[4 tq, D/(8n) chunks, 2 halves, n] -> dim of one K row: its MMA column order (`k_dim_of_col`) read in
+    chunks of n consecutive dims (n = 4: the nibble slots of an fp4 word; n = 2: a pair of fp8 bytes)."""
+    tq = torch.arange(4).view(4, 1, 1, 1)
+    jw = torch.arange(D // (8 * n)).view(1, -1, 1, 1)
+    half = torch.arange(2).view(1, 1, 2, 1)
+    i = torch.arange(n).view(1, 1, 1, n)
+    return (D // 4) * tq + (D // 8) * half + n * jw + i
+
+
 @functools.cache
 def k_fp4_word_dims(D: int) -> torch.Tensor:
     """[D/8 words, 2 halves, 4 slots] -> dim, for one K row (word j = tq * D/32 + jw)."""
-    tq = torch.arange(4).view(4, 1, 1, 1)
-    jw = torch.arange(D // 32).view(1, -1, 1, 1)
-    half = torch.arange(2).view(1, 1, 2, 1)
-    i = torch.arange(4).view(1, 1, 1, 4)
-    return ((D // 4) * tq + (D // 8) * half + 4 * jw + i).reshape(D // 8, 2, 4)
+    return _k_row_dims(D, 4).reshape(D // 8, 2, 4)
 
 
 @functools.cache
 def k_fp8_byte_dims(D: int) -> torch.Tensor:
     """[D] byte of a K row -> dim."""
-    tq = torch.arange(4).view(4, 1, 1, 1)
-    jw = torch.arange(D // 16).view(1, -1, 1, 1)
-    half = torch.arange(2).view(1, 1, 2, 1)
-    b = torch.arange(2).view(1, 1, 1, 2)
-    return ((D // 4) * tq + (D // 8) * half + 2 * jw + b).reshape(D)
+    return _k_row_dims(D, 2).reshape(D)
 
 
 def _kt_split(S: int) -> tuple[int, int]:
