@@ -1,11 +1,15 @@
 """Baselines and helpers for benchmarks/kernels.py: CUDA-graph timing, gemlite's 4-bit GEMM, BF16 grouped
 GEMMs for mixture-of-experts (a per-expert cuBLAS loop captured in a graph, `torch._grouped_mm`), and
 compiling our kernel variants in parallel processes before timing (Triton compiles one kernel at a time per
-process; the disk cache is shared)."""
+process; the disk cache is shared), and the run record both scripts write (environment, JSON saver, background
+pytest)."""
 
 from __future__ import annotations
 
+import datetime
+import json
 import os
+import subprocess
 import sys
 from concurrent.futures import ProcessPoolExecutor
 
@@ -141,3 +145,38 @@ def precompile(jobs: list[tuple], workers: int = 12) -> list[str]:
 
 def linear_bf16(x, w):
     return F.linear(x, w)
+
+
+def run_env(device: str, **extra) -> dict:
+    """The "env" entry of a results JSON: device (then `extra`), torch and triton versions, UTC date, command."""
+    import triton
+
+    return {"device": device, **extra, "torch": torch.__version__, "triton": triton.__version__,
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "command": " ".join(sys.argv)}
+
+
+def json_saver(res: dict, path: str):
+    """A function that (re)writes `res` to `path`: called after every row, so a timeout keeps what was measured."""
+    def save():
+        with open(path, "w") as f:
+            json.dump(res, f, indent=1)
+    return save
+
+
+def start_pytest(files: list[str], *extra: str) -> subprocess.Popen:
+    """`pytest files` in the background (run while kernel variants compile); `finish_pytest` collects it."""
+    return subprocess.Popen([sys.executable, "-m", "pytest", *files, "-q", "-p", "no:cacheprovider", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish_pytest(proc: subprocess.Popen, timeout: float, keep: int = 80) -> dict:
+    """Wait up to `timeout` s for `start_pytest`'s run (killed past it: "TIMEOUT"); its return code, summary line
+    and last `keep` lines."""
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        out += "\nTIMEOUT"
+    tail = out.strip().splitlines()
+    return {"returncode": proc.returncode, "summary": tail[-1] if tail else "", "tail": tail[-keep:]}

@@ -31,7 +31,6 @@ import datetime
 import json
 import math
 import os
-import subprocess
 import sys
 import traceback
 
@@ -43,10 +42,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from kernel_baselines import (  # noqa: E402
     ceilings,
+    finish_pytest,
     gemlite_available,
     gemlite_int4_linear,
     graph_us,
+    json_saver,
     precompile,
+    run_env,
+    start_pytest,
 )
 from kernels_moe import sweep_grouped  # noqa: E402
 
@@ -323,20 +326,11 @@ def bench_attn(read_bw: float, log, batch: int = 32, sweep: bool = False) -> lis
 def start_checks(paths: str):
     """`pytest` on the kernel tests (GPU tests included; the compile gate is CI's), in the background."""
     files = paths.split(",") if paths else ["tests/kernels"]
-    return subprocess.Popen([sys.executable, "-m", "pytest", *files, "-q", "-p", "no:cacheprovider",
-                             "--deselect", "tests/kernels/test_sass_gate.py"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return start_pytest(files, "--deselect", "tests/kernels/test_sass_gate.py")
 
 
 def finish_checks(proc, timeout: float = 400) -> dict:
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, _ = proc.communicate()
-        out += "\nTIMEOUT"
-    tail = out.strip().splitlines()
-    return {"returncode": proc.returncode, "summary": tail[-1] if tail else "", "tail": tail[-80:]}
+    return finish_pytest(proc, timeout)
 
 
 def _cell(r: dict, key: str) -> str:
@@ -388,18 +382,10 @@ def main() -> None:
     ap.add_argument("--sections", default="gemm,grouped,quant,gemlite,attn")
     ap.add_argument("--jobs", type=int, default=12, help="processes compiling kernel variants before timing")
     args = ap.parse_args()
-    import triton
-
     sections = args.sections.split(",")
     props = torch.cuda.get_device_properties(0)
-    res = {"env": {"device": torch.cuda.get_device_name(0), "sms": props.multi_processor_count,
-                   "torch": torch.__version__, "triton": triton.__version__,
-                   "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                   "command": " ".join(sys.argv)}}
-
-    def save():
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=1)
+    res = {"env": run_env(torch.cuda.get_device_name(0), sms=props.multi_processor_count)}
+    save = json_saver(res, args.out)
 
     def log(obj):
         print(json.dumps(obj), flush=True)

@@ -17,11 +17,9 @@ Dense: nvfp4 W4A16 tile/split candidates at 4096x12288 and 12288x4096, M = 1, 16
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 import traceback
@@ -268,43 +266,25 @@ def main() -> int:
         shapes.FUSED_TILES = [(16, 128, 128, 4, 4)]
     if args.compile_only:
         return compile_only(args.out)
-    import triton
+    from kernel_baselines import ceilings, finish_pytest, json_saver, run_env, start_pytest
 
     t_start = time.time()
     deadline = t_start + args.budget_s
-    device = "cpu (smoke)" if SMOKE else torch.cuda.get_device_name(0)
-    res = {"env": {"device": device, "torch": torch.__version__, "triton": triton.__version__,
-                   "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                   "command": " ".join(sys.argv)}}
-
-    def save():
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=1)
+    res = {"env": run_env("cpu (smoke)" if SMOKE else torch.cuda.get_device_name(0))}
+    save = json_saver(res, args.out)
 
     def log(obj):
         print(json.dumps(obj)[:4000], flush=True)
         save()
 
-    checks = None
-    if args.checks:
-        checks = subprocess.Popen([sys.executable, "-m", "pytest", *args.checks.split(","), "-q", "-p",
-                                   "no:cacheprovider"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    checks = start_pytest(args.checks.split(",")) if args.checks else None   # runs while the kernels compile
     t0 = time.time()
     res["compile_errors"] = [] if SMOKE else precompile_grouped(args.jobs, args.dense, batches, not args.defaults)
     res["compile_s"] = time.time() - t0
     log({"compile_s": res["compile_s"], "errors": res["compile_errors"][:5]})
     if checks is not None:
-        try:
-            out, _ = checks.communicate(timeout=max(5.0, deadline - 45 - time.time()))
-        except subprocess.TimeoutExpired:
-            checks.kill()
-            out, _ = checks.communicate()
-            out += "\nTIMEOUT"
-        tail = out.strip().splitlines()
-        res["checks"] = {"returncode": checks.returncode, "summary": tail[-1] if tail else "", "tail": tail[-40:]}
+        res["checks"] = finish_pytest(checks, max(5.0, deadline - 45 - time.time()), keep=40)
         log(res["checks"]["summary"])
-    from kernel_baselines import ceilings
-
     res["ceilings"] = {"read_TBps": 1.0} if SMOKE else ceilings()
     log(res["ceilings"])
     read_bw = res["ceilings"]["read_TBps"] * 1e12
