@@ -228,6 +228,7 @@ def sweep_grouped(batches: list[int], read_bw: float, log, deadline: float, swee
         torch.cuda.empty_cache()
     return rows_out
 
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="moe_sweep.json")
