@@ -28,9 +28,9 @@ import sys
 import traceback
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from trace_rl.engine.timing import graph_median_us  # noqa: E402
 from trace_rl.formats.paged_kv import PagedKV, default_block_size  # noqa: E402
@@ -64,27 +64,12 @@ def ceilings() -> dict:
 
 
 def sdpa(batch: int, ctx: int, log) -> dict:
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from kernel_baselines import sdpa_backends_us
 
     q = torch.randn(batch, HQ, 1, D, device=DEV, dtype=torch.bfloat16)
     k = torch.randn(batch, HKV, ctx, D, device=DEV, dtype=torch.bfloat16)
     v = torch.randn_like(k)
-    res = {"kv_bytes": 2 * k.numel() * 2}
-    backends = {"default": None, "cudnn": SDPBackend.CUDNN_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
-                "flash": SDPBackend.FLASH_ATTENTION}
-    for name, be in backends.items():
-        def call(be=be, q=q, k=k, v=v):
-            if be is None:
-                return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-            with sdpa_kernel([be]):
-                return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-        try:
-            res[f"{name}_us"] = graph_us(call)
-        except Exception as e:   # a backend that refuses the shape: recorded, not fatal
-            res[f"{name}_error"] = repr(e)[:200]
-    times = {n: res[f"{n}_us"] for n in backends if f"{n}_us" in res}
-    res["best"] = min(times, key=times.get)
-    res["best_us"] = times[res["best"]]
+    res = {"kv_bytes": 2 * k.numel() * 2, **sdpa_backends_us(q, k, v, graph_us)}
     del q, k, v
     torch.cuda.empty_cache()
     return res

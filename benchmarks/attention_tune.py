@@ -34,6 +34,7 @@ import time
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 SMOKE = os.environ.get("ATTN_BENCH_SMOKE") == "1"     # CPU dry run (Triton's interpreter, tiny shapes)
 DEV = "cpu" if SMOKE else "cuda"
@@ -219,27 +220,12 @@ def check_worker(tasks: list, out_path: str, deadline: float) -> None:
 
 def sdpa_best(hkv: int, batch: int, ctx: int) -> dict:
     import torch
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from kernel_baselines import sdpa_backends_us
 
     q = torch.randn(batch, HQ, 1, D, device=DEV, dtype=torch.bfloat16)
     k = torch.randn(batch, hkv, ctx, D, device=DEV, dtype=torch.bfloat16)
     v = torch.randn_like(k)
-    res = {"kv_bytes": 2 * k.numel() * 2}
-    for name, be in {"default": None, "cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
-                     "efficient": SDPBackend.EFFICIENT_ATTENTION}.items():
-        def call(be=be):
-            if be is None:
-                return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-            with sdpa_kernel([be]):
-                return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-        try:
-            res[f"{name}_us"] = bench_us(call)
-        except Exception as e:                                      # a backend that refuses the shape
-            res[f"{name}_error"] = repr(e)[:160]
-    times = {n[:-3]: t for n, t in res.items() if n.endswith("_us")}
-    res["best"] = min(times, key=times.get)
-    res["best_us"] = times[res["best"]]
+    res = {"kv_bytes": 2 * k.numel() * 2, **sdpa_backends_us(q, k, v, bench_us)}
     return res                                        # the caller frees the tensors (empty_cache after return)
 
 

@@ -180,3 +180,28 @@ def finish_pytest(proc: subprocess.Popen, timeout: float, keep: int = 80) -> dic
         out += "\nTIMEOUT"
     tail = out.strip().splitlines()
     return {"returncode": proc.returncode, "summary": tail[-1] if tail else "", "tail": tail[-keep:]}
+
+
+def sdpa_backends_us(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, time_us) -> dict:
+    """BF16 decode attention baseline: `F.scaled_dot_product_attention` (GQA) timed by `time_us(fn)` under each SDPA
+    backend (default, cuDNN, efficient, flash); a backend that refuses the shape is recorded ("<name>_error"), not
+    fatal. Returns "<name>_us" per backend, "best" and "best_us"."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    res = {}
+    backends = {"default": None, "cudnn": SDPBackend.CUDNN_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                "flash": SDPBackend.FLASH_ATTENTION}
+    for name, be in backends.items():
+        def call(be=be):
+            if be is None:
+                return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+            with sdpa_kernel([be]):
+                return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        try:
+            res[f"{name}_us"] = time_us(call)
+        except Exception as e:   # noqa: BLE001
+            res[f"{name}_error"] = repr(e)[:200]
+    times = {n: res[f"{n}_us"] for n in backends if f"{n}_us" in res}
+    res["best"] = min(times, key=times.get)
+    res["best_us"] = times[res["best"]]
+    return res
