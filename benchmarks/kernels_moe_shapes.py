@@ -46,7 +46,7 @@ def grouped_configs(tiles=None):
     from trace_rl.kernels.fp4_gemm import GemmConfig
 
     tiles = GROUPED_TILES if tiles is None else tiles
-    return [GemmConfig(bm, bn, bk, 1, nw, ns, dual=bool(d)) for bm, bn, bk, nw, ns, *d in tiles]
+    return [GemmConfig(bm, bn, bk, 1, nw, ns, dual=bool(d and d[0])) for bm, bn, bk, nw, ns, *d in tiles]
 
 
 def dense_configs(M: int):
