@@ -22,6 +22,9 @@ run's records travel in the bundle; checkpoints (fp32 weights + AdamW: 208 MB fo
 64 MiB a call may carry, so they live on the device's disk: a run interrupted at a call's end resumes
 exactly if the next call finds the machine warm (calls issued back to back), and starts again from step 0
 on a fresh machine (its partial records are dropped, and the call log says so).
+
+Modules: stability_spec.py (plans, presets, the study's state), stability_restore.py (restore and pack
+across calls), stability_bundle.py (the bundle format), stability_status.py (status and report).
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import shlex
 import shutil
@@ -50,9 +52,8 @@ for folder in (ROOT / "benchmarks", ROOT / "scripts"):   # appended: their scrip
 
 import stability_bundle as B  # noqa: E402
 import train_study_policy as SFT  # noqa: E402
+from stability_restore import pack_bundle, restore  # noqa: E402
 from stability_spec import (  # noqa: E402
-    EST_STEP_SECONDS,
-    LAUNCH_SECONDS,
     MAX_FAILURES,
     STUDY_PRESETS,
     TERMINAL,
@@ -62,6 +63,7 @@ from stability_spec import (  # noqa: E402
     run_config,
     timestamp,
 )
+from stability_status import cmd_report, cmd_status, status_text  # noqa: E402
 
 # -- running things: in this process (tests, CPU) or as a subprocess with a hard backstop (GPU) --
 
@@ -301,61 +303,6 @@ def stage_runs(study: Study, deadline: float, inprocess: bool, jobs: int, log, r
         t.join()
 
 
-# -- restore and pack --
-
-def restore(work: Path, bundle: Path | None, spec: dict | None, log) -> Study:
-    """The study to continue: the device disk when it is at least as new as the bundle (a warm machine), else
-    the bundle unpacked into a clean `work`; a new study from `spec` when there is neither."""
-    manifest = B.read_manifest(bundle)
-    local = Study.load(work)
-    if local is not None and (manifest is None or local.generation >= manifest["generation"]):
-        log(f"restored from the device disk (generation {local.generation}: the machine was warm)")
-        return local
-    if work.exists():
-        shutil.rmtree(work)
-    if manifest is None:
-        if spec is None:
-            raise SystemExit("no study in --work or --bundle: start one with --preset gpu (or smoke)")
-        study = Study(work, spec)
-        study.save()
-        log(f"new study ({spec['preset']}) in {work}")
-        return study
-    B.unpack(bundle, manifest["study"], work)
-    if manifest.get("policy"):
-        B.unpack(bundle, manifest["policy"], work / "policy")
-    B.write_manifest(work, manifest)            # what the carried bundle holds (the policy need not travel back)
-    study = Study.load(work)
-    log(f"restored from the bundle (generation {study.generation}; fresh machine: checkpoints are not carried)")
-    return study
-
-
-def _keep_in_bundle(rel: Path) -> bool:
-    parts = rel.parts
-    if parts[0] in ("policy", B.MANIFEST) or any(p.startswith("checkpoint") for p in parts):
-        return False
-    return not (parts[0] == "runs" and rel.name in ("curves.png",)) and not rel.name.endswith(".tmp")
-
-
-def pack_bundle(study: Study, out: Path) -> dict:
-    """study.tgz parts always; policy.tar parts only when the policy differs from the one the carried bundle
-    already holds (its policy.json, which names the weights' sha256, is compared)."""
-    import hashlib
-
-    out.mkdir(parents=True, exist_ok=True)
-    last = B.read_manifest(study.work) or {}
-    manifest = {"generation": study.generation, "created": timestamp(), "policy": None}
-    policy_json = study.policy / "policy.json"
-    if policy_json.is_file():
-        digest = hashlib.sha256(policy_json.read_bytes()).hexdigest()
-        carried = last.get("policy")
-        manifest["policy"] = carried if carried and carried.get("policy_json_sha256") == digest else {
-            **B.pack(study.policy, out, "policy.tar", compress=False), "policy_json_sha256": digest}
-    B.write_manifest(study.work, manifest)      # in study.tgz too: the next call reads it from either place
-    manifest["study"] = B.pack(study.work, out, "study.tgz", _keep_in_bundle, compress=True)
-    B.write_manifest(out, manifest)
-    return manifest
-
-
 def call(args) -> int:
     start = time.time()
     deadline = start + args.budget - args.reserve
@@ -403,77 +350,6 @@ def call(args) -> int:
     print(f"bundle generation {manifest['generation']} in {out}: {', '.join(sorted(os.listdir(out)))}"
           + (f"; PROBLEMS: {'; '.join(problems)}" if problems else ""), flush=True)
     return 1 if problems else 0
-
-
-# -- status / projection --
-
-def status_text(study: Study) -> str:
-    info = study.policy_info()
-    lines = [f"policy: {'none yet' if info is None else ('done' if info['done'] else 'SFT unfinished')}"
-             + ("" if info is None else f" (step {info['step']}, held-out accuracy {info['accuracy']})")]
-    remaining, measured = 0.0, {}
-    for plan, seed in study.order():
-        s = study.status(plan, seed)
-        history = _train_records(study.run_dir(plan, seed))
-        if history:
-            measured.setdefault(plan, []).append(sorted(r["step_seconds"] for r in history)[len(history) // 2])
-        left = 0 if s["state"] in TERMINAL else study.spec["steps"] - len(history)
-        per_step = (sum(measured[plan]) / len(measured[plan]) * 1.1) if plan in measured else \
-            EST_STEP_SECONDS.get(plan.removesuffix("-lr3x"), 7.0)
-        cost = left * per_step + (LAUNCH_SECONDS if left else 0.0)
-        remaining += cost
-        lines.append(f"  {plan:16s} seed {seed}: {s['state']:12s} {len(history):4d}/{study.spec['steps']} steps"
-                     + (f", ~{cost / 60:.0f} min left" if left else ""))
-    usable = 540.0 - 30.0
-    calls = math.ceil(remaining / usable) if remaining else 0
-    lines.append(f"left: ~{remaining / 60:.0f} device-minutes = ~{calls} calls of 600 s (~{math.ceil(calls / 2.5)} "
-                 f"sessions of 30 min at ~2.5 calls each); step times measured for: {', '.join(measured) or 'none'}")
-    return "\n".join(lines)
-
-
-def _train_records(run_dir: Path) -> list[dict]:
-    from trace_rl.pipelines.run_log import read_history
-
-    return [r for r in read_history(run_dir) if r.get("kind") == "train"] if run_dir.is_dir() else []
-
-
-def study_from_bundle(bundle: Path, into: Path) -> Study:
-    manifest = B.read_manifest(bundle)
-    if manifest is None:
-        raise SystemExit(f"{bundle}: no {B.MANIFEST} (copy the files of the last call's $OUT there)")
-    if into.exists():
-        shutil.rmtree(into)
-    B.unpack(bundle, manifest["study"], into)
-    return Study.load(into)
-
-
-def cmd_status(args) -> int:
-    study = Study.load(Path(args.work)) if args.work else study_from_bundle(Path(args.bundle), Path(args.tmp))
-    print(status_text(study))
-    return 0
-
-
-def cmd_report(args) -> int:
-    from trace_rl.audit.study_report import write_report
-
-    study = Study.load(Path(args.work)) if args.work else study_from_bundle(Path(args.bundle), Path(args.tmp))
-    result = write_report(study.runs, Path(args.docs), title=args.title, order=[p for p, _ in study.order()])
-    if args.raw:
-        raw = Path(args.raw)
-        raw.mkdir(parents=True, exist_ok=True)
-        for plan, seed in study.order():
-            d = study.run_dir(plan, seed)
-            if (d / "metrics.jsonl").is_file():
-                shutil.copy(d / "metrics.jsonl", raw / f"{plan}-seed{seed}.jsonl")
-            if (study.runs / plan / "preflight.json").is_file():
-                shutil.copy(study.runs / plan / "preflight.json", raw / f"{plan}-preflight.json")
-        for name in ("calls.jsonl", "sft/sft.jsonl", "study.json"):
-            if (study.work / name).is_file():
-                shutil.copy(study.work / name, raw / name.replace("/", "-"))
-    print(result["markdown"])
-    print(f"wrote {args.docs}/report.md, report.json, curves.png"
-          + (f"; raw records in {args.raw}" if args.raw else ""))
-    return 0
 
 
 def cmd_prepare(args) -> int:

@@ -1,0 +1,72 @@
+"""What the stability study has done and what is left (`stability_study.py status`: the projection in device
+calls and sessions) and its report (`stability_study.py report`: tables, curves, raw records).
+
+Imported by stability_study.py after it has put benchmarks/ and scripts/ on sys.path."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+
+from stability_restore import study_from_bundle
+from stability_spec import EST_STEP_SECONDS, LAUNCH_SECONDS, TERMINAL, Study
+
+
+def status_text(study: Study) -> str:
+    info = study.policy_info()
+    lines = [f"policy: {'none yet' if info is None else ('done' if info['done'] else 'SFT unfinished')}"
+             + ("" if info is None else f" (step {info['step']}, held-out accuracy {info['accuracy']})")]
+    remaining, measured = 0.0, {}
+    for plan, seed in study.order():
+        s = study.status(plan, seed)
+        history = _train_records(study.run_dir(plan, seed))
+        if history:
+            measured.setdefault(plan, []).append(sorted(r["step_seconds"] for r in history)[len(history) // 2])
+        left = 0 if s["state"] in TERMINAL else study.spec["steps"] - len(history)
+        per_step = (sum(measured[plan]) / len(measured[plan]) * 1.1) if plan in measured else \
+            EST_STEP_SECONDS.get(plan.removesuffix("-lr3x"), 7.0)
+        cost = left * per_step + (LAUNCH_SECONDS if left else 0.0)
+        remaining += cost
+        lines.append(f"  {plan:16s} seed {seed}: {s['state']:12s} {len(history):4d}/{study.spec['steps']} steps"
+                     + (f", ~{cost / 60:.0f} min left" if left else ""))
+    usable = 540.0 - 30.0
+    calls = math.ceil(remaining / usable) if remaining else 0
+    lines.append(f"left: ~{remaining / 60:.0f} device-minutes = ~{calls} calls of 600 s (~{math.ceil(calls / 2.5)} "
+                 f"sessions of 30 min at ~2.5 calls each); step times measured for: {', '.join(measured) or 'none'}")
+    return "\n".join(lines)
+
+
+def _train_records(run_dir: Path) -> list[dict]:
+    from trace_rl.pipelines.run_log import read_history
+
+    return [r for r in read_history(run_dir) if r.get("kind") == "train"] if run_dir.is_dir() else []
+
+
+def cmd_status(args) -> int:
+    study = Study.load(Path(args.work)) if args.work else study_from_bundle(Path(args.bundle), Path(args.tmp))
+    print(status_text(study))
+    return 0
+
+
+def cmd_report(args) -> int:
+    from trace_rl.audit.study_report import write_report
+
+    study = Study.load(Path(args.work)) if args.work else study_from_bundle(Path(args.bundle), Path(args.tmp))
+    result = write_report(study.runs, Path(args.docs), title=args.title, order=[p for p, _ in study.order()])
+    if args.raw:
+        raw = Path(args.raw)
+        raw.mkdir(parents=True, exist_ok=True)
+        for plan, seed in study.order():
+            d = study.run_dir(plan, seed)
+            if (d / "metrics.jsonl").is_file():
+                shutil.copy(d / "metrics.jsonl", raw / f"{plan}-seed{seed}.jsonl")
+            if (study.runs / plan / "preflight.json").is_file():
+                shutil.copy(study.runs / plan / "preflight.json", raw / f"{plan}-preflight.json")
+        for name in ("calls.jsonl", "sft/sft.jsonl", "study.json"):
+            if (study.work / name).is_file():
+                shutil.copy(study.work / name, raw / name.replace("/", "-"))
+    print(result["markdown"])
+    print(f"wrote {args.docs}/report.md, report.json, curves.png"
+          + (f"; raw records in {args.raw}" if args.raw else ""))
+    return 0
