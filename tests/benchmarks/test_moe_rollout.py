@@ -1,8 +1,9 @@
-"""benchmarks/moe_rollout.py's shape-only parts: the batch estimate (call 1's measured B on the H200 from the shapes
-alone; the FP4 reference offload raises it) and the profile's kernel classes."""
+"""benchmarks/moe_rollout.py's and moe_profile.py's shape-only parts: the batch estimate (call 1's measured B on
+the H200 from the shapes alone; the FP4 reference offload raises it) and the profile's kernel classes."""
 
 from __future__ import annotations
 
+import moe_profile as mp
 import moe_rollout as mr
 
 
@@ -22,7 +23,7 @@ def test_estimate_reproduces_call_1_and_offload_raises_fp4_capacity(tmp_path):
 
 
 def test_kernel_classes():
-    k = mr.kernel_class
+    k = mp.kernel_class
     assert k("experts", "_fp4_grouped_kernel") == k(None, "_fp4_grouped_kernel") == "experts_gemm"
     assert k("experts", "void cutlass::device_kernel<grouped>") == "experts_gemm"       # torch._scaled_grouped_mm
     assert k("experts", "_quantize_rows_kernel") == "act_quant"
@@ -46,5 +47,5 @@ def test_span_ranges_take_the_innermost_enclosing_span():
     spans = [_Evt("op:experts", 10, 50), _Evt("op:activation", 20, 30), _Evt("op:attention", 60, 70)]
     kernels = [_Evt("a", 5, 8), _Evt("gemm", 10, 19), _Evt("silu", 20, 25), _Evt("mul", 25, 30),
                _Evt("gemm2", 31, 50), _Evt("gap", 52, 55), _Evt("attn", 60, 70)]
-    assert mr.span_ranges(kernels, spans) == [None, "experts", "activation", "activation", "experts", None,
+    assert mp.span_ranges(kernels, spans) == [None, "experts", "activation", "activation", "experts", None,
                                              "attention"]
