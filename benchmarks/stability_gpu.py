@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -37,7 +36,7 @@ from trace_rl.models.decoder import build  # noqa: E402
 from trace_rl.models.presets import char_tokenizer_for  # noqa: E402
 from trace_rl.plan import PrecisionPlan  # noqa: E402
 from trace_rl.tasks import ArithmeticTask  # noqa: E402
-from trace_rl.tasks.sft import sft_batch  # noqa: E402
+from trace_rl.tasks.sft import sft_autocast, sft_batch, sft_step  # noqa: E402
 
 # Priority order: what the study needs first (bf16 floor, full FP4, FP8), then attributions and the fix.
 PLANS = {
@@ -61,8 +60,7 @@ def sft(model, task, tok, args, device, log) -> list[dict]:
     """Time-bounded SFT: AdamW, warm-up then cosine decay over the *wall-clock* budget."""
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1,
                             fused=device.type == "cuda")
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast(
-        "cpu", enabled=False)
+    autocast = sft_autocast(device)
     curve, step, t0 = [], 0, time.perf_counter()
     model.train()
     while (elapsed := time.perf_counter() - t0) < args.sft_seconds:
@@ -74,15 +72,7 @@ def sft(model, task, tok, args, device, log) -> list[dict]:
             group["lr"] = lr
         step += 1
         tokens, mask = encode_batch(task, tok, task.problems(args.batch, args.seed * 7919 + step, "train"), device)
-        with autocast:
-            logits = model(tokens[:, :-1])
-        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1),
-                               reduction="none")
-        loss = (loss * mask[:, 1:].reshape(-1)).sum() / mask[:, 1:].sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        loss, _ = sft_step(model, opt, tokens, mask, autocast)
         if step % 25 == 0 or step == 1:
             curve.append({"step": step, "seconds": time.perf_counter() - t0, "loss": loss.item(), "lr": lr,
                           "tokens": int(mask.sum())})

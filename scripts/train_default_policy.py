@@ -17,13 +17,12 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from trace_rl.engine.base import SamplingParams
 from trace_rl.models.loading import save_pretrained
 from trace_rl.models.presets import tiny_model
 from trace_rl.tasks import ArithmeticTask
-from trace_rl.tasks.sft import sft_batch
+from trace_rl.tasks.sft import sft_batch, sft_step
 
 OUT = Path(__file__).resolve().parent.parent / "trace_rl" / "assets" / "default_policy"
 
@@ -91,13 +90,7 @@ def main() -> None:
     last = min(args.steps, args.stop_after or args.steps)
     for step in range(1, last + 1):
         tokens, mask = encode_batch(tok, task.problems(args.batch, args.seed * 7919 + step, "train"), task, device)
-        logits = model(tokens[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1), reduction="none")
-        loss = (loss * mask[:, 1:].reshape(-1)).sum() / mask[:, 1:].sum()
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        loss, _ = sft_step(model, opt, tokens, mask)
         sched.step()
         if step % args.eval_every == 0 or step == last or step in save_at:
             model.eval()

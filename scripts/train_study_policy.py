@@ -44,7 +44,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -52,7 +51,7 @@ if str(ROOT) not in sys.path:
 
 from trace_rl.models.config import ModelConfig  # noqa: E402
 from trace_rl.tasks import build_task  # noqa: E402
-from trace_rl.tasks.sft import sft_batch  # noqa: E402
+from trace_rl.tasks.sft import sft_autocast, sft_batch, sft_step  # noqa: E402
 
 _IDS = dict(vocab_size=128, bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=True, qk_norm=True,
             max_position_embeddings=4096, family="qwen3")
@@ -237,8 +236,7 @@ def train(recipe: dict, work: Path, policy_dir: Path, deadline: float | None = N
         f"tokens, from step {state['step']}")
 
     evaluator = Evaluator(model, tok, task, recipe, device, max_new)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast(
-        "cpu", enabled=False)
+    autocast = sft_autocast(device)
     seed = recipe["seed"]
 
     def make_batch(step):
@@ -276,15 +274,7 @@ def train(recipe: dict, work: Path, policy_dir: Path, deadline: float | None = N
                 group["lr"] = lr_at(recipe, step, state["restart_step"])
             tokens, mask = pending.result()
             pending = pool.submit(make_batch, step + 1)
-            with autocast:
-                logits = model(tokens[:, :-1])
-            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1),
-                                   reduction="none")
-            loss = (loss * mask[:, 1:].reshape(-1)).sum() / mask[:, 1:].sum()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
+            loss, grad_norm = sft_step(model, opt, tokens, mask, autocast)
             state["step"] = step + 1
             tokens_since += int(mask.sum())
             if state["step"] % recipe["log_every"] == 0 or state["step"] == 1:
