@@ -42,30 +42,36 @@ EST_STEP_SECONDS = {"bf16": 2.5, "fp8": 2.8, "fp4": 2.8, "fp4-tis": 2.8, "fp4-ge
                     "fp4-guided": 3.5, "kv-fp4": 2.6, "fp4-mx": 2.8}
 LAUNCH_SECONDS = 40.0            # python + model + engine (CUDA graphs, Triton compiles) before the first step
 
+def _rl_config(*, lr: float, micro_batch_size: int, warmup_steps: int, prompts_per_step: int, group_size: int,
+               eval_every: int, eval_prompts: int, checkpoint_every: int, max_batch: int, device: str,
+               plot: bool) -> dict:
+    """Every run's pipeline config (before the plan's preset and overrides): GRPO without a KL term, constant lr
+    after warm-up, native engine at temperature 1, fp32 trainer, stop on collapse; the sizes per preset."""
+    return {"trainer": {"lr": lr, "micro_batch_size": micro_batch_size,
+                        "lr_schedule": {"kind": "constant", "warmup_steps": warmup_steps},
+                        "loss": {"kind": "grpo", "kl_to_ref_coeff": None}},
+            "loop": {"prompts_per_step": prompts_per_step, "group_size": group_size, "eval_every": eval_every,
+                     "eval_prompts": eval_prompts, "checkpoint_every": checkpoint_every, "collapse": {"stop": True}},
+            "rollout": {"engine": "native", "max_batch": max_batch, "sampling": {"temperature": 1.0}},
+            "model": {"dtype": "float32", "device": device},
+            "logging": {"progress": False, "plot": plot}}
+
+
 STUDY_PRESETS = {
     "gpu": {
         "recipe": "gpu", "steps": 150, "order": DEFAULT_ORDER, "k3_fail_above": 0.01,
         "preflight": {"num_prompts": 64, "samples": 4},
-        "rl": {"trainer": {"lr": 2.0e-5, "micro_batch_size": 64, "lr_schedule": {"kind": "constant", "warmup_steps": 5},
-                           "loss": {"kind": "grpo", "kl_to_ref_coeff": None}},
-               "loop": {"prompts_per_step": 16, "group_size": 8, "eval_every": 10, "eval_prompts": 128,
-                        "checkpoint_every": 10, "collapse": {"stop": True}},
-               "rollout": {"engine": "native", "max_batch": 128, "sampling": {"temperature": 1.0}},
-               "model": {"dtype": "float32", "device": "auto"},
-               "logging": {"progress": False, "plot": True}},
+        "rl": _rl_config(lr=2.0e-5, micro_batch_size=64, warmup_steps=5, prompts_per_step=16, group_size=8,
+                         eval_every=10, eval_prompts=128, checkpoint_every=10, max_batch=128, device="auto",
+                         plot=True),
         "min_slice": 120.0, "preflight_seconds": 150.0,
     },
     "smoke": {
         "recipe": "smoke", "steps": 2, "order": [f"{p}:0" for p in ("bf16", "fp8", "fp4", "fp4-tis", "fp4-geo",
                                                                      "fp4-aligned", "fp4-guided")],
         "k3_fail_above": 0.01, "preflight": {"num_prompts": 4, "samples": 2},
-        "rl": {"trainer": {"lr": 1e-4, "micro_batch_size": 16, "lr_schedule": {"kind": "constant", "warmup_steps": 0},
-                           "loss": {"kind": "grpo", "kl_to_ref_coeff": None}},
-               "loop": {"prompts_per_step": 4, "group_size": 2, "eval_every": 1, "eval_prompts": 4,
-                        "checkpoint_every": 1, "collapse": {"stop": True}},
-               "rollout": {"engine": "native", "max_batch": 8, "sampling": {"temperature": 1.0}},
-               "model": {"dtype": "float32", "device": "cpu"},
-               "logging": {"progress": False, "plot": False}},
+        "rl": _rl_config(lr=1e-4, micro_batch_size=16, warmup_steps=0, prompts_per_step=4, group_size=2,
+                         eval_every=1, eval_prompts=4, checkpoint_every=1, max_batch=8, device="cpu", plot=False),
         "min_slice": 0.0, "preflight_seconds": 0.0,
     },
 }
