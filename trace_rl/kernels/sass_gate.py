@@ -11,7 +11,9 @@ compiled); tests/kernels/test_sass_gate.py runs it in a subprocess.
 A case (`GateCase`) names a `@triton.jit` kernel, its signature and constexprs, and what one iteration of its
 main loop processes per thread (`elements_per_thread`: weight elements for a GEMM, K/V elements for
 attention). The gate finds the main loop (the longest backward branch), counts its SASS instructions and
-checks:
+checks (a loop-free kernel, e.g. an element-wise one that holds its whole tile in registers, sets
+`whole_kernel`: its every instruction up to the last EXIT counts, against what one program processes per
+thread):
 - instructions per element <= `budget`;
 - no opcode of `forbid` in the loop (default STS / STSM / LDSM: a decoded tile must not go through shared
   memory before the MMA);
@@ -39,7 +41,8 @@ import tempfile
 from dataclasses import dataclass, field
 
 GATE_MODULES = ("trace_rl.kernels.fp4_gemm", "trace_rl.kernels.fp4_grouped", "trace_rl.kernels.fp4_relayout",
-                "trace_rl.kernels.paged_attention")
+                "trace_rl.kernels.paged_attention", "trace_rl.kernels.row_quantize_gate",
+                "trace_rl.kernels.swiglu")
 _LINE = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 _OPCODE = re.compile(r"^(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)")
 
@@ -58,6 +61,7 @@ class GateCase:
     register_a: bool = True
     forbid: tuple = ("STS", "STSM", "LDSM")
     max_full_waits: int = 1
+    whole_kernel: bool = False           # no main loop: count the whole kernel (static, up to the last EXIT)
 
 
 @dataclass
@@ -117,16 +121,24 @@ def main_loop(sass: str) -> list[str]:
     return [text for a, text in lines if best[2] <= a <= best[3]]
 
 
+def whole_kernel(sass: str) -> list[str]:
+    """Instructions (text without address) of the kernel up to its last EXIT (the self-branch and NOP padding
+    after it are no work)."""
+    body = [m.group(2) for m in map(_LINE.match, sass.splitlines()) if m]
+    last_exit = max((i for i, t in enumerate(body) if re.match(r"(?:@!?U?P\w+\s+)?EXIT\b", t)), default=-1)
+    return body[:last_exit + 1]
+
+
 def inspect(case: GateCase, sass: str, usage: dict) -> GateReport:
     import triton
 
-    body = main_loop(sass)
+    body = whole_kernel(sass) if case.whole_kernel else main_loop(sass)
     ops = collections.Counter(m.group(1) for m in map(_OPCODE.match, body) if m)
     rep = GateReport(case.name, triton.__version__, len(body) / case.elements_per_thread, len(body),
                      usage.get("REG", 0), usage.get("STACK", 0) + usage.get("LOCAL", 0), usage.get("SHARED", 0),
                      dict(ops.most_common()))
     if not body:
-        rep.violations.append("no main loop found")
+        rep.violations.append("no EXIT found" if case.whole_kernel else "no main loop found")
         return rep
     if rep.per_element > case.budget:
         rep.violations.append(f"{rep.per_element:.2f} SASS per element > budget {case.budget}")

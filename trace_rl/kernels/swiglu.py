@@ -50,3 +50,15 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     _silu_mul_kernel[grid](x2, out, rows, i, x2.stride(0), out.stride(0), BLOCK_M=block_m, BLOCK_N=block_n,
                            num_warps=4)
     return out.view(*gate_up.shape[:-1], i)
+
+
+def sass_gate_cases():
+    """The sm_90 compile gate (sass_gate.py): the tile `silu_mul` launches for I >= 1024 (BLOCK_N 1024,
+    BLOCK_M 4, 4 warps: 32 elements per thread), bf16. Loop-free: the whole kernel counts. Triton 3.6 today
+    (CPU compile, 2026-12-01): 568 SASS instructions / 32 elements = 17.75 per element; budget 20 (~10%)."""
+    from trace_rl.kernels.sass_gate import GateCase
+
+    sig = dict(x_ptr="*bf16", out_ptr="*bf16", n_rows="i32", I="i32", stride_x="i32", stride_o="i32")
+    return [GateCase("silu_mul bf16 4x1024", _silu_mul_kernel, sig, dict(BLOCK_M=4, BLOCK_N=1024), 4, 1,
+                     4 * 1024 / 128, 20.0, divisible=("x_ptr", "out_ptr", "I", "stride_x", "stride_o"),
+                     register_a=False, forbid=(), whole_kernel=True)]

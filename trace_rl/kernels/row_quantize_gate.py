@@ -1,0 +1,57 @@
+"""The sm_90 compile gate's cases (trace_rl/kernels/sass_gate.py) for the row quantizer (row_quantize.py; kept
+apart so that file stays under ~500 lines): the tiles `_dequant_tiles` and `_tiles` pick for the Qwen3-30B-A3B
+shapes (hidden 2048; SiLU x mul of the 768-wide experts). Both kernels are loop-free at these widths (a whole
+row is one tile), so the whole kernel counts, per element a thread quantizes.
+
+Budgets: what Triton 3.6 compiles them to today (SASS instructions up to the last EXIT, so the out-of-line
+slow path of the IEEE divisions is not counted; CPU compile, 2026-12-01) plus ~10%:
+    quantize_dequant nvfp4:row K2048      889 instr / 16 elem = 55.6  -> budget 61
+    quantize_dequant nvfp4:row silu K768 1718 instr / 24 elem = 71.6  -> budget 79
+    quantize_dequant mxfp4 K2048          415 instr / 16 elem = 25.9  -> budget 29
+    quantize_rows nvfp4:row K2048        1087 instr / 16 elem = 67.9  -> budget 75
+    quantize_rows fp8_e4m3:row K2048      697 instr / 16 elem = 43.6  -> budget 48
+"""
+
+from __future__ import annotations
+
+from trace_rl.kernels.row_quantize import (
+    FMT_FP8_ROW,
+    FMT_NVFP4_ROW,
+    _dequant_tiles,
+    _quantize_dequant_rows_kernel,
+    _quantize_rows_kernel,
+    _tiles,
+)
+
+ROWS = 4096        # tokens in the batch; the tiles do not depend on it past a few rows
+
+
+def sass_gate_cases():
+    from trace_rl.kernels.sass_gate import GateCase
+
+    cases = []
+    sig = dict(x_ptr="*bf16", out_ptr="*bf16", gscale_ptr="*fp32", n_rows="i32", K="i32", stride_x="i32",
+               stride_out="i32")
+    for name, mx, K, silu, budget in (("nvfp4:row K2048", False, 2048, False, 61.0),
+                                      ("nvfp4:row silu K768", False, 768, True, 79.0),
+                                      ("mxfp4 K2048", True, 2048, False, 29.0)):
+        rows, nb, nch, warps = _dequant_tiles(ROWS, K, 32 if mx else 16)
+        cases.append(GateCase(f"quantize_dequant {name}", _quantize_dequant_rows_kernel, sig,
+                              dict(MX=mx, ROWS=rows, NB=nb, NCH=nch, SILU_MUL=silu), warps, 1,
+                              rows * K / (32 * warps), budget,
+                              divisible=("x_ptr", "out_ptr", "gscale_ptr", "K", "stride_x", "stride_out"),
+                              register_a=False, forbid=(), whole_kernel=True))
+    # `quantize` (codes and scales out): nvfp4:row and fp8 rows, K = 2048
+    for name, fmt, budget in (("nvfp4:row K2048", FMT_NVFP4_ROW, 75.0), ("fp8_e4m3:row K2048", FMT_FP8_ROW, 48.0)):
+        K = 2048
+        block_m, block_k, warps = _tiles(ROWS, K, 16)
+        sig = dict(x_ptr="*bf16", codes_ptr="*u8", scales_ptr="*fp32" if fmt == FMT_FP8_ROW else "*u8",
+                   gscale_ptr="*fp32" if fmt == FMT_NVFP4_ROW else "*u8", dest_ptr="*u8", n_rows="i32", K="i32",
+                   stride_x="i32", stride_codes="i32", stride_scales="i32", heads="i32")
+        cases.append(GateCase(f"quantize_rows {name}", _quantize_rows_kernel, sig,
+                              dict(FMT=fmt, HAS_DEST=False, EMIT_BF16=False, BLOCK_M=block_m, BLOCK_K=block_k,
+                                   SINGLE=K <= block_k, SILU_MUL=False), warps, 1, block_m * K / (32 * warps),
+                              budget, divisible=("x_ptr", "codes_ptr", "scales_ptr", "K", "stride_x",
+                                                 "stride_codes", "stride_scales"),
+                              register_a=False, forbid=(), whole_kernel=True))
+    return cases
