@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from trace_rl.engine.timing import graph_median_us  # noqa: E402
+from trace_rl.bench.measure import graph_median_us  # noqa: E402
 from trace_rl.formats.paged_kv import PagedKV, default_block_size  # noqa: E402
 
 SMOKE = os.environ.get("ATTN_BENCH_SMOKE") == "1"     # CPU dry run of the script (interpreter, tiny shapes)

@@ -70,7 +70,7 @@ def bench_us(fn) -> float:
         t = time.perf_counter()
         fn()
         return (time.perf_counter() - t) * 1e6
-    from trace_rl.engine.timing import graph_median_us
+    from trace_rl.bench.measure import graph_median_us
 
     return graph_median_us([fn] * 3, reps=5, warmup=1)
 

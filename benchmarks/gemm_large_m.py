@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from trace_rl.backends import PackedWeight  # noqa: E402
-from trace_rl.engine.timing import graph_median_us  # noqa: E402
+from trace_rl.bench.measure import graph_median_us  # noqa: E402
 from trace_rl.kernels.fp4_gemm import LARGE_M, M32, MID_M, SMALL_M, WIDE_M, GemmConfig, default_config  # noqa: E402
 
 DEV = "cuda"

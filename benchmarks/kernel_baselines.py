@@ -16,7 +16,7 @@ from concurrent.futures import ProcessPoolExecutor
 import torch
 import torch.nn.functional as F
 
-from trace_rl.engine.timing import graph_median_us
+from trace_rl.bench.measure import graph_median_us
 
 DEV = "cuda"
 
