@@ -13,7 +13,13 @@ for nvfp4, its own global scale — so a plan quantizes an expert like any other
 stacked (`w_codes [E, N, K/2]`, `w_scales [E, N, ...]`, `w_global_scale [E]`, or `weight [E, N, K]` for
 bf16) so a grouped kernel reads them in one launch; `packed(e)` views one expert for the per-linear
 backends, `stacked()` all of them as the [E, N, K] PackedWeight of the grouped FP4 kernel (views of the
-same buffers, no second copy of the codes). `load_weight` re-quantizes in place and re-derives the kernel
+same buffers, no second copy of the codes).
+
+Stacked parts (`parts=2`: an MoE layer's gate | up, one GEMM launch for both): each part of an expert is
+quantized as its own Linear would be. Row-local formats (mxfp4, fp8 per row) need nothing for that; nvfp4
+keeps each part's own global scale per row (`w_global_scale [E, N, 1]`, row r holding its part's global), which
+the Hopper layout's per-row factor, the relayout kernel and the format's dequantization take as they are: codes,
+scales and outputs are the unstacked pair's, bit for bit. Formats whose scales span rows refuse parts. `load_weight` re-quantizes in place and re-derives the kernel
 layouts in place, so captured CUDA graphs stay valid.
 
 Forward over a buffer of rows sorted by expert (`trace_rl.models.grouped.permute`), `ends [E]` int32 on the
@@ -52,13 +58,15 @@ from torch import nn
 
 from trace_rl.backends.base import PackedWeight
 from trace_rl.backends.registry import backend_for_format
-from trace_rl.formats import QTensor
+from trace_rl.formats import QTensor, get_format
 from trace_rl.op_ranges import op_range
 
 log = logging.getLogger("trace_rl.backends.grouped_linear")
 
 GROUPED_PATHS = ("grouped_mm", "fp4_grouped", "fp8_grouped", "loop")
 FP4_GROUPED_FORMATS = ("nvfp4", "mxfp4")
+ROW_LOCAL_FORMATS = ("fp8_e4m3:row", "fp8_e5m2:row", "mxfp4")   # scales within a row: stacking rows changes nothing
+PART_SCALED_FORMATS = ("nvfp4",)    # a per-tensor global scale: stacked parts keep theirs, stored per row
 FP8_GROUPED_ALIGN = 16
 _FP8_GROUPED_SUPPORT: dict[int, str] = {}      # device index -> "" (runs) or why not
 
@@ -152,7 +160,6 @@ def fp8_grouped_support(device: torch.device) -> str:
     idx = torch.cuda.current_device() if idx is None else idx
     if idx in _FP8_GROUPED_SUPPORT:
         return _FP8_GROUPED_SUPPORT[idx]
-    from trace_rl.formats import get_format
 
     dev = torch.device("cuda", idx)
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -177,20 +184,45 @@ def fp8_grouped_support(device: torch.device) -> str:
     return why
 
 
+def check_parts(weight_fmt: str, out_features: int, parts: int) -> int:
+    """`parts` row blocks of equal size, each quantized as its own Linear: any count for the row-local formats
+    (quantizing the blocks apart is quantizing them together), nvfp4 through per-row global scales."""
+    if parts < 1 or out_features % parts:
+        raise ValueError(f"GroupedQuantLinear: parts={parts} must be >= 1 and divide the {out_features} output rows")
+    if parts > 1 and weight_fmt != "bf16":
+        name = get_format(weight_fmt).name
+        if name not in ROW_LOCAL_FORMATS + PART_SCALED_FORMATS:
+            raise ValueError(f"GroupedQuantLinear: {name} scales span rows, so {parts} stacked parts cannot keep "
+                             f"their own quantization; formats that can: "
+                             f"{', '.join(ROW_LOCAL_FORMATS + PART_SCALED_FORMATS)} (else build one per part)")
+    return parts
+
+
+def stack_parts(qs: list[QTensor]) -> QTensor:
+    """nvfp4 QTensors [N_p, K] (one per part, each with its own global scale) -> one [sum N_p, K] whose global
+    scale is per row ([N, 1]: row r carries its part's global), so codes, scales and every row's dequantization
+    are the parts' own, bit for bit (the Hopper layout's row factor is per row: `kernels.hopper_fp4`)."""
+    first = qs[0]
+    glob = torch.cat([q.global_scale.float().reshape(1).expand(q.shape[0]) for q in qs]).view(-1, 1)
+    return QTensor(torch.cat([q.codes for q in qs]), torch.cat([q.scales for q in qs]), glob,
+                   (sum(q.shape[0] for q in qs), first.shape[1]), first.dtype, first.format)
+
+
 class GroupedQuantLinear(nn.Module):
     REDERIVE_CHUNK = 16      # experts per re-derivation step of an offloaded layout (bounds its temporaries)
 
-    def __init__(self, weight: torch.Tensor, weight_fmt: str, act_fmt: str = "bf16"):
+    def __init__(self, weight: torch.Tensor, weight_fmt: str, act_fmt: str = "bf16", parts: int = 1):
         super().__init__()
         if weight.dim() != 3:
             raise ValueError(f"GroupedQuantLinear takes [experts, out, in] weights, got {tuple(weight.shape)}")
         self.backend = backend_for_format(weight_fmt)
         self.num_experts, self.out_features, self.in_features = weight.shape
         self.weight_fmt, self.act_fmt = weight_fmt, act_fmt
+        self.parts = check_parts(weight_fmt, self.out_features, parts)
         if weight_fmt == "bf16":
             self.register_buffer("weight", weight.detach())
         else:
-            packs = [self.backend.prepare_weight(weight[e], weight_fmt).q for e in range(self.num_experts)]
+            packs = [self._quantize_expert(weight[e]) for e in range(self.num_experts)]
             stack = lambda ts: None if ts[0] is None else torch.stack(ts)  # noqa: E731
             self.register_buffer("w_codes", stack([q.codes for q in packs]))
             self.register_buffer("w_scales", stack([q.scales for q in packs]))
@@ -204,6 +236,14 @@ class GroupedQuantLinear(nn.Module):
         self._fp8_why: dict[torch.device, str] = {}
         self._fp8_scale_b: tuple[tuple, torch.Tensor] | None = None   # (buffer key, [E, N] float32 scales)
         self.compute_device: torch.device | None = None   # set by offload_reference: where the kernel layout lives
+
+    def _quantize_expert(self, w: torch.Tensor) -> QTensor:
+        """Expert weight [N, K] -> its QTensor: each of the `parts` row blocks quantized as its own Linear
+        (`stack_parts`), or the whole at once (one part, or a row-local format where that is the same)."""
+        fmt = self.weight_fmt
+        if self.parts == 1 or get_format(fmt).name not in PART_SCALED_FORMATS:
+            return self.backend.prepare_weight(w, fmt).q
+        return stack_parts([self.backend.prepare_weight(p, fmt).q for p in w.chunk(self.parts)])
 
     def _tensors(self) -> tuple:
         return (self.weight,) if self.weight_fmt == "bf16" else (self.w_codes, self.w_scales, self.w_global_scale)
@@ -221,20 +261,23 @@ class GroupedQuantLinear(nn.Module):
             else:
                 shape, dtype, fmt = self._q_meta
                 view = lambda t: None if t is None else t[e]  # noqa: E731
-                q = QTensor(self.w_codes[e], view(self.w_scales), view(self.w_global_scale), shape, dtype, fmt)
+                g = view(self.w_global_scale)
+                g = g if g is None or g.dim() == 0 else g.view(-1, 1)    # per-part globals, one per row [N, 1]
+                q = QTensor(self.w_codes[e], view(self.w_scales), g, shape, dtype, fmt)
                 p = PackedWeight(fmt, self.out_features, self.in_features, q=q)
             cached = self._views[e] = (key, p)
         return cached[1]
 
     def stacked(self) -> PackedWeight:
         """All experts as one PackedWeight with q [E, N, K] (what `backends.fp4.prepare_expert_weights` returns),
-        viewing the stacked buffers (nvfp4 global scales viewed [E, 1, 1]); rebuilt when the buffers move."""
+        viewing the stacked buffers (nvfp4 global scales viewed [E, 1, 1], or [E, N, 1] per row with `parts`);
+        rebuilt when the buffers move."""
         if self.weight_fmt == "bf16":
             raise ValueError("GroupedQuantLinear.stacked: bf16 experts have no packed form (use `weight`)")
         key = self._key()
         if self._stacked is None or self._stacked[0] != key:
             shape, dtype, fmt = self._q_meta
-            g = None if self.w_global_scale is None else self.w_global_scale.view(self.num_experts, 1, 1)
+            g = None if self.w_global_scale is None else self.w_global_scale.view(self.num_experts, -1, 1)
             q = QTensor(self.w_codes, self.w_scales, g, (self.num_experts, *shape), dtype, fmt)
             self._stacked = (key, PackedWeight(fmt, self.out_features, self.in_features, q=q))
         return self._stacked[1]
@@ -360,7 +403,7 @@ class GroupedQuantLinear(nn.Module):
         else:
             device = self.compute_device if self.offloaded else self.w_codes.device   # quantize where it is fast
             for e in range(self.num_experts):
-                q = self.backend.prepare_weight(weight[e].to(device), self.weight_fmt).q
+                q = self._quantize_expert(weight[e].to(device))
                 self.w_codes[e].copy_(q.codes)
                 if self.w_scales is not None:
                     self.w_scales[e].copy_(q.scales)
@@ -395,7 +438,7 @@ class GroupedQuantLinear(nn.Module):
             hi = min(self.num_experts, lo + chunk)
             part = lambda t, lo=lo, hi=hi: None if t is None else t[lo:hi].to(self.compute_device)  # noqa: E731
             g = part(self.w_global_scale)
-            q = QTensor(part(self.w_codes), part(self.w_scales), None if g is None else g.view(hi - lo, 1, 1),
+            q = QTensor(part(self.w_codes), part(self.w_scales), None if g is None else g.view(hi - lo, -1, 1),
                         (hi - lo, *shape), dtype, fmt)
             derive_layout(q, HopperFP4(h.fmt, h.n, h.k, h.values[lo:hi], h.scales[lo:hi], h.row_factor[lo:hi]))
 
@@ -461,5 +504,6 @@ class GroupedQuantLinear(nn.Module):
         return fp8_grouped(x, ends, self.w_codes, self._fp8_scale_b[1], self.act_fmt)
 
     def extra_repr(self) -> str:
-        return (f"experts={self.num_experts}, in={self.in_features}, out={self.out_features}, "
+        parts = f", parts={self.parts}" if self.parts > 1 else ""
+        return (f"experts={self.num_experts}, in={self.in_features}, out={self.out_features}{parts}, "
                 f"weight={self.weight_fmt}, act={self.act_fmt}, backend={self.backend.name}")

@@ -25,7 +25,8 @@ fewer: checked exhaustively).
   Scales with the sign bit set (never produced by the quantizer) are folded into their block's code signs.
 - mxfp4 (E8M0, blocks of 32): `scales[Np, Kp/32]`, byte b = e + 126 - c_n with c_n = (largest non-NaN e of the
   row) - 128, so b is in [0, 254]; 255 for NaN. In the kernel bf16 bits = b << 7 = 2**(b - 127) (0 for b = 0).
-**Row factor**: float32 `row_factor[Np]` applied to the accumulator: nvfp4 global x 2**19, mxfp4 2**c_n; NaN
+**Row factor**: float32 `row_factor[Np]` applied to the accumulator (in the GEMMs' epilogues): nvfp4 global x
+2**19 (the global may be per row: stacked parts, e.g. an MoE layer's gate | up, each keep their own), mxfp4 2**c_n; NaN
 for an mxfp4 row holding a NaN block (its b = 255 decodes as Inf, and Inf x 0 = NaN only for zero codes), with
 c_n kept in the NaN's payload (bits 0..21 = c_n + 256) so that the layout stays invertible.
 
@@ -216,10 +217,14 @@ def to_hopper(q: QTensor, out: HopperFP4 | None = None) -> HopperFP4:
 
 
 def expert_q(q: QTensor, e: int) -> QTensor:
-    """Expert e of a stacked [E, N, K] QTensor (its own global scale for nvfp4)."""
+    """Expert e of a stacked [E, N, K] QTensor (its own global scale for nvfp4: one, or one per row [N, 1] for
+    stacked parts, `backends.grouped_linear.stack_parts`)."""
     g = q.global_scale
     if g is not None:
-        g = g.reshape(-1)[e] if g.numel() == q.shape[0] else g.reshape(())
+        if g.numel() == q.shape[0] * q.shape[1] and q.shape[1] > 1:
+            g = g.reshape(q.shape[0], q.shape[1], 1)[e]
+        else:
+            g = g.reshape(-1)[e] if g.numel() == q.shape[0] else g.reshape(())
     return QTensor(q.codes[e], q.scales[e], g, tuple(q.shape[1:]), q.dtype, q.format)
 
 
@@ -233,7 +238,9 @@ def from_hopper(h: HopperFP4) -> QTensor:
     byte = h.scales[:n, : k // G]
     if h.fmt == "nvfp4":
         scales = _nv_scale_from_bytes(byte)
-        glob = torch.ldexp(h.row_factor[:1].clone(), torch.tensor(-NV_FACTOR_EXP, device=byte.device)).reshape(())
+        glob = torch.ldexp(h.row_factor[:n].clone(), torch.tensor(-NV_FACTOR_EXP, device=byte.device))
+        # one global scale, or one per row (stacked parts whose globals differ), as `to_hopper` took it
+        glob = glob[:1].reshape(()) if bool((glob == glob[0]).all()) else glob.view(n, 1)
         return QTensor(packed, scales, glob, (n, k), torch.float32, "nvfp4")
     nan = byte == 255
     c = _mx_row_exponent(h.row_factor[:n])[:, None]

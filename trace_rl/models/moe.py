@@ -12,7 +12,11 @@ weight x down(silu(gate(x)) * up(x)).
   (`model.layers.3.mlp.experts.17.down_proj`), so globs name experts like other modules; all experts of
   one layer share the format of each projection (they run as one grouped GEMM; a glob that splits them
   is an error). Expert e is quantized as its own Linear would be (own scales, own nvfp4 global scale).
-  Rollout stage: `GroupedQuantLinear`s (gate/up stacked when the format quantizes rows independently);
+  Rollout stage: `GroupedQuantLinear`s. Gate and up are stacked into one (`gate_up`, `parts=2`) when they
+  share formats and the weight format is row-local (bf16, fp8 per row, mxfp4) or nvfp4, whose halves keep their
+  own per-tensor global scales as per-row factors (bit for bit the unstacked pair): the tokens are quantized
+  once (W4A4), one grouped GEMM launch covers gate and up, and SiLU x up is fused into the down projection's
+  activation quantize launch. Otherwise (other formats, or gate and up in different formats) `gate`, `up`;
   FP4 experts run the grouped FP4 kernel on CUDA (`experts.fp4_grouped`: one launch per projection, no host
   sync, so the decode step is CUDA-graph capturable), FP8 experts `torch._scaled_grouped_mm` on sm_90
   (`experts.fp8_grouped`, likewise capturable), CPU emulation and the rest the per-expert loop.
@@ -45,7 +49,9 @@ from trace_rl.models.grouped import gather_rows, permute, unpermute
 from trace_rl.op_ranges import op_range
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
-FUSABLE = ("bf16", "fp8_e4m3:row", "fp8_e5m2:row", "mxfp4")   # as models.linear.FUSABLE_WEIGHT_FORMATS
+# gate/up stacked into one GroupedQuantLinear: the row-local formats (as models.linear.FUSABLE_WEIGHT_FORMATS) and
+# nvfp4, whose two halves keep their own per-tensor global scales (GroupedQuantLinear parts=2, per-row globals)
+STACKABLE = ("bf16", "fp8_e4m3:row", "fp8_e5m2:row", "mxfp4", "nvfp4")
 
 
 class Router(nn.Module):
@@ -96,14 +102,15 @@ class Experts(nn.Module):
 
     @torch.no_grad()
     def to_rollout(self) -> None:
-        """Pack the weights into GroupedQuantLinears (gate/up stacked when their format allows)."""
+        """Pack the weights into GroupedQuantLinears (gate/up stacked when they share formats and the weight
+        format is STACKABLE; each half still quantized as its own Linear: `parts=2`)."""
         if self.rollout is not None:
             return
         i = self.intermediate
         gate, up = self.gate_up_proj.detach()[:, :i], self.gate_up_proj.detach()[:, i:]
         parts = {}
-        if self.formats["gate_proj"] == self.formats["up_proj"] and self.formats["gate_proj"][0] in FUSABLE:
-            parts["gate_up"] = GroupedQuantLinear(self.gate_up_proj.detach(), *self.formats["gate_proj"])
+        if self.formats["gate_proj"] == self.formats["up_proj"] and self.formats["gate_proj"][0] in STACKABLE:
+            parts["gate_up"] = GroupedQuantLinear(self.gate_up_proj.detach(), *self.formats["gate_proj"], parts=2)
         else:
             parts["gate"] = GroupedQuantLinear(gate.contiguous(), *self.formats["gate_proj"])
             parts["up"] = GroupedQuantLinear(up.contiguous(), *self.formats["up_proj"])
