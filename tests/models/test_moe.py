@@ -160,8 +160,10 @@ def test_router_never_quantized_and_experts_follow_the_plan():
     model.to_rollout()
     assert all(isinstance(r.weight, torch.nn.Parameter) and r.weight.dtype == torch.float32 for r in routers)
     layer1 = ex["model.layers.1.mlp.experts"].rollout
-    assert set(layer1) == {"gate", "up", "down"} and layer1["down"].w_codes.dtype == torch.uint8  # nvfp4: unstacked
-    assert layer1["gate"].w_global_scale.shape == (8,)                 # one global scale per expert
+    assert set(layer1) == {"gate_up", "down"} and layer1["down"].w_codes.dtype == torch.uint8   # nvfp4: stacked
+    assert layer1["down"].w_global_scale.shape == (8,)                 # one global scale per expert
+    glob = layer1["gate_up"].w_global_scale                            # gate | up: each half its own, per row
+    assert glob.shape == (8, 128, 1) and bool((glob[:, :64] == glob[:, :1]).all() & (glob[:, 64:] == glob[:, 64:65]).all())
     assert set(ex["model.layers.2.mlp.experts"].rollout) == {"gate_up", "down"}   # bf16: gate/up stacked
     # a glob that splits one layer's experts is refused, naming the layer
     split = plan.model_copy(update={"keep_high_precision": ("*norm*", "model.layers.1.mlp.experts.3.*")})
