@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trace_rl.backends.grouped_linear import GroupedQuantLinear, stack_parts
+from trace_rl.backends.grouped_linear import GroupedQuantLinear
+from trace_rl.backends.grouped_parts import stack_parts
 from trace_rl.kernels import interpreting
 from trace_rl.models.grouped import gather_rows, permute
 
@@ -71,7 +72,8 @@ def test_nvfp4_stacked_gate_up_equals_the_unstacked_pair(act, rng):
         assert torch.equal(deq, torch.cat([gate.packed(e).dequantized(), up.packed(e).dequantized()]))
     # the Hopper layout: row factors per row (each half its global x 2**19), the rest the halves' layouts
     h, hg, hu = (hopper_weight(m.stacked()) for m in (st, gate, up))
-    assert torch.equal(h.row_factor[:, :40], hg.row_factor[:, :40]) and torch.equal(h.row_factor[:, 40:80], hu.row_factor[:, :40])
+    assert torch.equal(h.row_factor[:, :40], hg.row_factor[:, :40])
+    assert torch.equal(h.row_factor[:, 40:80], hu.row_factor[:, :40])
     back = from_hopper(to_hopper(expert_q(st.stacked().q, 1)))       # the per-row global survives the round trip
     assert torch.equal(back.global_scale.cpu(), st.w_global_scale[1].cpu())
     assert torch.equal(back.codes.cpu(), st.w_codes[1].cpu())
@@ -137,5 +139,5 @@ def test_parts_for_row_local_formats_change_nothing_and_spanning_scales_are_refu
         GroupedQuantLinear(w, "fp8_e4m3:tensor", parts=2)
     with pytest.raises(ValueError, match="divide the 32 output rows"):
         GroupedQuantLinear(w, "nvfp4", parts=3)
-    q = stack_parts([GroupedQuantLinear(w[:, :16], "nvfp4").packed(0).q, GroupedQuantLinear(w[:, 16:], "nvfp4").packed(0).q])
+    q = stack_parts([GroupedQuantLinear(half, "nvfp4").packed(0).q for half in (w[:, :16], w[:, 16:])])
     assert q.shape == (32, 64) and q.global_scale.shape == (32, 1)

@@ -163,7 +163,8 @@ def test_router_never_quantized_and_experts_follow_the_plan():
     assert set(layer1) == {"gate_up", "down"} and layer1["down"].w_codes.dtype == torch.uint8   # nvfp4: stacked
     assert layer1["down"].w_global_scale.shape == (8,)                 # one global scale per expert
     glob = layer1["gate_up"].w_global_scale                            # gate | up: each half its own, per row
-    assert glob.shape == (8, 128, 1) and bool((glob[:, :64] == glob[:, :1]).all() & (glob[:, 64:] == glob[:, 64:65]).all())
+    assert glob.shape == (8, 128, 1)
+    assert bool((glob[:, :64] == glob[:, :1]).all()) and bool((glob[:, 64:] == glob[:, 64:65]).all())
     assert set(ex["model.layers.2.mlp.experts"].rollout) == {"gate_up", "down"}   # bf16: gate/up stacked
     # a glob that splits one layer's experts is refused, naming the layer
     split = plan.model_copy(update={"keep_high_precision": ("*norm*", "model.layers.1.mlp.experts.3.*")})

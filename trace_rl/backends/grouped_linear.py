@@ -19,8 +19,11 @@ Stacked parts (`parts=2`: an MoE layer's gate | up, one GEMM launch for both): e
 quantized as its own Linear would be. Row-local formats (mxfp4, fp8 per row) need nothing for that; nvfp4
 keeps each part's own global scale per row (`w_global_scale [E, N, 1]`, row r holding its part's global), which
 the Hopper layout's per-row factor, the relayout kernel and the format's dequantization take as they are: codes,
-scales and outputs are the unstacked pair's, bit for bit. Formats whose scales span rows refuse parts. `load_weight` re-quantizes in place and re-derives the kernel
-layouts in place, so captured CUDA graphs stay valid.
+scales and outputs are the unstacked pair's, bit for bit (`backends.grouped_parts`). Formats whose scales span
+rows refuse parts.
+
+`load_weight` re-quantizes in place and re-derives the kernel layouts in place, so captured CUDA graphs stay
+valid.
 
 Forward over a buffer of rows sorted by expert (`trace_rl.models.grouped.permute`), `ends [E]` int32 on the
 device. Paths (recorded as `experts.<path>` in the backend's `paths`, never silent):
@@ -57,6 +60,7 @@ import torch
 from torch import nn
 
 from trace_rl.backends.base import PackedWeight
+from trace_rl.backends.grouped_parts import PART_SCALED_FORMATS, check_parts, stack_parts
 from trace_rl.backends.registry import backend_for_format
 from trace_rl.formats import QTensor, get_format
 from trace_rl.op_ranges import op_range
@@ -65,8 +69,6 @@ log = logging.getLogger("trace_rl.backends.grouped_linear")
 
 GROUPED_PATHS = ("grouped_mm", "fp4_grouped", "fp8_grouped", "loop")
 FP4_GROUPED_FORMATS = ("nvfp4", "mxfp4")
-ROW_LOCAL_FORMATS = ("fp8_e4m3:row", "fp8_e5m2:row", "mxfp4")   # scales within a row: stacking rows changes nothing
-PART_SCALED_FORMATS = ("nvfp4",)    # a per-tensor global scale: stacked parts keep theirs, stored per row
 FP8_GROUPED_ALIGN = 16
 _FP8_GROUPED_SUPPORT: dict[int, str] = {}      # device index -> "" (runs) or why not
 
@@ -160,6 +162,7 @@ def fp8_grouped_support(device: torch.device) -> str:
     idx = torch.cuda.current_device() if idx is None else idx
     if idx in _FP8_GROUPED_SUPPORT:
         return _FP8_GROUPED_SUPPORT[idx]
+    from trace_rl.formats import get_format
 
     dev = torch.device("cuda", idx)
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -182,30 +185,6 @@ def fp8_grouped_support(device: torch.device) -> str:
         log.warning("fp8_grouped: %s; FP8 experts take the per-expert loop (no CUDA graphs)", why)
     _FP8_GROUPED_SUPPORT[idx] = why
     return why
-
-
-def check_parts(weight_fmt: str, out_features: int, parts: int) -> int:
-    """`parts` row blocks of equal size, each quantized as its own Linear: any count for the row-local formats
-    (quantizing the blocks apart is quantizing them together), nvfp4 through per-row global scales."""
-    if parts < 1 or out_features % parts:
-        raise ValueError(f"GroupedQuantLinear: parts={parts} must be >= 1 and divide the {out_features} output rows")
-    if parts > 1 and weight_fmt != "bf16":
-        name = get_format(weight_fmt).name
-        if name not in ROW_LOCAL_FORMATS + PART_SCALED_FORMATS:
-            raise ValueError(f"GroupedQuantLinear: {name} scales span rows, so {parts} stacked parts cannot keep "
-                             f"their own quantization; formats that can: "
-                             f"{', '.join(ROW_LOCAL_FORMATS + PART_SCALED_FORMATS)} (else build one per part)")
-    return parts
-
-
-def stack_parts(qs: list[QTensor]) -> QTensor:
-    """nvfp4 QTensors [N_p, K] (one per part, each with its own global scale) -> one [sum N_p, K] whose global
-    scale is per row ([N, 1]: row r carries its part's global), so codes, scales and every row's dequantization
-    are the parts' own, bit for bit (the Hopper layout's row factor is per row: `kernels.hopper_fp4`)."""
-    first = qs[0]
-    glob = torch.cat([q.global_scale.float().reshape(1).expand(q.shape[0]) for q in qs]).view(-1, 1)
-    return QTensor(torch.cat([q.codes for q in qs]), torch.cat([q.scales for q in qs]), glob,
-                   (sum(q.shape[0] for q in qs), first.shape[1]), first.dtype, first.format)
 
 
 class GroupedQuantLinear(nn.Module):
