@@ -84,7 +84,7 @@ def attention_loop(kv_format: str, block_t: int | None = None, stages: int | Non
     """Compile the decode-attention kernel for one configuration (default: the shipped one) and summarise its
     main loop."""
     from trace_rl.kernels.attention_config import TILES
-    from trace_rl.kernels.paged_attention import _decode_attention_kernel
+    from trace_rl.kernels.paged_attention import _decode_attention_kernel, _last_tile_first
 
     cfg = TILES[kv_format]
     block_t, stages, num_warps = block_t or cfg.block_t, stages or cfg.num_stages, num_warps or cfg.num_warps
@@ -101,7 +101,8 @@ def attention_loop(kv_format: str, block_t: int | None = None, stages: int | Non
     dv = head_dim if fmt == 0 else L.v_rows(head_dim)
     n = max(16, 1 << (group - 1).bit_length())
     consts = dict(HKV=kv_heads, D=head_dim, DV=dv, GROUP=group, N=n, PAGE=page, LOG2_PAGE=page.bit_length() - 1,
-                  KV_FMT=fmt, BLOCK_T=block_t, MODE=1, DOT_F32=False, SPLIT=split)
+                  KV_FMT=fmt, BLOCK_T=block_t, MODE=1, DOT_F32=False, SPLIT=split,
+                  LAST_TILE_FIRST=_last_tile_first(fmt, block_t))
     sass, usage = compile_sass(_decode_attention_kernel, sig, consts, divisible, num_warps, stages, maxnreg)
     body = loop_body(sass)
     text = "\n".join(body)

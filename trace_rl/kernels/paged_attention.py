@@ -21,6 +21,8 @@ order by a second kernel (deterministic); with one split the output is written d
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -35,6 +37,32 @@ from trace_rl.kernels.kv_decode import DECODE_ASM, DECODE_PURE
 KV_BF16, KV_FP8, KV_NVFP4, KV_MXFP4 = 0, 1, 2, 3
 KV_FORMAT_IDS = {"bf16": KV_BF16, "fp8_e4m3:row": KV_FP8, "nvfp4:row": KV_NVFP4, "mxfp4": KV_MXFP4}
 LOG2E = 1.4426950408889634
+# 64-token tiles over FP4 caches are refused on the GPU (wrong tails, an illegal address on the H200;
+# docs/benchmarks.md, "Decode attention"). Setting this variable to 1 lifts the refusal, for the scripts that test
+# them there (benchmarks/attention_small_tiles.py).
+ALLOW_SMALL_FP4_TILES_ENV = "TRACE_RL_TEST_SMALL_FP4_TILES"
+
+
+# Where the partial last tile of a split runs: after the full tiles (the measured launches), or before them (64-token
+# FP4 tiles). After the loop q^T, the QK MMA's shared-memory operand, is dead once the last tile's QK MMA has read
+# it, and Triton 3.6 gives that tile's P^T and reduction scratch q^T's shared memory whenever q^T sits at offset 0:
+# it does for 64-token FP4 tiles (and did for the 2-3 stage fp8 tile of the pipelined-tail bug, docs/benchmarks.md),
+# not for the 128-token FP4, fp8 and 64-token fp8 tiles. Every configuration that failed on the H200 had that reuse
+# and every one that passed had not (compiled for sm_90 on a CPU; attention_small_tiles.py tests it on the GPU). Run
+# first, the last tile needs its buffers while q^T is live, so nothing of it can share q^T's memory. Not for the
+# 128-token tiles: there it costs 39 more SASS instructions per loop iteration and 24 bytes of spills (nvfp4, 168
+# registers). None: that policy; True / False force an order (for the GPU diagnosis).
+LAST_TILE_FIRST: bool | None = None
+
+
+def _last_tile_first(fmt_id: int, block_t: int) -> bool:
+    if LAST_TILE_FIRST is not None:
+        return LAST_TILE_FIRST
+    return fmt_id in (KV_NVFP4, KV_MXFP4) and block_t < 128
+
+
+def _small_fp4_tiles_allowed() -> bool:
+    return os.environ.get(ALLOW_SMALL_FP4_TILES_ENV) == "1"
 
 @triton.jit
 def _tile(q_t, m_i, l_acc, acc, kc, ks, kg, vc, vs, vg, bt_row, h, t0, t_hi, qk_scale,
@@ -82,7 +110,7 @@ def _decode_attention_kernel(
     qk_scale, stride_qb, stride_qh, stride_ob, stride_oh, stride_bt, tokens_per_split, splits,
     HKV: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, GROUP: tl.constexpr, N: tl.constexpr,
     PAGE: tl.constexpr, LOG2_PAGE: tl.constexpr, KV_FMT: tl.constexpr, BLOCK_T: tl.constexpr, MODE: tl.constexpr,
-    DOT_F32: tl.constexpr, SPLIT: tl.constexpr,
+    DOT_F32: tl.constexpr, SPLIT: tl.constexpr, LAST_TILE_FIRST: tl.constexpr,
 ):
     h, split, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq_len = tl.load(lens_ptr + b)
@@ -105,10 +133,13 @@ def _decode_attention_kernel(
     acc = tl.zeros([DV, N], dtype=tl.float32)
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
     t_full = t_lo + tl.maximum(t_hi - t_lo, 0) // BLOCK_T * BLOCK_T
+    if LAST_TILE_FIRST and t_full < t_hi:    # see _last_tile_first
+        m_i, l_acc, acc = _tile(q_t, m_i, l_acc, acc, kc, ks, kg, vc, vs, vg, bt_row, h, t_full, t_hi,
+                                qk_scale, HKV, D, DV, PAGE, LOG2_PAGE, BLOCK_T, KV_FMT, MODE, DOT_F32, True, HALF)
     for t0 in range(t_lo, t_full, BLOCK_T):
         m_i, l_acc, acc = _tile(q_t, m_i, l_acc, acc, kc, ks, kg, vc, vs, vg, bt_row, h, t0, t_hi, qk_scale,
                                 HKV, D, DV, PAGE, LOG2_PAGE, BLOCK_T, KV_FMT, MODE, DOT_F32, False, HALF)
-    if t_full < t_hi:
+    if not LAST_TILE_FIRST and t_full < t_hi:
         m_i, l_acc, acc = _tile(q_t, m_i, l_acc, acc, kc, ks, kg, vc, vs, vg, bt_row, h, t_full, t_hi,
                                 qk_scale, HKV, D, DV, PAGE, LOG2_PAGE, BLOCK_T, KV_FMT, MODE, DOT_F32, True, HALF)
     l_i = tl.sum(l_acc, axis=0)
@@ -215,9 +246,10 @@ def decode_attention(q: torch.Tensor, k: PagedKV, v: PagedKV, block_table: torch
     num_warps = num_warps or cfg.num_warps
     num_stages = num_stages or cfg.num_stages
     maxnreg = cfg.maxnreg if maxnreg == 0 else maxnreg
-    if fmt_id in (KV_NVFP4, KV_MXFP4) and block_t < 128 and not interp:
+    if fmt_id in (KV_NVFP4, KV_MXFP4) and block_t < 128 and not interp and not _small_fp4_tiles_allowed():
         raise ValueError(f"decode_attention: block_t={block_t} over an FP4 cache gave wrong results and an illegal "
-                         "address on the H200 (benchmarks/results/attention_tune_h200.json); use block_t >= 128")
+                         "address on the H200 (benchmarks/results/attention_tune_h200.json); use block_t >= 128 "
+                         f"(set {ALLOW_SMALL_FP4_TILES_ENV}=1 only to test them)")
     if block_t % page and page % block_t:
         raise ValueError(f"decode_attention: block_t={block_t} and the page size {page} must divide one another")
     if splits is None:
@@ -252,6 +284,7 @@ def decode_attention(q: torch.Tensor, k: PagedKV, v: PagedKV, block_table: torch
         out.stride(1), bt.stride(0), per_split, splits, HKV=hkv, D=D, DV=dv, GROUP=group, N=n_pad, PAGE=page,
         LOG2_PAGE=page.bit_length() - 1,
         KV_FMT=fmt_id, BLOCK_T=block_t, MODE=decode, DOT_F32=interp, SPLIT=splits > 1,
+        LAST_TILE_FIRST=_last_tile_first(fmt_id, block_t),
         num_warps=num_warps, num_stages=num_stages, **({} if maxnreg is None or interp else {"maxnreg": maxnreg}))
     if splits > 1:
         _merge_splits_kernel[(B * Hq,)](part, ml, out, out.stride(0), out.stride(1), HQ=Hq, HEAD_DIM=D,
