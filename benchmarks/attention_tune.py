@@ -47,9 +47,9 @@ SHAPES = [("moe", 409, 8192), ("moe", 512, 8192), ("moe", 128, 8192), ("moe", 40
 FORMATS = ("nvfp4", "mxfp4", "fp8_e4m3")
 # (block_t, num_warps, num_stages, maxnreg). Compiled for sm_90 with Triton 3.6 on a CPU (--compile-check): no
 # spills (no stack, no STL/LDL in the loop; 256-token tiles at 8 warps x 128 registers spill, so none here); SASS per
-# K/V element nvfp4 3.22 (uncapped) .. 3.31 (168) .. 3.75 (64-token tiles) .. 4.2-4.4 (8 warps: the softmax's
-# cross-warp reductions double); registers 214 uncapped (2 CTAs/SM), 168 (3), 118-120 at 64-token tiles (4),
-# 112-120 at 8 warps (2 CTAs of 8 warps); fp8 179-189 uncapped (2 CTAs), 165-166 capped (3).
+# K/V element nvfp4 3.22 (uncapped) .. 3.31 (168) .. 3.66 (64-token tiles, last tile first; 3.75 before) .. 4.2-4.4
+# (8 warps: the softmax's cross-warp reductions double); registers 214 uncapped (2 CTAs/SM), 168 (3), 113-120 at
+# 64-token tiles (4), 112-120 at 8 warps (2 CTAs of 8 warps); fp8 179-189 uncapped (2 CTAs), 165-166 capped (3).
 FP4_CONFIGS = [(128, 4, 3, 168), (128, 4, 2, 168), (128, 4, 4, 168), (128, 4, 3, None), (64, 4, 3, 128),
                (64, 4, 4, 128), (128, 8, 3, 128)]
 FP8_CONFIGS = [(128, 4, 1, None), (128, 4, 2, None), (128, 4, 3, None), (128, 4, 2, 168), (128, 4, 3, 168),
