@@ -97,6 +97,25 @@ def make_engine(cfg: PipelineConfig, model, tokenizer, device: torch.device):
                       ("rollout.engine",))
 
 
+def make_reference_engine(cfg: PipelineConfig, model, tokenizer, device: torch.device):
+    """loop.eval_reference: a native engine with the bf16 plan for the second held-out evaluation (loaded with
+    the trainer's weights at each evaluation), or None when off or when the rollout is bf16 already (its own
+    evaluation is the bf16 one). Its KV cache holds min(rollout.max_batch, loop.eval_prompts) sequences: an
+    evaluation decodes each held-out prompt once."""
+    if not cfg.loop.eval_reference or not cfg.precision.is_quantized:
+        return None
+    from trace_rl.engine.native import NativeEngine
+    from trace_rl.models.decoder import Decoder
+    from trace_rl.plan import PrecisionPlan
+
+    if not isinstance(model, Decoder):
+        raise ConfigError(f"loop.eval_reference: the bf16 reference engine is our native engine, which runs "
+                          f"trace_rl's Decoder models; this policy is a {type(model).__name__}: set "
+                          f"loop.eval_reference=false", ("loop.eval_reference",))
+    return NativeEngine(model, PrecisionPlan(), max_batch=min(cfg.rollout.max_batch, cfg.loop.eval_prompts),
+                        max_seq_len=cfg.rollout.max_seq_len, device=device, pad_token_id=tokenizer.pad_token_id)
+
+
 def make_reference(cfg: PipelineConfig, model, tokenizer):
     """The frozen reference policy of the KL term, or None when trainer.loss.kl_to_ref_coeff is off."""
     if not cfg.trainer.loss.kl_to_ref_coeff:
@@ -168,7 +187,9 @@ def build(cfg: PipelineConfig, run_dir: str | Path | None = None, title: str = "
     task = checked.task
     if scale_out is None:
         engine = make_engine(cfg, model, tokenizer, device)
+        reference_engine = make_reference_engine(cfg, model, tokenizer, device)
     else:
+        reference_engine = None        # PipelineConfig refuses loop.eval_reference with distributed on
         engine = scale_out.make_engine(model, tokenizer)
         scale_out.shard(model)       # after the engine copied the full weights, before the optimizer
     s = cfg.rollout.sampling
@@ -209,7 +230,7 @@ def build(cfg: PipelineConfig, run_dir: str | Path | None = None, title: str = "
         checkpoint_every=cfg.loop.checkpoint_every, reference=reference, lr_scheduler=lr_scheduler,
         router_replay=router_replay, router_aux_loss_coef=cfg.model.router_aux_loss_coef,
         masked_alarm=cfg.loop.masked_alarm, stop_when_masked=cfg.loop.stop_when_masked,
-        keep_models=cfg.loop.keep_models, collapse=cfg.loop.collapse,
+        keep_models=cfg.loop.keep_models, collapse=cfg.loop.collapse, reference_engine=reference_engine,
         logging=cfg.logging.model_dump(include={"jsonl", "tensorboard", "progress", "plot", "loggers", "wandb",
                                                 "mlflow"}),
         config=cfg, title=title or f"{cfg.precision.label}, corrections: "

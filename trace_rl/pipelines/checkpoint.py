@@ -97,7 +97,7 @@ def _sha256(path: Path) -> str:
 RESUMABLE_FIELDS = (
     "loop.steps", "loop.eval_every", "loop.eval_prompts", "loop.checkpoint_every", "loop.collapse", "trainer.lr",
     "trainer.grad_clip", "model.cpu_threads", "logging.progress", "logging.plot", "logging.tensorboard",
-    "logging.loggers", "logging.wandb", "logging.mlflow", "loop.keep_models",
+    "logging.loggers", "logging.wandb", "logging.mlflow", "loop.keep_models", "loop.eval_reference",
 )
 
 

@@ -117,6 +117,14 @@ class LoopSection(TraceConfig):
     eval_every: int = Field(10, ge=0, description="Evaluate on held-out prompts every N steps (0: only at the "
                                                   "start and the end).")
     eval_prompts: int = Field(128, ge=1, description="Held-out prompts per evaluation (greedy decoding).")
+    eval_reference: bool = Field(
+        False, description="Also evaluate the same held-out prompts greedily at bf16 (a second, bf16 native engine "
+                           "loaded with the trainer's weights at each evaluation), logged as eval_ref_accuracy, "
+                           "eval_ref_reward, eval_ref_format_ok, eval_ref_seconds beside the plan's own eval_*: "
+                           "separates a quantized plan's less accurate inference from what its rollouts did to "
+                           "training. Costs a bf16 copy of the model and a KV cache of min(rollout.max_batch, "
+                           "eval_prompts) sequences, and a second greedy pass per evaluation. No effect when the "
+                           "rollout is already bf16 (precision not quantized): nothing is evaluated twice.")
     checkpoint_every: int = Field(10, ge=0, description="Save a checkpoint every N steps, and always after the last "
                                                         "step and on SIGINT/SIGTERM (0: only then).")
     keep_models: int = Field(
@@ -230,6 +238,10 @@ class PipelineConfig(TraceConfig):
         if self.rollout.engine == "hf" and self.precision.is_quantized:
             raise ValueError(f"rollout.engine='hf' runs transformers' own bf16 model; precision "
                              f"{self.precision.label!r} needs engine 'native' (or 'vllm')")
+        if self.loop.eval_reference and self.distributed.enabled:
+            raise ValueError("loop.eval_reference: the bf16 reference evaluation needs the trainer's full weights "
+                             "in this process, which a distributed run shards; set loop.eval_reference=false or "
+                             "run on one process (distributed.enabled false)")
         if self.trainer.lr_schedule.warmup_steps >= self.loop.steps:
             raise ValueError(f"trainer.lr_schedule.warmup_steps={self.trainer.lr_schedule.warmup_steps} leaves no "
                              f"step after the warmup (loop.steps={self.loop.steps}); lower it")

@@ -42,7 +42,14 @@ from trace_rl.pipelines.collapse import CollapseMonitor, CollapseSection
 from trace_rl.pipelines.export import keep_model_snapshot
 from trace_rl.pipelines.preflight import step_seed
 from trace_rl.pipelines.run_dir import RunDirectory, write_text_atomic
-from trace_rl.pipelines.run_log import RunLog, plot_curves, read_history, summary_table, truncate_metrics
+from trace_rl.pipelines.run_log import (
+    RunLog,
+    plot_curves,
+    read_history,
+    summarize,
+    summary_table,
+    truncate_metrics,
+)
 from trace_rl.pipelines.schedules import seek
 
 _log = logging.getLogger("trace_rl")
@@ -148,6 +155,7 @@ class Pipeline:
     router_aux_loss_coef: float = 0.0      # MoE: transformers' load-balancing loss weight (0: off)
     collapse: CollapseSection = field(default_factory=CollapseSection)   # when the run counts as collapsed
     deadline: float | None = None          # time.time() by which run() stops (TimeLimitReached); None: no limit
+    reference_engine: RolloutEngine | None = None   # loop.eval_reference: a bf16 engine for a second evaluation
 
     def __post_init__(self):
         self._eval_problems = self.task.problems(self.eval_prompts, self.seed, "eval")
@@ -267,18 +275,30 @@ class Pipeline:
 
     @torch.no_grad()
     def evaluate(self) -> dict:
-        """Greedy accuracy on the held-out prompts, through the rollout engine (at rollout precision)."""
+        """Greedy accuracy on the held-out prompts, through the rollout engine (at rollout precision); with a
+        `reference_engine` (loop.eval_reference) also through it, loaded with the trainer's current weights
+        first, under eval_ref_* keys."""
+        record = {"kind": "eval", "step": self.step, **self._held_out(self.engine, "eval_")}
+        if self.reference_engine is not None:
+            t0 = time.perf_counter()
+            self.reference_engine.load_weights(self.model.state_dict(), self.step)
+            ref = self._held_out(self.reference_engine, "eval_ref_")
+            record.update(ref, eval_ref_seconds=time.perf_counter() - t0)     # the weight load included
+        return record
+
+    def _held_out(self, engine: RolloutEngine, prefix: str) -> dict:
         t0 = time.perf_counter()
         greedy = self.sampling.model_copy(update={"n": 1, "temperature": 0.0, "top_k": 0, "top_p": 1.0,
                                                   "seed": None})
-        out = self.engine.generate(self._prompts(self._eval_problems), greedy)
+        out = engine.generate(self._prompts(self._eval_problems), greedy)
         tokens, mask = out.get(K.TOKENS_RESPONSE), out.get(K.MASK_RESPONSE)
         scores = [self.task.score(p, self.tokenizer.decode(row[m].tolist()))
                   for p, row, m in zip(self._eval_problems, tokens, mask)]
         n = len(scores)
-        return {"kind": "eval", "step": self.step, "eval_accuracy": sum(s.correct for s in scores) / n,
-                "eval_reward": sum(s.reward for s in scores) / n,
-                "eval_format_ok": sum(s.format_ok for s in scores) / n, "eval_seconds": time.perf_counter() - t0}
+        return {f"{prefix}accuracy": sum(s.correct for s in scores) / n,
+                f"{prefix}reward": sum(s.reward for s in scores) / n,
+                f"{prefix}format_ok": sum(s.format_ok for s in scores) / n,
+                f"{prefix}seconds": time.perf_counter() - t0}
 
     def _guidance(self, td):
         """TRACE: serve the rollout's rounding records to the guided trainer layers (no-op otherwise)."""
@@ -418,7 +438,7 @@ class Pipeline:
                 if self.eval_every and self.step % self.eval_every == 0 and self.step < self.steps:
                     entry = self.evaluate()
                     record(entry)
-                    timing.evals.append(entry["eval_seconds"])
+                    timing.evals.append(entry["eval_seconds"] + entry.get("eval_ref_seconds", 0.0))
                 if self.checkpoint_every and self.step % self.checkpoint_every == 0:
                     timing.save(self)
                 if monitor.collapse is not None and self.collapse.stop:
@@ -472,27 +492,6 @@ class _StepTiming:
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else math.nan
-
-
-def summarize(history: list[dict], wall_seconds: float) -> dict:
-    train = [r for r in history if r.get("kind") == "train"]
-    evals = [r for r in history if r.get("kind") == "eval"]
-    collapse = next((r for r in history if r.get("kind") == "collapse"), None)
-    return {
-        "steps": len(train),
-        "eval_accuracy_start": evals[0]["eval_accuracy"] if evals else None,
-        "eval_accuracy_end": evals[-1]["eval_accuracy"] if evals else None,
-        "eval_accuracy_best": max((r["eval_accuracy"] for r in evals), default=None),
-        "reward_first": _mean([r["reward"] for r in train[:5]]) if train else None,
-        "reward_last": _mean([r["reward"] for r in train[-5:]]) if train else None,
-        "mismatch_k3_mean": _mean([r["mismatch_k3"] for r in train]) if train else None,
-        "ess_mean": _mean([r["ess"] for r in train]) if train else None,
-        "rollout_tokens_per_s": _mean([r["rollout_tokens_per_s"] for r in train]) if train else None,
-        "step_seconds_median": sorted(r["step_seconds"] for r in train)[len(train) // 2] if train else None,
-        "collapse_step": collapse["step"] if collapse else None,
-        "collapse_reason": f"{collapse['reason']}: {collapse['detail']}" if collapse else None,
-        "wall_seconds": wall_seconds,
-    }
 
 
 __all__ = ["Pipeline", "RunInterrupted", "TimeLimitReached", "summarize", "summary_table"]

@@ -135,10 +135,42 @@ def plot_curves(history: list[dict], path: Path, title: str = "") -> Path:
     return path
 
 
+def summarize(history: list[dict], wall_seconds: float) -> dict:
+    train = [r for r in history if r.get("kind") == "train"]
+    evals = [r for r in history if r.get("kind") == "eval"]
+    collapse = next((r for r in history if r.get("kind") == "collapse"), None)
+    refs = [r["eval_ref_accuracy"] for r in evals if "eval_ref_accuracy" in r]     # loop.eval_reference
+    reference = {"eval_ref_accuracy_start": refs[0], "eval_ref_accuracy_end": refs[-1],
+                 "eval_ref_accuracy_best": max(refs)} if refs else {}
+    return {
+        "steps": len(train),
+        "eval_accuracy_start": evals[0]["eval_accuracy"] if evals else None,
+        "eval_accuracy_end": evals[-1]["eval_accuracy"] if evals else None,
+        "eval_accuracy_best": max((r["eval_accuracy"] for r in evals), default=None),
+        **reference,
+        "reward_first": _mean([r["reward"] for r in train[:5]]) if train else None,
+        "reward_last": _mean([r["reward"] for r in train[-5:]]) if train else None,
+        "mismatch_k3_mean": _mean([r["mismatch_k3"] for r in train]) if train else None,
+        "ess_mean": _mean([r["ess"] for r in train]) if train else None,
+        "rollout_tokens_per_s": _mean([r["rollout_tokens_per_s"] for r in train]) if train else None,
+        "step_seconds_median": sorted(r["step_seconds"] for r in train)[len(train) // 2] if train else None,
+        "collapse_step": collapse["step"] if collapse else None,
+        "collapse_reason": f"{collapse['reason']}: {collapse['detail']}" if collapse else None,
+        "wall_seconds": wall_seconds,
+    }
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
 def summary_table(summary: dict) -> str:
     rows = [
         ("held-out accuracy (start)", summary.get("eval_accuracy_start")),
         ("held-out accuracy (end)", summary.get("eval_accuracy_end")),
+        *([("held-out accuracy at bf16 (start)", summary["eval_ref_accuracy_start"]),
+           ("held-out accuracy at bf16 (end)", summary["eval_ref_accuracy_end"])]
+          if "eval_ref_accuracy_start" in summary else []),     # loop.eval_reference
         ("train reward (first 5 steps)", summary.get("reward_first")),
         ("train reward (last 5 steps)", summary.get("reward_last")),
         ("mean mismatch_k3", summary.get("mismatch_k3_mean")),
