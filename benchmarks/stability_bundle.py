@@ -56,9 +56,8 @@ def pack(folder: Path, out: Path, name: str, keep: Callable[[Path], bool] = lamb
     return {"parts": parts, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data), "compressed": compress}
 
 
-def unpack(bundle: Path, entry: dict, dest: Path) -> None:
-    """Join an entry's parts, check the sha256, extract into dest (members outside dest are refused)."""
-    bundle, dest = Path(bundle), Path(dest)
+def _joined(bundle: Path, entry: dict) -> tarfile.TarFile:
+    """An entry's parts joined and checked against its sha256, opened as a tar."""
     missing = [p for p in entry["parts"] if not (bundle / p).is_file()]
     if missing:
         raise BundleError(f"{bundle}: parts missing: {', '.join(missing)} (copy every file the last call "
@@ -67,9 +66,27 @@ def unpack(bundle: Path, entry: dict, dest: Path) -> None:
     if hashlib.sha256(data).hexdigest() != entry["sha256"]:
         raise BundleError(f"{bundle}: {entry['parts'][0].rsplit('.', 1)[0]} does not match the sha256 in "
                           f"{MANIFEST} (a part is stale or truncated)")
-    dest.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz" if entry.get("compressed", True) else "r") as tar:
+    return tarfile.open(fileobj=io.BytesIO(data), mode="r:gz" if entry.get("compressed", True) else "r")
+
+
+def unpack(bundle: Path, entry: dict, dest: Path) -> None:
+    """Join an entry's parts, check the sha256, extract into dest (members outside dest are refused)."""
+    bundle, dest = Path(bundle), Path(dest)
+    with _joined(bundle, entry) as tar:
+        dest.mkdir(parents=True, exist_ok=True)
         tar.extractall(dest, filter="data")      # refuses absolute paths, '..' and links out of dest
+
+
+def read_member(bundle: Path, entry: dict, name: str) -> bytes:
+    """One file of a packed entry (checked like `unpack`), without extracting the rest."""
+    with _joined(Path(bundle), entry) as tar:
+        try:
+            member = tar.extractfile(name)
+        except KeyError:
+            member = None
+        if member is None:
+            raise BundleError(f"{bundle}: {entry['parts'][0].rsplit('.', 1)[0]} has no file {name!r}")
+        return member.read()
 
 
 def read_manifest(bundle: Path | None) -> dict | None:

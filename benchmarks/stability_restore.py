@@ -6,6 +6,7 @@ Imported by stability_study.py after it has put benchmarks/ and scripts/ on sys.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -73,4 +74,7 @@ def study_from_bundle(bundle: Path, into: Path) -> Study:
     if into.exists():
         shutil.rmtree(into)
     B.unpack(bundle, manifest["study"], into)
-    return Study.load(into)
+    study = Study.load(into)
+    if manifest.get("policy"):         # the policy's parts are not unpacked here: only its policy.json is read
+        study.carried_policy = json.loads(B.read_member(bundle, manifest["policy"], "policy.json"))
+    return study

@@ -46,12 +46,14 @@ def _rl_config(*, lr: float, micro_batch_size: int, warmup_steps: int, prompts_p
                eval_every: int, eval_prompts: int, checkpoint_every: int, max_batch: int, device: str,
                plot: bool) -> dict:
     """Every run's pipeline config (before the plan's preset and overrides): GRPO without a KL term, constant lr
-    after warm-up, native engine at temperature 1, fp32 trainer, stop on collapse; the sizes per preset."""
+    after warm-up, native engine at temperature 1, fp32 trainer, stop on collapse, evaluation at bf16 too; the
+    sizes per preset."""
     return {"trainer": {"lr": lr, "micro_batch_size": micro_batch_size,
                         "lr_schedule": {"kind": "constant", "warmup_steps": warmup_steps},
                         "loss": {"kind": "grpo", "kl_to_ref_coeff": None}},
             "loop": {"prompts_per_step": prompts_per_step, "group_size": group_size, "eval_every": eval_every,
-                     "eval_prompts": eval_prompts, "checkpoint_every": checkpoint_every, "collapse": {"stop": True}},
+                     "eval_prompts": eval_prompts, "checkpoint_every": checkpoint_every, "collapse": {"stop": True},
+                     "eval_reference": True},     # held-out accuracy at bf16 too (quantized plans; SPEC_ADDITIONS)
             "rollout": {"engine": "native", "max_batch": max_batch, "sampling": {"temperature": 1.0}},
             "model": {"dtype": "float32", "device": device},
             "logging": {"progress": False, "plot": plot}}
@@ -74,6 +76,13 @@ STUDY_PRESETS = {
                          eval_every=1, eval_prompts=4, checkpoint_every=1, max_batch=8, device="cpu", plot=False),
         "min_slice": 0.0, "preflight_seconds": 0.0,
     },
+}
+# Settings added to the presets' "rl" after studies had started ({dotted key: why}). A study keeps the spec it
+# started with, so `upgrade_spec` adds to a continued study's spec those it lacks (value from its preset): runs
+# (re)started from step 0 from then on carry them; finished runs keep their records, and a run resumed from its
+# checkpoint keeps its own config.yaml. Each addition is noted in the spec ("additions") and the journal.
+SPEC_ADDITIONS = {
+    "loop.eval_reference": "held-out eval also at bf16 (eval_ref_*): separates FP4 inference from FP4 training",
 }
 TERMINAL = ("finished", "diverged")
 MAX_FAILURES = 2                 # a run that crashed twice is left for a person to look at (its log says why)
@@ -129,8 +138,40 @@ class Study:
     def order(self) -> list[tuple[str, int]]:
         return [(r.split(":")[0], int(r.split(":")[1])) for r in self.spec["order"]]
 
+    carried_policy: dict | None = None   # policy.json read from a bundle (status and report unpack no policy)
+
     def policy_info(self) -> dict | None:
-        return SFT.read_policy_info(self.policy)
+        return SFT.read_policy_info(self.policy) or self.carried_policy
+
+
+def upgrade_spec(study: Study) -> list[str]:
+    """Add the SPEC_ADDITIONS the study's spec lacks (see there); saves and journals each; one line per addition."""
+    preset = STUDY_PRESETS.get(study.spec.get("preset"), {}).get("rl", {})
+    notes = []
+    for key, why in SPEC_ADDITIONS.items():
+        value, ours = _dotted(preset, key), _dotted(study.spec["rl"], key)
+        if value is None or ours is not None:
+            continue
+        from trace_rl.config import set_dotted
+
+        set_dotted(study.spec["rl"], key, value)
+        entry = {"key": f"rl.{key}", "value": value, "from_generation": study.generation, "why": why}
+        study.spec.setdefault("additions", []).append(entry)
+        study.journal({"stage": "spec", **entry, "note": "runs started from step 0 from this call on carry it; "
+                                                         "finished runs keep their records"})
+        notes.append(f"spec: rl.{key} = {value!r} added from generation {study.generation} ({why}); runs started "
+                     f"from now on carry it, finished ones keep their records")
+    if notes:
+        study.save()
+    return notes
+
+
+def _dotted(data: dict, key: str):
+    for part in key.split("."):
+        if not isinstance(data, dict) or part not in data:
+            return None
+        data = data[part]
+    return data
 
 
 # -- spec and configs --

@@ -62,6 +62,7 @@ from stability_spec import (  # noqa: E402
     parse_runs,
     run_config,
     timestamp,
+    upgrade_spec,
 )
 from stability_status import cmd_report, cmd_status, status_text  # noqa: E402
 
@@ -320,11 +321,13 @@ def call(args) -> int:
     study = restore(Path(args.work).resolve(), Path(args.bundle) if args.bundle else None, spec, log)
     if args.runs:                                  # scheduling may change between calls (e.g. harder settings)
         study.spec["order"] = parse_runs(args.runs)
-    elif spec is not None and spec != study.spec:
+    elif spec is not None and spec != {k: v for k, v in study.spec.items() if k != "additions"}:
         log("note: --preset/--set/--steps apply only when a study starts; this one continues with its own spec")
     study.generation += 1
     study.save()
     study.journal({"stage": "call", "generation": study.generation, "budget": args.budget})
+    for note in upgrade_spec(study):                # settings added to the presets since this study began
+        log(note)
     with GPUSampler() as gpu:
         try:
             if stage_sft(study, deadline, log) and stage_preflight(study, deadline, args.inprocess, log):

@@ -1,7 +1,8 @@
 """The GPU stability study's driver, end to end on CPU at the smoke scale (0.1M-parameter policy, 2 RL steps
 per plan): SFT, pre-flight drift per plan, every plan's run, collapse detection, the report, and the bundle
 across simulated device calls: a run cut by a call's end restarts on a fresh machine and resumes exactly on
-a warm one."""
+a warm one. The bf16 held-out evaluation (loop.eval_reference) is added to the spec of a study that began without
+it: the runs started from then on carry it, the finished one keeps its records."""
 
 import json
 import shutil
@@ -32,8 +33,14 @@ def train_steps(run_dir):
     return [r["step"] for r in read_history(run_dir) if r["kind"] == "train"]
 
 
-def test_the_study_across_device_calls(tmp_path, capsys):
+def evals(run_dir):
+    return [r for r in read_history(run_dir) if r["kind"] == "eval"]
+
+
+def test_the_study_across_device_calls(tmp_path, capsys, monkeypatch):
     bundle, m1, m2, m3 = tmp_path / "stab", tmp_path / "machine1", tmp_path / "machine2", tmp_path / "machine3"
+    # calls 1 and 2 run a study that began before the presets had loop.eval_reference
+    monkeypatch.delitem(S.STUDY_PRESETS["smoke"]["rl"]["loop"], "eval_reference")
 
     # call 1, fresh machine: SFT, the pre-flight audit, then fp4 makes one step before the call's time is up
     assert call(m1, tmp_path / "o1", None, "--preset", "smoke", *FORCE_COLLAPSE, "--runs", "fp4:0",
@@ -55,7 +62,10 @@ def test_the_study_across_device_calls(tmp_path, capsys):
     status = study.status("fp4", 0)
     assert status["state"] == "finished" and "--overwrite" in status["commands"][-1]
     assert train_steps(study.run_dir("fp4", 0)) == [1, 2]
+    assert evals(study.run_dir("fp4", 0)) and not any("eval_ref_accuracy" in r for r in evals(study.run_dir("fp4", 0)))
+    fp4_records = (study.run_dir("fp4", 0) / "metrics.jsonl").read_text()
     carry(tmp_path / "o2", bundle)
+    monkeypatch.undo()           # the presets as they are now: call 3 adds loop.eval_reference to the study's spec
 
     # calls 3 and 4 on the same machine (warm): bf16 is cut after step 1, then resumes exactly from its checkpoint
     assert call(m2, tmp_path / "o3", bundle, "--runs", "bf16:0", "--run-time-limit", "0") == 0
@@ -63,6 +73,14 @@ def test_the_study_across_device_calls(tmp_path, capsys):
     assert call(m2, tmp_path / "o4", bundle, "--runs", ",".join(S.STUDY_PRESETS["smoke"]["order"])) == 0
     carry(tmp_path / "o4", bundle)
     study = S.Study.load(m2)
+    assert study.spec["rl"]["loop"]["eval_reference"] is True
+    assert [(a["key"], a["from_generation"]) for a in study.spec["additions"]] == [("rl.loop.eval_reference", 3)]
+    journal = [json.loads(line) for line in (m2 / "calls.jsonl").read_text().splitlines()]
+    assert [e["key"] for e in journal if e["stage"] == "spec"] == ["rl.loop.eval_reference"]     # added once
+    assert (study.run_dir("fp4", 0) / "metrics.jsonl").read_text() == fp4_records                # finished: as it was
+    for plan in ("fp8", "fp4-tis", "fp4-geo", "fp4-aligned", "fp4-guided"):                       # started after
+        assert all("eval_ref_accuracy" in r for r in evals(study.run_dir(plan, 0))), plan
+    assert not any("eval_ref_accuracy" in r for r in evals(study.run_dir("bf16", 0)))   # bf16: one eval is enough
     assert "--resume" in study.status("bf16", 0)["commands"][-1]
     resumes = [r for r in read_history(study.run_dir("bf16", 0)) if r["kind"] == "resume"]
     assert [r["step"] for r in resumes] == [1]
@@ -84,13 +102,20 @@ def test_the_study_across_device_calls(tmp_path, capsys):
     # here: status and the report from the carried bundle alone
     capsys.readouterr()
     assert S.main(["status", "--bundle", str(bundle), "--tmp", str(tmp_path / "unpacked")]) == 0
-    assert "left: ~0 device-minutes" in capsys.readouterr().out
+    status = capsys.readouterr().out
+    assert "left: ~0 device-minutes" in status
+    info = study.policy_info()                      # read from the bundle's policy parts, which status does not unpack
+    assert f"policy: done (step {info['step']}, held-out accuracy {info['accuracy']})" in status
+    assert not (tmp_path / "unpacked" / "policy").exists()
     assert S.main(["report", "--bundle", str(bundle), "--tmp", str(tmp_path / "unpacked"),
                    "--docs", str(tmp_path / "docs"), "--raw", str(tmp_path / "raw")]) == 0
     report = (tmp_path / "docs" / "report.md").read_text()
     for plan in ("bf16", "fp8", "fp4", "fp4-tis", "fp4-geo", "fp4-aligned", "fp4-guided"):
         assert f"| {plan} | 1 |" in report and (tmp_path / "raw" / f"{plan}-seed0.jsonl").is_file(), plan
     assert "| 2 (entropy) |" in report and "python -m trace_rl run" in report
+    assert "| at bf16: start → final | best at bf16 |" in report
+    assert "| fp4 | 0 | finished | 2/2 | 0.000 → 0.000 | 0.000 | – → – | – |" in report       # begun without it
+    assert "without loop.eval_reference): fp4 seed 0." in report
     assert (tmp_path / "docs" / "curves.png").stat().st_size > 0
     rows = json.loads((tmp_path / "docs" / "report.json").read_text())["plans"]
     assert rows["fp4"]["degraded"] and rows["fp4"]["verdict"] in ("pass", "fail")

@@ -9,7 +9,12 @@ Layout read (what `benchmarks/stability_study.py` and `trace-rl compare` write):
     <runs>/<plan>/preflight.json           optional: `trace-rl drift` on the policy before training
 
 Definitions (docs/stability.md, "GPU study"):
-- final / best held-out accuracy: the last / highest `eval_accuracy` of the run (its start included);
+- final / best held-out accuracy: the last / highest `eval_accuracy` of the run (its start included), at the
+  plan's own rollout precision;
+- ... at bf16: the same from `eval_ref_accuracy` (`loop.eval_reference`: the trainer's weights evaluated by a
+  bf16 engine), which separates a quantized plan's less accurate inference from what its rollouts did to
+  training; a run whose rollout is bf16 has its own evaluation there; '–' for a quantized run without it (one
+  started before the study turned it on);
 - collapse: the run's recorded collapse (`trace_rl.pipelines.collapse`), step and reason;
 - wall time per step: the median `step_seconds` plus the evaluation time spread over the steps;
 - degraded: collapsed, or final held-out accuracy below the reference plan's mean (bf16) by more than
@@ -53,6 +58,9 @@ class RunResult:
     curves: dict[str, dict[int, float]] = field(default_factory=dict)
     by_position_k3: dict[str, float] = field(default_factory=dict)
     commands: list[str] = field(default_factory=list)
+    ref_start_accuracy: float = math.nan     # held-out accuracy at bf16 (module doc); NaN: not measured
+    ref_final_accuracy: float = math.nan
+    ref_best_accuracy: float = math.nan
 
     @property
     def seconds_per_step(self) -> float:
@@ -84,23 +92,33 @@ def load_run(run_dir: Path, plan: str, seed: int) -> RunResult:
     summary_file = run_dir / "summary.json"
     summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
     preflight_file = run_dir.parent / "preflight.json"
-    target = None
+    target, bf16_rollout = None, False
     config = run_dir / "config.yaml"
     if config.is_file():
         import yaml
 
-        target = (yaml.safe_load(config.read_text()) or {}).get("loop", {}).get("steps")
+        data = yaml.safe_load(config.read_text()) or {}
+        target = data.get("loop", {}).get("steps")
+        precision = data.get("precision", {})
+        bf16_rollout = all(precision.get(k, "bf16") == "bf16" for k in ("rollout_weights", "rollout_activations",
+                                                                     "kv_cache"))
     if summary:
         state = "stopped at collapse" if summary.get("stopped") else "finished"
     else:
         state = status.get("state") or ("interrupted" if train else "pending")
     accs = [float(r["eval_accuracy"]) for r in evals]
+    # at bf16: the reference evaluation when the run has one (from its first evaluation, else its start is
+    # unknown), a bf16 rollout's own evaluation, else none
+    refs = [float(r["eval_ref_accuracy"]) for r in evals if "eval_ref_accuracy" in r]
+    if bf16_rollout and not refs:
+        refs = accs
+    ref_from_start = bool(evals) and ("eval_ref_accuracy" in evals[0] or bf16_rollout)
     mean = {k: _finite_mean(r.get(k) for r in train) for k in MEAN_KEYS}
     for key in sorted({k for r in train for k in r if k.startswith("correction/")}):
         mean[key] = _finite_mean(r.get(key) for r in train)
     spans = sorted({k.rsplit("/", 1)[1] for r in train for k in r if k.startswith("mismatch_by_position/k3/")},
                    key=lambda s: int(s.split("-")[0]))
-    eval_s = sum(float(r.get("eval_seconds", 0.0)) for r in evals)
+    eval_s = sum(float(r.get("eval_seconds", 0.0)) + float(r.get("eval_ref_seconds", 0.0)) for r in evals)
     return RunResult(
         plan=plan, seed=seed, dir=str(run_dir), state=state, steps=len(train), target_steps=target,
         start_accuracy=accs[0] if accs else math.nan, final_accuracy=accs[-1] if accs else math.nan,
@@ -112,9 +130,13 @@ def load_run(run_dir: Path, plan: str, seed: int) -> RunResult:
         wall_seconds=sum(float(r.get("step_seconds", 0.0)) for r in train) + eval_s,
         preflight=json.loads(preflight_file.read_text()) if preflight_file.is_file() else None,
         curves={**{k: {r["step"]: float(r[k]) for r in train if r.get(k) is not None} for k in CURVE_KEYS},
-                "eval_accuracy": {r["step"]: float(r["eval_accuracy"]) for r in evals}},
+                "eval_accuracy": {r["step"]: float(r["eval_accuracy"]) for r in evals},
+                "eval_ref_accuracy": {r["step"]: float(r["eval_ref_accuracy"]) for r in evals
+                                      if "eval_ref_accuracy" in r}},
         by_position_k3={s: _finite_mean(r.get(f"mismatch_by_position/k3/{s}") for r in train) for s in spans},
-        commands=status.get("commands", []))
+        commands=status.get("commands", []),
+        ref_start_accuracy=refs[0] if refs and ref_from_start else math.nan,
+        ref_final_accuracy=refs[-1] if refs else math.nan, ref_best_accuracy=max(refs) if refs else math.nan)
 
 
 def discover(runs: Path) -> list[tuple[str, int, Path]]:
@@ -183,8 +205,15 @@ def _head(*columns: str) -> list[str]:
     return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
 
 
+def has_reference(results: list[RunResult]) -> bool:
+    """Whether any quantized run was also evaluated at bf16 (the tables' bf16 columns)."""
+    return any(r.curves.get("eval_ref_accuracy") for r in results)
+
+
 def run_table(results: list[RunResult]) -> str:
-    lines = _head("plan", "seed", "state", "steps", "held-out acc: start → final", "best", "collapse (step, rule)",
+    ref = has_reference(results)
+    lines = _head("plan", "seed", "state", "steps", "held-out acc: start → final", "best",
+                  *(["at bf16: start → final", "best at bf16"] if ref else []), "collapse (step, rule)",
                   "mean k3", "mean \\|log ρ\\|", "mean ess", "masked / truncated", "s/step", "wall s")
     for r in results:
         cut = [v for k, v in r.mean.items() if k.endswith("/frac_truncated")]
@@ -192,7 +221,10 @@ def run_table(results: list[RunResult]) -> str:
         steps = f"{r.steps}/{r.target_steps}" if r.target_steps else str(r.steps)
         collapse = f"{r.collapse_step} ({r.collapse_reason})" if r.collapse_step is not None else "–"
         lines.append(f"| {r.plan} | {r.seed} | {r.state} | {steps} | {_f(r.start_accuracy)} → {_f(r.final_accuracy)} "
-                     f"| {_f(r.best_accuracy)} | {collapse} | {_f(r.mean['mismatch_k3'])} "
+                     f"| {_f(r.best_accuracy)} "
+                     + (f"| {_f(r.ref_start_accuracy)} → {_f(r.ref_final_accuracy)} | {_f(r.ref_best_accuracy)} "
+                        if ref else "")
+                     + f"| {collapse} | {_f(r.mean['mismatch_k3'])} "
                      f"| {_f(r.mean['abs_log_ratio_mean'])} | {_f(r.mean['ess'])} "
                      f"| {_f(masked)} / {_f(max(cut) if cut else 0.0)} | {_f(r.seconds_per_step, 2)} "
                      f"| {_f(r.wall_seconds, 0)} |")
@@ -201,8 +233,10 @@ def run_table(results: list[RunResult]) -> str:
 
 def plan_table(results: list[RunResult], reference: str = "bf16") -> str:
     judged = verdicts(results, reference)
-    lines = _head("plan", "seeds", "final held-out acc", "best", "collapsed (steps)", "mean k3", "pre-flight k3",
-                  "verdict", "degraded", "verdict predicted it", "s/step")
+    ref = has_reference(results)
+    lines = _head("plan", "seeds", "final held-out acc", "best", *(["final at bf16"] if ref else []),
+                  "collapsed (steps)", "mean k3", "pre-flight k3", "verdict", "degraded", "verdict predicted it",
+                  "s/step")
     for plan, v in judged.items():
         runs = [r for r in results if r.plan == plan]
         steps = [r.collapse_step for r in runs if r.collapse_step is not None]
@@ -211,7 +245,8 @@ def plan_table(results: list[RunResult], reference: str = "bf16") -> str:
         lines.append(
             f"| {plan} | {len(runs)} | {_pm([r.final_accuracy for r in runs])} "
             f"| {_pm([r.best_accuracy for r in runs])} "
-            f"| {len(steps)}/{len(runs)}{at} "
+            + (f"| {_pm([r.ref_final_accuracy for r in runs])} " if ref else "")
+            + f"| {len(steps)}/{len(runs)}{at} "
             f"| {_f(_finite_mean(r.mean['mismatch_k3'] for r in runs))} "
             f"| {_f(pre.get('mismatch_k3')) if pre else '–'} | {v['verdict'] or '–'} "
             f"| {'yes' if v['degraded'] else 'no'} | {v['predicted']} "
@@ -243,11 +278,14 @@ def plot_study(results: list[RunResult], path: Path, title: str = "") -> Path:
             ax.plot(steps, values, color=colors[r.plan], ls="-" if r.seed % 2 == 0 else "--",
                     marker="o" if key == "eval_accuracy" else None, ms=3,
                     label=f"{r.plan} s{r.seed}")
+            ref = r.curves.get("eval_ref_accuracy") if key == "eval_accuracy" else None
+            if ref:                        # the same weights evaluated at bf16 (loop.eval_reference): dotted
+                ax.plot(sorted(ref), [ref[s] for s in sorted(ref)], color=colors[r.plan], ls=":", marker="s", ms=2)
             if r.collapse_step is not None and r.collapse_step in series:
                 ax.plot([r.collapse_step], [series[r.collapse_step]], "x", color=colors[r.plan], ms=10, mew=2)
         if log and any(v > 0 for line in ax.get_lines() for v in line.get_ydata()):
             ax.set_yscale("log")
-        ax.set_title(name)
+        ax.set_title(name + (" (dotted: at bf16)" if key == "eval_accuracy" and has_reference(results) else ""))
         ax.set_xlabel("step")
     ax = axes.flat[6]
     for plan in plans:
@@ -282,6 +320,13 @@ def write_report(runs: Path, out: Path, title: str = "", order: list[str] | None
     out.mkdir(parents=True, exist_ok=True)
     md = [f"# {title or 'Stability study'}", "", "## Per plan (mean ± std over seeds)", "",
           plan_table(results, reference), "", "## Per run", "", run_table(results), ""]
+    if has_reference(results):
+        lacking = [f"{r.plan} seed {r.seed}" for r in results
+                   if r.curves.get("eval_accuracy") and math.isnan(r.ref_final_accuracy)]
+        md[-1:-1] = ["", "\"at bf16\": the same policy's held-out accuracy through a bf16 engine (loop.eval_reference; "
+                     "a bf16 run's own evaluation); the other accuracies are at the plan's rollout precision."
+                     + (f" Evaluated only at their own precision ('–': run without loop.eval_reference): "
+                        f"{', '.join(lacking)}." if lacking else "")]
     commands = [(r.plan, r.seed, c) for r in results for c in r.commands]
     if commands:
         md += ["## Commands", "", *[f"- {p} seed {s}: `{c}`" for p, s, c in commands], ""]
@@ -293,4 +338,5 @@ def write_report(runs: Path, out: Path, title: str = "", order: list[str] | None
     return {"runs": len(results), "markdown": "\n".join(md), "plot": str(plot) if plot else None}
 
 
-__all__ = ["RunResult", "load_runs", "plan_table", "plot_study", "run_table", "verdicts", "write_report"]
+__all__ = ["RunResult", "has_reference", "load_runs", "plan_table", "plot_study", "run_table", "verdicts",
+           "write_report"]
