@@ -23,6 +23,11 @@ def small(steps: int = 1, **extra):
         **extra})
 
 
+def train_records(run_dir):
+    timing = ("rollout_seconds", "step_seconds", "rollout_tokens_per_s")
+    return [{k: v for k, v in r.items() if k not in timing} for r in read_history(run_dir) if r["kind"] == "train"]
+
+
 def scores(record: dict, prefix: str) -> tuple:
     return tuple(record[f"{prefix}{k}"] for k in ("accuracy", "reward", "format_ok"))
 
@@ -54,13 +59,19 @@ def test_fp4_run_also_evaluates_at_bf16_like_a_bf16_plan(tmp_path):
     assert fp4.engine.policy_version == 1 and fp4.reference_engine.policy_version == 1
 
 
-def test_run_logs_both_accuracies_and_summarizes_them(tmp_path):
-    summary = build(small(**{"loop.eval_reference": True}), run_dir=tmp_path / "r").run()
+def test_run_logs_both_accuracies_and_training_is_unchanged(tmp_path):
+    summary = build(small(3, **{"loop.eval_reference": True, "loop.eval_every": 1}), run_dir=tmp_path / "r").run()
+    build(small(3, **{"loop.eval_every": 1}), run_dir=tmp_path / "off").run()
     evals = [r for r in read_history(tmp_path / "r") if r["kind"] == "eval"]
-    assert [r["step"] for r in evals] == [0, 1]
+    assert [r["step"] for r in evals] == [0, 1, 2, 3]
     assert all("eval_accuracy" in r and "eval_ref_accuracy" in r for r in evals)
     assert summary["eval_ref_accuracy_start"] == evals[0]["eval_ref_accuracy"]
     assert summary["eval_ref_accuracy_end"] == evals[-1]["eval_ref_accuracy"]
+    assert summary["eval_ref_accuracy_best"] == max(r["eval_ref_accuracy"] for r in evals)
+    # the reference evaluation changes no training record (nor the plan-precision evaluations)
+    off = [r for r in read_history(tmp_path / "off") if r["kind"] == "eval"]
+    assert [scores(r, "eval_") for r in evals] == [scores(r, "eval_") for r in off]
+    assert train_records(tmp_path / "r") == train_records(tmp_path / "off")
 
 
 @pytest.mark.parametrize("case", ["off", "bf16"])

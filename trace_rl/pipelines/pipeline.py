@@ -281,8 +281,11 @@ class Pipeline:
         record = {"kind": "eval", "step": self.step, **self._held_out(self.engine, "eval_")}
         if self.reference_engine is not None:
             t0 = time.perf_counter()
-            self.reference_engine.load_weights(self.model.state_dict(), self.step)
-            ref = self._held_out(self.reference_engine, "eval_ref_")
+            # its own RNG draw (an unseeded generate draws its seed from torch's global RNG) must not shift the
+            # run's: with or without this evaluation, training is the same
+            with torch.random.fork_rng(devices=[]):
+                self.reference_engine.load_weights(self.model.state_dict(), self.step)
+                ref = self._held_out(self.reference_engine, "eval_ref_")
             record.update(ref, eval_ref_seconds=time.perf_counter() - t0)     # the weight load included
         return record
 
