@@ -30,6 +30,20 @@ def test_a_missing_or_stale_part_is_an_error_naming_it(tmp_path):
         B.unpack(tmp_path / "out", entry, tmp_path / "back")
 
 
+def test_read_member_reads_one_file_checked_like_unpack(tmp_path):
+    """`status --bundle` reads policy.json from the policy's parts this way (it showed 'policy: none yet')."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "policy.json").write_text('{"done": true}')
+    (tmp_path / "src" / "model.safetensors").write_bytes(b"w" * 3000)
+    entry = B.pack(tmp_path / "src", tmp_path / "out", "policy.tar", compress=False, part_bytes=1024)
+    assert B.read_member(tmp_path / "out", entry, "policy.json") == b'{"done": true}'
+    with pytest.raises(B.BundleError, match="has no file 'config.json'"):
+        B.read_member(tmp_path / "out", entry, "config.json")
+    (tmp_path / "out" / entry["parts"][-1]).write_bytes(b"stale")
+    with pytest.raises(B.BundleError, match="does not match the sha256"):
+        B.read_member(tmp_path / "out", entry, "policy.json")
+
+
 def test_check_out_names_what_would_not_come_back(tmp_path):
     for i in range(9):
         (tmp_path / f"f{i}").write_text("x")
