@@ -3,9 +3,9 @@ drift per plan, then GRPO runs per plan and seed, spread over 10-minute device c
 
 Every device call runs the same command; it continues the study from wherever it is and returns a bundle:
 
-    python benchmarks/stability_study.py call --bundle .stab --work runs/stab --out $OUT --budget 540
-    python benchmarks/stability_study.py status --bundle .stab          # here: what is done, what is left
-    python benchmarks/stability_study.py report --bundle .stab --docs docs/stability/gpu \\
+    python benchmarks/stability_study.py call --bundle benchmarks/results/stability_study/bundle --work runs/stab --out $OUT --budget 540
+    python benchmarks/stability_study.py status --bundle benchmarks/results/stability_study/bundle   # here: done / left
+    python benchmarks/stability_study.py report --bundle benchmarks/results/stability_study/bundle --docs docs/stability/gpu \\
         --raw benchmarks/results/stability_study                        # here: tables, curves, raw JSONL
     python benchmarks/stability_study.py prepare --repo /work/main --bundle /work/main/.stab --wheels /work/main/.whl
     python benchmarks/stability_study.py call --preset smoke --work /tmp/s --out /tmp/o --budget 120 --inprocess
@@ -400,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, fn, helptext in (("status", cmd_status, "what is done and what is left (calls, sessions)"),
                                ("report", cmd_report, "tables and curves from the raw records")):
         s = sub.add_parser(name, help=helptext)
-        s.add_argument("--bundle", help="a bundle folder (the carried .stab)")
+        s.add_argument("--bundle", help="a bundle folder (the committed benchmarks/results/stability_study/bundle)")
         s.add_argument("--work", help="or a study folder")
         s.add_argument("--tmp", default="runs/stab-local", help="where a bundle is unpacked (default runs/stab-local)")
         if name == "report":
