@@ -3,9 +3,10 @@ drift per plan, then GRPO runs per plan and seed, spread over 10-minute device c
 
 Every device call runs the same command; it continues the study from wherever it is and returns a bundle:
 
-    python benchmarks/stability_study.py call --bundle benchmarks/results/stability_study/bundle --work runs/stab --out $OUT --budget 540
-    python benchmarks/stability_study.py status --bundle benchmarks/results/stability_study/bundle   # here: done / left
-    python benchmarks/stability_study.py report --bundle benchmarks/results/stability_study/bundle --docs docs/stability/gpu \\
+    B=benchmarks/results/stability_study/bundle                    # committed: it crosses sessions
+    python benchmarks/stability_study.py call --bundle $B --work runs/stab --out $OUT --budget 540
+    python benchmarks/stability_study.py status --bundle $B          # here: what is done, what is left
+    python benchmarks/stability_study.py report --bundle $B --docs docs/stability/gpu \\
         --raw benchmarks/results/stability_study                        # here: tables, curves, raw JSONL
     python benchmarks/stability_study.py prepare --repo /work/main --bundle /work/main/.stab --wheels /work/main/.whl
     python benchmarks/stability_study.py call --preset smoke --work /tmp/s --out /tmp/o --budget 120 --inprocess
