@@ -10,7 +10,8 @@ letters, digits, '.', '_' and '-' (the limits on what comes back from $OUT), ver
 The session copies these files into the committed bundle folder (benchmarks/results/stability_study/bundle/,
 which travels with the checkout; a new session starts from a fresh clone, so only a committed bundle crosses
 sessions), and the next call reads them back (`unpack`). `carry_size` adds what a call sends (the checkout's
-tracked and untracked-but-not-ignored files plus the carried folders) so a call over the 64 MiB limit is caught before it costs device time.
+tracked and untracked-but-not-ignored files plus the carried folders) so a call over the 64 MiB limit is
+caught before it costs device time.
 """
 
 from __future__ import annotations
