@@ -270,14 +270,18 @@ def scale_values(h: HopperFP4) -> torch.Tensor:
     return (bits << 16).view(torch.float32)
 
 
-def dequantize(h: HopperFP4) -> torch.Tensor:
-    """float32 [N, K]: what the GEMM multiplies, (E2M1 x 2**-126) x scale rounded to bf16, times the row
-    factor; equal to the reference dequantization (see the module doc for when bit for bit)."""
+def operand(h: HopperFP4) -> torch.Tensor:
+    """bf16 [N, K]: what the GEMM multiplies, (E2M1 x 2**-126) x scale rounded to bf16 (the kernel's
+    mul.bf16x2), before the row factor."""
     G = block_size(h.fmt)
-    np_, kp = h.padded
     codes = _values_to_codes(h.values).to(torch.int64)
     mag = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64, device=codes.device)
     value = torch.where(codes >= 8, -mag[codes & 7], mag[codes & 7])
     scale = scale_values(h).double().repeat_interleave(G, dim=1)
-    prod = (value * 2.0 ** -126 * scale).to(torch.bfloat16).float()          # the kernel's mul.bf16x2
-    return (prod * h.row_factor[:, None])[: h.n, : h.k]
+    return (value * 2.0 ** -126 * scale).to(torch.bfloat16)[: h.n, : h.k]
+
+
+def dequantize(h: HopperFP4) -> torch.Tensor:
+    """float32 [N, K]: `operand(h)` times the row factor; equal to the reference dequantization (see the
+    module doc for when bit for bit)."""
+    return operand(h).float() * h.row_factor[: h.n, None]

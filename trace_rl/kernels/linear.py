@@ -3,6 +3,9 @@
 The GEMM reads the Hopper layout (hopper_fp4.py), derived from `packed.q` once and kept in
 `packed.layout["hopper_fp4"]`; `PackedWeight.refresh_layouts()` (weight sync) re-derives it in place, so a
 CUDA graph that captured the GEMM stays valid.
+
+From `fp4_dequant.DEQUANT_CUBLAS_MIN_M` rows on, both linears dequantize the weight to a bf16 scratch and call
+cuBLAS instead (fp4_dequant.py: same math up to float32 accumulation order; `use_dequant_cublas(M)` says which).
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from trace_rl.formats import per_token
+from trace_rl.kernels.fp4_dequant import dequant_matmul, use_dequant_cublas
 from trace_rl.kernels.fp4_gemm import GemmConfig, fp4_matmul
 from trace_rl.kernels.hopper_fp4 import HopperFP4, to_hopper
 from trace_rl.kernels.row_quantize import quantize_dequant_bf16
@@ -48,6 +52,13 @@ def hopper_weight(packed) -> HopperFP4:
     return h
 
 
+def _dense_matmul(x2, packed, row_scale, bias, out_dtype, config):
+    """The FP4 GEMM, or at large M (and no explicit config) dequantize + cuBLAS."""
+    if config is None and use_dequant_cublas(x2.shape[0]):
+        return dequant_matmul(x2, packed.q, hopper_weight(packed), row_scale, bias, out_dtype)
+    return fp4_matmul(x2, hopper_weight(packed), row_scale, bias, out_dtype=out_dtype, config=config)
+
+
 def _check(packed, act_fmt: str, K: int) -> None:
     if packed.fmt not in ("nvfp4", "mxfp4") or packed.q is None:
         raise ValueError(f"fp4_linear takes an nvfp4 or mxfp4 PackedWeight, got format {packed.fmt!r}")
@@ -74,7 +85,7 @@ def fp4_linear(x: torch.Tensor, packed, act_fmt: str = "bf16", bias: torch.Tenso
         xb = xb if xb.stride(-1) == 1 else xb.contiguous()
     else:
         xb, row_scale = quantize_dequant_bf16(x2 if x2.stride(-1) == 1 else x2.contiguous(), per_token(act_fmt))
-    y = fp4_matmul(xb, hopper_weight(packed), row_scale, bias, out_dtype=x.dtype, config=config)
+    y = _dense_matmul(xb, packed, row_scale, bias, x.dtype, config)
     return y.reshape(*lead, packed.out_features)
 
 
@@ -96,7 +107,7 @@ def fp4_linear_prequantized(xq: torch.Tensor, row_scale: torch.Tensor | None, pa
     x2 = xq.reshape(-1, K)
     x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
     rs = None if row_scale is None else row_scale.reshape(-1).float()
-    y = fp4_matmul(x2, hopper_weight(packed), rs, bias, out_dtype=out_dtype, config=config)
+    y = _dense_matmul(x2, packed, rs, bias, out_dtype, config)
     return y.reshape(*lead, packed.out_features)
 
 

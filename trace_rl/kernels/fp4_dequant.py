@@ -1,0 +1,175 @@
+"""Large-M dense FP4 linear: dequantize the weight to a bf16 scratch [N, K], then one cuBLAS GEMM.
+
+At M >= `DEQUANT_CUBLAS_MIN_M` rows the FP4 GEMM (fp4_gemm.py) is issue-bound on decoding the weight in its K
+loop (0.36-0.55x cuBLAS BF16 at M >= 128 on the H200, issue 17), while the weight's bytes no longer dominate.
+So, as vLLM's AWQ/GPTQ paths do at large M: one small kernel writes the bf16 operand the FP4 GEMM would
+multiply (below) into a scratch buffer, cuBLAS multiplies it with float32 output (`torch.mm(..., out_dtype=
+torch.float32)`), and the FP4 GEMM's own epilogue (`fp4_gemm._epilogue_store`: row factor, W4A4 per-token
+scale, bias, one rounding to the output dtype) finishes. The result differs from `fp4_matmul` only in the
+order of the float32 accumulation.
+
+**The operand** is exactly the Hopper layout's (hopper_fp4.py, `operand(h)`): the product is taken from the
+reference codes `q.codes` and
+- nvfp4: E2M1 x E4M3 scale x 2**-19 (2-bit x 4-bit significands, >= 2**-29: exact in bf16; a NaN scale's
+  block is NaN, a zero scale's block +-0, a negative scale flips the signs), with the row factor
+  (global x 2**19) in the epilogue;
+- mxfp4: E2M1 x 2**-126 x 2**(b - 127), b the layout's pre-biased scale byte (the row's largest exponent maps
+  to b = 254), row factor 2**c_n in the epilogue. Exact in bf16 for blocks within 133 binades of their row's
+  largest; blocks further below round into bf16 subnormals (or to zero) exactly as the FP4 GEMM's
+  `mul.bf16x2` rounds them (one round-to-nearest-even of the exact product), so both paths see the same
+  operand. A NaN block (b = 255) decodes as Inf and its row factor is NaN: the row is NaN in both paths.
+The float32 product is exact before the one rounding to bf16 (Triton's float32 multiply keeps subnormals:
+flush-to-zero is only set for libdevice calls).
+
+**Scratch**: one bf16 buffer per (device, N, K), allocated on first use outside CUDA-graph capture (the
+engine's warm-up steps run before capture) and never freed, so a captured graph keeps a valid pointer; layers
+of one shape share it (stream-ordered: a layer's GEMM reads it before the next layer's dequantization writes).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from trace_rl.kernels.fp4_gemm import _epilogue_store
+from trace_rl.kernels.hopper_fp4 import HopperFP4, block_size, operand
+
+# Rows from which the dense FP4 linear takes this path. 128 is where the FP4 GEMM falls to 0.36-0.55x cuBLAS
+# BF16 on the H200 (issue 17); the crossover is not measured yet (benchmarks/fp4_dequant_mm.py measures it).
+DEQUANT_CUBLAS_MIN_M = 128
+# TRACE_RL_FP4_DEQUANT_CUBLAS=0 keeps the FP4 GEMM at every M (A/B runs).
+ENABLED = os.environ.get("TRACE_RL_FP4_DEQUANT_CUBLAS", "1") != "0"
+
+BLOCK_N, BLOCK_K = 32, 256
+EPI_BM, EPI_BN = 32, 128
+
+
+def use_dequant_cublas(m: int) -> bool:
+    """Whether the dense FP4 linear of `m` rows takes the dequantize + cuBLAS path."""
+    return ENABLED and m >= DEQUANT_CUBLAS_MIN_M
+
+
+@triton.jit
+def _dequant_kernel(codes_ptr, scales_ptr, out_ptr, N, K, stride_c, stride_s, stride_o,
+                    MX: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    cols = tl.program_id(1) * BK + tl.arange(0, BK)
+    mask = (rows < N)[:, None] & (cols < K)[None, :]
+    r64 = rows[:, None].to(tl.int64)
+    byte = tl.load(codes_ptr + r64 * stride_c + (cols // 2)[None, :], mask=mask, other=0).to(tl.int32)
+    c = (byte >> ((cols & 1) * 4)[None, :]) & 15                      # even column: low nibble
+    G: tl.constexpr = 32 if MX else 16
+    s = tl.load(scales_ptr + r64 * stride_s + (cols // G)[None, :], mask=mask, other=0).to(tl.int32)
+    if MX:
+        # E2M1 x 2**-126: the code's bits at bf16 bits 15, 8, 7, 6 (0.5 -> a subnormal), as float32
+        code = (((c >> 3) << 31) | ((c & 7) << 22)).to(tl.float32, bitcast=True)
+        scale = (s << 23).to(tl.float32, bitcast=True)                # 2**(b - 127); 0 for b = 0, Inf for 255
+        w = code * scale
+    else:
+        e = (c >> 1) & 3
+        m = c & 1
+        mag = tl.where(e == 0, m * 0x3F000000, ((e + 126) << 23) | (m << 22))   # 0, 0.5 | (1 + m/2) 2**(e-1)
+        code = (mag | ((c >> 3) << 31)).to(tl.float32, bitcast=True)
+        se = (s >> 3) & 15
+        sm = s & 7
+        scale = tl.where(se == 0, sm.to(tl.float32) * 0.001953125,               # E4M3 subnormal: m 2**-9
+                         (((se + 120) << 23) | (sm << 20)).to(tl.float32, bitcast=True))
+        scale = tl.where((s & 0x7F) == 0x7F, float("nan"), tl.where(s >= 128, -scale, scale))
+        w = code * scale * 1.9073486328125e-06                          # 2**-19: the layout's bias
+    # Round to bf16 (nearest even) on the bits and store them as int16: the same as `.to(tl.bfloat16)` on the
+    # GPU, but also right for subnormals under the interpreter (whose float32 -> bf16 cast mishandles them).
+    u = w.to(tl.int32, bitcast=True)
+    bits = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    bits = tl.where(w != w, (u >> 16) | 0x7FC0, bits)                  # NaN stays NaN (sign kept)
+    tl.store(out_ptr + r64 * stride_o + cols[None, :], bits.to(tl.int16), mask=mask)
+
+
+@triton.jit
+def _epilogue_kernel(y_ptr, rf_ptr, row_scale_ptr, bias_ptr, out_ptr, M, N, stride_y, stride_o,
+                     HAS_ROW_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """out = epilogue(y) with the FP4 GEMM's own epilogue code (y [M, N] float32, read as [BN, BM] tiles)."""
+    offs_m = tl.program_id(0) * BM + tl.arange(0, BM)
+    rows = tl.program_id(1) * BN + tl.arange(0, BN)
+    acc = tl.load(y_ptr + offs_m[None, :].to(tl.int64) * stride_y + rows[:, None],
+                  mask=(rows < N)[:, None] & (offs_m < M)[None, :], other=0.0)
+    _epilogue_store(acc, rows, offs_m, N, M, rf_ptr, row_scale_ptr, bias_ptr, out_ptr, stride_o,
+                    HAS_ROW_SCALE, HAS_BIAS)
+
+
+def _use_triton(t: torch.Tensor) -> bool:
+    from trace_rl.kernels import interpreting
+
+    return t.is_cuda or interpreting()
+
+
+def dequant_reference(q, h: HopperFP4) -> torch.Tensor:
+    """bf16 [N, K]: the torch reference of the dequantization kernel (the Hopper layout's operand)."""
+    return operand(h)
+
+
+_SCRATCH: dict = {}
+
+
+def scratch(device, n: int, k: int) -> torch.Tensor:
+    """The bf16 [n, k] scratch of this device and shape (see the module doc)."""
+    key = (torch.device(device), n, k)
+    buf = _SCRATCH.get(key)
+    if buf is None:
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"fp4 dequant + cuBLAS: the bf16 scratch for a {n}x{k} weight would be allocated "
+                               "inside a CUDA-graph capture; run the layer once (at this M) before capturing")
+        buf = torch.empty(n, k, dtype=torch.bfloat16, device=key[0])
+        _SCRATCH[key] = buf
+    return buf
+
+
+def dequantize_to(q, h: HopperFP4, out: torch.Tensor) -> torch.Tensor:
+    """Write the bf16 operand of weight `q` (its Hopper layout `h`) into `out` [N, K]."""
+    n, k = h.n, h.k
+    if len(q.shape) != 2 or q.format not in ("nvfp4", "mxfp4"):
+        raise ValueError(f"fp4 dequant: takes a 2-D nvfp4/mxfp4 weight, got {q.format} {tuple(q.shape)}")
+    if not _use_triton(out):
+        return out.copy_(operand(h))
+    mx = q.format == "mxfp4"
+    codes = q.codes.reshape(n, k // 2)
+    scales = h.scales if mx else q.scales.reshape(n, k // block_size(q.format)).view(torch.uint8)
+    grid = (triton.cdiv(n, BLOCK_N), triton.cdiv(k, BLOCK_K))
+    _dequant_kernel[grid](codes, scales, out.view(torch.int16), n, k, codes.stride(0), scales.stride(0), out.stride(0),
+                          MX=mx, BN=BLOCK_N, BK=BLOCK_K, num_warps=4)
+    return out
+
+
+def dequant_matmul(x2: torch.Tensor, q, h: HopperFP4, row_scale: torch.Tensor | None = None,
+                   bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """x2 [M, K] bf16 @ W^T -> [M, N] `out_dtype`, the same math as `fp4_matmul(x2, h, row_scale, bias, out_dtype)`
+    up to float32 accumulation order: W dequantized to the scratch, cuBLAS (float32 output), the FP4 epilogue."""
+    M, K = x2.shape
+    N = h.n
+    if K != h.k:
+        raise ValueError(f"dequant_matmul: x has {K} columns, the weight {h.k}")
+    w = dequantize_to(q, h, scratch(x2.device, N, K))
+    if x2.is_cuda:
+        y = torch.mm(x2, w.t(), out_dtype=torch.float32)
+    else:   # CPU has no mm.dtype: bf16 x bf16 products are exact in float32, accumulated in float32
+        y = x2.float() @ w.float().t()
+    rf = h.row_factor
+    if not _use_triton(y):
+        y = y * rf[:N]
+        if row_scale is not None:
+            y = y * row_scale.float()[:, None]
+        if bias is not None:
+            y = y + bias.float()
+        return y.to(out_dtype)
+    out = torch.empty(M, N, device=x2.device, dtype=out_dtype)
+    grid = (triton.cdiv(M, EPI_BM), triton.cdiv(N, EPI_BN))
+    _epilogue_kernel[grid](y, rf, row_scale if row_scale is not None else rf, bias if bias is not None else rf,
+                           out, M, N, y.stride(0), out.stride(0), HAS_ROW_SCALE=row_scale is not None,
+                           HAS_BIAS=bias is not None, BM=EPI_BM, BN=EPI_BN, num_warps=4)
+    return out
+
+
+__all__ = ["DEQUANT_CUBLAS_MIN_M", "ENABLED", "dequant_matmul", "dequant_reference",
+           "dequantize_to", "scratch", "use_dequant_cublas"]
