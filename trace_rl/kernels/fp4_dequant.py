@@ -115,7 +115,10 @@ _SCRATCH: dict = {}
 
 def scratch(device, n: int, k: int) -> torch.Tensor:
     """The bf16 [n, k] scratch of this device and shape (see the module doc)."""
-    key = (torch.device(device), n, k)
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    key = (dev, n, k)
     buf = _SCRATCH.get(key)
     if buf is None:
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
