@@ -68,7 +68,7 @@ def main() -> int:
         hs = [hopper_weight(p) for p in packed]
         buf = scratch("cuda", N, K)
         shape_row = {"N": N, "K": K, "copies": n,
-                     "dequant_us": graph_median_us([lambda p=p, h=h: dequantize_to(p.q, h, buf)
+                     "dequant_us": graph_median_us([lambda p=p, h=h, buf=buf: dequantize_to(p.q, h, buf)
                                                     for p, h in zip(packed, hs)])}
         x = torch.randn(471, K, device="cuda", dtype=torch.bfloat16)
         xq, rs = quantize_dequant_bf16(x, per_token(args.fmt))
@@ -83,12 +83,12 @@ def main() -> int:
             x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
             xq, rs = quantize_dequant_bf16(x, per_token(args.fmt))
             row = {"N": N, "K": K, "M": M, "copies": n}
-            row["cublas_bf16_us"] = graph_median_us([lambda w=w: torch.mm(x, w.t()) for w in w_bf16])
-            row["fp4_w4a16_us"] = graph_median_us([lambda h=h: fp4_matmul(x, h) for h in hs])
-            row["fp4_w4a4_us"] = graph_median_us([lambda h=h: fp4_matmul(xq, h, rs) for h in hs])
-            row["dq_w4a16_us"] = graph_median_us([lambda p=p, h=h: dequant_matmul(x, p.q, h)
+            row["cublas_bf16_us"] = graph_median_us([lambda w=w, x=x: torch.mm(x, w.t()) for w in w_bf16])
+            row["fp4_w4a16_us"] = graph_median_us([lambda h=h, x=x: fp4_matmul(x, h) for h in hs])
+            row["fp4_w4a4_us"] = graph_median_us([lambda h=h, xq=xq, rs=rs: fp4_matmul(xq, h, rs) for h in hs])
+            row["dq_w4a16_us"] = graph_median_us([lambda p=p, h=h, x=x: dequant_matmul(x, p.q, h)
                                                   for p, h in zip(packed, hs)])
-            row["dq_w4a4_us"] = graph_median_us([lambda p=p, h=h: dequant_matmul(xq, p.q, h, rs)
+            row["dq_w4a4_us"] = graph_median_us([lambda p=p, h=h, xq=xq, rs=rs: dequant_matmul(xq, p.q, h, rs)
                                                  for p, h in zip(packed, hs)])
             row["dq_vs_fp4_w4a4"] = round(row["fp4_w4a4_us"] / row["dq_w4a4_us"], 3)
             row["dq_vs_cublas"] = round(row["cublas_bf16_us"] / row["dq_w4a4_us"], 3)
