@@ -209,7 +209,7 @@ def test_dequant_cublas_backend_path_and_graph_gpu(gen):
         out = layer(x)
     g.replay()
     torch.cuda.synchronize()
-    assert torch.equal(out, y)
+    assert _rel(out, y) < 1e-3          # cuBLAS may pick another algorithm under capture
     layer.load_weight(w * 2)
     g.replay()
     torch.cuda.synchronize()
