@@ -3,7 +3,8 @@ GEMM (`fp4_matmul`, W4A16 and W4A4) and cuBLAS BF16, to place `DEQUANT_CUBLAS_MI
 
     python benchmarks/fp4_dequant_mm.py OUT_DIR [--budget-s 50] [--fmt nvfp4]
 
-Per (N, K) in 2048x4096, 5120x2048 (MoE qkv), 4096x2048, 4096x12288, 12288x4096 and M in 64, 128, 256, 471, 512: CUDA-graph medians
+Per (N, K) in 2048x4096, 5120x2048 (MoE qkv), 4096x2048, 4096x12288, 12288x4096 and M in 64, 128, 256, 471,
+512: CUDA-graph medians
 (`bench.measure.graph_median_us`) over weight copies (enough for 200 MB of FP4 bytes, at most 16: >= 67 MB of FP4
 and >= 268 MB of bf16 weights per graph, beyond the 50 MB L2, as benchmarks/kernels.py does) of
 - `cublas_bf16_us`: torch.mm(x, W^T) in bf16;
