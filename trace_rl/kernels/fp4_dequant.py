@@ -18,8 +18,8 @@ reference codes `q.codes` and
   largest; blocks further below round into bf16 subnormals (or to zero) exactly as the FP4 GEMM's
   `mul.bf16x2` rounds them (one round-to-nearest-even of the exact product), so both paths see the same
   operand. A NaN block (b = 255) decodes as Inf and its row factor is NaN: the row is NaN in both paths.
-The float32 product is exact before the one rounding to bf16 (Triton's float32 multiply keeps subnormals:
-flush-to-zero is only set for libdevice calls).
+The float32 product is exact before the one rounding to bf16 (Triton's float32 multiply keeps subnormals: the
+sm_90 SASS has FMUL without .FTZ; flush-to-zero is only set for libdevice calls).
 
 **Scratch**: one bf16 buffer per (device, N, K), allocated on first use outside CUDA-graph capture (the
 engine's warm-up steps run before capture) and never freed, so a captured graph keeps a valid pointer; layers
@@ -176,3 +176,17 @@ def dequant_matmul(x2: torch.Tensor, q, h: HopperFP4, row_scale: torch.Tensor | 
 
 __all__ = ["DEQUANT_CUBLAS_MIN_M", "ENABLED", "dequant_matmul", "dequant_reference",
            "dequantize_to", "scratch", "use_dequant_cublas"]
+
+
+def sass_gate_cases():
+    """The compile gate's whole-kernel cases (loop-free: a program dequantizes one BLOCK_N x BLOCK_K tile).
+    Budgets: Triton 3.6 (CPU compile, 2026-12-01) gives 34.6 (nvfp4) and 23.5 (mxfp4) SASS per element, +~10%."""
+    from trace_rl.kernels.sass_gate import GateCase
+
+    sig = dict(codes_ptr="*u8", scales_ptr="*u8", out_ptr="*i16", N="i32", K="i32", stride_c="i32",
+               stride_s="i32", stride_o="i32")
+    return [GateCase(f"dequant {fmt} {BLOCK_N}x{BLOCK_K}", _dequant_kernel, sig,
+                     dict(MX=fmt == "mxfp4", BN=BLOCK_N, BK=BLOCK_K), 4, 1, BLOCK_N * BLOCK_K / 128, budget,
+                     divisible=("codes_ptr", "scales_ptr", "out_ptr", "K", "stride_c", "stride_s", "stride_o"),
+                     register_a=False, forbid=(), whole_kernel=True)
+            for fmt, budget in (("nvfp4", 38.0), ("mxfp4", 26.0))]
