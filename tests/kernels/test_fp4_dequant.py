@@ -161,6 +161,9 @@ def _rel(a, b):
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("N,K", [(2048, 4096), (4096, 2048)])
 def test_dequant_cublas_gpu(fmt, N, K, gen):
+    small = _q(37, 96, fmt, gen)      # NaN, zero, negative, subnormal scales; mxfp4 products in bf16 subnormals
+    out = torch.empty(37, 96, dtype=torch.bfloat16, device="cuda")
+    _same_bits(dequantize_to(small.to("cuda"), to_hopper(small.to("cuda")), out).cpu(), operand(to_hopper(small)))
     w = torch.randn(N, K, generator=gen).cuda() * torch.exp(torch.randn(N, 1, generator=gen)).cuda()
     packed = get_backend("fp4").prepare_weight(w, fmt)
     h = hopper_weight(packed)
