@@ -147,7 +147,11 @@ def test_linear_dispatch_by_rows(fmt, monkeypatch, device, gen):
     assert torch.equal(y_big, y_pre) and torch.equal(y_big[:3].isnan(), y_small.isnan())
     err = ((y_big.double() - y_off.double()).norm() / y_off.double().norm()).item()
     assert err < 1e-2
-    assert fp4_dequant.use_dequant_cublas(4) is False
+    assert fp4_dequant.use_dequant_cublas(4, N, K) is False
+    monkeypatch.setattr(fp4_dequant, "ENABLED", True)
+    # a weight whose bf16 scratch would not fit comfortably in L2 stays on the FP4 GEMM at any M
+    assert fp4_dequant.use_dequant_cublas(512, 4096, 4096) is False
+    assert fp4_dequant.use_dequant_cublas(512, 5120, 2048) is True
 
 
 # ---- GPU ----

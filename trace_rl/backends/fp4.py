@@ -7,7 +7,8 @@ Paths (reported in `paths`, never silent):
 - `fp4.triton`: CUDA tensors with trace_rl.kernels available: the FP4 GEMM (packed 4-bit weights
   dequantized in registers, W4A4 activations quantized per token by the quantize kernel), and weight
   quantization by the quantize kernel (bit-exact with the reference, so no behaviour change).
-- `fp4.dequant_cublas`: the same on CUDA at M >= `kernels.fp4_dequant.DEQUANT_CUBLAS_MIN_M` rows: the weight
+- `fp4.dequant_cublas`: the same on CUDA at M >= `kernels.fp4_dequant.DEQUANT_CUBLAS_MIN_M` rows over weights of
+  at most `DEQUANT_CUBLAS_MAX_WEIGHT` elements (`use_dequant_cublas(M, N, K)`): the weight
   dequantized to a bf16 scratch, one cuBLAS GEMM (float32 output), the FP4 GEMM's epilogue
   (TRACE_RL_FP4_DEQUANT_CUBLAS=0 disables it).
 """
@@ -113,7 +114,8 @@ class FP4Backend(Backend):
             from trace_rl.kernels.fp4_dequant import use_dequant_cublas
 
             rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-            self.paths.record("fp4.dequant_cublas" if use_dequant_cublas(rows) else "fp4.triton")
+            large = use_dequant_cublas(rows, packed.out_features, packed.in_features)
+            self.paths.record("fp4.dequant_cublas" if large else "fp4.triton")
             return fp4_linear(x, packed, act_fmt, bias)
         self.paths.record("fp4.emulated")
         return emulated_linear(x, packed, act_fmt, bias)

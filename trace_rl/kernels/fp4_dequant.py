@@ -37,9 +37,17 @@ import triton.language as tl
 from trace_rl.kernels.fp4_gemm import _epilogue_store
 from trace_rl.kernels.hopper_fp4 import HopperFP4, block_size, operand
 
-# Rows from which the dense FP4 linear takes this path. 128 is where the FP4 GEMM falls to 0.36-0.55x cuBLAS
-# BF16 on the H200 (issue 17); the crossover is not measured yet (benchmarks/fp4_dequant_mm.py measures it).
+# When the dense FP4 linear takes this path: M >= DEQUANT_CUBLAS_MIN_M rows and a weight of at most
+# DEQUANT_CUBLAS_MAX_WEIGHT elements. Measured on the H200 (benchmarks/fp4_dequant_mm.py, results in
+# benchmarks/results/fp4_dequant_mm_h200.json; nvfp4, dequant + cuBLAS time over the FP4 GEMM's, W4A4):
+#   2048x4096, 4096x2048, 5120x2048 (<= 10.5M elements, the bf16 scratch <= 21 MB stays in the 50 MB L2):
+#     M = 64: 0.76-0.96x (slower), M = 128-512: 1.07-1.34x faster;
+#   4096x12288, 12288x4096 (50M elements, a 100 MB scratch through HBM; dequantizing alone takes 50 us):
+#     M = 64-256: 0.36-0.79x, M = 471-512: 0.96-1.04x (a tie).
+# So the path is for weights whose scratch fits comfortably in L2; sizes between 10.5M and 50M elements are not
+# measured and stay on the FP4 GEMM (12M elements = a 24 MB scratch, half the L2).
 DEQUANT_CUBLAS_MIN_M = 128
+DEQUANT_CUBLAS_MAX_WEIGHT = 12 * 2**20
 # TRACE_RL_FP4_DEQUANT_CUBLAS=0 keeps the FP4 GEMM at every M (A/B runs).
 ENABLED = os.environ.get("TRACE_RL_FP4_DEQUANT_CUBLAS", "1") != "0"
 
@@ -47,9 +55,9 @@ BLOCK_N, BLOCK_K = 32, 256
 EPI_BM, EPI_BN = 32, 128
 
 
-def use_dequant_cublas(m: int) -> bool:
-    """Whether the dense FP4 linear of `m` rows takes the dequantize + cuBLAS path."""
-    return ENABLED and m >= DEQUANT_CUBLAS_MIN_M
+def use_dequant_cublas(m: int, n: int, k: int) -> bool:
+    """Whether the dense FP4 linear of `m` rows over an [n, k] weight takes the dequantize + cuBLAS path."""
+    return ENABLED and m >= DEQUANT_CUBLAS_MIN_M and n * k <= DEQUANT_CUBLAS_MAX_WEIGHT
 
 
 @triton.jit
@@ -182,7 +190,7 @@ def dequant_matmul(x2: torch.Tensor, q, h: HopperFP4, row_scale: torch.Tensor | 
     return out
 
 
-__all__ = ["DEQUANT_CUBLAS_MIN_M", "ENABLED", "dequant_matmul", "dequant_reference",
+__all__ = ["DEQUANT_CUBLAS_MAX_WEIGHT", "DEQUANT_CUBLAS_MIN_M", "ENABLED", "dequant_matmul", "dequant_reference",
            "dequantize_to", "scratch", "use_dequant_cublas"]
 
 

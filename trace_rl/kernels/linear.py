@@ -4,8 +4,9 @@ The GEMM reads the Hopper layout (hopper_fp4.py), derived from `packed.q` once a
 `packed.layout["hopper_fp4"]`; `PackedWeight.refresh_layouts()` (weight sync) re-derives it in place, so a
 CUDA graph that captured the GEMM stays valid.
 
-From `fp4_dequant.DEQUANT_CUBLAS_MIN_M` rows on, both linears dequantize the weight to a bf16 scratch and call
-cuBLAS instead (fp4_dequant.py: same math up to float32 accumulation order; `use_dequant_cublas(M)` says which).
+From `fp4_dequant.DEQUANT_CUBLAS_MIN_M` rows on (weights up to `DEQUANT_CUBLAS_MAX_WEIGHT` elements), both linears
+dequantize the weight to a bf16 scratch and call cuBLAS instead (fp4_dequant.py: same math up to float32
+accumulation order; `use_dequant_cublas(M, N, K)` says which).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def hopper_weight(packed) -> HopperFP4:
 
 def _dense_matmul(x2, packed, row_scale, bias, out_dtype, config):
     """The FP4 GEMM, or at large M (and no explicit config) dequantize + cuBLAS."""
-    if config is None and use_dequant_cublas(x2.shape[0]):
+    if config is None and use_dequant_cublas(x2.shape[0], packed.out_features, packed.in_features):
         return dequant_matmul(x2, packed.q, hopper_weight(packed), row_scale, bias, out_dtype)
     return fp4_matmul(x2, hopper_weight(packed), row_scale, bias, out_dtype=out_dtype, config=config)
 
