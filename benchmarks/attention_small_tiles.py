@@ -140,7 +140,7 @@ def run_timing(out_path: str, variants: list[str]) -> None:
     import torch
 
     os.environ["TRACE_RL_TEST_SMALL_FP4_TILES"] = "1"
-    from trace_rl.engine.timing import graph_median_us
+    from trace_rl.bench.measure import graph_median_us
     from trace_rl.formats.paged_kv import PagedKV
     from trace_rl.kernels.attention_config import choose_splits, launch_config
     from trace_rl.kernels.attention_reference import decode_attention_reference
