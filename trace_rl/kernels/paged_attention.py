@@ -37,9 +37,10 @@ from trace_rl.kernels.kv_decode import DECODE_ASM, DECODE_PURE
 KV_BF16, KV_FP8, KV_NVFP4, KV_MXFP4 = 0, 1, 2, 3
 KV_FORMAT_IDS = {"bf16": KV_BF16, "fp8_e4m3:row": KV_FP8, "nvfp4:row": KV_NVFP4, "mxfp4": KV_MXFP4}
 LOG2E = 1.4426950408889634
-# 64-token tiles over FP4 caches are refused on the GPU (wrong tails, an illegal address on the H200;
-# docs/benchmarks.md, "Decode attention"). Setting this variable to 1 lifts the refusal, for the scripts that test
-# them there (benchmarks/attention_small_tiles.py).
+# 64-token tiles over FP4 caches with the partial last tile run after the full tiles gave wrong tails on the H200
+# (docs/benchmarks.md, "Decode attention"); with it run first (the policy below) they pass every check there. The
+# after-order is refused on the GPU; setting this variable to 1 lifts the refusal, for the script that reproduces
+# the failure (benchmarks/attention_small_tiles.py).
 ALLOW_SMALL_FP4_TILES_ENV = "TRACE_RL_TEST_SMALL_FP4_TILES"
 
 
@@ -48,7 +49,9 @@ ALLOW_SMALL_FP4_TILES_ENV = "TRACE_RL_TEST_SMALL_FP4_TILES"
 # it, and Triton 3.6 gives that tile's P^T and reduction scratch q^T's shared memory whenever q^T sits at offset 0:
 # it does for 64-token FP4 tiles (and did for the 2-3 stage fp8 tile of the pipelined-tail bug, docs/benchmarks.md),
 # not for the 128-token FP4, fp8 and 64-token fp8 tiles. Every configuration that failed on the H200 had that reuse
-# and every one that passed had not (compiled for sm_90 on a CPU; attention_small_tiles.py tests it on the GPU). Run
+# and every one that passed had not (compiled for sm_90 on a CPU). Confirmed on the H200: run first, 64-token
+# nvfp4/mxfp4 tiles pass every check (1-12 splits, tails of 1-63), run after they fail (benchmarks/results/
+# attention_small_tiles_h200.jsonl). Run
 # first, the last tile needs its buffers while q^T is live, so nothing of it can share q^T's memory. Not for the
 # 128-token tiles: there it costs 39 more SASS instructions per loop iteration and 24 bytes of spills (nvfp4, 168
 # registers). None: that policy; True / False force an order (for the GPU diagnosis).
@@ -246,10 +249,12 @@ def decode_attention(q: torch.Tensor, k: PagedKV, v: PagedKV, block_table: torch
     num_warps = num_warps or cfg.num_warps
     num_stages = num_stages or cfg.num_stages
     maxnreg = cfg.maxnreg if maxnreg == 0 else maxnreg
-    if fmt_id in (KV_NVFP4, KV_MXFP4) and block_t < 128 and not interp and not _small_fp4_tiles_allowed():
-        raise ValueError(f"decode_attention: block_t={block_t} over an FP4 cache gave wrong results and an illegal "
-                         "address on the H200 (benchmarks/results/attention_tune_h200.json); use block_t >= 128 "
-                         f"(set {ALLOW_SMALL_FP4_TILES_ENV}=1 only to test them)")
+    if (fmt_id in (KV_NVFP4, KV_MXFP4) and block_t < 128 and not _last_tile_first(fmt_id, block_t) and not interp
+            and not _small_fp4_tiles_allowed()):
+        raise ValueError(f"decode_attention: block_t={block_t} over an FP4 cache with the partial last tile run after "
+                         "the full tiles (LAST_TILE_FIRST=False) gives wrong results on the H200 "
+                         "(benchmarks/results/attention_small_tiles_h200.jsonl); leave LAST_TILE_FIRST at None "
+                         f"(set {ALLOW_SMALL_FP4_TILES_ENV}=1 only to reproduce the failure)")
     if block_t % page and page % block_t:
         raise ValueError(f"decode_attention: block_t={block_t} and the page size {page} must divide one another")
     if splits is None:
