@@ -20,7 +20,7 @@ bf16 x bf16 -> fp32 products are exactly the FP4 x FP4 products.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -46,10 +46,20 @@ def _epilogue_store(acc, rows, offs_m, N, M, rf_ptr, row_scale_ptr, bias_ptr, ou
 
 
 @triton.jit
+def decode_w(w, sw, BN: tl.constexpr, BK: tl.constexpr, MX: tl.constexpr, DECODE: tl.constexpr,
+             DOT_F32: tl.constexpr):
+    """Loaded layout words w [BN/16, 2 BK] and scale words sw [BN, BK/64 or BK/128] -> the MMA operand [BN, BK]
+    (bf16, or float32 if DOT_F32)."""
+    w = tl.reshape(w, [BN // 16, BK // 128, 2, 8, 4, 4])
+    s_even, s_odd = tile_scales(sw, BN, BK, MX, DECODE)
+    return decode_tile(w, s_even, s_odd, BN, BK, DECODE, DOT_F32)
+
+
+@triton.jit
 def _load_decode_w(w_ptrs, w_mask, s_ptrs, s_mask, kb, BN: tl.constexpr, BK: tl.constexpr, MX: tl.constexpr,
                    DECODE: tl.constexpr, DOT_F32: tl.constexpr, MASK_W: tl.constexpr):
     """K block `kb` of the weight tile, decoded to the MMA operand [BN, BK] (bf16, or float32 if DOT_F32):
-    the layout words and scale words loaded (masked if MASK_W), then `tile_scales` + `decode_tile`."""
+    the layout words and scale words loaded (masked if MASK_W), then `decode_w`."""
     SW: tl.constexpr = BK // 128 if MX else BK // 64
     if MASK_W:
         w = tl.load(w_ptrs + kb * (2 * BK), mask=w_mask, other=0)
@@ -57,9 +67,7 @@ def _load_decode_w(w_ptrs, w_mask, s_ptrs, s_mask, kb, BN: tl.constexpr, BK: tl.
     else:
         w = tl.load(w_ptrs + kb * (2 * BK))
         sw = tl.load(s_ptrs + kb * SW)
-    w = tl.reshape(w, [BN // 16, BK // 128, 2, 8, 4, 4])
-    s_even, s_odd = tile_scales(sw, BN, BK, MX, DECODE)
-    return decode_tile(w, s_even, s_odd, BN, BK, DECODE, DOT_F32)
+    return decode_w(w, sw, BN, BK, MX, DECODE, DOT_F32)
 
 
 @triton.jit
@@ -139,6 +147,16 @@ def _fp4_gemm_kernel(
     acc = tl.zeros([BN, BM], dtype=tl.float32)
     acc = fp4_tile_mma(acc, x_ptrs, (offs_m < M)[:, None], K, w_ptrs, (n16 < NP16)[:, None], s_ptrs,
                        (rows < NP16 * 16)[:, None], kb_lo, kb_hi, BN, BK, MX, DECODE, DOT_F32, EVEN_K, MASK_W)
+    finish_tile(acc, rows, offs_m, N, M, pid_n, pid_m, pid_k, SPLIT_K, rf_ptr, row_scale_ptr, bias_ptr, out_ptr,
+                stride_om, part_ptr, count_ptr, HAS_ROW_SCALE, HAS_BIAS, BM, BN)
+
+
+@triton.jit
+def finish_tile(acc, rows, offs_m, N, M, pid_n, pid_m, pid_k, SPLIT_K, rf_ptr, row_scale_ptr, bias_ptr, out_ptr,
+                stride_om, part_ptr, count_ptr, HAS_ROW_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
+                BM: tl.constexpr, BN: tl.constexpr):
+    """Store a program's accumulator: directly (SPLIT_K == 1), or as split `pid_k`'s float32 partial, the
+    program holding the tile's last ticket adding all partials in split order (see the module doc)."""
     if SPLIT_K == 1:
         _epilogue_store(acc, rows, offs_m, N, M, rf_ptr, row_scale_ptr, bias_ptr, out_ptr, stride_om,
                         HAS_ROW_SCALE, HAS_BIAS)
@@ -170,11 +188,15 @@ class GemmConfig:
     num_stages: int = 3
     decode: int = DECODE_ASM
     dual: bool = False   # grouped only: BM-row tiles as two BM/2-row accumulators sharing each decoded weight tile
+    tma: bool = False    # dense only, opt-in, unmeasured: the weight words loaded by TMA (fp4_gemm_tma.py)
 
     def check(self) -> None:
         if self.block_n % 64 or self.block_k % COLS or self.block_m < 16 or self.block_m & (self.block_m - 1):
             raise ValueError(f"GemmConfig {self}: block_n must be a multiple of 64, block_k of {COLS}, and "
                              f"block_m a power of two >= 16")
+        if self.tma and self.block_k != COLS:
+            raise ValueError(f"GemmConfig {self}: tma=True needs block_k = {COLS} (a TMA box holds at most 256 "
+                             f"words per dimension: 2 x block_k layout words per 16 rows)")
 
 
 # Shipped tile shapes, picked from the H200 sweep (benchmarks/results/kernels_h200_hopper.json, nvfp4 W4A16 at
@@ -268,7 +290,7 @@ def fp4_matmul(x2: torch.Tensor, w: HopperFP4, row_scale: torch.Tensor | None = 
     c.check()
     np_, kp = w.padded
     if kp % c.block_k:
-        c = GemmConfig(c.block_m, c.block_n, COLS, c.split_k, c.num_warps, c.num_stages, c.decode)
+        c = replace(c, block_k=COLS)
     out = torch.empty(M, N, device=x2.device, dtype=out_dtype) if out is None else out
     n_tiles, m_tiles = triton.cdiv(np_, c.block_n), triton.cdiv(M, c.block_m)
     kb = kp // c.block_k
@@ -280,13 +302,22 @@ def fp4_matmul(x2: torch.Tensor, w: HopperFP4, row_scale: torch.Tensor | None = 
     else:
         part = counters = w.row_factor      # unused
     G = 32 if w.fmt == "mxfp4" else 16
-    _fp4_gemm_kernel[(n_tiles, m_tiles, split)](
-        x2, w.values, w.scales.view(torch.int32), w.row_factor, out,
-        row_scale if row_scale is not None else w.row_factor, bias if bias is not None else w.row_factor,
-        part, counters, M, N, K, kb, np_ // ROWS, split, x2.stride(0), w.values.stride(0), kp // (4 * G),
-        out.stride(0), MX=w.fmt == "mxfp4", HAS_ROW_SCALE=row_scale is not None, HAS_BIAS=bias is not None,
-        BM=c.block_m, BN=c.block_n, BK=c.block_k, DECODE=c.decode, DOT_F32=interp, EVEN_K=K % c.block_k == 0,
-        MASK_W=np_ % c.block_n != 0, num_warps=c.num_warps, num_stages=c.num_stages)
+    grid = (n_tiles, m_tiles, split)
+    rs = row_scale if row_scale is not None else w.row_factor
+    bs = bias if bias is not None else w.row_factor
+    consts = dict(MX=w.fmt == "mxfp4", HAS_ROW_SCALE=row_scale is not None, HAS_BIAS=bias is not None,
+                  BM=c.block_m, BN=c.block_n, BK=c.block_k, DECODE=c.decode, DOT_F32=interp,
+                  EVEN_K=K % c.block_k == 0, MASK_W=np_ % c.block_n != 0)
+    if c.tma:
+        from trace_rl.kernels.fp4_gemm_tma import launch_tma
+
+        launch_tma(grid, x2, w, out, rs, bs, part, counters, M, N, K, kb, np_ // ROWS, split, kp // (4 * G), c,
+                   consts)
+        return out
+    _fp4_gemm_kernel[grid](
+        x2, w.values, w.scales.view(torch.int32), w.row_factor, out, rs, bs, part, counters, M, N, K, kb,
+        np_ // ROWS, split, x2.stride(0), w.values.stride(0), kp // (4 * G), out.stride(0), **consts,
+        num_warps=c.num_warps, num_stages=c.num_stages)
     return out
 
 

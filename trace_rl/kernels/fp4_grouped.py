@@ -172,6 +172,9 @@ def fp4_grouped_matmul(x: torch.Tensor, offsets: torch.Tensor, w: HopperFP4, row
         raise ValueError(f"fp4_grouped_matmul: {act_quant} activations need K divisible by its block, K = {K}")
     interp = interpreting()
     c = config or default_grouped_config(R, E, interp)
+    if c.tma:
+        raise ValueError(f"fp4_grouped_matmul: tma=True ({c}) is a dense-GEMM variant (fp4_gemm_tma.py); the "
+                         f"grouped kernel has none: pass a config without tma")
     if interp and c.decode != DECODE_PURE:
         c = GemmConfig(c.block_m, c.block_n, c.block_k, decode=DECODE_PURE, dual=c.dual)
     if c.dual and (act_quant is not None or c.block_m < 32):

@@ -40,9 +40,9 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 
-GATE_MODULES = ("trace_rl.kernels.fp4_gemm", "trace_rl.kernels.fp4_grouped", "trace_rl.kernels.fp4_relayout",
-                "trace_rl.kernels.paged_attention", "trace_rl.kernels.row_quantize_gate",
-                "trace_rl.kernels.swiglu", "trace_rl.kernels.fp4_dequant")
+GATE_MODULES = ("trace_rl.kernels.fp4_gemm", "trace_rl.kernels.fp4_gemm_tma", "trace_rl.kernels.fp4_grouped",
+                "trace_rl.kernels.fp4_relayout", "trace_rl.kernels.paged_attention",
+                "trace_rl.kernels.row_quantize_gate", "trace_rl.kernels.swiglu", "trace_rl.kernels.fp4_dequant")
 _LINE = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 _OPCODE = re.compile(r"^(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)")
 
@@ -107,11 +107,16 @@ def compile_sass(case: GateCase) -> tuple[str, dict]:
 
 
 def main_loop(sass: str) -> list[str]:
-    """Instructions (text without address) of the main loop: of the backward branches' bodies, the one with
-    the most MMA instructions (HGMMA/HMMA), then the longest."""
+    """Instructions (text without address) of the main loop: of the backward branches' bodies (branches before
+    the last EXIT), the one with the most MMA instructions (HGMMA/HMMA), then the longest."""
     lines = [(int(m.group(1), 16), m.group(2)) for m in map(_LINE.match, sass.splitlines()) if m]
+    # ptxas places slow paths out of line after the last EXIT (e.g. a TMA mbarrier's retry loop), branching back
+    # into the body: such a branch is no loop and would span the whole kernel
+    last_exit = max((a for a, t in lines if re.match(r"(?:@!?U?P\w+\s+)?EXIT\b", t)), default=None)
     best = (0, 0, 0, -1)
     for addr, text in lines:
+        if last_exit is not None and addr > last_exit:
+            continue
         m = re.search(r"BRA\s+(?:`\(\.L_x_\d+\)|0x([0-9a-f]+))", text)
         target = int(m.group(1), 16) if m and m.group(1) else None
         if target is not None and target < addr:
