@@ -18,17 +18,19 @@ pytestmark = [pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning"),
 
 
 def _weight(N, K, fmt, gen, device):
+    """(packed, packed on `device`); quantized on `device` (the GPU shapes are large for the CPU)."""
     w = torch.randn(N, K, generator=gen) * torch.exp(torch.randn(N, 1, generator=gen))
-    packed = get_backend("fp4").prepare_weight(w, fmt)
+    packed = get_backend("fp4").prepare_weight(w.to(device), fmt)
     return packed, packed.__class__(packed.fmt, N, K, q=packed.q.to(device))
 
 
 def _rel_err(y, packed, x, act_fmt):
-    xf = x.float().cpu()
+    """Against float64 (fake-quantized activations for W4A4) @ the dequantized weight, on y's device."""
+    xf = x.float()
     if act_fmt != "bf16":
         xf = get_format(per_token(act_fmt)).fake_quantize(xf)
-    ref = xf.double() @ packed.q.dequantize().double().T
-    return ((y.double().cpu() - ref).norm() / ref.norm()).item()
+    ref = xf.double() @ packed.q.to(y.device).dequantize().double().T
+    return ((y.double() - ref).norm() / ref.norm()).item()
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
