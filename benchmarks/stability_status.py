@@ -17,16 +17,11 @@ def status_text(study: Study) -> str:
     info = study.policy_info()
     lines = [f"policy: {'none yet' if info is None else ('done' if info['done'] else 'SFT unfinished')}"
              + ("" if info is None else f" (step {info['step']}, held-out accuracy {info['accuracy']})")]
-    remaining, measured = 0.0, {}
+    remaining, measured = 0.0, measured_step_seconds(study)
     for plan, seed in study.order():
         s = study.status(plan, seed)
         history = _train_records(study.run_dir(plan, seed))
-        if history:
-            measured.setdefault(plan, []).append(sorted(r["step_seconds"] for r in history)[len(history) // 2])
-        left = 0 if s["state"] in TERMINAL else study.spec["steps"] - len(history)
-        per_step = (sum(measured[plan]) / len(measured[plan]) * 1.1) if plan in measured else \
-            EST_STEP_SECONDS.get(plan.removesuffix("-lr3x"), 7.0)
-        cost = left * per_step + (LAUNCH_SECONDS if left else 0.0)
+        left, cost = seconds_left(study, plan, seed, measured)
         remaining += cost
         lines.append(f"  {plan:16s} seed {seed}: {s['state']:12s} {len(history):4d}/{study.spec['steps']} steps"
                      + (f", ~{cost / 60:.0f} min left" if left else ""))
@@ -35,6 +30,40 @@ def status_text(study: Study) -> str:
     lines.append(f"left: ~{remaining / 60:.0f} device-minutes = ~{calls} calls of 600 s (~{math.ceil(calls / 2.5)} "
                  f"sessions of 30 min at ~2.5 calls each); step times measured for: {', '.join(measured) or 'none'}")
     return "\n".join(lines)
+
+
+def measured_step_seconds(study: Study) -> dict[str, list[float]]:
+    """{plan: median step seconds of each of its runs that has steps}: the runs' own measurements."""
+    measured: dict[str, list[float]] = {}
+    for plan, seed in study.order():
+        history = _train_records(study.run_dir(plan, seed))
+        if history:
+            measured.setdefault(plan, []).append(sorted(r["step_seconds"] for r in history)[len(history) // 2])
+    return measured
+
+
+def seconds_left(study: Study, plan: str, seed: int, measured: dict[str, list[float]] | None = None,
+                 sharing: float = 1.0) -> tuple[int, float]:
+    """(steps left, estimated seconds to finish) of one run: its plan's measured step time (+10%), else the a
+    priori EST_STEP_SECONDS, times `sharing` (how much slower a step runs beside other runs on the GPU: 1.85
+    for two runs on the H200, 2026-12-01: 5.9 s against 3.19 s per fp4 step), plus a launch."""
+    measured = measured_step_seconds(study) if measured is None else measured
+    if study.status(plan, seed)["state"] in TERMINAL:
+        return 0, 0.0
+    left = study.spec["steps"] - _resumable_steps(study.run_dir(plan, seed))
+    per_step = sharing * ((sum(measured[plan]) / len(measured[plan]) * 1.1) if plan in measured else
+                          EST_STEP_SECONDS.get(plan.removesuffix("-lr3x"), 7.0))
+    return left, left * per_step + (LAUNCH_SECONDS if left else 0.0)
+
+
+def _resumable_steps(run_dir: Path) -> int:
+    """Steps a run keeps when it continues here: its checkpoint's step (0 without one: it starts again)."""
+    from trace_rl.pipelines.checkpoint import CheckpointError, find_checkpoint
+
+    try:
+        return int(find_checkpoint(run_dir).state["step"])
+    except CheckpointError:
+        return 0
 
 
 def _train_records(run_dir: Path) -> list[dict]:

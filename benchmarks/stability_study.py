@@ -65,7 +65,7 @@ from stability_spec import (  # noqa: E402
     timestamp,
     upgrade_spec,
 )
-from stability_status import cmd_report, cmd_status, status_text  # noqa: E402
+from stability_status import cmd_report, cmd_status, seconds_left, status_text  # noqa: E402
 
 # -- running things: in this process (tests, CPU) or as a subprocess with a hard backstop (GPU) --
 
@@ -264,6 +264,7 @@ def launch(study: Study, plan: str, seed: int, deadline: float, inprocess: bool,
         if status["state"] == "failed":
             status["failures"] = status.get("failures", 0) + 1
             status["error"] = "\n".join(run_dir.with_suffix(".log").read_text().splitlines()[-15:])
+            log(f"{plan} seed {seed}: FAILED; the end of its log:\n    " + status["error"].replace("\n", "\n    "))
     status["rc"] = rc
     study.set_status(plan, seed, status)
     study.journal({"stage": "run", "plan": plan, "seed": seed, "how": how, "rc": rc, "state": status["state"],
@@ -278,29 +279,48 @@ def pending_runs(study: Study) -> list[tuple[str, int]]:
             if (s := study.status(plan, seed))["state"] not in TERMINAL and s.get("failures", 0) < MAX_FAILURES]
 
 
-def stage_runs(study: Study, deadline: float, inprocess: bool, jobs: int, log, run_limit: float | None = None) -> None:
+SHARING_SLOWDOWN = 1.85          # a step's time with two runs on one H200 against one alone (2026-12-01)
+
+
+def stage_runs(study: Study, deadline: float, inprocess: bool, jobs: int, log, run_limit: float | None = None,
+               only_finishable: bool = False) -> None:
+    """Start the pending runs in order while a slice is left; with `only_finishable` (a session's last call,
+    where an unfinished run is lost), skip those whose estimated time to finish exceeds what is left when a
+    slot frees."""
     queue = pending_runs(study)
-    if jobs <= 1 or inprocess:
-        for plan, seed in queue:
+    sharing = SHARING_SLOWDOWN if jobs > 1 and not inprocess else 1.0
+
+    def next_run() -> tuple[str, int] | None:
+        while queue:
             if deadline - time.time() < study.spec["min_slice"]:
                 log(f"{deadline - time.time():.0f} s left: less than a run's minimum slice; next call")
-                return
-            launch(study, plan, seed, deadline, inprocess, log, run_limit)
+                return None
+            plan, seed = queue.pop(0)
+            if only_finishable:
+                _, need = seconds_left(study, plan, seed, sharing=sharing)
+                if need > deadline - time.time():
+                    log(f"{plan} seed {seed}: not started (needs ~{need:.0f} s, {deadline - time.time():.0f} s left)")
+                    continue
+            return plan, seed
+        return None
+
+    if jobs <= 1 or inprocess:
+        while (run := next_run()) is not None:
+            launch(study, *run, deadline, inprocess, log, run_limit)
         return
-    threads: list[threading.Thread] = []
     lock = threading.Lock()
 
     def worker():
         while True:
             with lock:
-                if not queue or deadline - time.time() < study.spec["min_slice"]:
-                    return
-                plan, seed = queue.pop(0)
-            launch(study, plan, seed, deadline, False, log, run_limit)
+                run = next_run()
+            if run is None:
+                return
+            launch(study, *run, deadline, False, log, run_limit)
 
-    for _ in range(jobs):
-        threads.append(threading.Thread(target=worker))
-        threads[-1].start()
+    threads = [threading.Thread(target=worker) for _ in range(jobs)]
+    for t in threads:
+        t.start()
     for t in threads:
         t.join()
 
@@ -332,7 +352,8 @@ def call(args) -> int:
     with GPUSampler() as gpu:
         try:
             if stage_sft(study, deadline, log) and stage_preflight(study, deadline, args.inprocess, log):
-                stage_runs(study, deadline, args.inprocess, args.jobs, log, args.run_time_limit)
+                stage_runs(study, deadline, args.inprocess, args.jobs, log, args.run_time_limit,
+                           args.only_finishable)
         except Exception:                       # whatever broke, the bundle below keeps what was done
             log("call stage FAILED:\n" + traceback.format_exc())
             study.journal({"stage": "error", "traceback": traceback.format_exc()[-2000:]})
@@ -394,6 +415,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--runs", help="PLAN:SEED,... the runs and their order, kept for later calls (default: the "
                                   "preset's; for gpu the issue's 10)")
     c.add_argument("--jobs", type=int, default=1, help="runs sharing the GPU at once (default 1)")
+    c.add_argument("--only-finishable", action="store_true",
+                   help="start only runs that can finish in this call by the measured step times (a session's "
+                        "last call: the next session starts a fresh machine, where an unfinished run restarts)")
     c.add_argument("--inprocess", action="store_true", help="runs in this process (CPU, tests), no subprocesses")
     c.add_argument("--run-time-limit", type=float, help="cap on each run's --time-limit (0: every run stops after "
                                                         "one step, which is how the tests cross a call boundary)")
