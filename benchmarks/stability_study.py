@@ -344,6 +344,10 @@ def call(args) -> int:
         study.spec["order"] = parse_runs(args.runs)
     elif spec is not None and spec != {k: v for k, v in study.spec.items() if k != "additions"}:
         log("note: --preset/--set/--steps apply only when a study starts; this one continues with its own spec")
+    for plan, seed in (r.split(":") for r in parse_runs(args.retry)) if args.retry else ():
+        status = study.status(plan, int(seed))           # a crash fixed in the code: try the run again
+        log(f"{plan} seed {seed}: failures {status.get('failures', 0)} -> 0 (--retry)")
+        study.set_status(plan, int(seed), {**status, "failures": 0, "retried_after": status.get("error", "")})
     study.generation += 1
     study.save()
     study.journal({"stage": "call", "generation": study.generation, "budget": args.budget})
@@ -415,6 +419,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--runs", help="PLAN:SEED,... the runs and their order, kept for later calls (default: the "
                                   "preset's; for gpu the issue's 10)")
     c.add_argument("--jobs", type=int, default=1, help="runs sharing the GPU at once (default 1)")
+    c.add_argument("--retry", help="PLAN:SEED,... runs that crashed MAX_FAILURES times, to try again after the "
+                                   "cause was fixed (their failure count goes back to 0)")
     c.add_argument("--only-finishable", action="store_true",
                    help="start only runs that can finish in this call by the measured step times (a session's "
                         "last call: the next session starts a fresh machine, where an unfinished run restarts)")

@@ -89,3 +89,8 @@ def test_group_size_one_is_refused_by_the_pipeline_config():
 
     with pytest.raises(ConfigError, match=r"loop.group_size: must be at least 2, got 1: a group of one"):
         default_config().with_overrides({"loop.group_size": 1})
+
+
+def test_reward_and_group_ids_on_different_devices_are_refused():
+    with pytest.raises(ValueError, match="put both on one device"):
+        group_advantages(REWARD, GROUP.to("meta"))

@@ -154,7 +154,9 @@ class RolloutCollector(BaseCollector):
         reward = torch.as_tensor(reward, dtype=torch.float32)
         if reward.shape != batch.batch_size:
             raise ValueError(f"reward_fn returned shape {tuple(reward.shape)}, expected {tuple(batch.batch_size)}")
-        batch.set(K.REWARD, reward.to(batch.device or "cpu"))
+        # beside the group ids: a batch that spans devices (guided rollout: records in pinned host memory, the
+        # rest on the engine's device) has no device of its own, and the advantage needs both on one
+        batch.set(K.REWARD, reward.to(batch.device or batch.get(K.GROUP_ID).device))
         if self.postproc is not None:
             batch = self.postproc(batch)
         if self.replay_buffer is not None:

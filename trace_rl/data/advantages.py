@@ -48,6 +48,9 @@ def group_advantages(
         raise ValueError(f"unknown baseline {baseline!r}; use 'mean' or 'leave_one_out'")
     if scale not in ("std", "none"):
         raise ValueError(f"unknown scale {scale!r}; use 'std' or 'none'")
+    if group_id.device != reward.device:
+        raise ValueError(f"group_advantages: reward is on {reward.device} and group_id on {group_id.device}; "
+                         f"put both on one device (a TensorDict spanning devices has no .device to follow)")
     r = reward.reshape(-1).to(torch.float64)
     _, inverse = torch.unique(group_id.reshape(-1), return_inverse=True)
     groups = int(inverse.max()) + 1 if inverse.numel() else 0
