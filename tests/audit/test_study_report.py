@@ -86,6 +86,10 @@ def test_reference_accuracy_columns(tmp_path):
     assert "| fp4 | 0 | interrupted | 2/2 | 0.300 → 0.700 | 0.700 | – → – | – |" in table
     assert "| fp4 | 1 | interrupted | 2/2 | 0.300 → 0.700 | 0.700 | 0.600 → 0.800 | 0.850 |" in table
     assert "| fp4 | 2 | 0.700 ± 0.000 | 0.700 ± 0.000 | 0.800 |" in plan_table(results)
+    judged = verdicts(results)
+    assert judged["fp4"]["policy_degraded"] is None                           # seed 0 has no bf16 evaluation
+    assert verdicts([bf16, fp4_1])["fp4"]["policy_degraded"] is True           # 0.8 < 0.9 - 0.05
+    assert verdicts([bf16, fp4_1])["fp4"]["degraded"] is True                  # 0.7 < 0.85
     report = write_report(runs, tmp_path / "report")["markdown"]
     assert "Evaluated only at their own precision" in report and "fp4 seed 0." in report
 
@@ -95,3 +99,24 @@ def test_no_reference_columns_without_reference_evals(tmp_path):
     write_run(tmp_path / "runs", "fp4", 0, [0.3, 0.6], bf16=False)
     results = load_runs(tmp_path / "runs")
     assert "at bf16" not in run_table(results) and "at bf16" not in plan_table(results)
+
+
+def test_order_with_second_seeds_keeps_each_plans_first_place(tmp_path):
+    """The study's order names a plan again for its second seed: the plan's first place decides."""
+    runs = tmp_path / "runs"
+    for plan in ("bf16", "fp4", "fp4-tis"):
+        write_run(runs, plan, 0, [0.3, 0.4])
+    order = ["bf16", "fp4", "fp4-tis", "bf16", "fp4"]
+    assert [r.plan for r in load_runs(runs, order)] == ["bf16", "fp4", "fp4-tis"]
+
+
+def test_a_run_that_crashed_before_its_first_step_is_left_out_of_the_plan_table(tmp_path):
+    runs = tmp_path / "runs"
+    write_run(runs, "bf16", 0, [0.6, 0.9])
+    write_run(runs, "fp4-guided", 0, [0.3])                   # evaluated at step 0, then crashed
+    (runs / "fp4-guided" / "seed0" / "summary.json").unlink()
+    report = write_report(runs, tmp_path / "report")["markdown"]
+    per_plan, per_run = report.split("## Per run")
+    assert "| fp4-guided |" not in per_plan and "| fp4-guided | 0 |" in per_run
+    data = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert "fp4-guided" not in data["plans"]

@@ -18,7 +18,9 @@ Definitions (docs/stability.md, "GPU study"):
 - collapse: the run's recorded collapse (`trace_rl.pipelines.collapse`), step and reason;
 - wall time per step: the median `step_seconds` plus the evaluation time spread over the steps;
 - degraded: collapsed, or final held-out accuracy below the reference plan's mean (bf16) by more than
-  `max(0.05, 2 x the reference's seed std)`;
+  `max(0.05, 2 x the reference's seed std)`; "policy degraded" applies the same rule to the final accuracy at
+  bf16 (when every run of the plan has it): whether training on the plan's rollouts made the policy worse,
+  apart from what its quantized inference costs at evaluation;
 - the pre-flight verdict predicted the outcome when (verdict is "fail") == degraded; for plans that apply a
   correction (TIS, masking, aligned or guided trainers) the rollout's drift is what the correction is for,
   so the column says "corrected" instead.
@@ -151,7 +153,9 @@ def discover(runs: Path) -> list[tuple[str, int, Path]]:
 
 def load_runs(runs: Path, order: list[str] | None = None) -> list[RunResult]:
     results = [load_run(d, plan, seed) for plan, seed, d in discover(runs)]
-    rank = {p: i for i, p in enumerate(order or [])}
+    rank: dict[str, int] = {}
+    for i, p in enumerate(order or []):            # a plan's first place counts (its second seed comes later)
+        rank.setdefault(p, i)
     return sorted(results, key=lambda r: (rank.get(r.plan, len(rank)), r.plan, r.seed))
 
 
@@ -196,7 +200,11 @@ def verdicts(results: list[RunResult], reference: str = "bf16") -> dict[str, dic
             predicted = "corrected"
         else:
             predicted = "yes" if (verdict == "fail") == degraded else "no"
-        out[plan] = {"degraded": degraded, "collapsed": collapsed, "below_reference": below, "verdict": verdict,
+        ref_finals = [r.ref_final_accuracy for r in runs]
+        policy_degraded = None                  # unknown unless every run was also evaluated at bf16
+        if ref_finals and not any(math.isnan(v) for v in ref_finals) and not math.isnan(ref_mean):
+            policy_degraded = collapsed or statistics.fmean(ref_finals) < ref_mean - margin
+        out[plan] = {"degraded": degraded, "policy_degraded": policy_degraded, "collapsed": collapsed, "below_reference": below, "verdict": verdict,
                      "predicted": predicted, "reference_mean": ref_mean, "margin": margin}
     return out
 
@@ -235,8 +243,8 @@ def plan_table(results: list[RunResult], reference: str = "bf16") -> str:
     judged = verdicts(results, reference)
     ref = has_reference(results)
     lines = _head("plan", "seeds", "final held-out acc", "best", *(["final at bf16"] if ref else []),
-                  "collapsed (steps)", "mean k3", "pre-flight k3", "verdict", "degraded", "verdict predicted it",
-                  "s/step")
+                  "collapsed (steps)", "mean k3", "pre-flight k3", "verdict", "degraded",
+                  *(["policy degraded (at bf16)"] if ref else []), "verdict predicted it", "s/step")
     for plan, v in judged.items():
         runs = [r for r in results if r.plan == plan]
         steps = [r.collapse_step for r in runs if r.collapse_step is not None]
@@ -249,7 +257,10 @@ def plan_table(results: list[RunResult], reference: str = "bf16") -> str:
             + f"| {len(steps)}/{len(runs)}{at} "
             f"| {_f(_finite_mean(r.mean['mismatch_k3'] for r in runs))} "
             f"| {_f(pre.get('mismatch_k3')) if pre else '–'} | {v['verdict'] or '–'} "
-            f"| {'yes' if v['degraded'] else 'no'} | {v['predicted']} "
+            f"| {'yes' if v['degraded'] else 'no'} "
+            + (f"| {'–' if v['policy_degraded'] is None else ('yes' if v['policy_degraded'] else 'no')} "
+               if ref else "")
+            + f"| {v['predicted']} "
             f"| {_f(_median(r.seconds_per_step for r in runs), 2)} |")
     return "\n".join(lines)
 
@@ -318,8 +329,9 @@ def write_report(runs: Path, out: Path, title: str = "", order: list[str] | None
     results = load_runs(Path(runs), order)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    md = [f"# {title or 'Stability study'}", "", "## Per plan (mean ± std over seeds)", "",
-          plan_table(results, reference), "", "## Per run", "", run_table(results), ""]
+    started = [r for r in results if r.steps > 0]      # a run that crashed before its first step says nothing
+    md = [f"# {title or 'Stability study'}", "", "## Per plan (mean ± std over seeds; runs with >= 1 step)", "",
+          plan_table(started, reference), "", "## Per run", "", run_table(results), ""]
     if has_reference(results):
         lacking = [f"{r.plan} seed {r.seed}" for r in results
                    if r.curves.get("eval_accuracy") and math.isnan(r.ref_final_accuracy)]
@@ -333,7 +345,7 @@ def write_report(runs: Path, out: Path, title: str = "", order: list[str] | None
     (out / "report.md").write_text("\n".join(md))
     (out / "report.json").write_text(json.dumps(json_safe({
         "runs": [{k: v for k, v in asdict(r).items() if k != "curves"} for r in results],
-        "plans": verdicts(results, reference)}), indent=1))
+        "plans": verdicts(started, reference)}), indent=1))
     plot = plot_study(results, out / "curves.png", title) if results else None
     return {"runs": len(results), "markdown": "\n".join(md), "plot": str(plot) if plot else None}
 
