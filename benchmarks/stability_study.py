@@ -53,6 +53,7 @@ for folder in (ROOT / "benchmarks", ROOT / "scripts"):   # appended: their scrip
 
 import stability_bundle as B  # noqa: E402
 import train_study_policy as SFT  # noqa: E402
+from stability_mps import MPS  # noqa: E402
 from stability_restore import pack_bundle, restore  # noqa: E402
 from stability_spec import (  # noqa: E402
     MAX_FAILURES,
@@ -353,7 +354,10 @@ def call(args) -> int:
     study.journal({"stage": "call", "generation": study.generation, "budget": args.budget})
     for note in upgrade_spec(study):                # settings added to the presets since this study began
         log(note)
-    with GPUSampler() as gpu:
+    mps = MPS(log) if args.mps and not args.inprocess else contextlib.nullcontext()
+    with GPUSampler() as gpu, mps:
+        if args.mps:
+            study.journal({"stage": "mps", "active": bool(getattr(mps, "active", False))})
         try:
             if stage_sft(study, deadline, log) and stage_preflight(study, deadline, args.inprocess, log):
                 stage_runs(study, deadline, args.inprocess, args.jobs, log, args.run_time_limit,
@@ -419,6 +423,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--runs", help="PLAN:SEED,... the runs and their order, kept for later calls (default: the "
                                   "preset's; for gpu the issue's 10)")
     c.add_argument("--jobs", type=int, default=1, help="runs sharing the GPU at once (default 1)")
+    c.add_argument("--mps", action="store_true",
+                   help="with --jobs > 1: start CUDA MPS so the runs' kernels overlap on the GPU (stability_mps.py; "
+                        "logged, and time-slicing as before when MPS cannot start)")
     c.add_argument("--retry", help="PLAN:SEED,... runs that crashed MAX_FAILURES times, to try again after the "
                                    "cause was fixed (their failure count goes back to 0)")
     c.add_argument("--only-finishable", action="store_true",
