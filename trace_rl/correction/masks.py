@@ -34,6 +34,11 @@ class BoundsParams(TraceConfig):
             raise ValueError(f"lo ({self.lo}) must be <= hi ({self.hi})")
         return self
 
+    def admits(self, log_value: torch.Tensor) -> torch.Tensor:
+        """lo <= exp(log_value) <= hi, elementwise (bool). Compared in log space: a ratio statistic given as
+        its log (log ρ_t, Σ log ρ_t, mean log ρ_t) needs no exp, which could overflow."""
+        return (log_value >= log_bound(self.lo)) & (log_value <= log_bound(self.hi))
+
 
 @register_correction("token_mask")
 class TokenMask(Correction):
@@ -45,8 +50,7 @@ class TokenMask(Correction):
         super().__init__(lo=lo, hi=hi)
 
     def compute(self, log_ratio: torch.Tensor, mask: torch.Tensor) -> CorrectionResult:
-        lo, hi = log_bound(self.params.lo), log_bound(self.params.hi)
-        return CorrectionResult(keep=(log_ratio >= lo) & (log_ratio <= hi))
+        return CorrectionResult(keep=self.params.admits(log_ratio))
 
 
 @register_correction("seq_mask")
@@ -59,6 +63,4 @@ class SequenceMask(Correction):
         super().__init__(lo=lo, hi=hi)
 
     def compute(self, log_ratio: torch.Tensor, mask: torch.Tensor) -> CorrectionResult:
-        lo, hi = log_bound(self.params.lo), log_bound(self.params.hi)
-        seq = sequence_sum(log_ratio, mask)
-        return CorrectionResult(keep=per_token((seq >= lo) & (seq <= hi), mask))
+        return CorrectionResult(keep=per_token(self.params.admits(sequence_sum(log_ratio, mask)), mask))

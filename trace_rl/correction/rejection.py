@@ -19,7 +19,6 @@ from trace_rl.config import TraceConfig
 from trace_rl.correction.base import (
     Correction,
     CorrectionResult,
-    log_bound,
     per_token,
     register_correction,
     sequence_mean,
@@ -44,9 +43,7 @@ class GeometricRejection(Correction):
         super().__init__(lo=lo, hi=hi)
 
     def compute(self, log_ratio: torch.Tensor, mask: torch.Tensor) -> CorrectionResult:
-        lo, hi = log_bound(self.params.lo), log_bound(self.params.hi)
-        mean = sequence_mean(log_ratio, mask)
-        return CorrectionResult(keep=per_token((mean >= lo) & (mean <= hi), mask))
+        return CorrectionResult(keep=per_token(self.params.admits(sequence_mean(log_ratio, mask)), mask))
 
 
 class K3Params(TraceConfig):
