@@ -1,4 +1,5 @@
-"""The `RolloutEngine` interface every engine (native, hf, vllm) implements, and its sampling parameters."""
+"""The `RolloutEngine` interface every engine (native, hf, vllm) implements: its sampling parameters, and
+`rollout_output`, the TensorDict every engine's `generate` returns."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pydantic import Field
 from tensordict import TensorDict
 
 from trace_rl.config import TraceConfig
+from trace_rl.data import schema as K
 
 
 class SamplingParams(TraceConfig):
@@ -39,3 +41,34 @@ class RolloutEngine(ABC):
     @abstractmethod
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Swap in new (trainer) weights, re-quantizing them to the plan's formats, and stamp `version`."""
+
+
+def rollout_output(
+    *,
+    prompt_tokens: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    prompt_index: torch.Tensor,
+    response_tokens: torch.Tensor,
+    response_mask: torch.Tensor,
+    rollout_log_probs: torch.Tensor,
+    num_generated: torch.Tensor,
+    policy_version: int,
+    device: torch.device,
+) -> TensorDict:
+    """What `RolloutEngine.generate` returns: one row per response, row r answering prompt `prompt_index[r]`.
+
+    `prompt_tokens`/`prompt_mask` are the prompt batch [num_prompts, Lp]; each row gets its prompt's by
+    `prompt_index`. The response tensors [rows, Lr] and `num_generated` [rows] are stored as given;
+    `policy_version` is stamped on every row. Every tensor must already be on `device`, the TensorDict's.
+    """
+    rows = prompt_index.shape[0]
+    return TensorDict({
+        K.TOKENS_PROMPT: prompt_tokens[prompt_index],
+        K.MASK_PROMPT: prompt_mask[prompt_index],
+        K.TOKENS_RESPONSE: response_tokens,
+        K.MASK_RESPONSE: response_mask,
+        K.LOGP_ROLLOUT: rollout_log_probs,
+        K.POLICY_VERSION: torch.full((rows,), policy_version, dtype=torch.long, device=device),
+        K.NUM_GENERATED: num_generated,
+        K.PROMPT_INDEX: prompt_index,
+    }, batch_size=[rows], device=device)

@@ -19,7 +19,7 @@ import torch
 from tensordict import TensorDict
 
 from trace_rl.data import schema as K
-from trace_rl.engine.base import RolloutEngine, SamplingParams
+from trace_rl.engine.base import RolloutEngine, SamplingParams, rollout_output
 
 
 class HFEngine(RolloutEngine):
@@ -96,14 +96,7 @@ class HFEngine(RolloutEngine):
             logp = torch.log_softmax(scores, dim=-1).gather(-1, resp.unsqueeze(-1)).squeeze(-1)
         logp = logp.masked_fill(~resp_mask, 0.0)
         resp = resp.masked_fill(~resp_mask, self.pad_token_id)
-        prompt_index = torch.arange(rows, device=self.device) // sampling.n
-        return TensorDict({
-            K.TOKENS_PROMPT: tokens[prompt_index],
-            K.MASK_PROMPT: mask[prompt_index],
-            K.TOKENS_RESPONSE: resp,
-            K.MASK_RESPONSE: resp_mask,
-            K.LOGP_ROLLOUT: logp,
-            K.POLICY_VERSION: torch.full((rows,), self.policy_version, dtype=torch.long, device=self.device),
-            K.NUM_GENERATED: resp_mask.sum(1),
-            K.PROMPT_INDEX: prompt_index,
-        }, batch_size=[rows], device=self.device)
+        return rollout_output(
+            prompt_tokens=tokens, prompt_mask=mask, prompt_index=torch.arange(rows, device=self.device) // sampling.n,
+            response_tokens=resp, response_mask=resp_mask, rollout_log_probs=logp, num_generated=resp_mask.sum(1),
+            policy_version=self.policy_version, device=self.device)

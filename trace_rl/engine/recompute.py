@@ -19,7 +19,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from trace_rl.data import schema as K
-from trace_rl.engine.base import RolloutEngine, SamplingParams
+from trace_rl.engine.base import RolloutEngine, SamplingParams, rollout_output
 from trace_rl.engine.sampling import make_generator, process_logits, sample
 
 
@@ -120,18 +120,8 @@ class RecomputeEngine(RolloutEngine):
         finally:
             self.model.train(was_training)
 
-        return TensorDict(
-            {
-                K.TOKENS_PROMPT: prompt_tokens[prompt_index],
-                K.MASK_PROMPT: prompt_mask[prompt_index],
-                K.TOKENS_RESPONSE: resp_tokens[:, :steps],
-                K.MASK_RESPONSE: resp_mask[:, :steps],
-                K.LOGP_ROLLOUT: resp_logp[:, :steps],
-                K.POLICY_VERSION: torch.full((rows,), self.policy_version, dtype=torch.long,
-                                             device=self.device),
-                K.NUM_GENERATED: resp_mask[:, :steps].sum(1),
-                K.PROMPT_INDEX: prompt_index,
-            },
-            batch_size=[rows],
-            device=self.device,
-        )
+        return rollout_output(
+            prompt_tokens=prompt_tokens, prompt_mask=prompt_mask, prompt_index=prompt_index,
+            response_tokens=resp_tokens[:, :steps], response_mask=resp_mask[:, :steps],
+            rollout_log_probs=resp_logp[:, :steps], num_generated=resp_mask[:, :steps].sum(1),
+            policy_version=self.policy_version, device=self.device)

@@ -25,6 +25,7 @@ import torch
 from tensordict import TensorDict
 
 from trace_rl.data import schema as K
+from trace_rl.engine.base import rollout_output
 from trace_rl.engine.cuda_graphs import bucket_for
 from trace_rl.engine.sampling import sample_with_counter
 
@@ -452,16 +453,10 @@ class Scheduler:
         logp = self.out_logp[:rows, :width].masked_fill(~mask, 0.0)
         prompt_index = torch.arange(rows, device=e.device) // self.n
         e.stats["generated_tokens"] += int(ngen.sum())
-        td = TensorDict({
-            K.TOKENS_PROMPT: prompt_tokens[prompt_index],
-            K.MASK_PROMPT: prompt_mask[prompt_index],
-            K.TOKENS_RESPONSE: tokens,
-            K.MASK_RESPONSE: mask,
-            K.LOGP_ROLLOUT: logp,
-            K.POLICY_VERSION: torch.full((rows,), e.policy_version, dtype=torch.long, device=e.device),
-            K.NUM_GENERATED: ngen.clone(),
-            K.PROMPT_INDEX: prompt_index,
-        }, batch_size=[rows], device=e.device)
+        td = rollout_output(
+            prompt_tokens=prompt_tokens, prompt_mask=prompt_mask, prompt_index=prompt_index,
+            response_tokens=tokens, response_mask=mask, rollout_log_probs=logp, num_generated=ngen.clone(),
+            policy_version=e.policy_version, device=e.device)
         if e.recorder is not None:   # the records stay in (pinned) host memory: the TensorDict spans devices
             td.clear_device_()
             td.set(K.GUIDANCE, e.recorder.result(prompt_index, self.lens, ngen, prompt_tokens.shape[1], width))

@@ -37,7 +37,7 @@ import torch
 from tensordict import TensorDict
 
 from trace_rl.data import schema as K
-from trace_rl.engine.base import RolloutEngine, SamplingParams
+from trace_rl.engine.base import RolloutEngine, SamplingParams, rollout_output
 from trace_rl.plan import PrecisionPlan
 
 log = logging.getLogger("trace_rl.engine.vllm")
@@ -277,18 +277,12 @@ class VLLMEngine(RolloutEngine):
                 logp[r, : len(c.token_ids)] = torch.tensor(
                     [step[tok].logprob for tok, step in zip(c.token_ids, c.logprobs)], dtype=torch.float32)
         resp_mask = torch.arange(width)[None, :] < ngen[:, None]
-        prompt_index = torch.arange(rows) // n
         device = prompts.device if prompts.device is not None else torch.device("cpu")
-        return TensorDict({
-            K.TOKENS_PROMPT: tokens[prompt_index],
-            K.MASK_PROMPT: mask[prompt_index],
-            K.TOKENS_RESPONSE: resp,
-            K.MASK_RESPONSE: resp_mask,
-            K.LOGP_ROLLOUT: logp,
-            K.POLICY_VERSION: torch.full((rows,), self.policy_version, dtype=torch.long),
-            K.NUM_GENERATED: ngen,
-            K.PROMPT_INDEX: prompt_index,
-        }, batch_size=[rows]).to(device)
+        # built on the host (where vLLM's outputs were gathered), then moved to the prompts' device
+        return rollout_output(
+            prompt_tokens=tokens, prompt_mask=mask, prompt_index=torch.arange(rows) // n,
+            response_tokens=resp, response_mask=resp_mask, rollout_log_probs=logp, num_generated=ngen,
+            policy_version=self.policy_version, device=torch.device("cpu")).to(device)
 
     def report(self) -> dict:
         """What ran where: the plan, the platform, and each worker's trace_rl backend paths and KV dtype."""
