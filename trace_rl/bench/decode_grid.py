@@ -6,8 +6,8 @@ same weights and over the same cache memory, so a shape that fits one fits the o
 B rows at L, cache filled with random values):
 
 - `engine_ms`: the engine's captured forward with the attention path it chooses for (B, L) (`path`);
-  `engine_path_ms`: the forward with each candidate path (`kernels.decode_attention` is what the pool
-  layout runs);
+  `engine_path_ms`: the forward with each candidate path (`kernels.decode_attention` and its split-count
+  variants `kernels.decode_attention:sN` are what the pool layout runs);
 - `step_ms`: the whole captured step (forward + fused sampling + bookkeeping);
 - `baseline_eager` / `baseline_compiled`: the plain step as written and through `torch.compile`
   (`baseline.VARIANTS`), each with the fastest SDPA backend at (B, L) (all timed); `baseline_ms` = the
@@ -103,7 +103,7 @@ def run_grid(args, name: str, device, bw, log, sink=None) -> list[dict]:
                 prime_decode(engine, batch, length, args.seed)
                 timer = lambda fn: bm.median_ms(fn, device, args.iters)  # noqa: E731
                 path = engine.attention_path(batch, length)
-                candidates = engine.cache.candidates(contiguous=True)
+                candidates = engine.cache.candidates(True, batch, engine.context_bucket(length), engine.capacity)
                 per_path, path_errors = {}, {}
                 for p in candidates:           # a path that cannot run at this shape is recorded, not fatal
                     try:

@@ -15,8 +15,9 @@
   graph per (bucket, attention path, sampling parameters) on GPU; the host syncs only when a slot can
   have finished (after the steps to the earliest forced end, or every `stop_check_interval` steps when
   stop tokens are live). The scheduler (`trace_rl.engine.scheduler`) admits, preempts and harvests there.
-- Attention (`attention="auto"`): where several paths can run (bf16 cache, contiguous layout, GPU), each
-  is timed once per (batch bucket, context bucket) and the fastest used; `report()` says which.
+- Attention (`attention="auto"`): where several paths can run (bf16 cache on a GPU: the kernel's split-count
+  variants; contiguous layout: the torch paths), each is timed once per (batch bucket, context bucket) and the
+  fastest used; `report()` says which.
 - Seeds: noise is a hash of (seed, step, row), so a seed reproduces the samples for the same engine
   configuration (max_batch, layout and pool size decide which row and step a sample draws at).
 """
@@ -40,7 +41,7 @@ from trace_rl.engine.routing import RoutingRecorder
 from trace_rl.engine.sampling import sample_with_counter
 from trace_rl.formats.paged_kv import slots_for
 from trace_rl.kv import KVStep, PagedKVCache
-from trace_rl.kv.cache import SPAN_PATHS, default_page_size
+from trace_rl.kv.cache import default_page_size, reads_span
 from trace_rl.models.decoder import Decoder, build
 from trace_rl.models.loading import load_state_dict_into
 from trace_rl.op_ranges import op_range
@@ -267,7 +268,7 @@ class NativeEngine(RolloutEngine):
         them reaches in this step (chooses the attention path)."""
         b = bucket_for(self.buckets, n)
         path = self.attention_path(b, max_len)
-        span = self.context_bucket(max_len) if path in SPAN_PATHS else None
+        span = self.context_bucket(max_len) if reads_span(path) else None
         if self.graphs is None:              # eager: exactly the n rows (noise is per row: the same draws)
             self._step(n, path, sampling, span)
         else:
@@ -283,7 +284,7 @@ class NativeEngine(RolloutEngine):
         b = bucket_for(self.buckets, n)
         max_len = max_len or self.capacity
         path = path or self.attention_path(b, max_len)
-        span = self.context_bucket(max_len) if path in SPAN_PATHS else None
+        span = self.context_bucket(max_len) if reads_span(path) else None
         if self.graphs is None:
             return self._decode_forward(b, path, span)[:n]
         return self.graphs.run(("forward", b, path, span), lambda: self._decode_forward(b, path, span),
@@ -291,14 +292,15 @@ class NativeEngine(RolloutEngine):
 
     # -- attention path per (batch bucket, context bucket) --
     def attention_path(self, n: int, max_len: int) -> str:
-        candidates = self.cache.candidates(contiguous=self.kv_layout == "contiguous")
+        key = (n, self.context_bucket(max_len))
+        if key in self.attention_choice:
+            return self.attention_choice[key]["path"]
+        candidates = self.cache.candidates(self.kv_layout == "contiguous", n, key[1], self.capacity)
         if len(candidates) == 1:
             return candidates[0]
-        key = (n, self.context_bucket(max_len))
-        if key not in self.attention_choice:
-            self.attention_choice[key] = self._time_attention(n, key[1], candidates)
-            log.info("decode attention for batch %d, context <= %d: %s (%s)", n, key[1],
-                     self.attention_choice[key]["path"], self.attention_choice[key]["ms"])
+        self.attention_choice[key] = self._time_attention(n, key[1], candidates)
+        log.info("decode attention for batch %d, context <= %d: %s (%s)", n, key[1],
+                 self.attention_choice[key]["path"], self.attention_choice[key]["ms"])
         return self.attention_choice[key]["path"]
 
     def context_bucket(self, length: int) -> int:
@@ -317,7 +319,7 @@ class NativeEngine(RolloutEngine):
             if self.kv_layout == "contiguous" else self.block_table[:n]
         times = {}
         for path in candidates:
-            span = length if path in SPAN_PATHS else None
+            span = length if reads_span(path) else None
             call = lambda p=path, s=span: self.cache.decode(0, q, table, lens, c.head_dim ** -0.5,  # noqa: E731
                                                             self.capacity, p, s)
             try:

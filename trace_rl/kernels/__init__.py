@@ -91,12 +91,13 @@ def qk_norm_rope_kv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos
 
 
 def decode_attention(q: torch.Tensor, k, v, block_table: torch.Tensor, seq_lens: torch.Tensor,
-                     scale: float) -> torch.Tensor:
-    """Paged GQA decode attention reading the quantized cache directly: q [B, Hq, D] -> [B, Hq, D]."""
+                     scale: float, splits: int | None = None) -> torch.Tensor:
+    """Paged GQA decode attention reading the quantized cache directly: q [B, Hq, D] -> [B, Hq, D]. `splits`:
+    split-KV count over the block table's capacity (None: the launch policy's, `attention_config`)."""
     _check_device(q, "decode_attention")
     from trace_rl.kernels.paged_attention import decode_attention as _decode_attention
 
-    return _decode_attention(q, k, v, block_table, seq_lens, scale)
+    return _decode_attention(q, k, v, block_table, seq_lens, scale, splits=splits)
 
 
 def decode_attention_reference(q, k, v, block_table, seq_lens, scale):

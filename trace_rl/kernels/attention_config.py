@@ -52,7 +52,14 @@ SPLIT_BELOW_PROGRAMS_PER_SM = {"bf16": 2.0, "fp8_e4m3": 1.0, "nvfp4": 4.0, "mxfp
 # 0.98 : 0.98 for 1-4 splits (measured 1 : 0.945 : 0.99 : 0.99), at 512 x 8192 1 : 0.96 : 1.0 : 1.0 (measured
 # 1 : 0.97-0.98 : 1.01 : 1.02), at 512 x 4096 1 : 1.005 : 1.085 (measured 1 : 1.006 : 1.088).
 SPLIT_OVERHEAD_TILES = 3.4
-WAVE_SPLIT_FORMATS = ("fp8_e4m3", "nvfp4", "mxfp4")        # measured; bf16 keeps the fill rule only
+# bf16 keeps the fill rule only. Adding it here would change none of the measured bf16 cells (docs/benchmarks.md,
+# run 3): B x Hkv = 100 x 8 = 800 programs is 1.2 waves of 5 CTAs per SM, below the model's two waves, and at
+# B = 512 (6.2 waves, 257-1536 tokens) it picks one split, as now. Its overhead was fitted to the FP4 tiles; the
+# memory-bound bf16 tile's is unknown. The engine times bf16 split counts instead (`split_variants`).
+WAVE_SPLIT_FORMATS = ("fp8_e4m3", "nvfp4", "mxfp4")
+# Split counts the engine times beside the launcher's choice (trace_rl/kv/cache.py, `candidates`).
+TIMED_SPLITS = (1, 2, 3, 4)
+TIMED_SPLIT_FORMATS = ("bf16",)          # the quantized formats' counts come from the measured wave model
 
 
 def choose_splits(batch: int, kv_heads: int, capacity: int, block_t: int, sms: int,
@@ -72,6 +79,14 @@ def choose_splits(batch: int, kv_heads: int, capacity: int, block_t: int, sms: i
     return min(range(1, min(4, most) + 1), key=cost)
 
 
+def split_tokens(capacity: int, splits: int, block_t: int) -> tuple[int, int]:
+    """(tokens per split, splits that launch) for `splits` requested over `capacity` tokens: whole tiles per
+    split, so fewer may launch than were asked for (10 tiles in 4 splits: 3 tiles each, 4 splits; 12 in 5: 3 each,
+    4 splits)."""
+    per_split = -(-(-(-capacity // splits)) // block_t) * block_t
+    return per_split, -(-capacity // per_split)
+
+
 def launch_config(kv_format: str, batch: int, kv_heads: int, capacity: int, sms: int) -> tuple[LaunchConfig, int]:
     """(tile configuration, split count) for one decode step of `batch` sequences over a cache of `kv_heads`
     heads whose block tables hold `capacity` tokens (a static bound: no host sync, CUDA graphs)."""
@@ -81,3 +96,22 @@ def launch_config(kv_format: str, batch: int, kv_heads: int, capacity: int, sms:
     waves = cfg.ctas_per_sm if kv_format in WAVE_SPLIT_FORMATS else None
     return cfg, choose_splits(batch, kv_heads, capacity, cfg.block_t, sms, SPLIT_BELOW_PROGRAMS_PER_SM[kv_format],
                               waves)
+
+
+def split_variants(kv_format: str, batch: int, kv_heads: int, capacity: int, span: int, sms: int) -> list[int]:
+    """Split counts (of TIMED_SPLITS) worth timing against the launcher's own choice for a step whose block
+    tables hold `capacity` tokens and whose lengths are all <= `span`: the variant splits the span, not the
+    capacity. Kept: at least 4 tiles per split, every split launched, and a launch other than the default one
+    (one split is one split whatever the table; s splits of the whole table are the default when s is its count)."""
+    if kv_format not in TIMED_SPLIT_FORMATS:
+        return []
+    cfg, default = launch_config(kv_format, batch, kv_heads, capacity, sms)
+    span = min(span, capacity)
+    out = []
+    for s in TIMED_SPLITS:
+        if s > max(1, span // (4 * cfg.block_t)) or split_tokens(span, s, cfg.block_t)[1] != s:
+            continue
+        if s == default and (s == 1 or span == capacity):
+            continue
+        out.append(s)
+    return out

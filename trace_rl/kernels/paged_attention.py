@@ -14,9 +14,10 @@ are read through shared memory (both MMA operands from `wgmma` descriptors).
 
 Full tiles run unmasked; the last (partial) tile of a split masks tokens past the sequence (their
 scores -inf, their per-token factors 0; FP4 V block scales zeroed so that a stale NaN scale in a reused
-page cannot leak in, while FP8 codes always decode finite and need no mask). Split-KV only
-when B x kv heads is small (`choose_splits`): programs then write float32 partials, merged in a fixed
-order by a second kernel (deterministic); with one split the output is written directly.
+page cannot leak in, while FP8 codes always decode finite and need no mask). Split-KV
+when B x kv heads is small (`choose_splits`) or when the caller asks (`splits=`: the engine times split counts,
+`attention_config.split_variants`): programs then write float32 partials, merged in a fixed order by a second
+kernel (deterministic); with one split the output is written directly.
 """
 
 from __future__ import annotations
@@ -29,7 +30,12 @@ import triton.language as tl
 
 from trace_rl.formats import kv_layout as L
 from trace_rl.formats.paged_kv import PagedKV
-from trace_rl.kernels.attention_config import SPLIT_BELOW_PROGRAMS_PER_SM, choose_splits, launch_config
+from trace_rl.kernels.attention_config import (
+    SPLIT_BELOW_PROGRAMS_PER_SM,
+    choose_splits,
+    launch_config,
+    split_tokens,
+)
 from trace_rl.kernels.attention_tiles import _k_tile, _low_half, _pad_half, _page_heads, _row_factor, _vt_tile
 from trace_rl.kernels.fp_bits import dot_acc
 from trace_rl.kernels.kv_decode import DECODE_ASM, DECODE_PURE
@@ -233,8 +239,10 @@ def decode_attention(q: torch.Tensor, k: PagedKV, v: PagedKV, block_table: torch
                      decode: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
                      programs_per_sm: float | None = None, maxnreg: int | None = 0) -> torch.Tensor:
     """Kernel version of `decode_attention_reference` (same signature). The launch follows
-    `attention_config` (tile per format, splits per shape); the keywords override it for benchmarks
-    (None / 0: the configured value; maxnreg=None: no register cap)."""
+    `attention_config` (tile per format, splits per shape); the keywords override it for benchmarks and for
+    the engine's timed split counts (None / 0: the configured value; maxnreg=None: no register cap). `splits`
+    divides the block table's capacity into whole tiles (`split_tokens`: fewer may launch); any count gives the
+    reference's result, merged in a fixed order."""
     from trace_rl.kernels import interpreting
 
     _check(q, k, v, block_table, seq_lens)
@@ -265,8 +273,9 @@ def decode_attention(q: torch.Tensor, k: PagedKV, v: PagedKV, block_table: torch
         else:                                            # an explicit tile: fill the GPU
             splits = choose_splits(B, hkv, capacity, block_t, sms,
                                    programs_per_sm or SPLIT_BELOW_PROGRAMS_PER_SM[k.kv_format])
-    per_split = triton.cdiv(triton.cdiv(capacity, splits), block_t) * block_t
-    splits = triton.cdiv(capacity, per_split)
+    elif splits < 1:
+        raise ValueError(f"decode_attention: splits={splits}; give a count >= 1 (None: the launch policy's)")
+    per_split, splits = split_tokens(capacity, splits, block_t)
     group = Hq // hkv
     n_pad = max(16, triton.next_power_of_2(group))
     dv = D if fmt_id == KV_BF16 else L.v_rows(D)

@@ -14,10 +14,14 @@ Paths, chosen once per cache and reported (`paths`), never silently:
   slot with a length mask (`torch.sdpa_cudnn`: cuDNN's kernel; `torch.sdpa_masked`: SDPA's choice;
   `torch.efficient_varlen` on request); `torch.reference` (gather + dequantize) on CPU. `candidates()`
   lists what can run; the engine measures them and picks per batch and context (`KVStep.attention`).
+  For a bf16 cache on a GPU it also lists split-count variants of the kernel, `kernels.decode_attention:s<N>`
+  (`parse_path`): N splits of the step's span (the context bucket, which bounds every length) rather than of
+  the block table's capacity, where N is not the launcher's own choice (`attention_config.split_variants`).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 
@@ -45,6 +49,32 @@ ATTENTION_CHOICES = ("auto", "kernels", "flash_varlen", "efficient_varlen", "sdp
 CONTIGUOUS_ONLY = ("torch.flash_varlen", "torch.efficient_varlen", "torch.sdpa_masked", "torch.sdpa_cudnn")
 # Paths that read a static span of every slot (the step's longest context, rounded up: `KVStep.span`).
 SPAN_PATHS = ("torch.sdpa_masked", "torch.sdpa_cudnn")
+KERNEL_PATH = "kernels.decode_attention"
+PATHS = (KERNEL_PATH, "torch.flash_varlen", "torch.efficient_varlen", "torch.sdpa_masked", "torch.sdpa_cudnn",
+         "torch.reference")
+SPLIT_MARK = ":s"                  # KERNEL_PATH + ":s3": the kernel with 3 splits of the step's span
+
+
+def split_path(splits: int) -> str:
+    return f"{KERNEL_PATH}{SPLIT_MARK}{splits}"
+
+
+@functools.lru_cache(maxsize=None)
+def parse_path(path: str) -> tuple[str, int | None]:
+    """(path, split count) of a decode-attention path name: ("kernels.decode_attention", 3) for
+    "kernels.decode_attention:s3", (path, None) for the others. The one place path names are read."""
+    if path in PATHS:
+        return path, None
+    base, mark, count = path.partition(SPLIT_MARK)
+    if base == KERNEL_PATH and mark and count.isdigit() and int(count) >= 1:
+        return base, int(count)
+    raise ValueError(f"unknown decode-attention path {path!r}; valid: {', '.join(PATHS)}, or "
+                     f"{KERNEL_PATH}{SPLIT_MARK}N (N >= 1 splits of the step's span)")
+
+
+def reads_span(path: str) -> bool:
+    """Whether the path needs the step's span (`KVStep.span`): the SDPA paths read it, split variants divide it."""
+    return path in SPAN_PATHS or parse_path(path)[1] is not None
 
 
 def _kernels():
@@ -112,12 +142,22 @@ class PagedKVCache:
             log.warning("KV cache %s on GPU without kernels: %s", self.kv_format, why)
         return write, "torch.reference", why
 
-    def candidates(self, contiguous: bool) -> list[str]:
+    def candidates(self, contiguous: bool, batch: int | None = None, span: int | None = None,
+                   capacity: int | None = None) -> list[str]:
         """Decode-attention paths that can run on this cache (the engine times them per batch and length
-        when attention='auto'); `contiguous`: the block tables give each row its own contiguous pages."""
+        when attention='auto'); `contiguous`: the block tables give each row its own contiguous pages. Given
+        the step's `batch`, `span` (every length <= span) and the block tables' `capacity` (tokens), on a GPU
+        also the kernel's split variants worth timing there (`attention_config.split_variants`)."""
         if self.forced:
             return [self.attention_path]
-        out = ["kernels.decode_attention"] if self._kernels_ok else []
+        out = [KERNEL_PATH] if self._kernels_ok else []
+        if out and self.device.type == "cuda" and None not in (batch, span, capacity):
+            from trace_rl.kernels.attention_config import split_variants
+
+            span = min(capacity, -(-span // self.block_size) * self.block_size)      # whole pages
+            sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+            out += [split_path(s) for s in split_variants(self.k[0].kv_format, batch, self.k[0].heads, capacity,
+                                                          span, sms)]
         if self.device.type == "cuda" and self.kv_format == "bf16" and contiguous:
             # efficient_varlen ran 1.5x slower than these at every measured shape (H200, docs/engine.md)
             out += ["torch.flash_varlen", "torch.sdpa_cudnn", "torch.sdpa_masked"]
@@ -149,11 +189,13 @@ class PagedKVCache:
     def decode(self, layer: int, q: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
                scale: float, capacity: int | None, path: str | None = None, span: int | None = None) -> torch.Tensor:
         k, v = self.k[layer], self.v[layer]
-        path = path or self.attention_path
-        if path == "kernels.decode_attention":
+        path, splits = parse_path(path or self.attention_path)
+        if path == KERNEL_PATH:
             from trace_rl import kernels
 
-            return kernels.decode_attention(q, k, v, block_table, seq_lens, scale)
+            if splits is not None and span is not None:   # split the span: the table's pages that can be live
+                block_table = block_table[:, : -(-span // self.block_size)]
+            return kernels.decode_attention(q, k, v, block_table, seq_lens, scale, splits=splits)
         if path in CONTIGUOUS_ONLY and capacity is None:
             raise ValueError(f"{path} needs slot-contiguous pages (KVStep.capacity); this step's block tables "
                              f"are a shared pool")
@@ -189,7 +231,7 @@ class KVStep:
     prefill: bool
     capacity: int | None = None
     attention: str | None = None          # decode-attention path (None: the cache's default)
-    span: int | None = None               # SPAN_PATHS: positions of each slot they read (>= every seq_len)
+    span: int | None = None               # `reads_span` paths: positions of each slot they read (>= every seq_len)
 
     def fuses_prologue(self, q: torch.Tensor) -> bool:
         """Whether `attend_prologue` runs as one kernel here: a decode step on the GPU with the kernels'
