@@ -114,3 +114,11 @@ def test_rejects_bad_prompts(tiny):
     holes[K.MASK_PROMPT][0, 1] = False
     with pytest.raises(ValueError, match="right-padded"):
         engine.generate(holes, SamplingParams(max_new_tokens=2))
+
+
+@pytest.mark.parametrize("kv_layout", ["pool", "contiguous"])
+def test_attention_choice_without_cuda(tiny, kv_layout):
+    """On a CPU there is one decode-attention path (no split variants, nothing to time)."""
+    engine = NativeEngine(tiny, max_batch=4, max_seq_len=2048, block_size=16, kv_layout=kv_layout)
+    assert engine.attention_path(4, 1500) == "torch.reference"
+    assert engine.attention_choice == {} and engine.report()["attention_chosen"] == {}

@@ -73,3 +73,35 @@ def test_pool_preemption_and_contiguous_autotune_on_gpu(rng):
     assert report["attention_chosen"]
     b = _engine(model, graphs=False).generate(prompts, greedy)
     assert (a[K.TOKENS_RESPONSE] == b[K.TOKENS_RESPONSE]).float().mean() > 0.9   # bf16: paths round apart
+
+
+def test_split_candidates_are_timed_and_run_in_graphs(rng):
+    """A bf16 cache on the GPU: the kernel's split variants are timed beside it per (batch, context bucket), each
+    gives the reference attention, and a chosen variant runs in the captured step (its span in the graph key)."""
+    from trace_rl.bench.decode_grid import prime_decode
+    from trace_rl.bench.measure import fill_random
+    from trace_rl.kernels.attention_reference import decode_attention_reference
+    from trace_rl.kv.cache import KERNEL_PATH, parse_path
+
+    model, _ = tiny_model("tiny", seed=7, device="cuda", dtype=torch.bfloat16)
+    engine = NativeEngine(model, max_batch=4, max_seq_len=2048, graph_buckets=[4])
+    fill_random(engine.cache, torch.Generator(device="cuda").manual_seed(int(rng.initial_seed())))
+    prime_decode(engine, 4, 1500)
+    path = engine.attention_path(4, 1500)
+    choice = engine.attention_choice[(4, 1536)]
+    print(choice)
+    kernel_paths = [p for p in choice["ms"] if parse_path(p)[0] == KERNEL_PATH]
+    assert kernel_paths[0] == KERNEL_PATH and len(kernel_paths) > 1 and path in choice["ms"]
+    assert all(choice["ms"][p] is not None for p in kernel_paths)
+    q = torch.randn(4, 6, 32, generator=rng).to("cuda", torch.bfloat16)
+    lens = torch.tensor([1500, 3, 700, 1024], dtype=torch.int32, device="cuda")
+    table = engine.block_table[:4]
+    want = decode_attention_reference(q, engine.cache.k[1], engine.cache.v[1], table, lens, 32 ** -0.5).float()
+    for p in kernel_paths:
+        got = engine.cache.decode(1, q, table, lens, 32 ** -0.5, None, p, span=1536)
+        torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2)
+        assert torch.equal(engine.cache.decode(1, q, table, lens, 32 ** -0.5, None, p, span=1536), got)
+    split = kernel_paths[-1]
+    engine.attention_choice[(4, 1536)]["path"] = split       # as if it had won: the captured step runs it
+    engine.decode_step(4, 1500, (1.0, 0, 1.0))
+    assert any(key[2] == split and key[3] == 1536 for key in engine.graphs.graphs)

@@ -10,6 +10,8 @@ from trace_rl.kernels.attention_config import (
     WAVE_SPLIT_FORMATS,
     choose_splits,
     launch_config,
+    split_tokens,
+    split_variants,
 )
 
 
@@ -45,3 +47,25 @@ def test_choose_splits_fills_the_gpu():
     assert choose_splits(32, 8, 32768, 128, 132, 4.0) == 3               # 256 programs -> ~4 per SM
     assert choose_splits(2, 8, 1024, 128, 132, 4.0) == 2                 # capped: 4 tiles per split
     assert choose_splits(4096, 8, 8192, 128, 132, 4.0) == 1              # no wave model: the fill rule
+
+
+def test_split_tokens_whole_tiles():
+    assert split_tokens(8448, 1, 64) == (8448, 1)
+    assert split_tokens(640, 4, 64) == (192, 4)                          # 10 tiles: 3 + 3 + 3 + 1
+    assert split_tokens(768, 5, 64) == (192, 4)                          # 12 tiles in 5: 3 each, 4 launch
+
+
+def test_split_variants_time_what_the_launcher_would_not_run():
+    """bf16, Qwen3-8B KV heads, 132 SMs. B = 100 (the issue-16 cells, one split by default): 2-4 splits of the
+    span; short spans keep 4 tiles per split; other formats follow the measured wave model (none)."""
+    assert launch_config("bf16", 100, 8, 8448, 132)[1] == 1
+    assert split_variants("bf16", 100, 8, 8448, 8448, 132) == [2, 3, 4]
+    assert split_variants("bf16", 100, 8, 8448, 4608, 132) == [2, 3, 4]    # L = 4352: splits of its bucket
+    assert split_variants("bf16", 100, 8, 8448, 512, 132) == [2]           # 8 tiles: 2 splits of 4
+    assert split_variants("bf16", 100, 8, 8448, 256, 132) == []            # 4 tiles: one split, the default
+    assert split_variants("bf16", 1, 8, 8448, 512, 132) == [1, 2]          # the default splits the table 33 ways
+    assert launch_config("bf16", 11, 8, 8448, 132)[1] == 3                 # 88 programs: 3 splits fill the GPU
+    assert split_variants("bf16", 11, 8, 8448, 8448, 132) == [1, 2, 4]     # 3 of the whole table is the default
+    assert split_variants("bf16", 11, 8, 8448, 4608, 132) == [1, 2, 3, 4]  # 3 of the span is not
+    for kv_format in ("fp8_e4m3", "nvfp4", "mxfp4"):
+        assert split_variants(kv_format, 100, 8, 8448, 8448, 132) == []

@@ -107,6 +107,29 @@ def test_decode_attention_splits_and_nan(device, gen):
     assert out[0, :, 16:32].isnan().all() and not out[0, :, :16].isnan().any() and not out[0, :, 32:].isnan().any()
 
 
+def test_decode_attention_every_split_count_is_the_reference_and_deterministic(device, gen):
+    """bf16 at odd shapes (3 sequences, 2 KV heads, GQA 3, 16 dims): 1-4 splits (each launching that many, every
+    split holding tokens of the longest sequence) equal the reference, and repeat bit for bit (the merge adds the
+    partials in a fixed order)."""
+    from trace_rl.kernels.attention_config import split_tokens
+    from trace_rl.kernels.paged_attention import decode_attention as attn
+
+    q, k, v, bt, sl = _setup("bf16", [783, 1, 300], 2, 3, 16, 16, device, gen)
+    scale = 16 ** -0.5
+    ref = _reference64(q, k, v, bt, sl, scale)
+    args = (q.to(device), k, v, bt.to(device), sl.to(device), scale)
+    torch_ref = decode_attention_reference(*args).double().cpu()
+    capacity, block_t = bt.shape[1] * 16, 64                 # 800 tokens; the bf16 tile (also the interpreter's)
+    for splits in (1, 2, 3, 4):
+        per_split, launched = split_tokens(capacity, splits, block_t)
+        assert launched == splits and (splits - 1) * per_split < 783
+        out = attn(*args, splits=splits, block_t=block_t)
+        assert _rel_err(out, ref) < 1e-2 and _rel_err(out, torch_ref) < 1e-2, splits
+        assert torch.equal(attn(*args, splits=splits, block_t=block_t), out), splits
+    with pytest.raises(ValueError, match="splits=0"):
+        attn(*args, splits=0)
+
+
 def test_decode_attention_rejects_bad_caches(device):
     k = PagedKV.allocate("nvfp4", 2, 16, 1, 64, device=device, role="k")
     q = torch.zeros(1, 2, 64, device=device, dtype=torch.bfloat16)
@@ -130,6 +153,22 @@ def test_decode_attention_qwen_shape_gpu(kv_format, gen):
     for splits in (None, 5):
         out = attn(q.cuda(), k, v, bt.cuda(), sl.cuda(), 128 ** -0.5, splits=splits)
         assert _rel_err(out, ref) < 1e-2
+
+
+@pytest.mark.gpu
+@gpu
+def test_decode_attention_bf16_split_counts_gpu(gen):
+    """Qwen3-8B heads over a bf16 cache (16-token pages), the engine's timed split counts 1-4 and the default:
+    each the reference, each bit for bit the same on a second run."""
+    from trace_rl.kernels.paged_attention import decode_attention as attn
+
+    q, k, v, bt, sl = _setup("bf16", [2100, 1, 517, 1024, 64], 8, 4, 128, 16, "cuda", gen)
+    ref = _reference64(q, k, v, bt, sl, 128 ** -0.5)
+    args = (q.cuda(), k, v, bt.cuda(), sl.cuda(), 128 ** -0.5)
+    for splits in (None, 1, 2, 3, 4):
+        out = attn(*args, splits=splits)
+        assert _rel_err(out, ref) < 1e-2, splits
+        assert torch.equal(attn(*args, splits=splits), out), splits
 
 
 @pytest.mark.gpu

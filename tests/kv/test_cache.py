@@ -119,3 +119,55 @@ def test_attend_prologue_equals_norm_rope_then_attend(rng, monkeypatch):
     plain = steps[1].attend(0, apply_rope(rms(q, qn, 1e-6), cos, sin), apply_rope(rms(k, kn, 1e-6), cos, sin), v)
     torch.testing.assert_close(fused, plain)
     assert not steps[0].fuses_prologue(q)              # CPU tensors: the model keeps its torch path
+
+
+def test_attention_path_names():
+    """Path names are read in one place: the kernel's split variants carry their count; anything else is refused
+    with the valid names."""
+    from trace_rl.kv.cache import KERNEL_PATH, PATHS, parse_path, reads_span, split_path
+
+    for path in PATHS:
+        assert parse_path(path) == (path, None)
+    assert split_path(3) == "kernels.decode_attention:s3"
+    assert parse_path(split_path(3)) == (KERNEL_PATH, 3)
+    assert reads_span(split_path(2)) and reads_span("torch.sdpa_cudnn") and not reads_span(KERNEL_PATH)
+    for bad in ("kernels.decode_attention:s0", "kernels.decode_attention:s", "kernels.decode_attention:x2",
+                "torch.reference:s2", "torch.flash", "kernels.decode_attention:s2:s3"):
+        with pytest.raises(ValueError, match=r"valid: kernels\.decode_attention, torch\.flash_varlen"):
+            parse_path(bad)
+    cache = PagedKVCache("bf16", 1, 4, 16, 2, 32)
+    with pytest.raises(ValueError, match="unknown decode-attention path"):
+        cache.decode(0, torch.zeros(1, 2, 32), torch.zeros(1, 2, dtype=torch.int32), torch.ones(1, dtype=torch.int32),
+                     0.1, None, "torch.flash")
+
+
+@pytest.mark.parametrize("contiguous", [False, True])
+def test_no_split_candidates_without_cuda(contiguous):
+    """On a CPU the candidate list is what it was: the torch reference alone, whatever the step's shape."""
+    cache = PagedKVCache("bf16", 1, 4, 16, 2, 32)
+    assert cache.candidates(contiguous) == cache.candidates(contiguous, 100, 4608, 8448) == ["torch.reference"]
+
+
+def test_split_path_divides_the_span(rng, monkeypatch):
+    """A split variant runs the kernel with its count over the span's pages (block table narrowed: the splits
+    divide the live context, not the table's capacity), and gives the reference."""
+    from trace_rl import kernels
+
+    batch, pages, block = 3, 20, 16
+    cache, table, _ = _filled_cache("bf16", rng, dtype=torch.bfloat16, batch=batch, pages=pages, block=block)
+    lens = torch.tensor([200, 1, 77], dtype=torch.int32)
+    q = torch.randn(batch, 6, 32, generator=rng).to(torch.bfloat16)
+    calls = []
+    real = kernels.decode_attention
+
+    def spy(q, k, v, block_table, seq_lens, scale, splits=None):
+        calls.append((tuple(block_table.shape), splits))
+        return real(q, k, v, block_table, seq_lens, scale, splits=splits)
+
+    monkeypatch.setattr(kernels, "decode_attention", spy)
+    got = cache.decode(0, q, table, lens, 32 ** -0.5, None, "kernels.decode_attention:s2", span=208)
+    whole = cache.decode(0, q, table, lens, 32 ** -0.5, None, "kernels.decode_attention")
+    assert calls == [((batch, 13), 2), ((batch, pages), None)]
+    want = decode_attention_reference(q, cache.k[0], cache.v[0], table, lens, 32 ** -0.5)
+    for out in (got, whole):
+        torch.testing.assert_close(out.float(), want.float(), rtol=2e-2, atol=2e-2)

@@ -83,7 +83,8 @@ def split_tokens(capacity: int, splits: int, block_t: int) -> tuple[int, int]:
     """(tokens per split, splits that launch) for `splits` requested over `capacity` tokens: whole tiles per
     split, so fewer may launch than were asked for (10 tiles in 4 splits: 3 tiles each, 4 splits; 12 in 5: 3 each,
     4 splits)."""
-    per_split = -(-(-(-capacity // splits)) // block_t) * block_t
+    tiles_per_split = -(-capacity // (splits * block_t))
+    per_split = tiles_per_split * block_t
     return per_split, -(-capacity // per_split)
 
 

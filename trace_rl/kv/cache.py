@@ -59,7 +59,7 @@ def split_path(splits: int) -> str:
     return f"{KERNEL_PATH}{SPLIT_MARK}{splits}"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def parse_path(path: str) -> tuple[str, int | None]:
     """(path, split count) of a decode-attention path name: ("kernels.decode_attention", 3) for
     "kernels.decode_attention:s3", (path, None) for the others. The one place path names are read."""
