@@ -2,7 +2,7 @@
 roofline, at B x context (Qwen3-8B heads: 32 query / 8 KV heads x 128).
 
     python benchmarks/attention.py --out attention.json [--batches 32,256] [--contexts 8192,32768]
-                                   [--formats bf16,fp8_e4m3,nvfp4,mxfp4] [--sweep] [--check]
+                                   [--formats bf16,fp8_e4m3,nvfp4,mxfp4] [--sweep] [--check] [--splits 1,2,3,4]
 
 - ceilings, measured in the same run: read-only bandwidth (a sum over 4 GiB) and a copy (read + write).
 - SDPA: `scaled_dot_product_attention(q [B, 32, 1, 128], K/V [B, 8, L, 128], enable_gqa=True)` under each
@@ -12,6 +12,10 @@ roofline, at B x context (Qwen3-8B heads: 32 query / 8 KV heads x 128).
   torch reference first. roofline = cache bytes read / read bandwidth.
 - `--sweep`: tile (block_t), pipeline stages and the split heuristic (programs per SM) for each format at
   each shape; the best is reported next to the default.
+- `--splits`: ours with each of these split counts as well (the engine's timed variants, `kernels.decode_attention:
+  sN`), each checked against the reference; `split_rows` per count: us, launched splits, read TB/s, x SDPA.
+- Read bandwidth (`read_TBps`, per SDPA backend and per variant of ours): the live K/V bytes (B x L tokens) over
+  the time; contexts need not be a multiple of the page (the last page is partly filled, as in the engine).
 
 Times are medians of CUDA-graph replays (each replay runs the call `reps` times back to back) in microseconds.
 The caches are GBs, far above the 50 MB L2: every replay reads HBM. Results are written after every row.
@@ -70,6 +74,7 @@ def sdpa(batch: int, ctx: int, log) -> dict:
     k = torch.randn(batch, HKV, ctx, D, device=DEV, dtype=torch.bfloat16)
     v = torch.randn_like(k)
     res = {"kv_bytes": 2 * k.numel() * 2, **sdpa_backends_us(q, k, v, graph_us)}
+    res["read_TBps"] = {n[:-3]: res["kv_bytes"] / t / 1e6 for n, t in res.items() if n.endswith("_us")}
     del q, k, v
     torch.cuda.empty_cache()
     return res
@@ -93,29 +98,49 @@ def random_cache(fmt: str, role: str, blocks: int, page: int, gen: torch.Generat
     return c
 
 
-def ours(fmt: str, batch: int, ctx: int, read_bw: float, sweep: bool, log, gen) -> dict:
+def ours(fmt: str, batch: int, ctx: int, read_bw: float, sweep: bool, log, gen, splits: tuple = ()) -> dict:
+    from trace_rl.kernels.attention_config import launch_config, split_tokens
     from trace_rl.kernels.attention_reference import decode_attention_reference
     from trace_rl.kernels.paged_attention import decode_attention
 
     page = default_block_size(fmt)
-    pages = ctx // page
+    pages = -(-ctx // page)
     blocks = batch * pages
     table = torch.randperm(blocks, device=DEV, generator=None).to(torch.int32).reshape(batch, pages)
     lens = torch.full((batch,), ctx, device=DEV, dtype=torch.int32)
     q = torch.randn(batch, HQ, D, device=DEV, dtype=torch.bfloat16)
     k, v = random_cache(fmt, "k", blocks, page, gen), random_cache(fmt, "v", blocks, page, gen)
-    nbytes = k.nbytes + v.nbytes
+    nbytes = (k.nbytes + v.nbytes) * ctx // (pages * page)        # the live tokens' bytes
     row = {"format": fmt, "batch": batch, "context": ctx, "page": page, "cache_bytes": nbytes,
            "roofline_us": nbytes / read_bw * 1e6}
     scale = D ** -0.5
     # correctness on two sequences (the reference gathers and dequantizes their whole context)
     sub = slice(0, 2)
     want = decode_attention_reference(q[sub], k, v, table[sub], lens[sub], scale).float()
-    got = decode_attention(q, k, v, table, lens, scale)[sub].float()
-    row["rel_err_vs_reference"] = ((got - want).norm() / want.norm()).item()
+
+    def rel_err(splits=None, k=k, v=v) -> float:
+        got = decode_attention(q, k, v, table, lens, scale, splits=splits)[sub].float()
+        return ((got - want).norm() / want.norm()).item()
+
+    row["rel_err_vs_reference"] = rel_err()
     call = lambda kw={}, q=q, k=k, v=v: decode_attention(q, k, v, table, lens, scale, **kw)  # noqa: E731
     row["us"] = graph_us(call)
     row["bw_frac"] = row["roofline_us"] / row["us"]
+    row["read_TBps"] = nbytes / row["us"] / 1e6
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    block_t = 64 if SMOKE else launch_config(fmt, batch, HKV, pages * page, sms)[0].block_t
+    row["default_splits"] = launch_config(fmt, batch, HKV, pages * page, sms)[1]
+    for s in splits:                 # the engine's split variants (here the table holds exactly the context)
+        try:
+            err = rel_err(splits=s)
+            us = graph_us(lambda s=s: call({"splits": s}))
+            rs = {"splits": s, "launched": split_tokens(pages * page, s, block_t)[1], "us": us,
+                  "read_TBps": nbytes / us / 1e6, "bw_frac": row["roofline_us"] / us,
+                  "vs_default": row["us"] / us, "rel_err_vs_reference": err}
+        except Exception as e:
+            rs = {"splits": s, "error": repr(e)[:300]}
+        row.setdefault("split_rows", []).append(rs)
+        log(rs)
     if sweep:
         best = None
         many = batch * HKV < 4 * torch.cuda.get_device_properties(0).multi_processor_count   # splits matter
@@ -157,7 +182,9 @@ def main() -> None:
     ap.add_argument("--sweep", default="", help="formats to sweep (comma list)")
     ap.add_argument("--sweep-shapes", default="32x8192,256x8192", help="BxL shapes swept ('all': every shape)")
     ap.add_argument("--check", default="", help="FILES[:K_EXPR]: tests to run on the GPU first (default -m gpu)")
+    ap.add_argument("--splits", default="", help="split counts to time ours with as well (comma list, e.g. 1,2,3,4)")
     args = ap.parse_args()
+    splits = tuple(int(s) for s in args.splits.split(",") if s)
     import triton
 
     if SMOKE:
@@ -200,9 +227,13 @@ def main() -> None:
             for fmt in args.formats.split(","):
                 try:
                     swept = fmt in sweep_fmts and (args.sweep_shapes == "all" or (batch, ctx) in sweep_shapes)
-                    row = ours(fmt, batch, ctx, read_bw, swept, log, gen)
+                    row = ours(fmt, batch, ctx, read_bw, swept, log, gen, splits)
                     if "sdpa" in base:
                         row["speedup_vs_sdpa"] = base["sdpa"]["best_us"] / row["us"]
+                        cudnn = base["sdpa"].get("cudnn_us")
+                        for rs in (r for r in row.get("split_rows", []) if "us" in r):
+                            rs["speedup_vs_sdpa"] = base["sdpa"]["best_us"] / rs["us"]
+                            rs["speedup_vs_cudnn"] = cudnn / rs["us"] if cudnn else None
                     row["sdpa_best"] = base.get("sdpa", {}).get("best")
                 except Exception:
                     row = {"format": fmt, "batch": batch, "context": ctx, "error": traceback.format_exc()[-1500:]}
@@ -228,6 +259,9 @@ def print_table(res: dict) -> None:
                 cells.append(f"{fmt} {r['us']:.0f} ({r.get('speedup_vs_sdpa', float('nan')):.2f}x; "
                              f"{r['bw_frac']:.2f}) err {r['rel_err_vs_reference']:.1e}"
                              + (f" best {r['sweep_best']['us']:.0f} {r['sweep_best']}" if r.get("sweep_best") else ""))
+                cells += [f"{fmt}:s{x['splits']} {x['us']:.0f} ({x.get('speedup_vs_sdpa', float('nan')):.2f}x; "
+                          f"{x['read_TBps']:.2f} TB/s)" if "us" in x else f"{fmt}:s{x['splits']} error"
+                          for x in r.get("split_rows", [])]
             else:
                 cells.append(f"{fmt} error")
         print(f"B={b} L={c}: " + " | ".join(cells))

@@ -153,10 +153,11 @@ def test_split_path_divides_the_span(rng, monkeypatch):
     divide the live context, not the table's capacity), and gives the reference."""
     from trace_rl import kernels
 
+    device = "cuda" if torch.cuda.is_available() else "cpu"       # CPU: the kernel in Triton's interpreter
     batch, pages, block = 3, 20, 16
-    cache, table, _ = _filled_cache("bf16", rng, dtype=torch.bfloat16, batch=batch, pages=pages, block=block)
-    lens = torch.tensor([200, 1, 77], dtype=torch.int32)
-    q = torch.randn(batch, 6, 32, generator=rng).to(torch.bfloat16)
+    cache, table, _ = _filled_cache("bf16", rng, device, torch.bfloat16, batch=batch, pages=pages, block=block)
+    lens = torch.tensor([200, 1, 77], dtype=torch.int32, device=device)
+    q = torch.randn(batch, 6, 32, generator=rng).to(device, torch.bfloat16)
     calls = []
     real = kernels.decode_attention
 
