@@ -66,7 +66,7 @@ def parse_path(path: str) -> tuple[str, int | None]:
     if path in PATHS:
         return path, None
     base, mark, count = path.partition(SPLIT_MARK)
-    if base == KERNEL_PATH and mark and count.isdigit() and int(count) >= 1:
+    if base == KERNEL_PATH and mark and count.isascii() and count.isdigit() and int(count) >= 1:
         return base, int(count)
     raise ValueError(f"unknown decode-attention path {path!r}; valid: {', '.join(PATHS)}, or "
                      f"{KERNEL_PATH}{SPLIT_MARK}N (N >= 1 splits of the step's span)")
