@@ -42,6 +42,10 @@ FMT_FP8_ROW = 3
 FORMAT_IDS = {"nvfp4": FMT_NVFP4, "nvfp4:row": FMT_NVFP4_ROW, "mxfp4": FMT_MXFP4, "fp8_e4m3:row": FMT_FP8_ROW}
 BLOCK = {FMT_NVFP4: 16, FMT_NVFP4_ROW: 16, FMT_MXFP4: 32, FMT_FP8_ROW: 1}
 USE_BLOCK_TILES = True   # W4A4 activations through `_quantize_dequant_rows_kernel` (False: the general kernel)
+# `quantize` of nvfp4 / nvfp4:row (the weight sync's re-quantization) divides by the block scales as
+# `div_rn_by_reciprocal` instead of div_rn per element (same bits: tests/kernels/test_quantize_fast_div.py).
+# Off until the H200 run confirms it bit-exact and faster at scale; `quantize(..., fast_div=True)` opts in.
+FAST_DIV = False
 
 
 @triton.jit
@@ -80,12 +84,16 @@ def _tensor_amax_kernel(x_ptr, amax_bits_ptr, n_rows, K, stride_x, BLOCK_M: tl.c
 
 
 @triton.jit
-def fp4_quantize_blocks(x, gscale, MX: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, G: tl.constexpr):
+def fp4_quantize_blocks(x, gscale, MX: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, G: tl.constexpr,
+                        fast_div=False):
     """x [BLOCK_M, BLOCK_K] float32 (whole blocks of G along K), gscale [BLOCK_M] (nvfp4: the row or tensor
     global scale; mxfp4: unused) -> (codes [BLOCK_M, BLOCK_K / G, G] int32 E2M1, scale codes [BLOCK_M,
     BLOCK_K / G] int32 (E8M0 or E4M3 bits), block step [same] float32 = the block scale's value without the
     global scale (NaN for a block holding NaN/Inf)). The one definition of the per-block FP4 rounding: the row
-    quantizer and the grouped GEMM's in-kernel W4A4 prologue both call it."""
+    quantizer and the grouped GEMM's in-kernel W4A4 prologue both call it.
+    `fast_div` (nvfp4; a scalar, True only when every global scale in the tile comes from an amax that is 0
+    or in [2**-58, 2**99], `fast_div_ok`): x / block scale by `div_rn_by_reciprocal` (same bits, see there)
+    instead of a div_rn per element."""
     blocks = tl.reshape(x, [BLOCK_M, BLOCK_K // G, G])
     xa, finite = finite_abs(blocks)
     block_amax = tl.max(xa, axis=2)
@@ -102,9 +110,20 @@ def fp4_quantize_blocks(x, gscale, MX: tl.constexpr, BLOCK_M: tl.constexpr, BLOC
         scale_code, scale_val = e4m3_round(v)
         scale_code = tl.where(bad, 0x7F, scale_code)
         full = tl.where(bad, float("nan"), scale_val * gscale[:, None])[:, :, None]
-        scaled = tl.where(full == 0, blocks * 0.0, tl.math.div_rn(blocks, full))
+        if fast_div:
+            scaled = tl.where(full == 0, blocks * 0.0, div_rn_by_reciprocal(blocks, full))
+        else:
+            scaled = tl.where(full == 0, blocks * 0.0, tl.math.div_rn(blocks, full))
         step = tl.where(bad, float("nan"), scale_val)
     return e2m1_encode(scaled), scale_code, step
+
+
+@triton.jit
+def fast_div_ok(amax):
+    """True where `div_rn_by_reciprocal` may divide by the nvfp4 block scales of a global scale amax / 2688:
+    amax 0 (every scale 1 x a zero block step) or in [2**-58, 2**99], so each nonzero block scale lies in
+    [2**-80, 2**100] (>= 2**-9, the least E4M3, x amax / 2688; <= 448 x amax / 2688 = amax / 6)."""
+    return (amax == 0) | ((amax >= 3.469446951953614e-18) & (amax <= 6.338253001141147e29))
 
 
 @triton.jit
@@ -118,7 +137,7 @@ def fp4_quantize_dequant_bf16(x, gscale, MX: tl.constexpr, BLOCK_M: tl.constexpr
 @triton.jit
 def _quantize_chunk(x, k0, cols, out_rows, row_mask, gscale, codes_ptr, scales_ptr, K, stride_codes,
                     stride_scales, FMT: tl.constexpr, EMIT_BF16: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_K: tl.constexpr, G: tl.constexpr):
+                    BLOCK_K: tl.constexpr, G: tl.constexpr, fast_div=False):
     """Quantize and store x [BLOCK_M, BLOCK_K] (float32), columns k0.. of the rows."""
     if FMT == 3:
         scaled = tl.minimum(tl.maximum(tl.math.div_rn(x, gscale[:, None]), -448.0), 448.0)
@@ -128,7 +147,7 @@ def _quantize_chunk(x, k0, cols, out_rows, row_mask, gscale, codes_ptr, scales_p
         out_mask = row_mask[:, None] & (cols < K)[None, :]
         tl.store(codes_ptr + out_rows[:, None] * stride_codes + cols[None, :], code.to(tl.uint8), mask=out_mask)
     else:
-        codes, scale_code, step = fp4_quantize_blocks(x, gscale, FMT == 2, BLOCK_M, BLOCK_K, G)
+        codes, scale_code, step = fp4_quantize_blocks(x, gscale, FMT == 2, BLOCK_M, BLOCK_K, G, fast_div)
         sc_cols = k0 // G + tl.arange(0, BLOCK_K // G)
         if EMIT_BF16:
             deq = e2m1_value(codes).to(tl.float32) * step[:, :, None]
@@ -152,10 +171,12 @@ def _quantize_rows_kernel(
     n_rows, K, stride_x, stride_codes, stride_scales, heads,
     FMT: tl.constexpr, HAS_DEST: tl.constexpr, EMIT_BF16: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SINGLE: tl.constexpr,
-    SILU_MUL: tl.constexpr = False,
+    SILU_MUL: tl.constexpr = False, FAST_DIV: tl.constexpr = False,
 ):
     """SINGLE (K <= BLOCK_K): each row is loaded once, for its amax and its codes. SILU_MUL: the operand is
-    SiLU(x[:, :K]) * x[:, K:] (x has 2K columns), the experts' SwiGLU fused in."""
+    SiLU(x[:, :K]) * x[:, K:] (x has 2K columns), the experts' SwiGLU fused in. FAST_DIV (nvfp4, nvfp4:row):
+    divide by the block scales as `div_rn_by_reciprocal` where `fast_div_ok` holds for the tensor amax / every
+    row amax of the program (else div_rn, as without it); same bits either way."""
     G: tl.constexpr = 16 if FMT <= 1 else (32 if FMT == 2 else BLOCK_K)  # elements per scale
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < n_rows
@@ -176,6 +197,9 @@ def _quantize_rows_kernel(
         if tl.program_id(0) == 0:
             tl.store(gscale_ptr, g)
         gscale = g + tl.zeros([BLOCK_M], dtype=tl.float32)
+        fast_div = False
+        if FAST_DIV:
+            fast_div = fast_div_ok(t_amax)
     elif FMT == 1 or FMT == 3:
         if SINGLE:
             amax = tl.max(finite_abs(x_all)[0], axis=1)
@@ -185,22 +209,26 @@ def _quantize_rows_kernel(
                 xa, _ = finite_abs(_load_rows(x_ptr, rows, row_mask, k0 + cols0, K, stride_x, SILU_MUL))
                 amax = tl.maximum(amax, tl.max(xa, axis=1))
         gscale = tl.where(amax > 0, tl.math.div_rn(amax, 2688.0 if FMT == 1 else 448.0), 1.0)
+        fast_div = False
+        if FAST_DIV and FMT == 1:
+            fast_div = tl.min(fast_div_ok(amax).to(tl.int32), axis=0) == 1
         if FMT == 1 or EMIT_BF16:
             tl.store(gscale_ptr + out_rows, gscale, mask=row_mask)
         else:
             tl.store(scales_ptr + out_rows, gscale, mask=row_mask)   # fp8: the row scale is the scale
     else:
         gscale = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+        fast_div = False
 
     # 2) quantize BLOCK_K columns at a time
     if SINGLE:
         _quantize_chunk(x_all, 0, cols0, out_rows, row_mask, gscale, codes_ptr, scales_ptr, K, stride_codes,
-                        stride_scales, FMT, EMIT_BF16, BLOCK_M, BLOCK_K, G)
+                        stride_scales, FMT, EMIT_BF16, BLOCK_M, BLOCK_K, G, fast_div)
     else:
         for k0 in range(0, K, BLOCK_K):
             x = _load_rows(x_ptr, rows, row_mask, k0 + cols0, K, stride_x, SILU_MUL)
             _quantize_chunk(x, k0, k0 + cols0, out_rows, row_mask, gscale, codes_ptr, scales_ptr, K,
-                            stride_codes, stride_scales, FMT, EMIT_BF16, BLOCK_M, BLOCK_K, G)
+                            stride_codes, stride_scales, FMT, EMIT_BF16, BLOCK_M, BLOCK_K, G, fast_div)
 
 
 @triton.jit
@@ -330,8 +358,7 @@ def _quantize_dequant_rows_kernel(x_ptr, out_ptr, gscale_ptr, n_rows, K, stride_
         fast_div = True
     else:
         gscale = tl.where(amax > 0, tl.math.div_rn(amax, 2688.0), 1.0)          # [ROWS]
-        in_range = (amax == 0) | ((amax >= 3.469446951953614e-18) & (amax <= 6.338253001141147e29))
-        fast_div = tl.min(in_range.to(tl.int32), axis=0) == 1
+        fast_div = tl.min(fast_div_ok(amax).to(tl.int32), axis=0) == 1
         rows = row0 + tl.arange(0, ROWS)
         tl.store(gscale_ptr + rows, gscale, mask=rows < n_rows)
         gs = tl.reshape(tl.broadcast_to(gscale[:, None], [ROWS, NB]), [ROWS * NB])
@@ -402,10 +429,11 @@ def tensor_amax_bits(x2: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def launch_quantize_rows(x2, fmt_id, codes, scales, gscale, dest=None, heads=1, emit_bf16=False, silu_mul=False):
+def launch_quantize_rows(x2, fmt_id, codes, scales, gscale, dest=None, heads=1, emit_bf16=False, silu_mul=False,
+                         fast_div=False):
     """Quantize rows of x2 [rows, K] (unit column stride) into preallocated outputs (see kernel). `dest`:
     the KV write's slots, or for nvfp4 (tensor scale) the int32 amax bits from `tensor_amax_bits`.
-    `silu_mul`: x2 is [rows, 2K] gate | up."""
+    `silu_mul`: x2 is [rows, 2K] gate | up. `fast_div`: the general kernel's FAST_DIV (nvfp4 formats)."""
     n_rows = x2.shape[0]
     K = x2.shape[1] // 2 if silu_mul else x2.shape[1]
     G = BLOCK[fmt_id] if fmt_id != FMT_FP8_ROW else 16
@@ -424,7 +452,8 @@ def launch_quantize_rows(x2, fmt_id, codes, scales, gscale, dest=None, heads=1, 
         dest if dest is not None else codes,
         n_rows, K, x2.stride(0), codes.stride(0), scales.stride(0) if scales is not None else 0, heads,
         FMT=fmt_id, HAS_DEST=dest is not None and fmt_id != FMT_NVFP4, EMIT_BF16=emit_bf16, BLOCK_M=bm, BLOCK_K=bk,
-        SINGLE=K <= bk, SILU_MUL=silu_mul, num_warps=warps)
+        SINGLE=K <= bk, SILU_MUL=silu_mul, FAST_DIV=bool(fast_div) and fmt_id in (FMT_NVFP4, FMT_NVFP4_ROW),
+        num_warps=warps)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -432,8 +461,10 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
-def quantize(x: torch.Tensor, fmt_name: str) -> QTensor:
-    """Kernel version of `get_format(fmt_name).quantize(x)`: same QTensor, bit for bit."""
+def quantize(x: torch.Tensor, fmt_name: str, fast_div: bool | None = None) -> QTensor:
+    """Kernel version of `get_format(fmt_name).quantize(x)`: same QTensor, bit for bit. `fast_div` (None:
+    the module's FAST_DIV): nvfp4 / nvfp4:row divide by the block scales with a reciprocal per block plus
+    exact FMA corrections (`div_rn_by_reciprocal`) instead of a correctly rounded division per element."""
     name = get_format(fmt_name).name
     if name not in FORMAT_IDS:
         raise ValueError(f"no quantize kernel for format {fmt_name!r}; kernels exist for "
@@ -460,7 +491,8 @@ def quantize(x: torch.Tensor, fmt_name: str) -> QTensor:
     elif fmt_id == FMT_NVFP4_ROW:
         gscale = torch.empty(n_rows, 1, device=dev, dtype=torch.float32)
     if n_rows:
-        launch_quantize_rows(x2, fmt_id, codes, scales, gscale, dest=amax_bits)
+        launch_quantize_rows(x2, fmt_id, codes, scales, gscale, dest=amax_bits,
+                             fast_div=FAST_DIV if fast_div is None else fast_div)
     if fmt_id != FMT_MXFP4:
         scales = scales.view(torch.float8_e4m3fn)
         gscale = gscale.reshape(*lead, 1) if fmt_id == FMT_NVFP4_ROW else gscale

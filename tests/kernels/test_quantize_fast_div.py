@@ -1,0 +1,117 @@
+"""`quantize(..., fast_div=True)` (the weight sync's nvfp4 re-quantization dividing by the block scales as a
+reciprocal per block plus exact FMA corrections) against the torch reference and the div_rn path: codes and
+scales bit for bit, on random odd shapes and on the edges: elements on and next to every E2M1 rounding
+boundary under non-power-of-two block scales, zero / -0.0 / subnormal blocks, blocks whose scale rounds to
+zero, NaN and Inf blocks, and tensor amaxes at and past the ends of the fast path's range (2**-58, 2**99).
+
+Inputs are made in float32 on the CPU and fed as float32 (or bf16 built on the CPU): the interpreter's own
+BF16 casts are not used on anything compared (see fp_bits.py)."""
+
+import pytest
+import torch
+
+from trace_rl.formats import get_format, unpack_nibbles
+from trace_rl.kernels import quantize
+
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # NaN blocks, interpreter
+
+FORMATS = ["nvfp4", "nvfp4:row"]
+
+
+def _finite_blocks(x: torch.Tensor) -> torch.Tensor:
+    b = torch.isfinite(x.float()).reshape(*x.shape[:-1], -1, 16).all(-1)
+    return b.repeat_interleave(16, dim=-1)
+
+
+def _check(x: torch.Tensor, fmt: str, device: str) -> None:
+    """The fast path equals the reference (codes of finite blocks, every scale, the global scale) and the
+    div_rn path (the same, and the same NaN-block scales)."""
+    ref = get_format(fmt).quantize(x)
+    fast = quantize(x.to(device), fmt, fast_div=True)
+    slow = quantize(x.to(device), fmt, fast_div=False)
+    ok = _finite_blocks(x)
+    ref_codes = unpack_nibbles(ref.codes)
+    for q, what in ((fast, "fast_div"), (slow, "div_rn")):
+        codes = unpack_nibbles(q.codes.cpu())
+        assert torch.equal(codes[ok], ref_codes[ok]), f"{what}: E2M1 codes differ in finite blocks"
+        assert torch.equal(q.scales.cpu().view(torch.uint8), ref.scales.view(torch.uint8)), f"{what}: scales"
+        assert torch.equal(q.global_scale.cpu(), ref.global_scale), f"{what}: global scale"
+
+
+def _boundary_rows(n_rows: int, gen: torch.Generator) -> torch.Tensor:
+    """float32 [n_rows, 96]: per row, one block holding the row (and tensor) amax 2688 * s, then blocks with
+    amax 6 * scale for non-power-of-two E4M3 block scales, their other elements every E2M1 midpoint and
+    magnitude times the block scale, shifted by -2..+2 ulps, both signs."""
+    from trace_rl.formats.e2m1 import E2M1_MAGNITUDES, E2M1_MIDPOINTS
+
+    targets = torch.tensor(sorted(set(E2M1_MIDPOINTS + E2M1_MAGNITUDES[1:])), dtype=torch.float32)
+    s = float(torch.rand((), generator=gen) * 1.5 + 0.5)          # global scale ~ s (amax 2688 s), every row
+    g = torch.tensor(2688 * s, dtype=torch.float32) / 2688              # the reference's global scale
+    rows = []
+    for r in range(n_rows):
+        row = torch.zeros(96)
+        row[0] = 2688 * s
+        for b in range(1, 6):
+            code = int(torch.randint(0x20, 0x7E, (), generator=gen))    # a normal E4M3 scale below 448
+            scale = torch.tensor([code], dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+            full = scale * g
+            t = targets[torch.randint(0, len(targets), (15,), generator=gen)]
+            vals = (t * full).view(torch.int32) + torch.randint(-2, 3, (15,), generator=gen, dtype=torch.int32)
+            vals = vals.view(torch.float32) * torch.where(torch.rand(15, generator=gen) < 0.5, -1.0, 1.0)
+            row[16 * b] = 6 * full.item() * (1 if r % 2 else -1)           # block amax: scale rounds to `code`
+            row[16 * b + 1: 16 * b + 16] = vals
+        rows.append(row)
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("rows,K", [(1, 16), (5, 48), (3, 1056)])   # 1056: two K chunks in the interpreter
+def test_fast_div_random_odd_shapes(fmt, rows, K, device, gen):
+    x = torch.randn(rows, K, generator=gen) * torch.exp(torch.randn(rows, 1, generator=gen) * 3)
+    _check(x, fmt, device)
+    _check(x.to(torch.bfloat16), fmt, device)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_fast_div_on_e2m1_boundaries(fmt, device, gen):
+    _check(_boundary_rows(7, gen), fmt, device)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_fast_div_zero_subnormal_and_nonfinite_blocks(fmt, device, gen):
+    x = torch.randn(6, 80, generator=gen)
+    x[0] = 0.0                                      # all-zero row (nvfp4:row global scale 1)
+    x[1, :16] = -0.0                                # a -0.0 block
+    x[1, 16:32] = torch.tensor([1e-40, -1e-41, 1.4e-45, -1.4e-45] * 4)   # subnormal block: scale rounds to 0
+    x[1, 32] = 1e-40                                # a subnormal in a normal block
+    x[2, :16] *= 1e-6                               # a block whose E4M3 scale is subnormal / zero
+    x[3, 5] = float("nan")                          # NaN block
+    x[4, 70] = float("inf")                         # +Inf block
+    x[5, 17] = -float("inf")
+    _check(x, fmt, device)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("amax", [2.0 ** -58, 2.0 ** -58 * (1 - 2 ** -24), 2.0 ** 99, 2.0 ** 99 * (1 + 2 ** -23),
+                                  1e-30, 1e35])
+def test_fast_div_at_the_ends_of_its_range(fmt, amax, device, gen):
+    """Tensor / row amax at the fast path's limits (divisors down to 2**-80, up to 2**100) and past them
+    (the kernel falls back to div_rn): same bits either way. Rows 1..: spread downwards from amax, so block
+    scales run down to subnormal / zero E4M3."""
+    x = torch.randn(4, 64, generator=gen) * torch.exp2(-torch.arange(0, 64, dtype=torch.float32)[None, :] / 3)
+    x = x / x.abs().amax(1, keepdim=True) * amax
+    x[:, 0] = amax
+    _check(x.float(), fmt, device)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("N,K", [(1024, 12288), (4096, 4096), (771, 1040)])
+def test_fast_div_large_weight_gpu(fmt, N, K, gen):
+    """Qwen3-8B-sized weights (and an odd one) on the GPU: fast path == reference == div_rn path."""
+    x = (torch.randn(N, K, generator=gen) * 0.02).to(torch.bfloat16)
+    x[3, :16] = 0.0
+    x[5, 7] = float("nan")
+    _check(x, fmt, "cuda")
+    _check(_boundary_rows(512, gen), fmt, "cuda")
