@@ -15,8 +15,8 @@
   loop captured in a CUDA graph and `torch._grouped_mm` (`kernels_moe.sweep_grouped`; its own script sweeps the
   configs at the MoE rollout's decode batches).
 - quant: activation quantization per token; the weight re-quantization of a Qwen3-8B-shaped model (252 linears:
-  quantize + the Hopper layout) captured in one CUDA graph (`--fast-div`: nvfp4 also with the reciprocal + FMA
-  division, `quantize(..., fast_div=True)`, checked bit-exact against the default path first).
+  quantize + the Hopper layout) captured in one CUDA graph (`--fast-quantize`: also with `quantize(..., fast=True)`,
+  the block-tile weight kernel, checked bit-exact against the default path first).
 - gemlite: its 4-bit (INT4, group 64) GEMM at the same shapes (source carried in GEMLITE_SRC, never installed).
 - attn: paged decode attention per KV format against BF16 SDPA over a contiguous cache, contexts 1k-32k.
 
@@ -185,10 +185,10 @@ def bench_gemm(read_bw: float, sweep: bool, log) -> list:
     return rows
 
 
-def bench_quant(read_bw: float, log, fast_div: bool = False) -> dict:
+def bench_quant(read_bw: float, log, fast: bool = False) -> dict:
     """Activation quantization per token, and the 8B weight sync (quantize + re-layout of 252 linears, one CUDA
-    graph). `fast_div`: also time nvfp4 with `quantize(..., fast_div=True)` (keys `*_fastdiv_*`; mxfp4 has no
-    division to replace), after checking its codes and scales equal the default path's on every weight."""
+    graph). `fast`: also time `quantize(..., fast=True)` (the block-tile weight kernel with reciprocal + FMA
+    divisions; keys `*_fast_*`), after checking its codes and scales equal the default path's on every weight."""
     from trace_rl.kernels import quantize
     from trace_rl.kernels.fp4_relayout import relayout
     from trace_rl.kernels.row_quantize import quantize_dequant_bf16
@@ -202,25 +202,26 @@ def bench_quant(read_bw: float, log, fast_div: bool = False) -> dict:
     # weight sync of a Qwen3-8B-shaped model: quantize + Hopper layout for all 252 linears, one CUDA graph
     weights = [torch.randn(n, k, device=DEV, dtype=torch.bfloat16) for _ in range(36) for n, k in QWEN3_8B_LINEARS]
     res["model_8b_params"] = sum(w.numel() for w in weights)
-    variants = [("nvfp4", False, ""), ("mxfp4", False, "")] + ([("nvfp4", True, "_fastdiv")] if fast_div else [])
+    variants = [("nvfp4", False, ""), ("mxfp4", False, "")]
+    variants += [("nvfp4", True, "_fast"), ("mxfp4", True, "_fast")] if fast else []
     for fmt, fd, tag in variants:
         try:
-            qs = [quantize(w, fmt, fast_div=fd) for w in weights]
+            qs = [quantize(w, fmt, fast=fd) for w in weights]
             if fd:   # same bits as the default path (NaN-free random weights: every block is finite)
                 same = all(torch.equal(q.codes, r.codes) and torch.equal(q.scales.view(torch.uint8),
                                                                           r.scales.view(torch.uint8))
-                           and torch.equal(q.global_scale, r.global_scale)
-                           for q, r in ((q, quantize(w, fmt, fast_div=False)) for q, w in zip(qs, weights)))
-                res[f"quantize_8b_{fmt}{tag}_bit_exact_vs_div_rn"] = same
+                           and (q.global_scale is None or torch.equal(q.global_scale, r.global_scale))
+                           for q, r in ((q, quantize(w, fmt, fast=False)) for q, w in zip(qs, weights)))
+                res[f"quantize_8b_{fmt}{tag}_bit_exact_vs_default"] = same
             lays = [relayout(q) for q in qs]
             res[f"requant_8b_{fmt}{tag}_graph_ms"] = graph_us(
-                [lambda f=fmt, d=fd, ws=weights, ls=lays: [relayout(quantize(w, f, fast_div=d), out=lay)
+                [lambda f=fmt, d=fd, ws=weights, ls=lays: [relayout(quantize(w, f, fast=d), out=lay)
                                                            for w, lay in zip(ws, ls)]], reps=3) / 1e3
             if not fd:
                 res[f"relayout_8b_{fmt}_graph_ms"] = graph_us(
                     [lambda qs=qs, ls=lays: [relayout(q, out=lay) for q, lay in zip(qs, ls)]], reps=3) / 1e3
             res[f"quantize_8b_{fmt}{tag}_graph_ms"] = graph_us(
-                [lambda f=fmt, d=fd, ws=weights: [quantize(w, f, fast_div=d) for w in ws]], reps=3) / 1e3
+                [lambda f=fmt, d=fd, ws=weights: [quantize(w, f, fast=d) for w in ws]], reps=3) / 1e3
             del qs, lays
             log({k: v for k, v in res.items() if k.endswith(f"8b_{fmt}{tag}_graph_ms")})   # kept on a timeout
         except Exception as e:   # noqa: BLE001
@@ -394,8 +395,8 @@ def main() -> None:
     ap.add_argument("--attn-sweep", action="store_true", help="attention tile/split sweep at 8k context")
     ap.add_argument("--sections", default="gemm,grouped,quant,gemlite,attn")
     ap.add_argument("--jobs", type=int, default=12, help="processes compiling kernel variants before timing")
-    ap.add_argument("--fast-div", action="store_true",
-                    help="quant: also time the 8B weight sync with quantize(..., fast_div=True) (nvfp4)")
+    ap.add_argument("--fast-quantize", action="store_true",
+                    help="quant: also time the 8B weight sync with quantize(..., fast=True)")
     args = ap.parse_args()
     sections = args.sections.split(",")
     props = torch.cuda.get_device_properties(0)
@@ -429,7 +430,7 @@ def main() -> None:
     for name, fn in (("gemm", lambda: bench_gemm(read_bw, args.sweep, logger("gemm"))),
                      ("grouped", lambda: sweep_grouped(MOE_TOKENS, read_bw, logger("grouped"), float("inf"),
                                                        args.sweep)),
-                     ("quant", lambda: bench_quant(read_bw, log, args.fast_div)),
+                     ("quant", lambda: bench_quant(read_bw, log, args.fast_quantize)),
                      ("gemlite", lambda: bench_gemlite(read_bw, res.get("gemm") or [], log)),
                      ("attn", lambda: bench_attn(read_bw, log, sweep=args.attn_sweep))):
         if name in sections:

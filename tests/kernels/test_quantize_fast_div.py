@@ -1,8 +1,9 @@
-"""`quantize(..., fast_div=True)` (the weight sync's nvfp4 re-quantization dividing by the block scales as a
-reciprocal per block plus exact FMA corrections) against the torch reference and the div_rn path: codes and
-scales bit for bit, on random odd shapes and on the edges: elements on and next to every E2M1 rounding
-boundary under non-power-of-two block scales, zero / -0.0 / subnormal blocks, blocks whose scale rounds to
-zero, NaN and Inf blocks, and tensor amaxes at and past the ends of the fast path's range (2**-58, 2**99).
+"""`quantize(..., fast=True)` (the weight sync's re-quantization: nvfp4 / mxfp4 by the block-tile kernel,
+weight_quantize.py; nvfp4 / nvfp4:row dividing by the block scales as a reciprocal per block plus exact FMA
+corrections) against the torch reference and the default path: codes and scales bit for bit, on random odd
+shapes and on the edges: elements on and next to every E2M1 rounding boundary under non-power-of-two block
+scales, zero / -0.0 / subnormal blocks, blocks whose scale rounds to zero, NaN and Inf blocks, and tensor
+amaxes at and past the ends of the fast division's range (2**-58, 2**99).
 
 Inputs are made in float32 on the CPU and fed as float32 (or bf16 built on the CPU): the interpreter's own
 BF16 casts are not used on anything compared (see fp_bits.py)."""
@@ -15,27 +16,31 @@ from trace_rl.kernels import quantize
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # NaN blocks, interpreter
 
-FORMATS = ["nvfp4", "nvfp4:row"]
+FORMATS = ["nvfp4", "nvfp4:row", "mxfp4"]
 
 
-def _finite_blocks(x: torch.Tensor) -> torch.Tensor:
-    b = torch.isfinite(x.float()).reshape(*x.shape[:-1], -1, 16).all(-1)
-    return b.repeat_interleave(16, dim=-1)
+def _finite_blocks(x: torch.Tensor, block: int) -> torch.Tensor:
+    b = torch.isfinite(x.float()).reshape(*x.shape[:-1], -1, block).all(-1)
+    return b.repeat_interleave(block, dim=-1)
 
 
 def _check(x: torch.Tensor, fmt: str, device: str) -> None:
-    """The fast path equals the reference (codes of finite blocks, every scale, the global scale) and the
-    div_rn path (the same, and the same NaN-block scales)."""
+    """The fast path and the default path both equal the reference: codes of finite blocks, every scale (NaN
+    blocks' included), the global scale."""
     ref = get_format(fmt).quantize(x)
-    fast = quantize(x.to(device), fmt, fast_div=True)
-    slow = quantize(x.to(device), fmt, fast_div=False)
-    ok = _finite_blocks(x)
+    fast = quantize(x.to(device), fmt, fast=True)
+    slow = quantize(x.to(device), fmt, fast=False)
+    ok = _finite_blocks(x, 32 if fmt == "mxfp4" else 16)
     ref_codes = unpack_nibbles(ref.codes)
-    for q, what in ((fast, "fast_div"), (slow, "div_rn")):
+    for q, what in ((fast, "fast"), (slow, "default")):
+        assert q.shape == ref.shape and q.codes.shape == ref.codes.shape and q.scales.dtype == ref.scales.dtype
         codes = unpack_nibbles(q.codes.cpu())
         assert torch.equal(codes[ok], ref_codes[ok]), f"{what}: E2M1 codes differ in finite blocks"
         assert torch.equal(q.scales.cpu().view(torch.uint8), ref.scales.view(torch.uint8)), f"{what}: scales"
-        assert torch.equal(q.global_scale.cpu(), ref.global_scale), f"{what}: global scale"
+        if ref.global_scale is None:
+            assert q.global_scale is None
+        else:
+            assert torch.equal(q.global_scale.cpu(), ref.global_scale), f"{what}: global scale"
 
 
 def _boundary_rows(n_rows: int, gen: torch.Generator) -> torch.Tensor:
@@ -65,11 +70,19 @@ def _boundary_rows(n_rows: int, gen: torch.Generator) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("rows,K", [(1, 16), (5, 48), (3, 1056)])   # 1056: two K chunks in the interpreter
+@pytest.mark.parametrize("rows,K", [(1, 32), (5, 96), (3, 1056)])   # 1056: two K chunks in the interpreter
 def test_fast_div_random_odd_shapes(fmt, rows, K, device, gen):
     x = torch.randn(rows, K, generator=gen) * torch.exp(torch.randn(rows, 1, generator=gen) * 3)
     _check(x, fmt, device)
     _check(x.to(torch.bfloat16), fmt, device)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_fast_weight_kernel_strided_and_batched(fmt, device, gen):
+    """The block-tile kernel on a row-strided view (columns of a wider tensor) and on [E, N, K] experts."""
+    wide = torch.randn(7, 160, generator=gen) * 3
+    _check(wide[:, :96], fmt, device)
+    _check(torch.randn(3, 5, 64, generator=gen), fmt, device)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -79,7 +92,7 @@ def test_fast_div_on_e2m1_boundaries(fmt, device, gen):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_fast_div_zero_subnormal_and_nonfinite_blocks(fmt, device, gen):
-    x = torch.randn(6, 80, generator=gen)
+    x = torch.randn(6, 96, generator=gen)
     x[0] = 0.0                                      # all-zero row (nvfp4:row global scale 1)
     x[1, :16] = -0.0                                # a -0.0 block
     x[1, 16:32] = torch.tensor([1e-40, -1e-41, 1.4e-45, -1.4e-45] * 4)   # subnormal block: scale rounds to 0

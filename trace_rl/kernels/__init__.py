@@ -37,13 +37,14 @@ def _check_device(t: torch.Tensor, what: str) -> None:
                        f"reference, or set TRITON_INTERPRET=1 before importing trace_rl.kernels (tests only)")
 
 
-def quantize(x: torch.Tensor, fmt_name: str, fast_div: bool | None = None):
+def quantize(x: torch.Tensor, fmt_name: str, fast: bool | None = None):
     """QTensor bit-exact with `get_format(fmt_name).quantize(x)` for nvfp4, nvfp4:row, mxfp4, fp8_e4m3:row.
-    `fast_div` (None: `row_quantize.FAST_DIV`): nvfp4 divisions by reciprocal + FMA corrections, same bits."""
+    `fast` (None: `row_quantize.FAST_QUANTIZE`): the block-tile weight kernel and reciprocal + FMA divisions,
+    same bits (row_quantize.quantize)."""
     _check_device(x, "quantize")
     from trace_rl.kernels.row_quantize import quantize as _quantize
 
-    return _quantize(x, fmt_name, fast_div)
+    return _quantize(x, fmt_name, fast)
 
 
 def quantize_fp8_rows(x: torch.Tensor):

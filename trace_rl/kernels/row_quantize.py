@@ -42,10 +42,11 @@ FMT_FP8_ROW = 3
 FORMAT_IDS = {"nvfp4": FMT_NVFP4, "nvfp4:row": FMT_NVFP4_ROW, "mxfp4": FMT_MXFP4, "fp8_e4m3:row": FMT_FP8_ROW}
 BLOCK = {FMT_NVFP4: 16, FMT_NVFP4_ROW: 16, FMT_MXFP4: 32, FMT_FP8_ROW: 1}
 USE_BLOCK_TILES = True   # W4A4 activations through `_quantize_dequant_rows_kernel` (False: the general kernel)
-# `quantize` of nvfp4 / nvfp4:row (the weight sync's re-quantization) divides by the block scales as
-# `div_rn_by_reciprocal` instead of div_rn per element (same bits: tests/kernels/test_quantize_fast_div.py).
-# Off until the H200 run confirms it bit-exact and faster at scale; `quantize(..., fast_div=True)` opts in.
-FAST_DIV = False
+# `quantize(..., fast=True)` (the weight sync's re-quantization): nvfp4 / mxfp4 through the block-tile kernel
+# (weight_quantize.py), nvfp4:row through this file's kernel with FAST_DIV; both divide by the block scales as
+# `div_rn_by_reciprocal` instead of div_rn per element. Same bits (tests/kernels/test_quantize_fast_div.py).
+# Off by default until the H200 run confirms it bit-exact and faster at scale.
+FAST_QUANTIZE = False
 
 
 @triton.jit
@@ -461,14 +462,20 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
-def quantize(x: torch.Tensor, fmt_name: str, fast_div: bool | None = None) -> QTensor:
-    """Kernel version of `get_format(fmt_name).quantize(x)`: same QTensor, bit for bit. `fast_div` (None:
-    the module's FAST_DIV): nvfp4 / nvfp4:row divide by the block scales with a reciprocal per block plus
-    exact FMA corrections (`div_rn_by_reciprocal`) instead of a correctly rounded division per element."""
+def quantize(x: torch.Tensor, fmt_name: str, fast: bool | None = None) -> QTensor:
+    """Kernel version of `get_format(fmt_name).quantize(x)`: same QTensor, bit for bit. `fast` (None: the
+    module's FAST_QUANTIZE): nvfp4 / mxfp4 by the block-tile kernel (`weight_quantize.quantize_weight`), and
+    nvfp4 / nvfp4:row dividing by the block scales with a reciprocal per block plus exact FMA corrections
+    (`div_rn_by_reciprocal`) instead of a correctly rounded division per element."""
     name = get_format(fmt_name).name
     if name not in FORMAT_IDS:
         raise ValueError(f"no quantize kernel for format {fmt_name!r}; kernels exist for "
                          f"{', '.join(FORMAT_IDS)} (use get_format(...).quantize for the others)")
+    fast = FAST_QUANTIZE if fast is None else fast
+    if fast and name in ("nvfp4", "mxfp4"):
+        from trace_rl.kernels.weight_quantize import quantize_weight
+
+        return quantize_weight(x, name)
     fmt_id = FORMAT_IDS[name]
     check_block_divisible(x, BLOCK[fmt_id], name)
     lead, K = tuple(x.shape[:-1]), x.shape[-1]
@@ -492,7 +499,7 @@ def quantize(x: torch.Tensor, fmt_name: str, fast_div: bool | None = None) -> QT
         gscale = torch.empty(n_rows, 1, device=dev, dtype=torch.float32)
     if n_rows:
         launch_quantize_rows(x2, fmt_id, codes, scales, gscale, dest=amax_bits,
-                             fast_div=FAST_DIV if fast_div is None else fast_div)
+                             fast_div=fast)
     if fmt_id != FMT_MXFP4:
         scales = scales.view(torch.float8_e4m3fn)
         gscale = gscale.reshape(*lead, 1) if fmt_id == FMT_NVFP4_ROW else gscale
