@@ -10,9 +10,12 @@ BF16 casts are not used on anything compared (see fp_bits.py)."""
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from trace_rl.formats import get_format, unpack_nibbles
 from trace_rl.kernels import quantize
+from trace_rl.kernels.fp_bits import e2m1_code, e2m1_encode
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # NaN blocks, interpreter
 
@@ -128,3 +131,29 @@ def test_fast_div_large_weight_gpu(fmt, N, K, gen):
     x[5, 7] = float("nan")
     _check(x, fmt, "cuda")
     _check(_boundary_rows(512, gen), fmt, "cuda")
+
+
+@triton.jit
+def _e2m1_code_probe(q_ptr, out_ptr, ref_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    q = tl.load(q_ptr + offs, mask=offs < n, other=0.0)
+    tl.store(out_ptr + offs, e2m1_code(q), mask=offs < n)
+    tl.store(ref_ptr + offs, e2m1_encode(q), mask=offs < n)
+
+
+def test_e2m1_code_is_e2m1_encode(device):
+    """`fp_bits.e2m1_code` (bit tricks) gives `e2m1_encode`'s code on every float32 within 4096 ulps of each
+    E2M1 rounding midpoint and magnitude (both signs), on +-0, subnormals, the largest finite, +-Inf and random
+    floats; and the reference's code too. Both are monotone step functions of |q| with the same steps, so
+    agreeing around every step is agreeing everywhere."""
+    from tests.kernels.test_quantize import _floats_near_e2m1_boundaries
+    from trace_rl.formats.e2m1 import e2m1_encode as reference_encode
+
+    q = _floats_near_e2m1_boundaries()
+    q = torch.cat([q, torch.tensor([float("inf"), -float("inf")])])
+    out = torch.empty(q.numel(), dtype=torch.int32, device=device)
+    ref = torch.empty_like(out)
+    block = 1 << 17
+    _e2m1_code_probe[(triton.cdiv(q.numel(), block),)](q.to(device), out, ref, q.numel(), BLOCK=block)
+    assert torch.equal(out.cpu(), ref.cpu())
+    assert torch.equal(out.cpu(), reference_encode(q).to(torch.int32))

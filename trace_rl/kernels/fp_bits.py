@@ -82,6 +82,22 @@ def e2m1_encode(scaled):
 
 
 @triton.jit
+def e2m1_code(scaled):
+    """`e2m1_encode(scaled)` on the float's bits, ~12 instructions instead of ~20 compares and selects: with
+    mag = min(|scaled|, 6), below 1 the index is round(2 mag) (ties to even), read off the bits of mag + 2**22
+    (whose ulp is 0.5); from 1 up it is 2 * exponent + the first significand bit, rounded to nearest even
+    on the bits (a carry into the exponent is the right result), minus 252 (1.0 -> 2, 6.0 -> 7). The sign
+    bit is the float's. Same codes on every finite float32 and on +-Inf (tests/kernels/test_quantize_fast_div.py
+    checks every float near each rounding boundary); NaN gives 7 or 15 (its block's scale is NaN)."""
+    mag = tl.minimum(tl.abs(scaled), 6.0)
+    small = (mag + 4194304.0).to(tl.int32, bitcast=True) - 0x4A800000
+    bits = mag.to(tl.int32, bitcast=True)
+    big = ((bits + 0x1FFFFF + ((bits >> 22) & 1)) >> 22) - 252
+    idx = tl.where(mag < 1.0, small, big)
+    return idx | ((scaled.to(tl.int32, bitcast=True) >> 28) & 8)
+
+
+@triton.jit
 def e2m1_value(code):
     """float32 value of E2M1 codes (int32 0..15)."""
     idx = code & 7

@@ -3,14 +3,15 @@ weight sync's re-quantization (`quantize(w, fmt, fast=True)`).
 
 Same bits as `row_quantize`'s general kernel (and so as `get_format(fmt).quantize`) on every block whose
 elements are finite, with less work per element:
-- a program takes NB scale blocks as an [NB, G] tile, one block per tile row, anywhere in the weight: the
-  global scale is the tensor's (nvfp4, from `tensor_amax_bits`) or none (mxfp4), so no row needs to be whole
-  in a program, and the block amax reduces along axis 1 and broadcasts back without the [rows, K] ->
+- a program takes NB scale blocks as an [NB, G] tile, one block per tile row, anywhere in the (contiguous)
+  weight: the global scale is the tensor's (nvfp4, from `tensor_amax_bits`) or none (mxfp4), so no row needs
+  to be whole in a program, and the block amax reduces along axis 1 and broadcasts back without the [rows, K] ->
   [rows, K/G, G] reshape's shared-memory round trip (the general kernel does one per block-level value);
 - nvfp4 divides by the block scale as `div_rn_by_reciprocal` (one correctly rounded reciprocal per block,
   two exact FMA corrections per element; row_quantize.py) when `fast_div_ok(tensor amax)` holds, else div_rn
   per element as before (weights of amax < 2**-58 or > 2**99).
-The rounding steps are the shared ones (fp_bits.py: e4m3_round, e8m0_scale_code, e2m1_encode).
+- E2M1 codes by `e2m1_code` (on the float's bits) instead of `e2m1_encode`'s seven compares.
+The other rounding steps are the shared ones (fp_bits.py: e4m3_round, e8m0_scale_code).
 """
 
 from __future__ import annotations
@@ -20,24 +21,23 @@ import triton
 import triton.language as tl
 
 from trace_rl.formats import QTensor
-from trace_rl.kernels.fp_bits import e2m1_encode, e4m3_round, e8m0_inverse, e8m0_scale_code, finite_abs
+from trace_rl.kernels.fp_bits import e2m1_code, e4m3_round, e8m0_inverse, e8m0_scale_code, finite_abs
 from trace_rl.kernels.row_quantize import div_rn_by_reciprocal, fast_div_ok, tensor_amax_bits
 
 FORMATS = ("nvfp4", "mxfp4")
 
 
 @triton.jit
-def _quantize_weight_kernel(x_ptr, codes_ptr, scales_ptr, gscale_ptr, amax_ptr, n_blocks, KB, stride_x,
-                            stride_codes, stride_scales, MX: tl.constexpr, NB: tl.constexpr):
-    """Blocks i = program * NB .. + NB of the weight (block i: row i // KB, columns (i % KB) * G ..), KB = K / G
-    blocks per row. nvfp4: the tensor amax as float32 bits in amax_ptr (int32); program 0 stores the global
-    scale."""
+def _quantize_weight_kernel(x_ptr, codes_ptr, scales_ptr, gscale_ptr, amax_ptr, n_blocks, MX: tl.constexpr,
+                            NB: tl.constexpr):
+    """Blocks i = program * NB .. + NB of the contiguous weight (block i: elements i * G ..; codes bytes
+    i * G / 2 ..; scale i). No row index: a per-block division by the blocks per row cost more than the
+    quantization (64-bit integer division). nvfp4: the tensor amax as float32 bits in amax_ptr (int32);
+    program 0 stores the global scale."""
     G: tl.constexpr = 32 if MX else 16
     i = tl.program_id(0).to(tl.int64) * NB + tl.arange(0, NB)
     mask = i < n_blocks
-    row, cb = i // KB, i % KB
-    xb = tl.load(x_ptr + row[:, None] * stride_x + cb[:, None] * G + tl.arange(0, G)[None, :], mask=mask[:, None],
-                 other=0.0).to(tl.float32)
+    xb = tl.load(x_ptr + i[:, None] * G + tl.arange(0, G)[None, :], mask=mask[:, None], other=0.0).to(tl.float32)
     xa, finite = finite_abs(xb)
     block_amax = tl.max(xa, axis=1)
     bad = tl.max(tl.where(finite, 0, 1), axis=1) > 0
@@ -57,10 +57,10 @@ def _quantize_weight_kernel(x_ptr, codes_ptr, scales_ptr, gscale_ptr, amax_ptr, 
             scaled = tl.where(full == 0, xb * 0.0, div_rn_by_reciprocal(xb, full))
         else:
             scaled = tl.where(full == 0, xb * 0.0, tl.math.div_rn(xb, full))
-    lo, hi = tl.split(tl.reshape(e2m1_encode(scaled), [NB, G // 2, 2]))
-    tl.store(codes_ptr + row[:, None] * stride_codes + cb[:, None] * (G // 2) + tl.arange(0, G // 2)[None, :],
-             (lo | (hi << 4)).to(tl.uint8), mask=mask[:, None])
-    tl.store(scales_ptr + row * stride_scales + cb, scale_code.to(tl.uint8), mask=mask)
+    lo, hi = tl.split(tl.reshape(e2m1_code(scaled), [NB, G // 2, 2]))
+    tl.store(codes_ptr + i[:, None] * (G // 2) + tl.arange(0, G // 2)[None, :], (lo | (hi << 4)).to(tl.uint8),
+             mask=mask[:, None])
+    tl.store(scales_ptr + i, scale_code.to(tl.uint8), mask=mask)
 
 
 def _blocks_per_program(n_blocks: int, G: int) -> tuple[int, int]:
@@ -84,8 +84,7 @@ def quantize_weight(x: torch.Tensor, fmt: str) -> QTensor:
     G = 32 if fmt == "mxfp4" else 16
     check_block_divisible(x, G, fmt)
     lead, K = tuple(x.shape[:-1]), x.shape[-1]
-    x2 = x.reshape(-1, K)
-    x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
+    x2 = x.reshape(-1, K).contiguous()   # a no-op for weights; the kernel indexes blocks of a flat tensor
     n_rows, dev = x2.shape[0], x.device
     codes = torch.empty(n_rows, K // 2, device=dev, dtype=torch.uint8)
     scales = torch.empty(n_rows, K // G, device=dev, dtype=torch.uint8)
@@ -95,8 +94,8 @@ def quantize_weight(x: torch.Tensor, fmt: str) -> QTensor:
         amax = tensor_amax_bits(x2) if fmt == "nvfp4" else codes
         nb, warps = _blocks_per_program(n_blocks, G)
         _quantize_weight_kernel[(triton.cdiv(n_blocks, nb),)](
-            x2, codes, scales, gscale if gscale is not None else codes, amax, n_blocks, K // G, x2.stride(0),
-            codes.stride(0), scales.stride(0), MX=fmt == "mxfp4", NB=nb, num_warps=warps)
+            x2, codes, scales, gscale if gscale is not None else codes, amax, n_blocks, MX=fmt == "mxfp4", NB=nb,
+            num_warps=warps)
     if fmt == "nvfp4":
         scales = scales.view(torch.float8_e4m3fn)
     return QTensor(codes.reshape(*lead, K // 2), scales.reshape(*lead, K // G), gscale, tuple(x.shape), x.dtype,
