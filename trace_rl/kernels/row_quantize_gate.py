@@ -10,6 +10,8 @@ slow path of the IEEE divisions is not counted; CPU compile, 2026-12-01) plus ~1
     quantize_dequant mxfp4 K2048          415 instr / 16 elem = 25.9  -> budget 29
     quantize_rows nvfp4:row K2048        1087 instr / 16 elem = 67.9  -> budget 75
     quantize_rows fp8_e4m3:row K2048      697 instr / 16 elem = 43.6  -> budget 48
+    quantize_weight nvfp4 (4096 / program)       52.1 per elem      -> budget 57 (Triton 3.9, 2026-12-02)
+    quantize_weight mxfp4 (4096 / program)       26.2 per elem      -> budget 29
 """
 
 from __future__ import annotations
@@ -50,8 +52,20 @@ def sass_gate_cases():
                    stride_x="i32", stride_codes="i32", stride_scales="i32", heads="i32")
         cases.append(GateCase(f"quantize_rows {name}", _quantize_rows_kernel, sig,
                               dict(FMT=fmt, HAS_DEST=False, EMIT_BF16=False, BLOCK_M=block_m, BLOCK_K=block_k,
-                                   SINGLE=K <= block_k, SILU_MUL=False), warps, 1, block_m * K / (32 * warps),
-                              budget, divisible=("x_ptr", "codes_ptr", "scales_ptr", "K", "stride_x",
-                                                 "stride_codes", "stride_scales"),
+                                   SINGLE=K <= block_k, SILU_MUL=False, FAST_DIV=False), warps, 1,
+                              block_m * K / (32 * warps), budget,
+                              divisible=("x_ptr", "codes_ptr", "scales_ptr", "K", "stride_x", "stride_codes",
+                                         "stride_scales"),
+                              register_a=False, forbid=(), whole_kernel=True))
+    # the weight sync's block-tile quantizer (`quantize(w, fmt, fast=True)`); nvfp4 counts both division paths
+    from trace_rl.kernels.weight_quantize import _blocks_per_program, _quantize_weight_kernel
+
+    for name, mx, budget in (("nvfp4", False, 57.0), ("mxfp4", True, 29.0)):
+        G = 32 if mx else 16
+        nb, warps = _blocks_per_program(1 << 20, G)
+        sig = dict(x_ptr="*bf16", codes_ptr="*u8", scales_ptr="*u8", gscale_ptr="*fp32", amax_ptr="*i32",
+                   n_blocks="i32")
+        cases.append(GateCase(f"quantize_weight {name}", _quantize_weight_kernel, sig, dict(MX=mx, NB=nb), warps, 1,
+                              nb * G / (32 * warps), budget, divisible=("x_ptr", "codes_ptr", "scales_ptr"),
                               register_a=False, forbid=(), whole_kernel=True))
     return cases
