@@ -202,8 +202,7 @@ def bench_quant(read_bw: float, log, fast: bool = False) -> dict:
     # weight sync of a Qwen3-8B-shaped model: quantize + Hopper layout for all 252 linears, one CUDA graph
     weights = [torch.randn(n, k, device=DEV, dtype=torch.bfloat16) for _ in range(36) for n, k in QWEN3_8B_LINEARS]
     res["model_8b_params"] = sum(w.numel() for w in weights)
-    variants = [("nvfp4", False, ""), ("mxfp4", False, "")]
-    variants += [("nvfp4", True, "_fast"), ("mxfp4", True, "_fast")] if fast else []
+    variants = [(f, d, tag) for f in ("nvfp4", "mxfp4") for d, tag in ((False, ""), (True, "_fast")) if fast or not d]
     for fmt, fd, tag in variants:
         try:
             qs = [quantize(w, fmt, fast=fd) for w in weights]
