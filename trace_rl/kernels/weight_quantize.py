@@ -28,6 +28,29 @@ FORMATS = ("nvfp4", "mxfp4")
 
 
 @triton.jit
+def nvfp4_tensor_scale(amax_ptr):
+    """(tensor amax, global scale amax / 2688 or 1.0 for an all-zero weight) from the amax bits at amax_ptr."""
+    t_amax = tl.load(amax_ptr).to(tl.float32, bitcast=True)
+    return t_amax, tl.where(t_amax > 0, tl.math.div_rn(t_amax, 2688.0), 1.0)
+
+
+@triton.jit
+def nvfp4_block_codes(xb, t_amax, g):
+    """[N, 16] float32 blocks under global scale g (tensor amax t_amax) -> (E2M1 codes int32 [N, 16], E4M3
+    scale codes int32 [N], 0x7F for a block holding NaN/Inf)."""
+    xa, finite = finite_abs(xb)
+    bad = tl.max(tl.where(finite, 0, 1), axis=1) > 0
+    v = tl.minimum(tl.math.div_rn(tl.math.div_rn(tl.max(xa, axis=1), 6.0), g), 448.0)
+    scale_code, scale_val = e4m3_round(v)
+    full = tl.where(bad, float("nan"), scale_val * g)[:, None]
+    if fast_div_ok(t_amax):
+        scaled = tl.where(full == 0, xb * 0.0, div_rn_by_reciprocal(xb, full))
+    else:
+        scaled = tl.where(full == 0, xb * 0.0, tl.math.div_rn(xb, full))
+    return e2m1_code(scaled), tl.where(bad, 0x7F, scale_code)
+
+
+@triton.jit
 def _quantize_weight_kernel(x_ptr, codes_ptr, scales_ptr, gscale_ptr, amax_ptr, n_blocks, MX: tl.constexpr,
                             NB: tl.constexpr):
     """Blocks i = program * NB .. + NB of the contiguous weight (block i: elements i * G ..; codes bytes
@@ -38,26 +61,17 @@ def _quantize_weight_kernel(x_ptr, codes_ptr, scales_ptr, gscale_ptr, amax_ptr, 
     i = tl.program_id(0).to(tl.int64) * NB + tl.arange(0, NB)
     mask = i < n_blocks
     xb = tl.load(x_ptr + i[:, None] * G + tl.arange(0, G)[None, :], mask=mask[:, None], other=0.0).to(tl.float32)
-    xa, finite = finite_abs(xb)
-    block_amax = tl.max(xa, axis=1)
-    bad = tl.max(tl.where(finite, 0, 1), axis=1) > 0
     if MX:
-        scale_code = tl.where(bad, 255, e8m0_scale_code(block_amax))
-        scaled = xb * e8m0_inverse(tl.minimum(scale_code, 254))[:, None]     # x / 2**e as x * 2**-e (exact)
+        xa, finite = finite_abs(xb)
+        bad = tl.max(tl.where(finite, 0, 1), axis=1) > 0
+        scale_code = tl.where(bad, 255, e8m0_scale_code(tl.max(xa, axis=1)))
+        codes = e2m1_code(xb * e8m0_inverse(tl.minimum(scale_code, 254))[:, None])   # x / 2**e as x * 2**-e
     else:
-        t_amax = tl.load(amax_ptr).to(tl.float32, bitcast=True)
-        g = tl.where(t_amax > 0, tl.math.div_rn(t_amax, 2688.0), 1.0)
+        t_amax, g = nvfp4_tensor_scale(amax_ptr)
         if tl.program_id(0) == 0:
             tl.store(gscale_ptr, g)
-        v = tl.minimum(tl.math.div_rn(tl.math.div_rn(block_amax, 6.0), g), 448.0)
-        scale_code, scale_val = e4m3_round(v)
-        scale_code = tl.where(bad, 0x7F, scale_code)
-        full = tl.where(bad, float("nan"), scale_val * g)[:, None]
-        if fast_div_ok(t_amax):
-            scaled = tl.where(full == 0, xb * 0.0, div_rn_by_reciprocal(xb, full))
-        else:
-            scaled = tl.where(full == 0, xb * 0.0, tl.math.div_rn(xb, full))
-    lo, hi = tl.split(tl.reshape(e2m1_code(scaled), [NB, G // 2, 2]))
+        codes, scale_code = nvfp4_block_codes(xb, t_amax, g)
+    lo, hi = tl.split(tl.reshape(codes, [NB, G // 2, 2]))
     tl.store(codes_ptr + i[:, None] * (G // 2) + tl.arange(0, G // 2)[None, :], (lo | (hi << 4)).to(tl.uint8),
              mask=mask[:, None])
     tl.store(scales_ptr + i, scale_code.to(tl.uint8), mask=mask)
