@@ -185,10 +185,37 @@ def bench_gemm(read_bw: float, sweep: bool, log) -> list:
     return rows
 
 
+def _bench_fused(weights: list, qs: list, lays: list, res: dict) -> None:
+    """nvfp4 `quantize_relayout` over the 252 weights into existing QTensors and layouts, one CUDA graph; first
+    checked against quantize-then-relayout (default path) on 8 weights."""
+    from trace_rl.kernels import quantize
+    from trace_rl.kernels.fp4_relayout import relayout
+    from trace_rl.kernels.quantize_relayout import quantize_relayout
+
+    try:
+        same = True
+        for w in weights[:8]:
+            fq, fh = quantize_relayout(w, "nvfp4")
+            r = quantize(w, "nvfp4", fast=False)
+            rl = relayout(r)
+            same &= (torch.equal(fq.codes, r.codes) and torch.equal(fq.scales.view(torch.uint8),
+                                                                   r.scales.view(torch.uint8))
+                     and torch.equal(fh.values, rl.values) and torch.equal(fh.scales, rl.scales)
+                     and torch.equal(fh.row_factor, rl.row_factor))
+        res["requant_8b_nvfp4_fused_bit_exact_vs_default"] = same
+        res["requant_8b_nvfp4_fused_graph_ms"] = graph_us(
+            [lambda: [quantize_relayout(w, "nvfp4", out=lay, q=q) for w, lay, q in zip(weights, lays, qs)]],
+            reps=3) / 1e3
+    except Exception as e:   # noqa: BLE001
+        res["requant_8b_nvfp4_fused_error"] = repr(e)[:300]
+
+
 def bench_quant(read_bw: float, log, fast: bool = False) -> dict:
     """Activation quantization per token, and the 8B weight sync (quantize + re-layout of 252 linears, one CUDA
     graph). `fast`: also time `quantize(..., fast=True)` (the block-tile weight kernel with reciprocal + FMA
-    divisions; keys `*_fast_*`), after checking its codes and scales equal the default path's on every weight."""
+    divisions; keys `*_fast_*`), after checking its codes and scales equal the default path's on every weight,
+    and nvfp4 `quantize_relayout` (the re-layout fused into the quantize store; `requant_8b_nvfp4_fused_*`,
+    checked on 8 weights against quantize-then-relayout)."""
     from trace_rl.kernels import quantize
     from trace_rl.kernels.fp4_relayout import relayout
     from trace_rl.kernels.row_quantize import quantize_dequant_bf16
@@ -221,8 +248,10 @@ def bench_quant(read_bw: float, log, fast: bool = False) -> dict:
                     [lambda qs=qs, ls=lays: [relayout(q, out=lay) for q, lay in zip(qs, ls)]], reps=3) / 1e3
             res[f"quantize_8b_{fmt}{tag}_graph_ms"] = graph_us(
                 [lambda f=fmt, d=fd, ws=weights: [quantize(w, f, fast=d) for w in ws]], reps=3) / 1e3
+            if fd and fmt == "nvfp4":   # quantize with the re-layout fused into its store, same bits
+                _bench_fused(weights, qs, lays, res)
+            log({k: v for k, v in res.items() if f"8b_{fmt}{tag}_" in k or "fused" in k})   # kept on a timeout
             del qs, lays
-            log({k: v for k, v in res.items() if k.endswith(f"8b_{fmt}{tag}_graph_ms")})   # kept on a timeout
         except Exception as e:   # noqa: BLE001
             res[f"requant_8b_{fmt}{tag}_error"] = repr(e)[:300]
         torch.cuda.empty_cache()

@@ -12,6 +12,7 @@ slow path of the IEEE divisions is not counted; CPU compile, 2026-12-01) plus ~1
     quantize_rows fp8_e4m3:row K2048      697 instr / 16 elem = 43.6  -> budget 48
     quantize_weight nvfp4 (4096 / program)       52.1 per elem      -> budget 57 (Triton 3.9, 2026-12-02)
     quantize_weight mxfp4 (4096 / program)       26.2 per elem      -> budget 29
+    quantize_relayout nvfp4 (K loop)             66.1 per elem      -> budget 73
 """
 
 from __future__ import annotations
@@ -68,4 +69,13 @@ def sass_gate_cases():
         cases.append(GateCase(f"quantize_weight {name}", _quantize_weight_kernel, sig, dict(MX=mx, NB=nb), warps, 1,
                               nb * G / (32 * warps), budget, divisible=("x_ptr", "codes_ptr", "scales_ptr"),
                               register_a=False, forbid=(), whole_kernel=True))
+    # nvfp4 quantize with the Hopper re-layout fused into its store (quantize_relayout.py): the K loop, per element
+    from trace_rl.kernels.quantize_relayout import _quantize_relayout_kernel
+
+    sig = dict(x_ptr="*bf16", codes_ptr="*u8", scales_ptr="*u8", gscale_ptr="*fp32", amax_ptr="*i32",
+               values_ptr="*i32", out_scales_ptr="*u8", rf_ptr="*fp32", N="i32", K="i32", KP="i32", stride_v="i32",
+               stride_os="i32")
+    cases.append(GateCase("quantize_relayout nvfp4", _quantize_relayout_kernel, sig, {}, 4, 1, 16 * 128 / 128, 73.0,
+                          divisible=("x_ptr", "codes_ptr", "scales_ptr", "values_ptr", "out_scales_ptr", "K", "KP",
+                                     "stride_v", "stride_os"), register_a=False, forbid=()))
     return cases
