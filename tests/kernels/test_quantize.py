@@ -7,7 +7,7 @@ import triton.language as tl
 
 from trace_rl.formats import get_format
 from trace_rl.kernels import quantize
-from trace_rl.kernels.row_quantize import div_rn_by_reciprocal, e2m1_round
+from trace_rl.kernels.fp_bits import div_rn_by_reciprocal, e2m1_round
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # NaN blocks, interpreter
 
@@ -169,7 +169,7 @@ def _floats_near_e2m1_boundaries() -> torch.Tensor:
 
 
 def test_e2m1_round_is_encode_then_decode(device):
-    """`row_quantize.e2m1_round` (float bit tricks) equals the reference's e2m1_decode(e2m1_encode(q)),
+    """`fp_bits.e2m1_round` (float bit tricks) equals the reference's e2m1_decode(e2m1_encode(q)),
     sign of zero included, on every float near a rounding boundary. Both are monotone step functions of |q|
     with the same steps, so agreeing around every step and magnitude (and on random floats) is agreeing
     everywhere."""

@@ -5,7 +5,7 @@ which reads the codes and scales back. Same bits as that pair (tests/kernels/tes
 
 A program owns 16 rows (one layout block row) and walks K in 128-column steps, as `fp4_relayout`'s kernel
 does; each step loads the [16, 128] chunk as 128 blocks of 16 (one per tile row), quantizes them with
-`weight_quantize.nvfp4_block_codes`, stores codes and scales, then folds scale signs / zero scales into the
+`weight_quantize.fp4_block_codes`, stores codes and scales, then folds scale signs / zero scales into the
 codes, re-encodes the scales and places the codes' bits with `fp4_relayout`'s helpers. mxfp4 is not fused
 (its layout scales need the row's largest block exponent before the first store: a second pass over the
 row); use `relayout(quantize(w, "mxfp4", fast=True))` for it.
@@ -19,9 +19,10 @@ import triton.language as tl
 
 from trace_rl.formats import QTensor
 from trace_rl.kernels.fp4_relayout import NV_FACTOR_SCALE, _nv_encode, _pack_word
+from trace_rl.kernels.fp_bits import fast_div_ok
 from trace_rl.kernels.hopper_fp4 import COLS, ROWS, HopperFP4
 from trace_rl.kernels.row_quantize import tensor_amax_bits
-from trace_rl.kernels.weight_quantize import nvfp4_block_codes, nvfp4_tensor_scale
+from trace_rl.kernels.weight_quantize import fp4_block_codes, nvfp4_tensor_scale
 
 
 @triton.jit
@@ -31,6 +32,7 @@ def _quantize_relayout_kernel(x_ptr, codes_ptr, scales_ptr, gscale_ptr, amax_ptr
     rows = pid * 16 + tl.arange(0, 16)
     row_ok = rows < N
     t_amax, g = nvfp4_tensor_scale(amax_ptr)
+    fast_div = fast_div_ok(t_amax)
     if pid == 0:
         tl.store(gscale_ptr, g)
     j = tl.arange(0, 128)                      # tile row j: row j // 8 of the program, block j % 8 of the step
@@ -40,7 +42,7 @@ def _quantize_relayout_kernel(x_ptr, codes_ptr, scales_ptr, gscale_ptr, amax_ptr
         ok = (r < N) & (cb < K // 16)
         xb = tl.load(x_ptr + r[:, None] * K + cb[:, None] * 16 + tl.arange(0, 16)[None, :], mask=ok[:, None],
                      other=0.0).to(tl.float32)
-        codes, sc = nvfp4_block_codes(xb, t_amax, g)
+        codes, sc = fp4_block_codes(xb, g, fast_div, False)
         lo, hi = tl.split(tl.reshape(codes, [128, 8, 2]))
         tl.store(codes_ptr + r[:, None] * (K // 2) + cb[:, None] * 8 + tl.arange(0, 8)[None, :],
                  (lo | (hi << 4)).to(tl.uint8), mask=ok[:, None])

@@ -27,11 +27,14 @@ import triton.language as tl
 from trace_rl.formats import QTensor, get_format
 from trace_rl.formats.base import check_block_divisible
 from trace_rl.kernels.fp_bits import (
+    div_rn_by_reciprocal,
     e2m1_encode,
+    e2m1_round,
     e2m1_value,
     e4m3_round,
     e8m0_inverse,
     e8m0_scale_code,
+    fast_div_ok,
     finite_abs,
 )
 
@@ -120,14 +123,6 @@ def fp4_quantize_blocks(x, gscale, MX: tl.constexpr, BLOCK_M: tl.constexpr, BLOC
 
 
 @triton.jit
-def fast_div_ok(amax):
-    """True where `div_rn_by_reciprocal` may divide by the nvfp4 block scales of a global scale amax / 2688:
-    amax 0 (every scale 1 x a zero block step) or in [2**-58, 2**99], so each nonzero block scale lies in
-    [2**-80, 2**100] (>= 2**-9, the least E4M3, x amax / 2688; <= 448 x amax / 2688 = amax / 6)."""
-    return (amax == 0) | ((amax >= 3.469446951953614e-18) & (amax <= 6.338253001141147e29))
-
-
-@triton.jit
 def fp4_quantize_dequant_bf16(x, gscale, MX: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
                               G: tl.constexpr):
     """x [BLOCK_M, BLOCK_K] float32 -> bf16 code value x block step (exact), the W4A4 activation operand."""
@@ -175,9 +170,9 @@ def _quantize_rows_kernel(
     SILU_MUL: tl.constexpr = False, FAST_DIV: tl.constexpr = False,
 ):
     """SINGLE (K <= BLOCK_K): each row is loaded once, for its amax and its codes. SILU_MUL: the operand is
-    SiLU(x[:, :K]) * x[:, K:] (x has 2K columns), the experts' SwiGLU fused in. FAST_DIV (nvfp4, nvfp4:row):
-    divide by the block scales as `div_rn_by_reciprocal` where `fast_div_ok` holds for the tensor amax / every
-    row amax of the program (else div_rn, as without it); same bits either way."""
+    SiLU(x[:, :K]) * x[:, K:] (x has 2K columns), the experts' SwiGLU fused in. FAST_DIV (nvfp4:row): divide
+    by the block scales as `div_rn_by_reciprocal` where `fast_div_ok` holds for every row amax of the program
+    (else div_rn, as without it); same bits either way."""
     G: tl.constexpr = 16 if FMT <= 1 else (32 if FMT == 2 else BLOCK_K)  # elements per scale
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < n_rows
@@ -198,9 +193,7 @@ def _quantize_rows_kernel(
         if tl.program_id(0) == 0:
             tl.store(gscale_ptr, g)
         gscale = g + tl.zeros([BLOCK_M], dtype=tl.float32)
-        fast_div = False
-        if FAST_DIV:
-            fast_div = fast_div_ok(t_amax)
+        fast_div = False           # quantize(fast=True) takes tensor-scale nvfp4 to weight_quantize.py
     elif FMT == 1 or FMT == 3:
         if SINGLE:
             amax = tl.max(finite_abs(x_all)[0], axis=1)
@@ -233,40 +226,6 @@ def _quantize_rows_kernel(
 
 
 @triton.jit
-def e2m1_round(scaled):
-    """`e2m1_value(e2m1_encode(scaled))` (float32 -> the nearest E2M1 value, ties to even, saturating at 6,
-    keeping the sign, so -0.0 and tiny negatives give -0.0) in ~8 instructions instead of ~20: below 1 the
-    grid is multiples of 0.5, which (m + 2**22) - 2**22 rounds to (the ulp of 2**22 is 0.5); from 1 up it
-    is one significand bit, rounded to nearest even on the float's bits (a carry into the exponent is the
-    correct result). Identical on every float32 (tests/kernels/test_quantize.py checks every float near
-    each rounding boundary; both sides are monotone step functions). NaN in, NaN or 6 out: only in blocks
-    whose scale is NaN, which dequantize to NaN either way."""
-    mag = tl.abs(scaled)
-    small = (mag + 4194304.0) - 4194304.0
-    bits = mag.to(tl.int32, bitcast=True)
-    big = ((bits + 0x1FFFFF + ((bits >> 22) & 1)) & -4194304).to(tl.float32, bitcast=True)   # 0xFFC00000
-    r = tl.where(mag < 1.0, small, tl.minimum(big, 6.0))
-    sign = scaled.to(tl.int32, bitcast=True) & -2147483648                                   # 0x80000000
-    return (r.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def div_rn_by_reciprocal(x, b):
-    """x / b correctly rounded (= tl.math.div_rn) for b in [2**-80, 2**100], x finite, from y = RN(1/b)
-    (one div_rn per block, broadcast): q1 = x*y + (x - b*(x*y))*y is within an ulp of x/b, and one more
-    correction with the exact FMA residual r = x - b*q1 gives RN(x/b) (Markstein's theorem: y within half
-    an ulp of 1/b and q1 within an ulp of x/b => RN(q1 + r*y) = RN(x/b); the residuals are exact FMAs since
-    the range keeps them clear of underflow). The sign is x's (x = -0.0 would otherwise come back +0.0).
-    4 FMA-pipe instructions per element instead of div_rn's MUFU.RCP + 5 FFMA + FCHK + branch."""
-    y = tl.math.div_rn(1.0, b)
-    q0 = x * y
-    q1 = tl.fma(tl.fma(-b, q0, x), y, q0)
-    q2 = tl.fma(tl.fma(-b, q1, x), y, q1)
-    sign = x.to(tl.int32, bitcast=True) & -2147483648
-    return ((q2.to(tl.int32, bitcast=True) & 0x7FFFFFFF) | sign).to(tl.float32, bitcast=True)
-
-
-@triton.jit
 def _load_blocks(x_ptr, row0, n_rows, k0, K, stride_x, ROWS: tl.constexpr, NB: tl.constexpr, G: tl.constexpr,
                  SILU_MUL: tl.constexpr):
     """Columns k0 .. k0 + NB*G of rows row0 .. row0 + ROWS as a [ROWS * NB, G] float32 tile, one scale block
@@ -291,30 +250,38 @@ def _block_stats(xb, ROWS: tl.constexpr, NB: tl.constexpr):
 
 
 @triton.jit
-def _dequant_blocks(xb, block_amax, bad, gscale, fast_div, MX: tl.constexpr):
-    """`fp4_quantize_blocks` then code value x block step, on a [N, G] tile of whole blocks with the block
-    amax / NaN flag / global scale per tile row ([N]): the same rounding steps, so the same bits (the
-    division by the step as `div_rn_by_reciprocal` when `fast_div`, see below). Returns bf16 [N, G]."""
+def fp4_round_block_rows(xb, block_amax, bad, gscale, fast_div, MX: tl.constexpr):
+    """`fp4_quantize_blocks` on a [N, G] tile of whole blocks, one block per tile row, with the block amax / NaN
+    flag / global scale per tile row ([N]; mxfp4: gscale unused): the same rounding steps, so the same bits ->
+    (x / block scale [N, G] float32, scale code [N] int32: E8M0, 255 for a block holding NaN/Inf, or E4M3,
+    0x7F; block step [N] float32, NaN for such a block). The one definition for the block-tile kernels: the W4A4
+    activations (`_dequant_blocks`) and the weight sync (`weight_quantize.py`)."""
     if MX:
         scale_code = tl.where(bad, 255, e8m0_scale_code(block_amax))
-        inv_step = e8m0_inverse(tl.minimum(scale_code, 254))
-        scaled = xb * inv_step[:, None]
+        scaled = xb * e8m0_inverse(tl.minimum(scale_code, 254))[:, None]     # x / 2**e as x * 2**-e
         step = (scale_code << 23).to(tl.float32, bitcast=True)
         step = tl.where(scale_code == 0, 5.877471754111438e-39, step)
         step = tl.where(bad, float("nan"), step)
     else:
         v = tl.minimum(tl.math.div_rn(tl.math.div_rn(block_amax, 6.0), gscale), 448.0)
-        _, scale_val = e4m3_round(v)
+        scale_code, scale_val = e4m3_round(v)
+        scale_code = tl.where(bad, 0x7F, scale_code)
         full = tl.where(bad, float("nan"), scale_val * gscale)
         # x / full, correctly rounded: by `div_rn_by_reciprocal` (no per-element MUFU.RCP / FCHK / slow-path
-        # branch) when FAST_DIV (every row amax in the tile is 0 or in [2**-58, 2**99], so each block step
-        # is 0 or in [2**-80, 2**100]: step >= 2**-9 (the least E4M3) * amax / 2688, step <= amax / 6);
-        # else (rows of tiny or huge activations) per element div_rn, as before.
+        # branch) when fast_div (every global scale of the tile comes from an amax that is 0 or in
+        # [2**-58, 2**99], `fast_div_ok`); else (tiny or huge amaxes) per element div_rn.
         if fast_div:
             scaled = tl.where(full[:, None] == 0, xb * 0.0, div_rn_by_reciprocal(xb, full[:, None]))
         else:
             scaled = tl.where(full[:, None] == 0, xb * 0.0, tl.math.div_rn(xb, full[:, None]))
         step = tl.where(bad, float("nan"), scale_val)
+    return scaled, scale_code, step
+
+
+@triton.jit
+def _dequant_blocks(xb, block_amax, bad, gscale, fast_div, MX: tl.constexpr):
+    """Code value x block step of a [N, G] block tile in bf16 (`fp4_round_block_rows`)."""
+    scaled, _, step = fp4_round_block_rows(xb, block_amax, bad, gscale, fast_div, MX)
     return (e2m1_round(scaled) * step[:, None]).to(tl.bfloat16)
 
 
@@ -434,7 +401,7 @@ def launch_quantize_rows(x2, fmt_id, codes, scales, gscale, dest=None, heads=1, 
                          fast_div=False):
     """Quantize rows of x2 [rows, K] (unit column stride) into preallocated outputs (see kernel). `dest`:
     the KV write's slots, or for nvfp4 (tensor scale) the int32 amax bits from `tensor_amax_bits`.
-    `silu_mul`: x2 is [rows, 2K] gate | up. `fast_div`: the general kernel's FAST_DIV (nvfp4 formats)."""
+    `silu_mul`: x2 is [rows, 2K] gate | up. `fast_div`: the general kernel's FAST_DIV (nvfp4:row)."""
     n_rows = x2.shape[0]
     K = x2.shape[1] // 2 if silu_mul else x2.shape[1]
     G = BLOCK[fmt_id] if fmt_id != FMT_FP8_ROW else 16
@@ -453,7 +420,7 @@ def launch_quantize_rows(x2, fmt_id, codes, scales, gscale, dest=None, heads=1, 
         dest if dest is not None else codes,
         n_rows, K, x2.stride(0), codes.stride(0), scales.stride(0) if scales is not None else 0, heads,
         FMT=fmt_id, HAS_DEST=dest is not None and fmt_id != FMT_NVFP4, EMIT_BF16=emit_bf16, BLOCK_M=bm, BLOCK_K=bk,
-        SINGLE=K <= bk, SILU_MUL=silu_mul, FAST_DIV=bool(fast_div) and fmt_id in (FMT_NVFP4, FMT_NVFP4_ROW),
+        SINGLE=K <= bk, SILU_MUL=silu_mul, FAST_DIV=bool(fast_div) and fmt_id == FMT_NVFP4_ROW,
         num_warps=warps)
 
 
@@ -465,7 +432,7 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 def quantize(x: torch.Tensor, fmt_name: str, fast: bool | None = None) -> QTensor:
     """Kernel version of `get_format(fmt_name).quantize(x)`: same QTensor, bit for bit. `fast` (None: the
     module's FAST_QUANTIZE): nvfp4 / mxfp4 by the block-tile kernel (`weight_quantize.quantize_weight`), and
-    nvfp4 / nvfp4:row dividing by the block scales with a reciprocal per block plus exact FMA corrections
+    nvfp4:row dividing by the block scales with a reciprocal per block plus exact FMA corrections
     (`div_rn_by_reciprocal`) instead of a correctly rounded division per element."""
     name = get_format(fmt_name).name
     if name not in FORMAT_IDS:
@@ -498,8 +465,7 @@ def quantize(x: torch.Tensor, fmt_name: str, fast: bool | None = None) -> QTenso
     elif fmt_id == FMT_NVFP4_ROW:
         gscale = torch.empty(n_rows, 1, device=dev, dtype=torch.float32)
     if n_rows:
-        launch_quantize_rows(x2, fmt_id, codes, scales, gscale, dest=amax_bits,
-                             fast_div=fast)
+        launch_quantize_rows(x2, fmt_id, codes, scales, gscale, dest=amax_bits, fast_div=fast)
     if fmt_id != FMT_MXFP4:
         scales = scales.view(torch.float8_e4m3fn)
         gscale = gscale.reshape(*lead, 1) if fmt_id == FMT_NVFP4_ROW else gscale

@@ -7,11 +7,11 @@ elements are finite, with less work per element:
   weight: the global scale is the tensor's (nvfp4, from `tensor_amax_bits`) or none (mxfp4), so no row needs
   to be whole in a program, and the block amax reduces along axis 1 and broadcasts back without the [rows, K] ->
   [rows, K/G, G] reshape's shared-memory round trip (the general kernel does one per block-level value);
-- nvfp4 divides by the block scale as `div_rn_by_reciprocal` (one correctly rounded reciprocal per block,
-  two exact FMA corrections per element; row_quantize.py) when `fast_div_ok(tensor amax)` holds, else div_rn
-  per element as before (weights of amax < 2**-58 or > 2**99).
+- the block rounding is `row_quantize.fp4_round_block_rows`, the W4A4 activation kernel's: nvfp4 divides by
+  the block scale as `div_rn_by_reciprocal` (one correctly rounded reciprocal per block, two exact FMA
+  corrections per element; fp_bits.py) when `fast_div_ok(tensor amax)` holds, else div_rn per element as
+  before (weights of amax < 2**-58 or > 2**99).
 - E2M1 codes by `e2m1_code` (on the float's bits) instead of `e2m1_encode`'s seven compares.
-The other rounding steps are the shared ones (fp_bits.py: e4m3_round, e8m0_scale_code).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import triton
 import triton.language as tl
 
 from trace_rl.formats import QTensor
-from trace_rl.kernels.fp_bits import e2m1_code, e4m3_round, e8m0_inverse, e8m0_scale_code, finite_abs
-from trace_rl.kernels.row_quantize import div_rn_by_reciprocal, fast_div_ok, tensor_amax_bits
+from trace_rl.kernels.fp_bits import e2m1_code, fast_div_ok, finite_abs
+from trace_rl.kernels.row_quantize import fp4_round_block_rows, tensor_amax_bits
 
 FORMATS = ("nvfp4", "mxfp4")
 
@@ -35,19 +35,13 @@ def nvfp4_tensor_scale(amax_ptr):
 
 
 @triton.jit
-def nvfp4_block_codes(xb, t_amax, g):
-    """[N, 16] float32 blocks under global scale g (tensor amax t_amax) -> (E2M1 codes int32 [N, 16], E4M3
-    scale codes int32 [N], 0x7F for a block holding NaN/Inf)."""
+def fp4_block_codes(xb, gscale, fast_div, MX: tl.constexpr):
+    """[N, G] float32 blocks (one per tile row) -> (E2M1 codes int32 [N, G], scale codes int32 [N]: E4M3 under
+    the global scale `gscale` (nvfp4), or E8M0 (mxfp4); 0x7F / 255 for a block holding NaN/Inf)."""
     xa, finite = finite_abs(xb)
     bad = tl.max(tl.where(finite, 0, 1), axis=1) > 0
-    v = tl.minimum(tl.math.div_rn(tl.math.div_rn(tl.max(xa, axis=1), 6.0), g), 448.0)
-    scale_code, scale_val = e4m3_round(v)
-    full = tl.where(bad, float("nan"), scale_val * g)[:, None]
-    if fast_div_ok(t_amax):
-        scaled = tl.where(full == 0, xb * 0.0, div_rn_by_reciprocal(xb, full))
-    else:
-        scaled = tl.where(full == 0, xb * 0.0, tl.math.div_rn(xb, full))
-    return e2m1_code(scaled), tl.where(bad, 0x7F, scale_code)
+    scaled, scale_code, _ = fp4_round_block_rows(xb, tl.max(xa, axis=1), bad, gscale, fast_div, MX)
+    return e2m1_code(scaled), scale_code
 
 
 @triton.jit
@@ -62,15 +56,12 @@ def _quantize_weight_kernel(x_ptr, codes_ptr, scales_ptr, gscale_ptr, amax_ptr, 
     mask = i < n_blocks
     xb = tl.load(x_ptr + i[:, None] * G + tl.arange(0, G)[None, :], mask=mask[:, None], other=0.0).to(tl.float32)
     if MX:
-        xa, finite = finite_abs(xb)
-        bad = tl.max(tl.where(finite, 0, 1), axis=1) > 0
-        scale_code = tl.where(bad, 255, e8m0_scale_code(tl.max(xa, axis=1)))
-        codes = e2m1_code(xb * e8m0_inverse(tl.minimum(scale_code, 254))[:, None])   # x / 2**e as x * 2**-e
+        codes, scale_code = fp4_block_codes(xb, 1.0, False, True)
     else:
         t_amax, g = nvfp4_tensor_scale(amax_ptr)
         if tl.program_id(0) == 0:
             tl.store(gscale_ptr, g)
-        codes, scale_code = nvfp4_block_codes(xb, t_amax, g)
+        codes, scale_code = fp4_block_codes(xb, g, fast_div_ok(t_amax), False)
     lo, hi = tl.split(tl.reshape(codes, [NB, G // 2, 2]))
     tl.store(codes_ptr + i[:, None] * (G // 2) + tl.arange(0, G // 2)[None, :], (lo | (hi << 4)).to(tl.uint8),
              mask=mask[:, None])
