@@ -172,3 +172,5 @@ def test_split_path_divides_the_span(rng, monkeypatch):
     want = decode_attention_reference(q, cache.k[0], cache.v[0], table, lens, 32 ** -0.5)
     for out in (got, whole):
         torch.testing.assert_close(out.float(), want.float(), rtol=2e-2, atol=2e-2)
+    with pytest.raises(ValueError, match="splits the step's span; pass span"):
+        cache.decode(0, q, table, lens, 32 ** -0.5, None, "kernels.decode_attention:s2")

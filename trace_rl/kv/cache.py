@@ -193,7 +193,9 @@ class PagedKVCache:
         if path == KERNEL_PATH:
             from trace_rl import kernels
 
-            if splits is not None and span is not None:   # split the span: the table's pages that can be live
+            if splits is not None:        # a split variant divides the span: the table's pages that can be live
+                if span is None:
+                    raise ValueError(f"{path}{SPLIT_MARK}{splits} splits the step's span; pass span (KVStep.span)")
                 block_table = block_table[:, : -(-span // self.block_size)]
             return kernels.decode_attention(q, k, v, block_table, seq_lens, scale, splits=splits)
         if path in CONTIGUOUS_ONLY and capacity is None:
