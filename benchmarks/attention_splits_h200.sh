@@ -1,26 +1,17 @@
 #!/usr/bin/env bash
 # attnsplit (issue 16): bf16 decode attention with 1-4 split-KV counts against cuDNN SDPA, then the GPU tests of the
-# split candidates. Usage: gpu_run.sh OUT_DIR (from the repo root, device wheels on PYTHONPATH). < 120 s.
+# split candidates. Usage: benchmarks/attention_splits_h200.sh OUT_DIR (from the repo root, device wheels on PYTHONPATH). < 120 s.
 # Writes OUT_DIR/attention_splits.json (benchmarks/attention.py: rows[].split_rows per count: us, read_TBps,
 # speedup_vs_cudnn, rel_err_vs_reference; rows[].us / read_TBps the default launch; sdpa[].sdpa.read_TBps per backend),
 # OUT_DIR/attention_splits.log, OUT_DIR/pytest.log, OUT_DIR/pytest.xml, OUT_DIR/summary.json.
-set -u
-OUT=${1:?usage: gpu_run.sh OUT_DIR}
-mkdir -p "$OUT"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-unset TRITON_INTERPRET
-PY=${PYTHON:-python}
-start=$(date +%s)
+. "$(dirname "$0")/h200_check.sh"
 # (b) first: B = 100, Qwen3-8B heads (32 q / 8 kv x 128), bf16 cache of 16-token pages, L = 4352 and 8447
 timeout 60 $PY benchmarks/attention.py --out "$OUT/attention_splits.json" --batches 100 --contexts 4352,8447 \
     --formats bf16 --splits 1,2,3,4 > "$OUT/attention_splits.log" 2>&1
 bench_rc=$?
 # (a) the GPU tests touched (kernel split counts, split candidates in the engine, path names / span narrowing)
-left=$(( 112 - ($(date +%s) - start) ))
-timeout $(( left > 10 ? left : 10 )) $PY -m pytest -v -p no:cacheprovider -rs --junitxml="$OUT/pytest.xml" \
-    tests/kv/test_cache.py tests/kernels/test_decode_attention.py tests/engine/test_native_gpu.py \
-    -k "(split or path_names or candidates) and not nan" > "$OUT/pytest.log" 2>&1
-test_rc=$?
+run_pytest 112 tests/kv/test_cache.py tests/kernels/test_decode_attention.py tests/engine/test_native_gpu.py \
+    -k "(split or path_names or candidates) and not nan"
 $PY - "$OUT" "$bench_rc" "$test_rc" <<'PY'
 import json, os, sys
 out, bench_rc, test_rc = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])

@@ -2,29 +2,20 @@
 # wsync (issue 15, weight sync < 15 ms): GPU tests of the fast weight quantize (`quantize(..., fast=True)`: block-tile
 # kernel, reciprocal + exact FMA divisions; `quantize_relayout`: nvfp4 with the re-layout fused in) and the 8B
 # weight-sync timing, default path vs fast vs fused.
-# Usage: gpu_run.sh OUT_DIR (from the repo root, device wheels on PYTHONPATH). < 120 s.
+# Usage: benchmarks/weight_sync_h200.sh OUT_DIR (from the repo root, device wheels on PYTHONPATH). < 120 s.
 # Writes OUT_DIR/pytest.log, OUT_DIR/pytest.xml, OUT_DIR/kernels_quant.json (+ .log) and OUT_DIR/summary.json:
 #   pytest_rc / pytest_tail; from kernels_quant.json["quant"]: requant_8b_{nvfp4,mxfp4,{nvfp4,mxfp4}_fast}_graph_ms
 #   (quantize + re-layout, 252 linears, one CUDA graph), quantize_8b_*_graph_ms, relayout_8b_*_graph_ms,
 #   quantize_8b_{nvfp4,mxfp4}_fast_bit_exact_vs_default (codes/scales of all 252 weights equal the default path's);
 #   requant_8b_nvfp4_fused_graph_ms (quantize_relayout: the re-layout fused into the quantize store) and
 #   requant_8b_nvfp4_fused_bit_exact_vs_default (QTensor + layout of 8 weights = quantize then relayout).
-set -u
-OUT=${1:?usage: gpu_run.sh OUT_DIR}
-mkdir -p "$OUT"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-unset TRITON_INTERPRET
-PY=${PYTHON:-python}
-start=$(date +%s)
+. "$(dirname "$0")/h200_check.sh"
 # the timing first (it also checks the fast path's codes/scales against the default path on all 252 weights)
 timeout 68 $PY benchmarks/kernels.py --sections quant --fast-quantize \
     --out "$OUT/kernels_quant.json" > "$OUT/kernels_quant.log" 2>&1
 bench_rc=$?
-left=$(( 114 - ($(date +%s) - start) ))
-timeout $(( left > 10 ? left : 10 )) $PY -m pytest -v -p no:cacheprovider -rs --junitxml="$OUT/pytest.xml" \
-    tests/kernels/test_quantize_fast_div.py tests/kernels/test_quantize_relayout.py tests/kernels/test_quantize.py \
-    > "$OUT/pytest.log" 2>&1
-test_rc=$?
+run_pytest 114 tests/kernels/test_quantize_fast_div.py tests/kernels/test_quantize_relayout.py \
+    tests/kernels/test_quantize.py
 $PY - "$OUT" "$bench_rc" "$test_rc" <<'PY'
 import json, os, sys
 out, bench_rc, test_rc = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
