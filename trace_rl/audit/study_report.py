@@ -204,8 +204,9 @@ def verdicts(results: list[RunResult], reference: str = "bf16") -> dict[str, dic
         policy_degraded = None                  # unknown unless every run was also evaluated at bf16
         if ref_finals and not any(math.isnan(v) for v in ref_finals) and not math.isnan(ref_mean):
             policy_degraded = collapsed or statistics.fmean(ref_finals) < ref_mean - margin
-        out[plan] = {"degraded": degraded, "policy_degraded": policy_degraded, "collapsed": collapsed, "below_reference": below, "verdict": verdict,
-                     "predicted": predicted, "reference_mean": ref_mean, "margin": margin}
+        out[plan] = {"degraded": degraded, "policy_degraded": policy_degraded, "collapsed": collapsed,
+                     "below_reference": below, "verdict": verdict, "predicted": predicted,
+                     "reference_mean": ref_mean, "margin": margin}
     return out
 
 
