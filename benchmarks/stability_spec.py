@@ -199,6 +199,16 @@ def parse_runs(text: str) -> list[str]:
     return out
 
 
+def plan_trainer(study: Study, plan: str) -> str:
+    """The trainer mode (bf16, aligned, guided) of a plan's runs: its preset's, unless the plan or the study's
+    --set overrides precision.trainer (what run_config would give, without needing the policy)."""
+    from trace_rl.pipelines.presets import preset_overrides
+
+    p = PLANS[plan]
+    sets = {**p.get("set", {}), **study.spec.get("set", {})}
+    return sets.get("precision.trainer") or preset_overrides(p["preset"])["precision"].get("trainer", "bf16")
+
+
 def run_config(study: Study, plan: str, seed: int):
     """The PipelineConfig of one run: the study's RL base, the plan's preset and overrides, the seed, --set."""
     from trace_rl.config import set_dotted
