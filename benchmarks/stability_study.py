@@ -25,7 +25,9 @@ exactly if the next call finds the machine warm (calls issued back to back), and
 on a fresh machine (its partial records are dropped, and the call log says so).
 
 Modules: stability_spec.py (plans, presets, the study's state), stability_restore.py (restore and pack
-across calls), stability_bundle.py (the bundle format), stability_status.py (status and report).
+across calls), stability_bundle.py (the bundle format), stability_status.py (status, time estimates, report),
+stability_schedule.py (which runs may share the GPU with --jobs > 1: guided plans run alone, a run out of
+memory beside another is retried alone instead of counted as a crash).
 """
 
 from __future__ import annotations
@@ -55,10 +57,10 @@ import stability_bundle as B  # noqa: E402
 import train_study_policy as SFT  # noqa: E402
 from stability_mps import MPS  # noqa: E402
 from stability_restore import pack_bundle, restore  # noqa: E402
+from stability_schedule import OOM_SHARED, out_of_memory, stage_runs  # noqa: E402
 from stability_spec import (  # noqa: E402
     MAX_FAILURES,
     STUDY_PRESETS,
-    TERMINAL,
     Study,
     make_spec,
     parse_runs,
@@ -66,7 +68,7 @@ from stability_spec import (  # noqa: E402
     timestamp,
     upgrade_spec,
 )
-from stability_status import cmd_report, cmd_status, seconds_left, status_text  # noqa: E402
+from stability_status import cmd_report, cmd_status, status_text, step_seconds  # noqa: E402
 
 # -- running things: in this process (tests, CPU) or as a subprocess with a hard backstop (GPU) --
 
@@ -228,8 +230,10 @@ def write_config(study: Study, plan: str, seed: int) -> Path:
 
 
 def launch(study: Study, plan: str, seed: int, deadline: float, inprocess: bool, log,
-           run_limit: float | None = None) -> dict:
-    """Start, resume or restart one run until it finishes or the call's time is up; returns its status."""
+           run_limit: float | None = None, shared=None) -> dict:
+    """Start, resume or restart one run until it finishes or the call's time is up; returns its status.
+    `shared()` (after the run): whether another run was going beside it; out of CUDA memory then is not
+    counted as a failure (state OOM_SHARED, marked exclusive: stability_schedule.py)."""
     from trace_rl.pipelines.checkpoint import CheckpointError, find_checkpoint
     from trace_rl.pipelines.collapse import recorded_collapse
     from trace_rl.pipelines.run_log import read_history
@@ -252,8 +256,10 @@ def launch(study: Study, plan: str, seed: int, deadline: float, inprocess: bool,
     status["state"] = "running"
     study.set_status(plan, seed, status)
     log(f"{plan} seed {seed}: {how} (time limit {limit:.0f} s)")
-    t0 = time.time()
-    rc = run_cli(argv, run_dir.with_suffix(".log"), limit + 10, inprocess)   # backstop: the run stops itself
+    t0, log_file = time.time(), run_dir.with_suffix(".log")
+    seen = log_file.stat().st_size if log_file.is_file() else 0
+    rc = run_cli(argv, log_file, limit + 10, inprocess)   # backstop: the run stops itself
+    beside = bool(shared and shared())
     status = {**study.status(plan, seed), "attempts": status["attempts"], "commands": status["commands"],
               "failures": status.get("failures", 0)}
     status["seconds"] = status.get("seconds", 0.0) + time.time() - t0
@@ -263,67 +269,27 @@ def launch(study: Study, plan: str, seed: int, deadline: float, inprocess: bool,
         if rc == 1 and collapse is not None and collapse["reason"] == "non-finite":
             status["state"] = "diverged"            # stopped on a non-finite gradient: a result, not a crash
         if status["state"] == "failed":
-            status["failures"] = status.get("failures", 0) + 1
-            status["error"] = "\n".join(run_dir.with_suffix(".log").read_text().splitlines()[-15:])
-            log(f"{plan} seed {seed}: FAILED; the end of its log:\n    " + status["error"].replace("\n", "\n    "))
+            text = log_file.read_text()
+            status["error"] = "\n".join(text.splitlines()[-15:])
+            if beside and out_of_memory(text[seen:]):
+                status["state"] = OOM_SHARED
+                status["exclusive"] = (f"ran out of CUDA memory beside another run ({timestamp()}): runs alone "
+                                       f"from now on")
+                log(f"{plan} seed {seed}: out of CUDA memory beside another run: not counted as a failure "
+                    f"({status['failures']} of {MAX_FAILURES}); it will be retried alone. The end of its log:\n    "
+                    + status["error"].replace("\n", "\n    "))
+            else:
+                status["failures"] = status.get("failures", 0) + 1
+                log(f"{plan} seed {seed}: FAILED; the end of its log:\n    " + status["error"].replace("\n", "\n    "))
+    measured = step_seconds(run_dir)
+    if measured is not None:          # kept: a restart from step 0 (--overwrite) drops the records
+        status["measured_step_seconds"], status["measured_beside_another"] = measured, beside
     status["rc"] = rc
     study.set_status(plan, seed, status)
     study.journal({"stage": "run", "plan": plan, "seed": seed, "how": how, "rc": rc, "state": status["state"],
-                   "seconds": time.time() - t0})
+                   "seconds": time.time() - t0, "beside_another": beside})
     log(f"{plan} seed {seed}: {status['state']} (rc {rc}, {time.time() - t0:.0f} s)")
     return status
-
-
-def pending_runs(study: Study) -> list[tuple[str, int]]:
-    """Runs to (re)start, in order: not finished or diverged, and failed (crashed) fewer than MAX_FAILURES times."""
-    return [(plan, seed) for plan, seed in study.order()
-            if (s := study.status(plan, seed))["state"] not in TERMINAL and s.get("failures", 0) < MAX_FAILURES]
-
-
-SHARING_SLOWDOWN = 1.85          # a step's time with two runs on one H200 against one alone (2026-12-01)
-
-
-def stage_runs(study: Study, deadline: float, inprocess: bool, jobs: int, log, run_limit: float | None = None,
-               only_finishable: bool = False) -> None:
-    """Start the pending runs in order while a slice is left; with `only_finishable` (a session's last call,
-    where an unfinished run is lost), skip those whose estimated time to finish exceeds what is left when a
-    slot frees."""
-    queue = pending_runs(study)
-    sharing = SHARING_SLOWDOWN if jobs > 1 and not inprocess else 1.0
-
-    def next_run() -> tuple[str, int] | None:
-        while queue:
-            if deadline - time.time() < study.spec["min_slice"]:
-                log(f"{deadline - time.time():.0f} s left: less than a run's minimum slice; next call")
-                return None
-            plan, seed = queue.pop(0)
-            if only_finishable:
-                _, need = seconds_left(study, plan, seed, sharing=sharing)
-                if need > deadline - time.time():
-                    log(f"{plan} seed {seed}: not started (needs ~{need:.0f} s, {deadline - time.time():.0f} s left)")
-                    continue
-            return plan, seed
-        return None
-
-    if jobs <= 1 or inprocess:
-        while (run := next_run()) is not None:
-            launch(study, *run, deadline, inprocess, log, run_limit)
-        return
-    lock = threading.Lock()
-
-    def worker():
-        while True:
-            with lock:
-                run = next_run()
-            if run is None:
-                return
-            launch(study, *run, deadline, False, log, run_limit)
-
-    threads = [threading.Thread(target=worker) for _ in range(jobs)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
 
 
 def call(args) -> int:
@@ -361,7 +327,7 @@ def call(args) -> int:
         try:
             if stage_sft(study, deadline, log) and stage_preflight(study, deadline, args.inprocess, log):
                 stage_runs(study, deadline, args.inprocess, args.jobs, log, args.run_time_limit,
-                           args.only_finishable)
+                           args.only_finishable, launch=launch)
         except Exception:                       # whatever broke, the bundle below keeps what was done
             log("call stage FAILED:\n" + traceback.format_exc())
             study.journal({"stage": "error", "traceback": traceback.format_exc()[-2000:]})
@@ -422,7 +388,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--steps", type=int, help="RL steps per run (only when a study starts; default 150)")
     c.add_argument("--runs", help="PLAN:SEED,... the runs and their order, kept for later calls (default: the "
                                   "preset's; for gpu the issue's 10)")
-    c.add_argument("--jobs", type=int, default=1, help="runs sharing the GPU at once (default 1)")
+    c.add_argument("--jobs", type=int, default=1, help="runs sharing the GPU at once (default 1); guided plans "
+                                                         "and runs that ran out of memory beside another run alone "
+                                                         "(stability_schedule.py)")
     c.add_argument("--mps", action="store_true",
                    help="with --jobs > 1: start CUDA MPS so the runs' kernels overlap on the GPU (stability_mps.py; "
                         "logged, and time-slicing as before when MPS cannot start)")
