@@ -4,8 +4,9 @@
 Memory decides what may share, and on the H200 (2026-12-02) it is the trainer's, not the rollout engine's: the
 native engine's KV pool is fixed by rollout.max_batch x max_seq_len (128 x 1281 tokens of the 17.4M policy:
 < 1 GB; nothing sizes it from the free memory), while the fp32 trainer's attention at 64 rows x ~1280 tokens
-falls back to SDPA's math kernel (fp32 + GQA), 64 x 6 x 1274^2 fp32 scores = 2.3 GiB per layer, and PyTorch's
-allocator keeps the peak cached: the bf16 and fp4-aligned runs' processes held 84-103 GB. Two such runs fit
+materialises its scores (the 2.32 GiB the guided run failed to allocate in backward is 64 x 6 x 1274^2 fp32:
+SDPA's math kernel, it seems, for fp32 with GQA), and PyTorch's allocator keeps the peak cached: the bf16 and
+fp4-aligned runs' processes held 84-103 GB. Two such runs fit
 side by side; the guided trainer (it also keeps the rollout's rounding records) held 36-55 GB at its first
 step and ran out of memory there twice beside one. Hence:
 
