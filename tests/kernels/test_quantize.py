@@ -154,6 +154,13 @@ def _e2m1_round_probe(q_ptr, out_ptr, n, BLOCK: tl.constexpr):
     tl.store(out_ptr + offs, e2m1_round(q), mask=offs < n)
 
 
+def probe_block(device: str) -> int:
+    """Elements per program of the element-wise probes over `_floats_near_e2m1_boundaries` (~270K floats): in
+    the interpreter (milliseconds per program) 2**17; on the GPU 1024 (a 2**17 block compiled and ran past the
+    H200 check's pytest budget, 2026-12-02): the same floats checked, in more programs."""
+    return 1024 if str(device).startswith("cuda") else 1 << 17
+
+
 def _floats_near_e2m1_boundaries() -> torch.Tensor:
     """Every float32 within 4096 ulps of each E2M1 rounding midpoint and magnitude (both signs), the
     specials (+-0, subnormals, the largest finite, +-Inf) and random bit patterns."""
@@ -177,7 +184,7 @@ def test_e2m1_round_is_encode_then_decode(device):
 
     q = _floats_near_e2m1_boundaries()
     out = torch.empty_like(q, device=device)
-    block = 1 << 17
+    block = probe_block(device)
     _e2m1_round_probe[(triton.cdiv(q.numel(), block),)](q.to(device), out, q.numel(), BLOCK=block)
     ref = e2m1_decode(e2m1_encode(q))
     assert torch.equal(out.cpu().view(torch.int32), ref.view(torch.int32))
@@ -208,5 +215,6 @@ def test_div_rn_by_reciprocal_is_correctly_rounded(device):
     x[: n // 2] = near.view(torch.float32) * torch.where(torch.rand(n // 2, generator=g) < 0.5, -1.0, 1.0)
     x[-4:] = torch.tensor([0.0, -0.0, 1e-45, -1e-45])
     out = torch.empty_like(x, device=device)
-    _div_probe[(triton.cdiv(n, n),)](x.to(device), b.to(device), out, n, BLOCK=n)
+    block = probe_block(device)
+    _div_probe[(triton.cdiv(n, block),)](x.to(device), b.to(device), out, n, BLOCK=block)
     assert torch.equal(out.cpu().view(torch.int32), (x / b).view(torch.int32))

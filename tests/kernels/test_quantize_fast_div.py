@@ -120,12 +120,43 @@ def test_fast_div_at_the_ends_of_its_range(fmt, amax, device, gen):
     _check(x.float(), fmt, device)
 
 
+def _large_shape(fmt: str, N: int, K: int) -> tuple[int, int]:
+    """The GPU test's shape for `fmt`: K rounded up to the format's block (the odd case, K = 1040, is 65 nvfp4
+    blocks but 32.5 mxfp4 ones; mxfp4 gets 1056 = 33 blocks, still not a multiple of 64 or 128)."""
+    G = 32 if fmt == "mxfp4" else 16
+    return N, -(-K // G) * G
+
+
+LARGE_SHAPES = [(1024, 12288), (4096, 4096), (771, 1040)]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_large_shapes_are_quantizable(fmt):
+    """Every shape the GPU test below quantizes is valid for its format (the H200 run of 2026-12-02 failed on
+    mxfp4 771 x 1040: K = 1040 is not a multiple of 32, so the reference and both kernel paths raise)."""
+    for N, K in LARGE_SHAPES:
+        N, K = _large_shape(fmt, N, K)
+        get_format(fmt).quantize(torch.zeros(2, K))
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("fast", [False, True])
+def test_block_indivisible_k_is_rejected(fmt, fast, device):
+    """K not a multiple of the block: the kernels refuse it as the reference does (mxfp4, K = 1040)."""
+    K = 1040 if fmt == "mxfp4" else 1032
+    with pytest.raises(ValueError, match="blocks of"):
+        get_format(fmt).quantize(torch.zeros(3, K))
+    with pytest.raises(ValueError, match="blocks of"):
+        quantize(torch.zeros(3, K, device=device), fmt, fast=fast)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("N,K", [(1024, 12288), (4096, 4096), (771, 1040)])
+@pytest.mark.parametrize("N,K", LARGE_SHAPES)
 def test_fast_div_large_weight_gpu(fmt, N, K, gen):
     """Qwen3-8B-sized weights (and an odd one) on the GPU: fast path == reference == div_rn path."""
+    N, K = _large_shape(fmt, N, K)
     x = (torch.randn(N, K, generator=gen) * 0.02).to(torch.bfloat16)
     x[3, :16] = 0.0
     x[5, 7] = float("nan")
@@ -146,14 +177,14 @@ def test_e2m1_code_is_e2m1_encode(device):
     E2M1 rounding midpoint and magnitude (both signs), on +-0, subnormals, the largest finite, +-Inf and random
     floats; and the reference's code too. Both are monotone step functions of |q| with the same steps, so
     agreeing around every step is agreeing everywhere."""
-    from tests.kernels.test_quantize import _floats_near_e2m1_boundaries
+    from tests.kernels.test_quantize import _floats_near_e2m1_boundaries, probe_block
     from trace_rl.formats.e2m1 import e2m1_encode as reference_encode
 
     q = _floats_near_e2m1_boundaries()
     q = torch.cat([q, torch.tensor([float("inf"), -float("inf")])])
     out = torch.empty(q.numel(), dtype=torch.int32, device=device)
     ref = torch.empty_like(out)
-    block = 1 << 17
+    block = probe_block(device)
     _e2m1_code_probe[(triton.cdiv(q.numel(), block),)](q.to(device), out, ref, q.numel(), BLOCK=block)
     assert torch.equal(out.cpu(), ref.cpu())
     assert torch.equal(out.cpu(), reference_encode(q).to(torch.int32))
