@@ -92,7 +92,10 @@ def e2m1_code(scaled):
     mag = tl.minimum(tl.abs(scaled), 6.0)
     small = (mag + 4194304.0).to(tl.int32, bitcast=True) - 0x4A800000
     bits = mag.to(tl.int32, bitcast=True)
-    big = ((bits + 0x1FFFFF + ((bits >> 22) & 1)) >> 22) - 252
+    # (bits + round) >> 22 minus 252, with the 252 << 22 = 0x3F000000 taken off before the shift (exact: bits >=
+    # 0x3F800000 here), one IADD3 with an immediate: ptxas made the after-shift subtraction an IMAD.HI against a
+    # 64-bit constant pair, two register moves per element (sm_90, Triton 3.6)
+    big = (bits + ((bits >> 22) & 1) + (0x1FFFFF - 0x3F000000)) >> 22
     idx = tl.where(mag < 1.0, small, big)
     return idx | ((scaled.to(tl.int32, bitcast=True) >> 28) & 8)
 
@@ -123,7 +126,13 @@ def div_rn_by_reciprocal(x, b):
     an ulp of 1/b and q1 within an ulp of x/b => RN(q1 + r*y) = RN(x/b); the residuals are exact FMAs since
     the range keeps them clear of underflow). The sign is x's (x = -0.0 would otherwise come back +0.0).
     4 FMA-pipe instructions per element instead of div_rn's MUFU.RCP + 5 FFMA + FCHK + branch."""
-    y = tl.math.div_rn(1.0, b)
+    return div_by_reciprocal(x, b, tl.math.div_rn(1.0, b))
+
+
+@triton.jit
+def div_by_reciprocal(x, b, y):
+    """`div_rn_by_reciprocal` with y = RN(1/b) given (one per block). y = 0, b = 1 gives x * 0.0 (+-0 with x's
+    sign; x finite): the quantizers' zero block step without a per-element select."""
     q0 = x * y
     q1 = tl.fma(tl.fma(-b, q0, x), y, q0)
     q2 = tl.fma(tl.fma(-b, q1, x), y, q1)

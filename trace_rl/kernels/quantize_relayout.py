@@ -1,14 +1,27 @@
-"""nvfp4 weight quantization with the Hopper re-layout fused into its store (opt-in, the weight sync's
-`quantize_relayout(w, "nvfp4", out=layout)`): one pass over the weight writes the QTensor's codes and scales
-and the Hopper layout (hopper_fp4.py), instead of `relayout(quantize(w, "nvfp4", fast=True), out=layout)`,
-which reads the codes and scales back. Same bits as that pair (tests/kernels/test_quantize_relayout.py).
+"""Weight quantization with the Hopper re-layout fused into its store (opt-in, the weight sync's
+`quantize_relayout(w, fmt, out=layout, q=qtensor)`, nvfp4 and mxfp4): one pass over the weight writes the
+QTensor's codes and scales and the Hopper layout's words (hopper_fp4.py), instead of
+`relayout(quantize(w, fmt, fast=True), out=layout)`, which reads the codes and scales back. Same bits as that
+pair, and so as the default path (tests/kernels/test_quantize_relayout.py).
 
-A program owns 16 rows (one layout block row) and walks K in 128-column steps, as `fp4_relayout`'s kernel
-does; each step loads the [16, 128] chunk as 128 blocks of 16 (one per tile row), quantizes them with
-`weight_quantize.fp4_block_codes`, stores codes and scales, then folds scale signs / zero scales into the
-codes, re-encodes the scales and places the codes' bits with `fp4_relayout`'s helpers. mxfp4 is not fused
-(its layout scales need the row's largest block exponent before the first store: a second pass over the
-row); use `relayout(quantize(w, "mxfp4", fast=True))` for it.
+A program owns a 16-row x 256-column tile (two layout blocks; the grid covers rows and K, so even a 1024-row
+weight is 256+ programs: the first version walked K in one program per 16 rows, 64 programs for k_proj, and
+was latency-bound: 27 ms for the 8B sync against 26.5 for quantize + separate re-layout). Tile row m of a
+program is (layout row 0..15, 128-column chunk, i = 32-column window 0..3); the thread holding it loads the
+window's four 8-column quarters (r, c) = column 16 r + 8 c as four separate [M, 8] tensors: all four get the
+same register layout (one thread per tile row, 8 contiguous elements: 16-byte loads), so a layout word, which
+takes element 2t + e of each quarter (t = 0..3, e = 0..1; hopper_fp4.py's slots A..D = (r, c)), is built in
+the thread's registers without a shared-memory round trip or shuffle. Blocks: nvfp4 (16) = quarters (r, 0)
+and (r, 1) joined, mxfp4 (32) = all four; the block amax is a reduction inside the thread.
+
+The layout's nvfp4 scale-sign / zero-scale folds (`fp4_relayout._nv_encode`'s flip and zero) are no-ops on
+the quantizer's own output (its scales are never negative, and a zero-scale block's codes are +-0 already),
+so they are not computed. mxfp4's layout scales need the row's largest block exponent: the K-split programs
+cannot know it, so a second, small launch (`_mx_layout_scales_kernel`) derives the layout scales and row
+factor from the QTensor's scales (1/16 of the code bytes).
+
+sm_90 SASS per element (Triton 3.6, compile-only, whole kernel, the nvfp4 fast-division path): see
+`sass_gate_cases` / row_quantize_gate.py; the first version's K loop was 66.2 (nvfp4).
 """
 
 from __future__ import annotations
@@ -18,76 +31,196 @@ import triton
 import triton.language as tl
 
 from trace_rl.formats import QTensor
-from trace_rl.kernels.fp4_relayout import NV_FACTOR_SCALE, _nv_encode, _pack_word
+from trace_rl.kernels.fp4_relayout import MX_TOP, NV_FACTOR_SCALE, _nv_encode, _rotl
 from trace_rl.kernels.fp_bits import fast_div_ok
-from trace_rl.kernels.hopper_fp4 import COLS, ROWS, HopperFP4
-from trace_rl.kernels.row_quantize import tensor_amax_bits
-from trace_rl.kernels.weight_quantize import fp4_block_codes, nvfp4_tensor_scale
+from trace_rl.kernels.hopper_fp4 import COLS, ROWS, HopperFP4, block_size
+from trace_rl.kernels.weight_quantize import fp4_block_codes, nvfp4_tensor_scale, weight_amax_bits
+
+KC = 2          # 128-column chunks per program (M = 64 KC tile rows, one per thread of 2 KC warps)
+
+
+@triton.jit
+def _quarter(x_ptr, row_off, col, ok):
+    """Columns col .. col + 8 of each tile row (row_off = row * K) as float32 [M, 8] (0 where not ok)."""
+    return tl.load(x_ptr + row_off[:, None] + col[:, None] + tl.arange(0, 8)[None, :],
+                   mask=ok[:, None], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _nibbles(codes):
+    """[M, 8] codes (0..15) -> int32 [M]: code k in bits 4k..4k+3 (the QTensor's bytes, little-endian). The
+    fields are disjoint, so + is |, and ptxas fuses each shift-add into one LEA."""
+    a, b = tl.split(tl.reshape(codes, [codes.shape[0], 4, 2]))
+    p = a + (b << 4)
+    a, b = tl.split(tl.reshape(p, [codes.shape[0], 2, 2]))
+    q = a + (b << 8)
+    a, b = tl.split(q)
+    return a + (b << 16)
+
+
+@triton.jit
+def _slot_pair(codes):
+    """[M, 8] codes of one quarter (element 2t + e) -> int32 [M, 4] (t): the slot's two codes of each word
+    before the slot's rotation, e = 0 in the low half, e = 1 in the high (`fp4_relayout._place` with ROT 0):
+    sign -> bit 15, index -> bits 8..6."""
+    p = ((codes & 8) << 12) | ((codes & 7) << 6)
+    e0, e1 = tl.split(tl.reshape(p, [codes.shape[0], 4, 2]))
+    return e0 + (e1 << 16)
+
+
+@triton.jit
+def _words(c00, c01, c10, c11):
+    """Layout words [M, 4] (t) from the codes of the four quarters: slots A (0, 0), B (0, 1), C (1, 0),
+    D (1, 1) rotated into place (hopper_fp4.SLOT_ROTATIONS; D's mantissa bit by 14)."""
+    d = _slot_pair(c11)
+    w = _slot_pair(c00) | _rotl(_slot_pair(c01), 4) | _rotl(_slot_pair(c10), 10)
+    return w | _rotl(d & -2122284672, 6) | _rotl(d & 0x00400040, 14)       # -2122284672 == 0x81808180
 
 
 @triton.jit
 def _quantize_relayout_kernel(x_ptr, codes_ptr, scales_ptr, gscale_ptr, amax_ptr, values_ptr, out_scales_ptr,
-                              rf_ptr, N, K, KP, stride_v, stride_os):
-    pid = tl.program_id(0)
-    rows = pid * 16 + tl.arange(0, 16)
+                              rf_ptr, N, K, KP, stride_v, stride_os, MX: tl.constexpr, KC: tl.constexpr,
+                              FAST_ONLY: tl.constexpr = False):
+    """Rows pid0 * 16 .. + 16, columns pid1 * 128 KC .. + 128 KC (tile row m: row m // 4KC, chunk m // 4 % KC,
+    window i = m % 4). codes_ptr: the QTensor's codes as int32 (8 codes each). nvfp4: the tensor amax as
+    float32 bits in amax_ptr; program (0, 0) stores the global scale, programs (., 0) the row factors.
+    FAST_ONLY: compile-only analysis (the SASS of the fast-division path alone)."""
+    G: tl.constexpr = 32 if MX else 16
+    M: tl.constexpr = 64 * KC
+    pid0 = tl.program_id(0)
+    pid1 = tl.program_id(1)
+    m = tl.arange(0, M)
+    row16 = m // (4 * KC)
+    row = (pid0 * 16 + row16).to(tl.int64)
+    chunk = pid1 * KC + (m // 4) % KC
+    i = m % 4
+    col = chunk * 128 + 32 * i                              # the window's first column
+    rok = row < N
+    ok0 = rok & (col < K)                                   # K % G == 0: a block is all in or all out
+    ok1 = rok & (col + 16 < K)
+    xr = row * K
+    x00 = _quarter(x_ptr, xr, col, ok0)
+    x01 = _quarter(x_ptr, xr, col + 8, ok0)
+    x10 = _quarter(x_ptr, xr, col + 16, ok1)
+    x11 = _quarter(x_ptr, xr, col + 24, ok1)
+    if MX:
+        xb = tl.reshape(tl.join(tl.join(x00, x01), tl.join(x10, x11)), [M, 32])     # [m, k, c, r]
+        codes, sc = fp4_block_codes(xb, 1.0, False, True)
+        cr0, cr1 = tl.split(tl.reshape(codes, [M, 8, 2, 2]))
+        c00, c01 = tl.split(cr0)
+        c10, c11 = tl.split(cr1)
+        tl.store(scales_ptr + row * (K // 32) + col // 32, sc.to(tl.uint8), mask=ok0)
+    else:
+        t_amax, g = nvfp4_tensor_scale(amax_ptr)
+        if (pid0 == 0) & (pid1 == 0):
+            tl.store(gscale_ptr, g)
+        fast_div = fast_div_ok(t_amax)
+        if FAST_ONLY:
+            fast_div = True
+        codes0, sc0 = fp4_block_codes(tl.reshape(tl.join(x00, x01), [M, 16]), g, fast_div, False)
+        codes1, sc1 = fp4_block_codes(tl.reshape(tl.join(x10, x11), [M, 16]), g, fast_div, False)
+        c00, c01 = tl.split(tl.reshape(codes0, [M, 8, 2]))
+        c10, c11 = tl.split(tl.reshape(codes1, [M, 8, 2]))
+        sp = scales_ptr + row * (K // 16) + col // 16
+        tl.store(sp, sc0.to(tl.uint8), mask=ok0)
+        tl.store(sp + 1, sc1.to(tl.uint8), mask=ok1)
+        # layout scales: padding blocks were loaded as zeros, so their scale code is 0 -> byte 0
+        in_kp = chunk * 128 < KP
+        op = out_scales_ptr + row * stride_os + col // 16
+        b0, _, _ = _nv_encode(sc0)
+        b1, _, _ = _nv_encode(sc1)
+        tl.store(op, b0.to(tl.uint8), mask=in_kp)
+        tl.store(op + 1, b1.to(tl.uint8), mask=in_kp)
+        if pid1 == 0:
+            rows = pid0 * 16 + tl.arange(0, 16)
+            tl.store(rf_ptr + rows, tl.where(rows < N, g * NV_FACTOR_SCALE, 1.0))
+    cp = codes_ptr + row * (K // 8) + col // 8
+    tl.store(cp, _nibbles(c00), mask=ok0)
+    tl.store(cp + 1, _nibbles(c01), mask=ok0)
+    tl.store(cp + 2, _nibbles(c10), mask=ok1)
+    tl.store(cp + 3, _nibbles(c11), mask=ok1)
+    # word (h, g, t, i) of layout block (pid0, chunk) at h * 128 + (4 g + t) * 4 + i, row16 = 8 h + g
+    w = _words(c00, c01, c10, c11)
+    wp = values_ptr + pid0.to(tl.int64) * stride_v + chunk * 256 + (row16 // 8) * 128 + (row16 % 8) * 16 + i
+    tl.store(wp[:, None] + 4 * tl.arange(0, 4)[None, :], w, mask=(chunk * 128 < KP)[:, None])
+
+
+@triton.jit
+def _mx_layout_scales_kernel(scales_ptr, out_scales_ptr, rf_ptr, N, NBK, NBKP, stride_os):
+    """mxfp4 layout scales and row factors of rows pid * 16 .. + 16 from the QTensor's E8M0 scales [N, NBK]
+    (NBKP = KP / 32 layout columns): `fp4_relayout._relayout_kernel`'s MX steps, without the codes."""
+    rows = tl.program_id(0) * 16 + tl.arange(0, 16)
     row_ok = rows < N
-    t_amax, g = nvfp4_tensor_scale(amax_ptr)
-    fast_div = fast_div_ok(t_amax)
-    if pid == 0:
-        tl.store(gscale_ptr, g)
-    j = tl.arange(0, 128)                      # tile row j: row j // 8 of the program, block j % 8 of the step
-    r = (pid * 16 + j // 8).to(tl.int64)
-    for k0 in range(0, KP, 128):
-        cb = k0 // 16 + j % 8
-        ok = (r < N) & (cb < K // 16)
-        xb = tl.load(x_ptr + r[:, None] * K + cb[:, None] * 16 + tl.arange(0, 16)[None, :], mask=ok[:, None],
-                     other=0.0).to(tl.float32)
-        codes, sc = fp4_block_codes(xb, g, fast_div, False)
-        lo, hi = tl.split(tl.reshape(codes, [128, 8, 2]))
-        tl.store(codes_ptr + r[:, None] * (K // 2) + cb[:, None] * 8 + tl.arange(0, 8)[None, :],
-                 (lo | (hi << 4)).to(tl.uint8), mask=ok[:, None])
-        tl.store(scales_ptr + r * (K // 16) + cb, sc.to(tl.uint8), mask=ok)
-        # the re-layout (fp4_relayout._relayout_kernel, nvfp4): padding blocks are code 0 under scale byte 0
-        codes = tl.where(ok[:, None], codes, 0)
-        out_b, flip, zero = _nv_encode(tl.where(ok, sc, 0))
-        blocks = tl.where(zero[:, None], codes & 8, codes) ^ flip[:, None]
-        sc_cols = k0 // 16 + tl.arange(0, 8)
-        tl.store(out_scales_ptr + rows[:, None].to(tl.int64) * stride_os + sc_cols[None, :],
-                 tl.reshape(out_b, [16, 8]).to(tl.uint8))
-        c = tl.reshape(blocks, [2, 8, 4, 2, 2, 4, 2])                           # h g i r c t e
-        c = tl.permute(c, (0, 1, 5, 2, 3, 4, 6))                                # h g t i r c e
-        word = tl.reshape(_pack_word(tl.reshape(c, [2, 8, 4, 4, 8])), [256])
-        tl.store(values_ptr + pid.to(tl.int64) * stride_v + (k0 // 128) * 256 + tl.arange(0, 256), word)
-    tl.store(rf_ptr + rows, tl.where(row_ok, g * NV_FACTOR_SCALE, 1.0))
+    top = tl.full([16], -1, tl.int32)
+    for k0 in range(0, NBK, 128):
+        sc = k0 + tl.arange(0, 128)
+        e = tl.load(scales_ptr + rows[:, None].to(tl.int64) * NBK + sc[None, :],
+                    mask=row_ok[:, None] & (sc < NBK)[None, :], other=255).to(tl.int32)   # 255: skipped
+        top = tl.maximum(top, tl.max(tl.where(e == 255, -1, e), axis=1))
+    top = tl.where(top < 0, MX_TOP, top)
+    has_nan = tl.zeros([16], dtype=tl.int32)
+    for k0 in range(0, NBKP, 128):
+        sc = k0 + tl.arange(0, 128)
+        s_ok = row_ok[:, None] & (sc < NBK)[None, :]
+        sb = tl.load(scales_ptr + rows[:, None].to(tl.int64) * NBK + sc[None, :], mask=s_ok, other=0).to(tl.int32)
+        nan = sb == 255
+        has_nan = tl.maximum(has_nan, tl.max(nan.to(tl.int32), axis=1))
+        out_b = tl.where(s_ok, tl.where(nan, 255, sb + (254 - top[:, None])), 0)
+        tl.store(out_scales_ptr + rows[:, None].to(tl.int64) * stride_os + sc[None, :], out_b.to(tl.uint8),
+                 mask=(sc < NBKP)[None, :])
+    c_row = top - MX_TOP
+    factor = tl.where(c_row >= -126, (c_row + 127) << 23, 1 << tl.maximum(149 + c_row, 0))   # 2**c
+    factor = tl.where(has_nan > 0, 0x7FC00000 | (c_row + 256), factor)
+    factor = tl.where(row_ok, factor, 0x3F800000)                                            # padding: 1.0
+    tl.store(rf_ptr + rows, factor.to(tl.float32, bitcast=True))
+
+
+def _empty_q(fmt: str, n: int, k: int, w: torch.Tensor) -> QTensor:
+    G = block_size(fmt)
+    scales = torch.empty(n, k // G, device=w.device, dtype=torch.uint8)
+    return QTensor(torch.empty(n, k // 2, device=w.device, dtype=torch.uint8),
+                   scales.view(torch.float8_e4m3fn) if fmt == "nvfp4" else scales,
+                   torch.ones((), device=w.device, dtype=torch.float32) if fmt == "nvfp4" else None,
+                   (n, k), w.dtype, fmt)
 
 
 def quantize_relayout(w: torch.Tensor, fmt: str, out: HopperFP4 | None = None,
                       q: QTensor | None = None) -> tuple[QTensor, HopperFP4]:
-    """(`quantize(w, "nvfp4")`, its Hopper layout) in one pass over w [N, K]: the same bits as
-    `relayout(quantize(w, "nvfp4"), out)`. `out` / `q`: written in place when given (weight sync: the
-    PackedWeight's layout and QTensor buffers, so captured CUDA graphs stay valid)."""
-    if fmt != "nvfp4":
-        raise ValueError(f"quantize_relayout fuses nvfp4 only, not {fmt!r}; for mxfp4 use "
-                         f"relayout(quantize(w, 'mxfp4', fast=True), out)")
-    if w.dim() != 2 or w.shape[1] % 16:
-        raise ValueError(f"quantize_relayout takes a 2-D weight with K a multiple of 16, got {tuple(w.shape)}")
+    """(`quantize(w, fmt)`, its Hopper layout) for fmt "nvfp4" or "mxfp4", w [N, K], in one pass over w: the
+    same bits as `relayout(quantize(w, fmt), out)`. `out` / `q`: written in place when given (weight sync: the
+    PackedWeight's layout and QTensor buffers, so captured CUDA graphs stay valid). Launches: nvfp4 the tensor
+    amax and the fused kernel; mxfp4 the fused kernel and the layout scales."""
+    if fmt not in ("nvfp4", "mxfp4"):
+        raise ValueError(f"quantize_relayout takes nvfp4 or mxfp4, not {fmt!r}")
+    G = block_size(fmt)
+    if w.dim() != 2 or w.shape[1] % G:
+        raise ValueError(f"quantize_relayout takes a 2-D weight with K a multiple of {G}, got {tuple(w.shape)}")
     n, k = w.shape
     w = w.contiguous()
-    out = HopperFP4.empty("nvfp4", n, k, w.device) if out is None else out
-    if (out.fmt, out.n, out.k) != ("nvfp4", n, k) or out.values.dim() != 2:
-        raise ValueError(f"quantize_relayout: nvfp4 {n}x{k} into a {out.fmt} {out.n}x{out.k} layout")
+    out = HopperFP4.empty(fmt, n, k, w.device) if out is None else out
+    if (out.fmt, out.n, out.k) != (fmt, n, k) or out.values.dim() != 2:
+        raise ValueError(f"quantize_relayout: {fmt} {n}x{k} into a {out.fmt} {out.n}x{out.k} layout")
     if q is None:
-        q = QTensor(torch.empty(n, k // 2, device=w.device, dtype=torch.uint8),
-                    torch.empty(n, k // 16, device=w.device, dtype=torch.float8_e4m3fn),
-                    torch.ones((), device=w.device, dtype=torch.float32), (n, k), w.dtype, "nvfp4")
-    elif q.format != "nvfp4" or tuple(q.shape) != (n, k) or not (q.codes.is_contiguous() and q.scales.is_contiguous()):
-        raise ValueError(f"quantize_relayout: q must be a contiguous nvfp4 {n}x{k} QTensor, got {q.format} "
+        q = _empty_q(fmt, n, k, w)
+    elif q.format != fmt or tuple(q.shape) != (n, k) or not (q.codes.is_contiguous() and q.scales.is_contiguous()):
+        raise ValueError(f"quantize_relayout: q must be a contiguous {fmt} {n}x{k} QTensor, got {q.format} "
                          f"{tuple(q.shape)}")
     np_, kp = out.padded
-    amax = tensor_amax_bits(w) if n else torch.zeros(1, device=w.device, dtype=torch.int32)
-    _quantize_relayout_kernel[(np_ // ROWS,)](
-        w, q.codes, q.scales.view(torch.uint8), q.global_scale, amax, out.values, out.scales, out.row_factor,
-        n, k, kp, out.values.stride(0), out.scales.stride(0), num_warps=4)
+    if not (n and k):
+        return q, out
+    mx = fmt == "mxfp4"
+    scales = q.scales.view(torch.uint8)
+    if mx:
+        amax = gscale = out.row_factor          # unused
+    else:
+        amax = weight_amax_bits(w)
+        gscale = q.global_scale
+    _quantize_relayout_kernel[(np_ // ROWS, triton.cdiv(kp, COLS * KC))](
+        w, q.codes.view(torch.int32), scales, gscale, amax, out.values, out.scales, out.row_factor, n, k, kp,
+        out.values.stride(0), out.scales.stride(0), MX=mx, KC=KC, num_warps=2 * KC)
+    if mx:
+        _mx_layout_scales_kernel[(np_ // ROWS,)](scales, out.scales, out.row_factor, n, k // G, kp // G,
+                                                 out.scales.stride(0), num_warps=4)
     return q, out
 
 

@@ -27,6 +27,7 @@ import triton.language as tl
 from trace_rl.formats import QTensor, get_format
 from trace_rl.formats.base import check_block_divisible
 from trace_rl.kernels.fp_bits import (
+    div_by_reciprocal,
     div_rn_by_reciprocal,
     e2m1_encode,
     e2m1_round,
@@ -270,8 +271,10 @@ def fp4_round_block_rows(xb, block_amax, bad, gscale, fast_div, MX: tl.constexpr
         # x / full, correctly rounded: by `div_rn_by_reciprocal` (no per-element MUFU.RCP / FCHK / slow-path
         # branch) when fast_div (every global scale of the tile comes from an amax that is 0 or in
         # [2**-58, 2**99], `fast_div_ok`); else (tiny or huge amaxes) per element div_rn.
-        if fast_div:
-            scaled = tl.where(full[:, None] == 0, xb * 0.0, div_rn_by_reciprocal(xb, full[:, None]))
+        if fast_div:   # a zero step (x * 0.0) as reciprocal 0 of 1, per block, not a select per element
+            zero = full == 0
+            y = tl.where(zero, 0.0, tl.math.div_rn(1.0, full))
+            scaled = div_by_reciprocal(xb, tl.where(zero, 1.0, full)[:, None], y[:, None])
         else:
             scaled = tl.where(full[:, None] == 0, xb * 0.0, tl.math.div_rn(xb, full[:, None]))
         step = tl.where(bad, float("nan"), scale_val)

@@ -12,7 +12,14 @@ slow path of the IEEE divisions is not counted; CPU compile, 2026-12-01) plus ~1
     quantize_rows fp8_e4m3:row K2048      697 instr / 16 elem = 43.6  -> budget 48
     quantize_weight nvfp4 (4096 / program)       52.1 per elem      -> budget 57 (Triton 3.9, 2026-12-02)
     quantize_weight mxfp4 (4096 / program)       26.2 per elem      -> budget 29
-    quantize_relayout nvfp4 (K loop)             66.1 per elem      -> budget 73
+    (Triton 3.6, 2026-12-02, wsync2: the block amax / NaN flag as one integer max, e2m1_code without the IMAD.HI
+    moves, the zero block step without a select: quantize_weight nvfp4 52.5 -> 50.7 (both division paths),
+    mxfp4 24.9 -> 18.8 -> budget 21)
+    quantize_relayout nvfp4 (16 x 256 tile, fast-division path)  35.2 per elem -> budget 39
+        (the first version's K loop: 66.2, both paths; this one with both paths: 52.2)
+    quantize_relayout mxfp4 (16 x 256 tile)      23.9 per elem      -> budget 27
+    weight_amax (16384 / program, bf16)           7.3 per elem      -> budget 8 (memory-bound: ~1.5 ms of issue
+        for the 8B weights against ~3.3 ms of reading them)
 """
 
 from __future__ import annotations
@@ -61,7 +68,7 @@ def sass_gate_cases():
     # the weight sync's block-tile quantizer (`quantize(w, fmt, fast=True)`); nvfp4 counts both division paths
     from trace_rl.kernels.weight_quantize import _blocks_per_program, _quantize_weight_kernel
 
-    for name, mx, budget in (("nvfp4", False, 57.0), ("mxfp4", True, 29.0)):
+    for name, mx, budget in (("nvfp4", False, 57.0), ("mxfp4", True, 21.0)):
         G = 32 if mx else 16
         nb, warps = _blocks_per_program(1 << 20, G)
         sig = dict(x_ptr="*bf16", codes_ptr="*u8", scales_ptr="*u8", gscale_ptr="*fp32", amax_ptr="*i32",
@@ -69,13 +76,21 @@ def sass_gate_cases():
         cases.append(GateCase(f"quantize_weight {name}", _quantize_weight_kernel, sig, dict(MX=mx, NB=nb), warps, 1,
                               nb * G / (32 * warps), budget, divisible=("x_ptr", "codes_ptr", "scales_ptr"),
                               register_a=False, forbid=(), whole_kernel=True))
-    # nvfp4 quantize with the Hopper re-layout fused into its store (quantize_relayout.py): the K loop, per element
-    from trace_rl.kernels.quantize_relayout import _quantize_relayout_kernel
+    # the weight sync's quantize with the Hopper re-layout fused into its store (quantize_relayout.py): loop-free,
+    # per element a thread quantizes (32); nvfp4 on its fast-division path (FAST_ONLY: the div_rn fallback,
+    # taken for weights of amax < 2**-58 or > 2**99, compiles out), and the flat weight amax before it
+    from trace_rl.kernels.quantize_relayout import KC, _quantize_relayout_kernel
+    from trace_rl.kernels.weight_quantize import AMAX_BLOCK, _weight_amax_kernel
 
-    sig = dict(x_ptr="*bf16", codes_ptr="*u8", scales_ptr="*u8", gscale_ptr="*fp32", amax_ptr="*i32",
+    sig = dict(x_ptr="*bf16", codes_ptr="*i32", scales_ptr="*u8", gscale_ptr="*fp32", amax_ptr="*i32",
                values_ptr="*i32", out_scales_ptr="*u8", rf_ptr="*fp32", N="i32", K="i32", KP="i32", stride_v="i32",
                stride_os="i32")
-    cases.append(GateCase("quantize_relayout nvfp4", _quantize_relayout_kernel, sig, {}, 4, 1, 16 * 128 / 128, 73.0,
-                          divisible=("x_ptr", "codes_ptr", "scales_ptr", "values_ptr", "out_scales_ptr", "K", "KP",
-                                     "stride_v", "stride_os"), register_a=False, forbid=()))
+    for name, mx, budget in (("nvfp4", False, 39.0), ("mxfp4", True, 27.0)):
+        cases.append(GateCase(f"quantize_relayout {name}", _quantize_relayout_kernel, sig,
+                              dict(MX=mx, KC=KC, FAST_ONLY=True), 2 * KC, 1, 32, budget,
+                              divisible=("x_ptr", "codes_ptr", "scales_ptr", "values_ptr", "out_scales_ptr", "K", "KP",
+                                         "stride_v", "stride_os"), register_a=False, forbid=(), whole_kernel=True))
+    cases.append(GateCase("weight_amax", _weight_amax_kernel, dict(x_ptr="*bf16", amax_bits_ptr="*i32", n="i32"),
+                          dict(BLOCK=AMAX_BLOCK), 8, 1, AMAX_BLOCK / 256, 8.0, divisible=("x_ptr", "n"),
+                          register_a=False, forbid=(), whole_kernel=True))
     return cases
