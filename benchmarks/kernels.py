@@ -185,37 +185,46 @@ def bench_gemm(read_bw: float, sweep: bool, log) -> list:
     return rows
 
 
-def _bench_fused(weights: list, qs: list, lays: list, res: dict) -> None:
-    """nvfp4 `quantize_relayout` over the 252 weights into existing QTensors and layouts, one CUDA graph; first
-    checked against quantize-then-relayout (default path) on 8 weights."""
-    from trace_rl.kernels import quantize
-    from trace_rl.kernels.fp4_relayout import relayout
+def _bench_fused(fmt: str, weights: list, qs: list, lays: list, res: dict) -> None:
+    """`quantize_relayout` (quantize with the Hopper re-layout fused into its store) over the 252 weights: first
+    checked bit for bit against the default path's QTensors `qs` and layouts `lays` (`quantize(w, fmt,
+    fast=False)`, `relayout`) on every weight (codes, scales, global scale, layout words, scales, row factors),
+    then timed into those buffers in place, one CUDA graph. nvfp4: also the flat weight amax alone."""
     from trace_rl.kernels.quantize_relayout import quantize_relayout
 
+    key = f"requant_8b_{fmt}_fused"
     try:
-        same = True
-        for w in weights[:8]:
-            fq, fh = quantize_relayout(w, "nvfp4")
-            r = quantize(w, "nvfp4", fast=False)
-            rl = relayout(r)
-            same &= (torch.equal(fq.codes, r.codes) and torch.equal(fq.scales.view(torch.uint8),
-                                                                   r.scales.view(torch.uint8))
-                     and torch.equal(fh.values, rl.values) and torch.equal(fh.scales, rl.scales)
-                     and torch.equal(fh.row_factor, rl.row_factor))
-        res["requant_8b_nvfp4_fused_bit_exact_vs_default"] = same
-        res["requant_8b_nvfp4_fused_graph_ms"] = graph_us(
-            [lambda: [quantize_relayout(w, "nvfp4", out=lay, q=q) for w, lay, q in zip(weights, lays, qs)]],
+        same, bad = True, []
+        for i, (w, q, lay) in enumerate(zip(weights, qs, lays)):
+            fq, fh = quantize_relayout(w, fmt)
+            ok = (torch.equal(fq.codes, q.codes) and torch.equal(fq.scales.view(torch.uint8), q.scales.view(torch.uint8))
+                  and (q.global_scale is None or torch.equal(fq.global_scale, q.global_scale))
+                  and torch.equal(fh.values, lay.values) and torch.equal(fh.scales, lay.scales)
+                  and torch.equal(fh.row_factor.view(torch.int32), lay.row_factor.view(torch.int32)))
+            if not ok and len(bad) < 4:
+                bad.append([i, *w.shape])
+            same &= ok
+            del fq, fh
+        res[f"{key}_bit_exact_vs_default"] = same
+        if bad:
+            res[f"{key}_mismatch_weights"] = bad
+        res[f"{key}_graph_ms"] = graph_us(
+            [lambda: [quantize_relayout(w, fmt, out=lay, q=q) for w, lay, q in zip(weights, lays, qs)]],
             reps=3) / 1e3
+        if fmt == "nvfp4":
+            from trace_rl.kernels.weight_quantize import weight_amax_bits
+
+            res["amax_8b_flat_graph_ms"] = graph_us([lambda: [weight_amax_bits(w) for w in weights]], reps=3) / 1e3
     except Exception as e:   # noqa: BLE001
-        res["requant_8b_nvfp4_fused_error"] = repr(e)[:300]
+        res[f"{key}_error"] = repr(e)[:300]
 
 
 def bench_quant(read_bw: float, log, fast: bool = False) -> dict:
     """Activation quantization per token, and the 8B weight sync (quantize + re-layout of 252 linears, one CUDA
     graph). `fast`: also time `quantize(..., fast=True)` (the block-tile weight kernel with reciprocal + FMA
     divisions; keys `*_fast_*`), after checking its codes and scales equal the default path's on every weight,
-    and nvfp4 `quantize_relayout` (the re-layout fused into the quantize store; `requant_8b_nvfp4_fused_*`,
-    checked on 8 weights against quantize-then-relayout)."""
+    and `quantize_relayout` (the re-layout fused into the quantize store; `requant_8b_{nvfp4,mxfp4}_fused_*`,
+    checked on every weight against the default quantize-then-relayout)."""
     from trace_rl.kernels import quantize
     from trace_rl.kernels.fp4_relayout import relayout
     from trace_rl.kernels.row_quantize import quantize_dequant_bf16
@@ -248,8 +257,8 @@ def bench_quant(read_bw: float, log, fast: bool = False) -> dict:
                     [lambda qs=qs, ls=lays: [relayout(q, out=lay) for q, lay in zip(qs, ls)]], reps=3) / 1e3
             res[f"quantize_8b_{fmt}{tag}_graph_ms"] = graph_us(
                 [lambda f=fmt, d=fd, ws=weights: [quantize(w, f, fast=d) for w in ws]], reps=3) / 1e3
-            if fd and fmt == "nvfp4":   # quantize with the re-layout fused into its store, same bits
-                _bench_fused(weights, qs, lays, res)
+            if fast and not fd:   # quantize with the re-layout fused into its store: same bits as these
+                _bench_fused(fmt, weights, qs, lays, res)
             log({k: v for k, v in res.items() if f"8b_{fmt}{tag}_" in k or "fused" in k})   # kept on a timeout
             del qs, lays
         except Exception as e:   # noqa: BLE001
