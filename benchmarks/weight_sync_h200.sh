@@ -11,13 +11,13 @@
 #   scale and layout words / scales / row factors of every weight = quantize(fast=False) then relayout;
 #   _fused_mismatch_weights lists the first bad ones); amax_8b_flat_graph_ms (nvfp4's tensor amax pass alone).
 # Tests, most important first (pytest stops at the 114 s mark): the fused kernel (ragged / NaN / in-place cases and
-# 8B-sized weights, both formats), the fast quantize (its 8B-sized cases are covered by the bench's all-weights
+# 8B-sized weights, both formats), the re-layout kernel (test_hopper_fp4: now split over K), the fast quantize (its 8B-sized cases are covered by the bench's all-weights
 # check; the odd 771-row ones stay), the quantize kernels.
 . "$(dirname "$0")/h200_check.sh"
 timeout 68 $PY benchmarks/kernels.py --sections quant --fast-quantize \
     --out "$OUT/kernels_quant.json" > "$OUT/kernels_quant.log" 2>&1
 bench_rc=$?
-run_pytest 114 tests/kernels/test_quantize_relayout.py tests/kernels/test_quantize_fast_div.py \
+run_pytest 114 tests/kernels/test_quantize_relayout.py tests/kernels/test_hopper_fp4.py tests/kernels/test_quantize_fast_div.py \
     tests/kernels/test_quantize.py -k "not (large_weight_gpu and (1024 or 4096))"
 $PY - "$OUT" "$bench_rc" "$test_rc" <<'PY'
 import json, os, sys

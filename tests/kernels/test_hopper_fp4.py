@@ -121,3 +121,26 @@ def test_gemm_decode_is_bit_exact_on_all_codes_and_scales(fmt, device):
     for decode in (0,) if device == "cpu" else (0, 1):     # pure twin; on sm_90 also the inline PTX
         y = fp4_matmul(eye, h, out_dtype=torch.float32, config=GemmConfig(64, 128, 128, 1, decode=decode))
         assert _same(y.cpu(), ref), f"decode mode {decode}"
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_relayout_kernel_splits_k(fmt, device, gen):
+    """K over several programs (fp4_relayout.KCH chunks of 128 each) and not a multiple of 128: each program's
+    columns, and mxfp4's row exponent / NaN flag taken over the whole row (a NaN block in another program's
+    columns, an all-NaN row, the largest exponent in the last program's columns)."""
+    from trace_rl.kernels.fp4_relayout import KCH, relayout
+
+    k = 1040 if fmt == "nvfp4" else 1056
+    assert k > 128 * KCH
+    q = _quantized(fmt, 19, k, gen)
+    if fmt == "mxfp4":
+        s = q.scales.clone()
+        s[2, -1] = 200                      # the row's top exponent in the last program's columns
+        s[3, 1] = 255                       # a NaN block in the first program's columns
+        s[4, :] = 255                       # an all-NaN row
+        q = QTensor(q.codes, s, None, q.shape, q.dtype, fmt)
+    ref = to_hopper(q)
+    got = relayout(q.to(device))
+    assert torch.equal(got.values.cpu(), ref.values)
+    assert torch.equal(got.scales.cpu(), ref.scales)
+    assert torch.equal(got.row_factor.cpu().view(torch.int32), ref.row_factor.view(torch.int32))

@@ -2,9 +2,10 @@
 one launch per weight, graph-capturable (weight sync re-derives into the same tensors). Bit-exact with the
 torch reference `hopper_fp4.to_hopper` (tests/kernels/test_hopper_fp4.py).
 
-A program owns 16 rows: for mxfp4 it first takes the rows' largest non-NaN scale exponent, then walks K in
-128-column blocks: nibbles -> codes, nvfp4 scale signs / zero scales folded into the codes, the scales
-re-encoded, and the 8 codes of each word placed at their bits.
+A program owns 16 rows x 128 KCH columns (the grid splits K too): for mxfp4 it first takes the rows' largest
+non-NaN scale exponent (over the whole row), then walks its columns in 128-column blocks: nibbles -> codes,
+nvfp4 scale signs / zero scales folded into the codes, the scales re-encoded, and the 8 codes of each word
+placed at their bits.
 """
 
 from __future__ import annotations
@@ -81,8 +82,11 @@ def _nv_encode(sb):
 def _relayout_kernel(codes_ptr, scales_ptr, glob_ptr, values_ptr, out_scales_ptr, rf_ptr,
                      N, K, stride_c, stride_s, stride_v, stride_os, KP,
                      stride_ce, stride_se, stride_ge, stride_ve, stride_ose, stride_rfe,
-                     MX: tl.constexpr, G: tl.constexpr, GLOBAL_PER_ROW: tl.constexpr):
+                     MX: tl.constexpr, G: tl.constexpr, GLOBAL_PER_ROW: tl.constexpr, KCH: tl.constexpr):
+    """Rows pid0 * 16 .. + 16 of expert pid1, columns pid2 * 128 KCH .. + 128 KCH."""
     pid = tl.program_id(0)
+    kbeg = tl.program_id(2) * (128 * KCH)
+    kend = tl.minimum(kbeg + 128 * KCH, KP)
     ex = tl.program_id(1).to(tl.int64)          # expert (stacked layouts); 0 for a plain weight
     codes_ptr += ex * stride_ce
     scales_ptr += ex * stride_se
@@ -93,16 +97,18 @@ def _relayout_kernel(codes_ptr, scales_ptr, glob_ptr, values_ptr, out_scales_ptr
     rows = pid * 16 + tl.arange(0, 16)
     row_ok = rows < N
     NB: tl.constexpr = 128 // G
-    if MX:   # the rows' largest non-NaN exponent
+    if MX:   # the rows' largest non-NaN exponent (and NaN flag), over the whole row: the programs split K
         top = tl.full([16], -1, tl.int32)
-        for k0 in range(0, K, 128):
-            sc = k0 // G + tl.arange(0, NB)
-            e = tl.load(scales_ptr + rows[:, None].to(tl.int64) * stride_s + sc[None, :],
-                        mask=row_ok[:, None] & (sc < K // G)[None, :], other=0).to(tl.int32)
-            top = tl.maximum(top, tl.max(tl.where(e == 255, -1, e), axis=1))
         has_nan = tl.zeros([16], dtype=tl.int32)
+        for k0 in range(0, K // G, 32):
+            sc = k0 + tl.arange(0, 32)
+            valid = row_ok[:, None] & (sc < K // G)[None, :]
+            e = tl.load(scales_ptr + rows[:, None].to(tl.int64) * stride_s + sc[None, :], mask=valid,
+                        other=255).to(tl.int32)                     # 255: not an exponent (an all-NaN row: MX_TOP)
+            top = tl.maximum(top, tl.max(tl.where(e == 255, -1, e), axis=1))
+            has_nan = tl.maximum(has_nan, tl.max((valid & (e == 255)).to(tl.int32), axis=1))
         top = tl.where(top < 0, MX_TOP, top)
-    for k0 in range(0, KP, 128):
+    for k0 in range(kbeg, kend, 128):
         bcol = k0 // 2 + tl.arange(0, 64)
         byte = tl.load(codes_ptr + rows[:, None].to(tl.int64) * stride_c + bcol[None, :],
                        mask=row_ok[:, None] & (bcol < K // 2)[None, :], other=0).to(tl.int32)
@@ -114,7 +120,6 @@ def _relayout_kernel(codes_ptr, scales_ptr, glob_ptr, values_ptr, out_scales_ptr
         blocks = tl.reshape(codes, [16, NB, G])
         if MX:
             nan = sb == 255
-            has_nan = tl.maximum(has_nan, tl.max(nan.to(tl.int32), axis=1))
             out_b = tl.where(nan, 255, sb + (254 - top[:, None]))
             out_b = tl.where(s_ok, out_b, 0)
         else:
@@ -125,18 +130,25 @@ def _relayout_kernel(codes_ptr, scales_ptr, glob_ptr, values_ptr, out_scales_ptr
         c = tl.permute(c, (0, 1, 5, 2, 3, 4, 6))                                # h g t i r c e
         word = tl.reshape(_pack_word(tl.reshape(c, [2, 8, 4, 4, 8])), [256])
         tl.store(values_ptr + pid.to(tl.int64) * stride_v + (k0 // 128) * 256 + tl.arange(0, 256), word)
-    if MX:
-        c_row = top - MX_TOP
-        factor = tl.where(c_row >= -126, (c_row + 127) << 23, 1 << tl.maximum(149 + c_row, 0))   # 2**c
-        factor = tl.where(has_nan > 0, 0x7FC00000 | (c_row + 256), factor)
-        factor = tl.where(row_ok, factor, 0x3F800000)                       # padding rows: 1.0
-        tl.store(rf_ptr + rows, factor.to(tl.float32, bitcast=True))
-    else:
-        if GLOBAL_PER_ROW:
-            g = tl.load(glob_ptr + rows, mask=row_ok, other=1.0)
+    if tl.program_id(2) == 0:   # the row factors: once per row
+        if MX:
+            c_row = top - MX_TOP
+            factor = tl.where(c_row >= -126, (c_row + 127) << 23, 1 << tl.maximum(149 + c_row, 0))   # 2**c
+            factor = tl.where(has_nan > 0, 0x7FC00000 | (c_row + 256), factor)
+            factor = tl.where(row_ok, factor, 0x3F800000)                       # padding rows: 1.0
+            tl.store(rf_ptr + rows, factor.to(tl.float32, bitcast=True))
         else:
-            g = tl.load(glob_ptr) + tl.zeros([16], dtype=tl.float32)
-        tl.store(rf_ptr + rows, tl.where(row_ok, g * NV_FACTOR_SCALE, 1.0))
+            if GLOBAL_PER_ROW:
+                g = tl.load(glob_ptr + rows, mask=row_ok, other=1.0)
+            else:
+                g = tl.load(glob_ptr) + tl.zeros([16], dtype=tl.float32)
+            tl.store(rf_ptr + rows, tl.where(row_ok, g * NV_FACTOR_SCALE, 1.0))
+
+
+# 128-column chunks per program: the grid splits K too (one program per 16 rows walking the whole of K left the
+# H200 mostly idle: 64 programs for an 8B k_proj, the 8B sync's re-layout at ~0.8 TB/s, 9.8 ms nvfp4 / 11.2 mxfp4);
+# mxfp4 programs each re-read their rows' scales for the row exponent (1/16 of the code bytes per 128 columns)
+KCH = 4
 
 
 def relayout(q, out: HopperFP4 | None = None) -> HopperFP4:
@@ -162,11 +174,11 @@ def relayout(q, out: HopperFP4 | None = None) -> HopperFP4:
     values = out.values.reshape(e, *out.values.shape[-2:])
     oscales = out.scales.reshape(e, *out.scales.shape[-2:])
     rf = out.row_factor.reshape(e, np_)
-    _relayout_kernel[(np_ // ROWS, e)](
+    _relayout_kernel[(np_ // ROWS, e, triton.cdiv(kp, COLS * KCH))](
         codes, scales, glob, values, oscales, rf, n, k, codes.stride(1), scales.stride(1), values.stride(1),
         oscales.stride(1), kp, codes.stride(0), scales.stride(0), n if per_row else (1 if per_expert else 0),
         values.stride(0), oscales.stride(0), rf.stride(0), MX=q.format == "mxfp4", G=G, GLOBAL_PER_ROW=per_row,
-        num_warps=4)
+        KCH=KCH, num_warps=4)
     return out
 
 
@@ -181,6 +193,7 @@ def sass_gate_cases():
                rf_ptr="*fp32", N="i32", K="i32", stride_c="i32", stride_s="i32", stride_v="i32", stride_os="i32",
                KP="i32", stride_ce="i32", stride_se="i32", stride_ge="i32", stride_ve="i32", stride_ose="i32",
                stride_rfe="i32")
-    return [GateCase(f"relayout {fmt}", _relayout_kernel, sig, dict(MX=fmt == "mxfp4", G=g, GLOBAL_PER_ROW=False),
+    return [GateCase(f"relayout {fmt}", _relayout_kernel, sig,
+                     dict(MX=fmt == "mxfp4", G=g, GLOBAL_PER_ROW=False, KCH=KCH),
                      4, 1, 16 * 128 / 128, 1000.0, register_a=False, forbid=())
             for fmt, g in (("nvfp4", 16), ("mxfp4", 32))]
