@@ -11,8 +11,8 @@
 #   scale and layout words / scales / row factors of every weight = quantize(fast=False) then relayout;
 #   _fused_mismatch_weights lists the first bad ones); amax_8b_flat_graph_ms (nvfp4's tensor amax pass alone).
 # Tests, most important first (pytest stops at the 114 s mark): the fused kernel (ragged / NaN / in-place cases and
-# 8B-sized weights, both formats), the re-layout kernel (test_hopper_fp4: now split over K), the fast quantize (its 8B-sized cases are covered by the bench's all-weights
-# check; the odd 771-row ones stay), the quantize kernels.
+# 8B-sized weights, both formats), the re-layout kernel (test_hopper_fp4; its grid now splits K), the fast quantize
+# (its 8B-sized GPU cases are left to the bench's all-weights check; the odd 771-row ones stay), the quantize kernels.
 . "$(dirname "$0")/h200_check.sh"
 timeout 68 $PY benchmarks/kernels.py --sections quant --fast-quantize \
     --out "$OUT/kernels_quant.json" > "$OUT/kernels_quant.log" 2>&1
