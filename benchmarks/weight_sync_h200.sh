@@ -18,7 +18,8 @@ timeout 68 $PY benchmarks/kernels.py --sections quant --fast-quantize \
     --out "$OUT/kernels_quant.json" > "$OUT/kernels_quant.log" 2>&1
 bench_rc=$?
 run_pytest 114 tests/kernels/test_quantize_relayout.py tests/kernels/test_hopper_fp4.py \
-    tests/kernels/test_quantize_fast_div.py tests/kernels/test_quantize.py -k "not (large_weight_gpu and (1024 or 4096))"
+    tests/kernels/test_quantize_fast_div.py tests/kernels/test_quantize.py \
+    -k "not (large_weight_gpu and (1024 or 4096)) and not (relayout_large_gpu and 1024)"
 $PY - "$OUT" "$bench_rc" "$test_rc" <<'PY'
 import json, os, sys
 out, bench_rc, test_rc = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
