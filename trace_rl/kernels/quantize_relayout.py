@@ -152,15 +152,15 @@ def _mx_layout_scales_kernel(scales_ptr, out_scales_ptr, rf_ptr, N, NBK, NBKP, s
     rows = tl.program_id(0) * 16 + tl.arange(0, 16)
     row_ok = rows < N
     top = tl.full([16], -1, tl.int32)
-    for k0 in range(0, NBK, 128):
-        sc = k0 + tl.arange(0, 128)
+    for k0 in range(0, NBK, 32):
+        sc = k0 + tl.arange(0, 32)
         e = tl.load(scales_ptr + rows[:, None].to(tl.int64) * NBK + sc[None, :],
                     mask=row_ok[:, None] & (sc < NBK)[None, :], other=255).to(tl.int32)   # 255: skipped
         top = tl.maximum(top, tl.max(tl.where(e == 255, -1, e), axis=1))
     top = tl.where(top < 0, MX_TOP, top)
     has_nan = tl.zeros([16], dtype=tl.int32)
-    for k0 in range(0, NBKP, 128):
-        sc = k0 + tl.arange(0, 128)
+    for k0 in range(0, NBKP, 32):
+        sc = k0 + tl.arange(0, 32)
         s_ok = row_ok[:, None] & (sc < NBK)[None, :]
         sb = tl.load(scales_ptr + rows[:, None].to(tl.int64) * NBK + sc[None, :], mask=s_ok, other=0).to(tl.int32)
         nan = sb == 255
