@@ -125,13 +125,13 @@ def test_gemm_decode_is_bit_exact_on_all_codes_and_scales(fmt, device):
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 def test_relayout_kernel_splits_k(fmt, device, gen):
-    """K over several programs (fp4_relayout.KCH chunks of 128 each) and not a multiple of 128: each program's
+    """K over several programs (fp4_relayout.KC chunks of 128 each) and not a multiple of 128: each program's
     columns, and mxfp4's row exponent / NaN flag taken over the whole row (a NaN block in another program's
     columns, an all-NaN row, the largest exponent in the last program's columns)."""
-    from trace_rl.kernels.fp4_relayout import KCH, relayout
+    from trace_rl.kernels.fp4_relayout import KC, relayout
 
     k = 1040 if fmt == "nvfp4" else 1056
-    assert k > 128 * KCH
+    assert k > 128 * KC
     q = _quantized(fmt, 19, k, gen)
     if fmt == "mxfp4":
         s = q.scales.clone()

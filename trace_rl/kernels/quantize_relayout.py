@@ -17,8 +17,9 @@ and (r, 1) joined, mxfp4 (32) = all four; the block amax is a reduction inside t
 The layout's nvfp4 scale-sign / zero-scale folds (`fp4_relayout._nv_encode`'s flip and zero) are no-ops on
 the quantizer's own output (its scales are never negative, and a zero-scale block's codes are +-0 already),
 so they are not computed. mxfp4's layout scales need the row's largest block exponent: the K-split programs
-cannot know it, so a second, small launch (`_mx_layout_scales_kernel`) derives the layout scales and row
-factor from the QTensor's scales (1/16 of the code bytes).
+cannot know it, so a second, small launch (`fp4_relayout._mx_layout_scales_kernel`) derives the layout scales
+and row factor from the QTensor's scales (1/16 of the code bytes). The bit placement (`fp4_relayout._words`)
+and the mxfp4 scales are the re-layout kernel's own.
 
 sm_90 SASS per element (Triton 3.6, compile-only, whole kernel, the nvfp4 fast-division path): see
 `sass_gate_cases` / row_quantize_gate.py; the first version's K loop was 66.2 (nvfp4).
@@ -31,7 +32,13 @@ import triton
 import triton.language as tl
 
 from trace_rl.formats import QTensor
-from trace_rl.kernels.fp4_relayout import MX_TOP, NV_FACTOR_SCALE, _nv_encode, _rotl
+from trace_rl.kernels.fp4_relayout import (
+    NV_FACTOR_SCALE,
+    _mx_layout_scales_kernel,
+    _nv_encode,
+    _store_words,
+    _words,
+)
 from trace_rl.kernels.fp_bits import fast_div_ok
 from trace_rl.kernels.hopper_fp4 import COLS, ROWS, HopperFP4, block_size
 from trace_rl.kernels.weight_quantize import fp4_block_codes, nvfp4_tensor_scale, weight_amax_bits
@@ -61,25 +68,6 @@ def _word(byt):
     q = a + (b << 8)
     a, b = tl.split(q)
     return a + (b << 16)
-
-
-@triton.jit
-def _slot_pair(byt):
-    """A quarter's bytes [M, 4] (t) -> the slot's two codes of each layout word before the slot's rotation
-    (`fp4_relayout._place` with ROT 0): e = 0 sign -> bit 15, index -> bits 8..6, e = 1 the same + 16. By two
-    multiplies on the byte: (b & 0x77) * (2**6 + 2**18) puts index 0 at 6..8 and index 1 at 22..24, (b & 0x88) *
-    (2**12 + 2**24) the signs at 15 and 31; the other copies land on bits the mask drops, none overlap (no carries).
-    5 instructions per code pair; from the codes (two shifts and a LOP3 per code, a LEA per pair) it took 7."""
-    return (((byt & 0x77) * 0x40040) | ((byt & 0x88) * 0x1001000)) & -2118090304       # 0x81C081C0
-
-
-@triton.jit
-def _words(b00, b01, b10, b11):
-    """Layout words [M, 4] (t) from the bytes of the four quarters: slots A (0, 0), B (0, 1), C (1, 0),
-    D (1, 1) rotated into place (hopper_fp4.SLOT_ROTATIONS; D's mantissa bit by 14)."""
-    d = _slot_pair(b11)
-    w = _slot_pair(b00) | _rotl(_slot_pair(b01), 4) | _rotl(_slot_pair(b10), 10)
-    return w | _rotl(d & -2122284672, 6) | _rotl(d & 0x00400040, 14)       # -2122284672 == 0x81808180
 
 
 @triton.jit
@@ -145,40 +133,7 @@ def _quantize_relayout_kernel(x_ptr, codes_ptr, scales_ptr, gscale_ptr, amax_ptr
     tl.store(cp + 1, _word(b01), mask=ok0)
     tl.store(cp + 2, _word(b10), mask=ok1)
     tl.store(cp + 3, _word(b11), mask=ok1)
-    # word (h, g, t, i) of layout block (pid0, chunk) at h * 128 + (4 g + t) * 4 + i, row16 = 8 h + g
-    w = _words(b00, b01, b10, b11)
-    wp = values_ptr + pid0.to(tl.int64) * stride_v + chunk * 256 + (row16 // 8) * 128 + (row16 % 8) * 16 + i
-    tl.store(wp[:, None] + 4 * tl.arange(0, 4)[None, :], w, mask=(chunk * 128 < KP)[:, None])
-
-
-@triton.jit
-def _mx_layout_scales_kernel(scales_ptr, out_scales_ptr, rf_ptr, N, NBK, NBKP, stride_os):
-    """mxfp4 layout scales and row factors of rows pid * 16 .. + 16 from the QTensor's E8M0 scales [N, NBK]
-    (NBKP = KP / 32 layout columns): `fp4_relayout._relayout_kernel`'s MX steps, without the codes."""
-    rows = tl.program_id(0) * 16 + tl.arange(0, 16)
-    row_ok = rows < N
-    top = tl.full([16], -1, tl.int32)
-    for k0 in range(0, NBK, 32):
-        sc = k0 + tl.arange(0, 32)
-        e = tl.load(scales_ptr + rows[:, None].to(tl.int64) * NBK + sc[None, :],
-                    mask=row_ok[:, None] & (sc < NBK)[None, :], other=255).to(tl.int32)   # 255: skipped
-        top = tl.maximum(top, tl.max(tl.where(e == 255, -1, e), axis=1))
-    top = tl.where(top < 0, MX_TOP, top)
-    has_nan = tl.zeros([16], dtype=tl.int32)
-    for k0 in range(0, NBKP, 32):
-        sc = k0 + tl.arange(0, 32)
-        s_ok = row_ok[:, None] & (sc < NBK)[None, :]
-        sb = tl.load(scales_ptr + rows[:, None].to(tl.int64) * NBK + sc[None, :], mask=s_ok, other=0).to(tl.int32)
-        nan = sb == 255
-        has_nan = tl.maximum(has_nan, tl.max(nan.to(tl.int32), axis=1))
-        out_b = tl.where(s_ok, tl.where(nan, 255, sb + (254 - top[:, None])), 0)
-        tl.store(out_scales_ptr + rows[:, None].to(tl.int64) * stride_os + sc[None, :], out_b.to(tl.uint8),
-                 mask=(sc < NBKP)[None, :])
-    c_row = top - MX_TOP
-    factor = tl.where(c_row >= -126, (c_row + 127) << 23, 1 << tl.maximum(149 + c_row, 0))   # 2**c
-    factor = tl.where(has_nan > 0, 0x7FC00000 | (c_row + 256), factor)
-    factor = tl.where(row_ok, factor, 0x3F800000)                                            # padding: 1.0
-    tl.store(rf_ptr + rows, factor.to(tl.float32, bitcast=True))
+    _store_words(values_ptr, _words(b00, b01, b10, b11), pid0.to(tl.int64) * stride_v, chunk, row16, i, KP)
 
 
 def _empty_q(fmt: str, n: int, k: int, w: torch.Tensor) -> QTensor:
@@ -225,8 +180,8 @@ def quantize_relayout(w: torch.Tensor, fmt: str, out: HopperFP4 | None = None,
         w, q.codes.view(torch.int32), scales, gscale, amax, out.values, out.scales, out.row_factor, n, k, kp,
         out.values.stride(0), out.scales.stride(0), MX=mx, KC=KC, num_warps=2 * KC)
     if mx:
-        _mx_layout_scales_kernel[(np_ // ROWS,)](scales, out.scales, out.row_factor, n, k // G, kp // G,
-                                                 out.scales.stride(0), num_warps=4)
+        _mx_layout_scales_kernel[(np_ // ROWS, 1)](scales, out.scales, out.row_factor, n, k // G, kp // G, k // G,
+                                                   out.scales.stride(0), 0, 0, 0, num_warps=4)
     return q, out
 
 
