@@ -197,7 +197,8 @@ def _bench_fused(fmt: str, weights: list, qs: list, lays: list, res: dict) -> No
         same, bad = True, []
         for i, (w, q, lay) in enumerate(zip(weights, qs, lays)):
             fq, fh = quantize_relayout(w, fmt)
-            ok = (torch.equal(fq.codes, q.codes) and torch.equal(fq.scales.view(torch.uint8), q.scales.view(torch.uint8))
+            ok = (torch.equal(fq.codes, q.codes)
+                  and torch.equal(fq.scales.view(torch.uint8), q.scales.view(torch.uint8))
                   and (q.global_scale is None or torch.equal(fq.global_scale, q.global_scale))
                   and torch.equal(fh.values, lay.values) and torch.equal(fh.scales, lay.scales)
                   and torch.equal(fh.row_factor.view(torch.int32), lay.row_factor.view(torch.int32)))

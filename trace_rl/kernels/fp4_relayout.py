@@ -270,6 +270,7 @@ def sass_gate_cases():
                stride_rfe="i32")
     div = ("codes_ptr", "scales_ptr", "values_ptr", "out_scales_ptr", "K", "KP", "stride_c", "stride_s", "stride_v",
            "stride_os")
-    return [GateCase(f"relayout {fmt}", _relayout_kernel, sig, dict(MX=fmt == "mxfp4", G=g, GLOBAL_PER_ROW=False, KC=KC),
-                     2 * KC, 1, 32, budget, divisible=div, register_a=False, forbid=(), whole_kernel=True)
+    return [GateCase(f"relayout {fmt}", _relayout_kernel, sig,
+                     dict(MX=fmt == "mxfp4", G=g, GLOBAL_PER_ROW=False, KC=KC), 2 * KC, 1, 32, budget,
+                     divisible=div, register_a=False, forbid=(), whole_kernel=True)
             for fmt, g, budget in (("nvfp4", 16, 11.6), ("mxfp4", 32, 7.5))]

@@ -78,7 +78,6 @@ def _quantize_relayout_kernel(x_ptr, codes_ptr, scales_ptr, gscale_ptr, amax_ptr
     window i = m % 4). codes_ptr: the QTensor's codes as int32 (8 codes each). nvfp4: the tensor amax as
     float32 bits in amax_ptr; program (0, 0) stores the global scale, programs (., 0) the row factors.
     FAST_ONLY: compile-only analysis (the SASS of the fast-division path alone)."""
-    G: tl.constexpr = 32 if MX else 16
     M: tl.constexpr = 64 * KC
     pid0 = tl.program_id(0)
     pid1 = tl.program_id(1)
