@@ -42,7 +42,8 @@ from dataclasses import dataclass, field
 
 GATE_MODULES = ("trace_rl.kernels.fp4_gemm", "trace_rl.kernels.fp4_gemm_tma", "trace_rl.kernels.fp4_grouped",
                 "trace_rl.kernels.fp4_relayout", "trace_rl.kernels.paged_attention",
-                "trace_rl.kernels.row_quantize_gate", "trace_rl.kernels.swiglu", "trace_rl.kernels.fp4_dequant")
+                "trace_rl.kernels.row_quantize_gate", "trace_rl.kernels.swiglu", "trace_rl.kernels.fp4_dequant",
+                "trace_rl.kernels.fp4_gemm_gluon")
 _LINE = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 _OPCODE = re.compile(r"^(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)")
 
@@ -62,6 +63,8 @@ class GateCase:
     forbid: tuple = ("STS", "STSM", "LDSM")
     max_full_waits: int = 1
     whole_kernel: bool = False           # no main loop: count the whole kernel (static, up to the last EXIT)
+    options: tuple = ()                  # extra compile options as (name, value) pairs, e.g. (("maxnreg", 128),)
+    require: tuple = ()                  # opcode prefixes that must occur somewhere in the kernel's SASS
 
 
 @dataclass
@@ -88,6 +91,8 @@ def compile_sass(case: GateCase) -> tuple[str, dict]:
     from triton.compiler import ASTSource
 
     fn = case.kernel
+    if getattr(fn, "is_gluon", lambda: False)():     # a @gluon.jit kernel (Triton >= 3.5): its source is ttgir
+        from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
     if not hasattr(fn, "arg_names") or type(fn).__name__ == "InterpretedFunction":
         raise RuntimeError("sass_gate: the kernels were decorated under TRITON_INTERPRET=1 and cannot be "
                            "compiled; run the gate in a process without TRITON_INTERPRET")
@@ -95,7 +100,7 @@ def compile_sass(case: GateCase) -> tuple[str, dict]:
     attrs = {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in case.divisible}
     kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=case.constexprs, attrs=attrs),
                             target=GPUTarget("cuda", 90, 32),
-                            options=dict(num_warps=case.num_warps, num_stages=case.num_stages))
+                            options=dict(num_warps=case.num_warps, num_stages=case.num_stages, **dict(case.options)))
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
@@ -161,6 +166,10 @@ def inspect(case: GateCase, sass: str, usage: dict) -> GateReport:
     if waits > case.max_full_waits:
         rep.violations.append(f"{waits} full wgmma waits in the main loop (> {case.max_full_waits}): decode and "
                               f"MMA are serialised")
+    every = collections.Counter(m.group(1) for m in map(_OPCODE.match, whole_kernel(sass)) if m)
+    for op in case.require:
+        if not any(o.startswith(op) for o in every):
+            rep.violations.append(f"no {op} in the kernel")
     local = sum(c for op, c in ops.items() if op.startswith(("LDL", "STL")))
     if local:
         rep.violations.append(f"{local} local-memory (spill) accesses in the main loop")

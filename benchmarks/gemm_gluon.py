@@ -1,0 +1,121 @@
+"""The opt-in Gluon warp-specialised nvfp4 W4A16 GEMM (fp4_gemm_gluon.py) against the shipped Triton kernel and
+cuBLAS BF16 at the issue's decode shapes (issue 15: M <= 16 needs >= 1.8x cuBLAS, 2.2x resolves it).
+
+    python benchmarks/gemm_gluon.py --out gemm_gluon.json [--M 1,16] [--budget-s 60]
+
+Per shape (K, N) and M: cuBLAS BF16 `F.linear`, the shipped kernel (`default_config`, nvfp4), and Gluon variants
+(VARIANTS: one / two consumer warpgroups, wgmma overlap, a 3-CTA-per-SM register budget) each at its auto split,
+twice and half that split. Each variant's output is checked against the shipped kernel's (`rel_diff`, relative
+Frobenius difference; the split differs, so not bit-exact) before it is timed. Timing as benchmarks/gemm_tma.py:
+every call captured over weight copies larger than L2 in one CUDA graph, median replay in microseconds;
+`speedup` = cuBLAS us / us. The JSON is rewritten after every measurement, and no new variant starts once
+`--budget-s` has passed (listed in "skipped"), so a timeout keeps what was measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, replace
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from kernel_baselines import graph_us, json_saver, run_env  # noqa: E402
+
+from trace_rl.backends import PackedWeight  # noqa: E402
+from trace_rl.kernels import quantize  # noqa: E402
+from trace_rl.kernels.fp4_gemm import default_config, fp4_matmul  # noqa: E402
+from trace_rl.kernels.fp4_gemm_gluon import GluonConfig, auto_split, fp4_matmul_gluon  # noqa: E402
+from trace_rl.kernels.linear import hopper_weight  # noqa: E402
+
+DEV = "cuda"
+SHAPES = [(4096, 12288), (12288, 4096)]   # (K, N): up, down
+VARIANTS = {
+    "ws": GluonConfig(),                                               # 1 consumer WG, 4 stages, 2 CTAs/SM
+    "ws_overlap": GluonConfig(overlap=True),                           # + next chunk's decode under the wgmma
+    "ws_w8": GluonConfig(num_warps=8, maxnreg=80),                     # 2 consumer WGs, 2 CTAs/SM
+    "ws_w8_overlap": GluonConfig(num_warps=8, maxnreg=80, overlap=True),
+    "ws_s3_r80": GluonConfig(stages=3, maxnreg=80),                    # 3 CTAs/SM at M <= 8
+}
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--M", default="1,16")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--budget-s", type=float, default=60.0, help="start no new variant after this many seconds")
+    args = ap.parse_args()
+    start = time.time()
+    Ms = [int(m) for m in args.M.split(",")]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    res = {"env": run_env(torch.cuda.get_device_name(0), sms=sms), "rows": [], "skipped": [], "errors": []}
+    save = json_saver(res, args.out)
+    for K, N in SHAPES:
+        n_copies = max(2, min(64, math.ceil((200 << 20) / (N * K // 2))))
+        w_bf16 = [torch.randn(N, K, device=DEV, dtype=torch.bfloat16) * 0.02 for _ in range(n_copies)]
+        packed = [PackedWeight("nvfp4", N, K, q=quantize(w, "nvfp4")) for w in w_bf16]
+        hw = [hopper_weight(p) for p in packed]        # derive the layouts before any capture
+        for M in Ms:
+            x = torch.randn(M, K, device=DEV, dtype=torch.bfloat16)
+            base = default_config(M, N, K, sms)
+            row = {"K": K, "N": N, "M": M, "copies": n_copies, "shipped_config": asdict(base)}
+            row["cublas_bf16_us"] = graph_us([lambda w=w, x=x: F.linear(x, w) for w in w_bf16])
+            ref = fp4_matmul(x, hw[0], config=base)
+            us = graph_us([lambda h=h, x=x, b=base: fp4_matmul(x, h, config=b) for h in hw])
+            row["shipped"] = {"us": us, "speedup": row["cublas_bf16_us"] / us}
+            res["rows"].append(row)
+            save()
+            for name in args.variants.split(","):
+                cfg = VARIANTS[name]
+                bm = cfg.block_m(M)
+                auto = auto_split(triton_cdiv(hw[0].padded[0], cfg.block_n), triton_cdiv(hw[0].padded[1], cfg.block_k),
+                                  sms * cfg.ctas_per_sm(bm))
+                for split in sorted({auto, 2 * auto, max(1, auto // 2)}):
+                    key = f"{name}_split{split}"
+                    if time.time() - start > args.budget_s:
+                        res["skipped"].append({"K": K, "N": N, "M": M, "variant": key})
+                        continue
+                    c = replace(cfg, split_k=split)
+                    try:
+                        y = fp4_matmul_gluon(x, hw[0], c)
+                        torch.cuda.synchronize()
+                        rel = _rel(y, ref)
+                        us = graph_us([lambda h=h, x=x, c=c: fp4_matmul_gluon(x, h, c) for h in hw])
+                    except Exception as e:   # noqa: BLE001 -- one failing variant must not lose the run
+                        res["errors"].append(f"K {K} N {N} M {M} {key}: {e!r}"[:400])
+                        save()
+                        continue
+                    row[key] = {"config": asdict(c), "ctas_per_sm": cfg.ctas_per_sm(bm), "us": us,
+                                "speedup": row["cublas_bf16_us"] / us, "rel_diff_vs_shipped": rel}
+                    save()
+            best = min((v["us"], k) for k, v in row.items() if isinstance(v, dict) and "us" in v and k != "shipped")\
+                if any(isinstance(v, dict) and "rel_diff_vs_shipped" in v for v in row.values()) else None
+            if best:
+                row["best_gluon"] = {"variant": best[1], "us": best[0], "speedup": row["cublas_bf16_us"] / best[0]}
+            print({k: (round(v["us"], 2), round(v["speedup"], 2)) if isinstance(v, dict) and "us" in v else v
+                   for k, v in row.items() if k not in ("shipped_config", "best_gluon")}, flush=True)
+            save()
+        del w_bf16, packed, hw
+        torch.cuda.empty_cache()
+    res["total_s"] = time.time() - start
+    save()
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""The opt-in Gluon warp-specialised nvfp4 W4A16 GEMM (fp4_gemm_gluon.py, M <= 16): launcher checks on CPU; on an
+sm_90 GPU with Triton 3.6, against the float64 reference (the same as test_fp4_gemm.py's) at M in {1, 5, 16} and
+ragged N / K, per config (one or two consumer warpgroups, wgmma overlap, forced split-K), and bit-identical to the
+shipped kernel at equal split (same k16 order, fp32 accumulation, epilogue)."""
+
+import pytest
+import torch
+import triton
+
+from trace_rl.backends import get_backend
+from trace_rl.kernels.fp4_gemm import GemmConfig
+from trace_rl.kernels.fp4_gemm_gluon import GluonConfig, auto_split, fp4_matmul_gluon
+from trace_rl.kernels.hopper_fp4 import to_hopper
+
+pytestmark = [pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning"),
+              pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning")]
+
+_SM90_36 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and \
+    triton.__version__.startswith("3.6")
+gpu36 = [pytest.mark.gpu, pytest.mark.skipif(not _SM90_36, reason="needs an sm_90 GPU and Triton 3.6 (Gluon)")]
+
+
+def _weight(N, K, fmt, gen, device="cpu"):
+    w = torch.randn(N, K, generator=gen) * torch.exp(torch.randn(N, 1, generator=gen))
+    return get_backend("fp4").prepare_weight(w.to(device), fmt)
+
+
+def _rel_err(y, packed, x):
+    ref = x.double() @ packed.q.to(y.device).dequantize().double().T
+    return ((y.double() - ref).norm() / ref.norm()).item()
+
+
+def test_config_and_launcher_checks(gen):
+    with pytest.raises(ValueError, match="block_k must be 256"):
+        GluonConfig(block_k=128).check()
+    with pytest.raises(ValueError, match="num_warps"):
+        GluonConfig(num_warps=8, block_n=64).check()
+    packed = _weight(48, 512, "nvfp4", gen)
+    h = to_hopper(packed.q)
+    x = torch.randn(3, 512).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="1 <= M <= 16"):
+        fp4_matmul_gluon(torch.zeros(17, 512, dtype=torch.bfloat16), h)
+    with pytest.raises(ValueError, match="bf16"):
+        fp4_matmul_gluon(x.float(), h)
+    with pytest.raises(ValueError, match="columns"):
+        fp4_matmul_gluon(torch.zeros(2, 256, dtype=torch.bfloat16), h)
+    with pytest.raises(ValueError, match="nvfp4"):
+        fp4_matmul_gluon(x, to_hopper(_weight(48, 512, "mxfp4", gen).q))
+    with pytest.raises(ValueError, match="16-byte aligned"):      # K = 384 pads to 384 = 1.5 K steps
+        fp4_matmul_gluon(torch.zeros(2, 384, dtype=torch.bfloat16), to_hopper(_weight(48, 384, "nvfp4", gen).q))
+    with pytest.raises(ValueError, match="CUDA"):
+        fp4_matmul_gluon(x, h)
+
+
+def test_auto_split_keeps_one_wave():
+    # 4096x12288 (96 tiles of 128 rows, 16 K steps), 12288x4096 (32 tiles, 48 steps), 2 CTAs per SM
+    assert auto_split(96, 16, 264) == 2
+    assert auto_split(32, 48, 264) == 8
+    assert auto_split(1, 3, 264) == 1          # >= 2 K steps per program
+    assert auto_split(400, 16, 264) == 1
+
+
+CONFIGS = [GluonConfig(), GluonConfig(overlap=True, stages=3), GluonConfig(num_warps=8, maxnreg=80),
+           GluonConfig(split_k=3, stages=2)]
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=["default", "overlap_s3", "w8", "split3_s2"])
+@pytest.mark.parametrize("M", [1, 5, 16])
+@pytest.mark.parametrize("N,K", [(200, 1008), (333, 1536)])
+def test_gluon_gemm_matches_reference_gpu(cfg, M, N, K, gen):
+    """Ragged N (a partial 128-row tile: TMA zero fill) and K (1008 pads to 1024: zero codes, zero activations)."""
+    packed = _weight(N, K, "nvfp4", gen, "cuda")
+    h = to_hopper(packed.q)
+    x = torch.randn(M, K, generator=gen).to(torch.bfloat16).cuda()
+    y = fp4_matmul_gluon(x, h, cfg)
+    assert y.shape == (M, N) and y.dtype == torch.bfloat16
+    assert _rel_err(y, packed, x) < 1e-2
+    assert torch.equal(y, fp4_matmul_gluon(x, h, cfg))           # deterministic (split-K in fixed order)
+
+
+for _m in gpu36:
+    test_gluon_gemm_matches_reference_gpu = _m(test_gluon_gemm_matches_reference_gpu)
+
+
+@pytest.mark.parametrize("M", [1, 16])
+@pytest.mark.parametrize("N,K", [(12288, 4096), (4096, 12288)])
+def test_gluon_gemm_decode_shapes_gpu(M, N, K, gen):
+    """The issue's shapes at the auto split; at split 1 bit-identical to the shipped kernel at split 1 (the same
+    k16 order into one fp32 accumulator, the same epilogue)."""
+    from trace_rl.kernels.fp4_gemm import fp4_matmul
+
+    packed = _weight(N, K, "nvfp4", gen, "cuda")
+    h = to_hopper(packed.q)
+    x = torch.randn(M, K, generator=gen).to(torch.bfloat16).cuda()
+    y = fp4_matmul_gluon(x, h)
+    assert _rel_err(y, packed, x) < 1e-2
+    y1 = fp4_matmul_gluon(x, h, GluonConfig(split_k=1))
+    assert torch.equal(y1, fp4_matmul(x, h, config=GemmConfig(16, 128, 128, 1, 4, 3)))
+
+
+for _m in gpu36:
+    test_gluon_gemm_decode_shapes_gpu = _m(test_gluon_gemm_decode_shapes_gpu)

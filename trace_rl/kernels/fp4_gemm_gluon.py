@@ -1,0 +1,372 @@
+"""Opt-in Gluon (Triton 3.6 `triton.experimental.gluon`) warp-specialised nvfp4 W4A16 GEMM for M <= 16 (issue 15).
+
+out[M, N] = x[M, K] @ dequant(W)^T, with W in the Hopper FP4 layout (hopper_fp4.py, nvfp4 only), as `fp4_gemm.py`
+computes it, but organised against the latency that bounds that kernel at M <= 16 (docs/benchmarks.md, "What
+bounds them": each warp waits for its cp.async stage, a barrier, the LDS of the packed words and a dependent
+decode chain before its wgmma, with only 12 warps per SM to hide it):
+
+- a producer partition (1 warp, 24 registers) streams each K step's layout words, scale words and activation tile
+  with TMA into a STAGES-deep shared-memory ring, one `ready` mbarrier (expect-tx) per slot, waiting only on the
+  slot's `empty` mbarrier; it runs ahead of the consumer by up to STAGES steps, so the bytes in flight per SM no
+  longer depend on how far the decode has got;
+- the default partition (the consumers: one or two warpgroups, `GluonConfig.num_warps`) waits on `ready`, loads its words (LDS.128: a thread's four words
+  are its wgmma A fragment over 8 K-slices, hopper_fp4.py), decodes them with the shipped shift/mask PTX
+  (fp4_decode._DECODE_BODY) into registers, and runs wgmma with the decoded weight as the register A operand
+  (swap-AB: weight rows are the MMA M, the BM tokens the MMA N, the activation tile the shared-memory B operand);
+  after the step's wgmmas complete it fences and arrives on `empty` (with `overlap`, one wgmma group stays in flight
+  under the next chunk's decode, and a slot is released one chunk later).
+
+One K step is BK = 256 columns (two 128-column decode chunks): the nvfp4 scale tile [BN rows, BK/16 bytes] must be
+at least 16 bytes wide for TMA. K is split over SPLIT_K programs per N tile; the split-K reduction is the shipped
+kernel's deterministic one (`fp4_gemm.finish_tile`'s scheme: partials stored, an acq_rel ticket, the last program
+adds the partials in split order), so the result does not depend on which program finished last.
+
+Not wired into `fp4_linear`: `fp4_matmul_gluon` is called directly (benchmarks, tests). Gluon has no interpreter,
+so this runs only on an sm_90 GPU; `sass_gate_cases` compiles it for sm_90 on any machine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from trace_rl.kernels.fp4_decode import _DECODE_BODY, _NV_SCALE
+from trace_rl.kernels.hopper_fp4 import COLS, ROWS, HopperFP4
+
+DECODE_ASM_TEXT = gl.constexpr(_DECODE_BODY)
+NV_SCALE_ASM = gl.constexpr(_NV_SCALE)
+
+
+@gluon.jit
+def _producer(w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, n16_0, row0, kb_lo, n_iters,
+              BK: gl.constexpr, STAGES: gl.constexpr):
+    """1 warp: TMA of step `kb_lo + it`'s words [BK/128, BN/16, 256], scale words [BN, BK/64] and activations
+    [BM, BK] into slot it % STAGES once the consumer has released it."""
+    nbytes: gl.constexpr = w_desc.block_type.nbytes + s_desc.block_type.nbytes + x_desc.block_type.nbytes
+    for it in range(n_iters):
+        slot = it % STAGES
+        # a fresh mbarrier counts as having completed the phase before phase 0: the first round passes
+        mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)
+        bar = ready.index(slot)
+        mbarrier.expect(bar, nbytes)
+        kb = kb_lo + it
+        tma.async_copy_global_to_shared(w_desc, [kb * (BK // 128), n16_0, 0], bar, w_bufs.index(slot))
+        tma.async_copy_global_to_shared(s_desc, [row0, kb * (BK // 64)], bar, s_bufs.index(slot))
+        tma.async_copy_global_to_shared(x_desc, [0, kb * BK], bar, x_bufs.index(slot))
+
+
+@gluon.jit
+def _halves(pair):
+    lo = (pair & 0xFFFF).to(gl.int16).to(gl.bfloat16, bitcast=True)
+    hi = (pair >> 16).to(gl.int16).to(gl.bfloat16, bitcast=True)
+    return lo, hi
+
+
+@gluon.jit
+def _decode_chunk(wv, sv, W_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr, A_LAYOUT: gl.constexpr,
+                  BN: gl.constexpr):
+    """One 128-column chunk: layout words, shared view [BN/16, 2, 8, 4, 2, 2] (n16, h, g, t, j, ii: word
+    i = 2j + ii of lane 4g + t, rows 16 n16 + 8h + g), and scale words, view [BN/16, 2, 8, 1, 2] (n16, h, g, -, j:
+    byte b of word j is K-slice 4j + b) -> the wgmma A operand [BN, 128] bf16 = code x 2**-126 x pre-biased scale
+    (exact), in registers."""
+    w = wv.load(W_LAYOUT)
+    sw = sv.load(S_LAYOUT)
+    p0, p1, p2, p3 = gl.inline_asm_elementwise(NV_SCALE_ASM, "=r,=r,=r,=r,r", [sw],
+                                               dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True,
+                                               pack=1)
+    # word i = 2j + ii holds K-slices 2i (slots A, B) and 2i + 1 (C, D): scale bytes 2 ii and 2 ii + 1 of word j
+    se = gl.convert_layout(gl.join(p0, p2), W_LAYOUT, assert_trivial=True)
+    so = gl.convert_layout(gl.join(p1, p3), W_LAYOUT, assert_trivial=True)
+    se = gl.broadcast(se, w)[0]
+    so = gl.broadcast(so, w)[0]
+    a, b, c, d = gl.inline_asm_elementwise(DECODE_ASM_TEXT, "=r,=r,=r,=r,r,r,r", [w, se, so],
+                                           dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1)
+    a0, a1 = _halves(a)
+    b0, b1 = _halves(b)
+    c0, c1 = _halves(c)
+    d0, d1 = _halves(d)
+    r0 = gl.join(gl.join(a0, a1), gl.join(b0, b1))            # [..., e, c]
+    r1 = gl.join(gl.join(c0, c1), gl.join(d0, d1))
+    v = gl.join(r0, r1)                                       # [n16, h, g, t, j, ii, e, c, r]
+    v = gl.permute(v, (0, 1, 2, 4, 5, 8, 7, 3, 6))            # [n16, h, g, j, ii, r, c, t, e]
+    v = gl.reshape(v, [BN, 128])       # row 16 n16 + 8h + g, column 64j + 32ii + 16r + 8c + 2t + e
+    return gl.convert_layout(v, A_LAYOUT, assert_trivial=True)
+
+
+@gluon.jit
+def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, n_iters, BN: gl.constexpr, BK: gl.constexpr,
+              BM: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr):
+    """The default partition (num_warps = 4 or 8: one or two warpgroups, warp w owning weight rows 16 (w + r NW),
+    r = 0 .. BN/(16 NW) - 1): per K step, decode + wgmma; returns (acc [BN, BM] fp32, ).
+    OVERLAP: keep one wgmma group in flight (wait(1)) so the next chunk's decode runs under it; the decoded
+    operand of the in-flight group stays live until the next wait (passed through its deps), and a slot is
+    released once the first wait of the following step has retired all its wgmmas."""
+    NW: gl.constexpr = gl.num_warps()
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
+    A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    W_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 2, 2], [1, 1, 8, 4, 1, 1], [NW, 1, 1, 1, 1, 1],
+                                              [5, 4, 3, 2, 1, 0])
+    S_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 2], [1, 1, 8, 4, 1], [NW, 1, 1, 1, 1], [4, 3, 2, 1, 0])
+    # Plain row-major views of the TMA buffers (TMA wrote them unswizzled: a warp's LDS.128 of four words per lane
+    # covers 512 contiguous bytes, conflict-free). A shared layout describes the trailing dims; the leading one
+    # indexes buffers.
+    RAW6: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [5, 4, 3, 2, 1, 0])
+    RAW5: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [4, 3, 2, 1, 0])
+    KC: gl.constexpr = BK // 128
+    w_raw = w_bufs._reinterpret(gl.int32, [STAGES * KC, BN // 16, 2, 8, 4, 2, 2], RAW6)
+    s_raw = s_bufs._reinterpret(gl.int32, [STAGES, BN // 16, 2, 8, KC, 2], RAW5)
+    acc = gl.zeros([BN, BM], gl.float32, mma)
+    a_prev = gl.zeros([BN, 128], gl.bfloat16, A_LAYOUT)
+    for it in range(n_iters):
+        slot = it % STAGES
+        mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
+        s_s = s_raw.index(slot)                                    # [BN/16, 2, 8, KC, 2] int32
+        x_s = x_bufs.index(slot)                                   # [BM, BK] bf16
+        for kc in gl.static_range(KC):
+            wv = w_raw.index(slot * KC + kc)                       # [BN/16, 2, 8, 4, 2, 2] int32
+            a = _decode_chunk(wv, s_s.slice(kc, 1, dim=3), W_LAYOUT, S_LAYOUT, A_LAYOUT, BN)
+            acc = warpgroup_mma(a, x_s.slice(kc * 128, 128, dim=1).permute((1, 0)), acc, is_async=True)
+            if OVERLAP:
+                acc, a_prev = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_prev))
+                a_prev = a
+                if kc == 0:   # every wgmma of step it - 1 has retired: its slot can be refilled
+                    fence_async_shared()
+                    mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), count=1, pred=it > 0)
+            else:
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        if not OVERLAP:
+            # the step's wgmmas (which read the activation tile) are complete and its words are in registers
+            fence_async_shared()
+            mbarrier.arrive(empty.index(slot), count=1)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    return (acc, )
+
+
+@gluon.jit(do_not_specialize=["M", "N", "KB", "SPLIT_K"])
+def _fp4_gemm_ws_kernel(w_desc, s_desc, x_desc, rf_ptr, out_ptr, part_ptr, count_ptr, M, N, KB, SPLIT_K, stride_om,
+                        BN: gl.constexpr, BK: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr,
+                        OVERLAP: gl.constexpr):
+    pid_n = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    per_split = gl.cdiv(KB, SPLIT_K)
+    kb_lo = pid_k * per_split
+    n_iters = gl.minimum(kb_lo + per_split, KB) - kb_lo
+    w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES] + w_desc.block_type.shape, w_desc.layout)
+    s_bufs = gl.allocate_shared_memory(gl.int32, [STAGES] + s_desc.block_type.shape, s_desc.layout)
+    x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES] + x_desc.block_type.shape, x_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    (acc, ) = gl.warp_specialize([
+        (_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, n_iters, BN, BK, BM, STAGES, OVERLAP)),
+        (_producer, (w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, pid_n * (BN // 16), pid_n * BN,
+                     kb_lo, n_iters, BK, STAGES)),
+    ], [1], [24])
+    _finish(acc, pid_n, pid_k, SPLIT_K, M, N, rf_ptr, out_ptr, part_ptr, count_ptr, stride_om, BN, BM)
+
+
+@gluon.jit
+def _epilogue_store(acc, rows, offs_m, M, N, rf_ptr, out_ptr, stride_om):
+    n_mask = rows < N
+    acc = acc * gl.expand_dims(gl.load(rf_ptr + rows, mask=n_mask, other=1.0), 1)
+    ptrs = out_ptr + gl.expand_dims(offs_m, 0).to(gl.int64) * stride_om + gl.expand_dims(rows, 1)
+    mask = gl.expand_dims(n_mask, 1) & gl.expand_dims(offs_m < M, 0)
+    gl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@gluon.jit
+def _finish(acc, pid_n, pid_k, SPLIT_K, M, N, rf_ptr, out_ptr, part_ptr, count_ptr, stride_om, BN: gl.constexpr,
+            BM: gl.constexpr):
+    """As fp4_gemm.finish_tile: direct store, or split pid_k's partial + ticket, the last program reducing the
+    partials in split order (deterministic)."""
+    layout: gl.constexpr = acc.type.layout
+    rows = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, layout))
+    offs_m = gl.arange(0, BM, layout=gl.SliceLayout(0, layout))
+    if SPLIT_K == 1:
+        _epilogue_store(acc, rows, offs_m, M, N, rf_ptr, out_ptr, stride_om)
+    else:
+        base = part_ptr + pid_n.to(gl.int64) * (SPLIT_K * BN * BM)
+        offs = gl.expand_dims(gl.arange(0, BM, layout=gl.SliceLayout(0, layout)), 0) * BN + \
+            gl.expand_dims(gl.arange(0, BN, layout=gl.SliceLayout(1, layout)), 1)
+        gl.store(base + pid_k * (BN * BM) + offs, acc)
+        gl.thread_barrier()                                      # every thread's partial is written
+        ticket = gl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        if ticket == SPLIT_K - 1:                                # the last program of this tile reduces
+            total = gl.zeros([BN, BM], gl.float32, layout)
+            for s in range(SPLIT_K):                             # fixed order: deterministic
+                total += gl.load(base + s * (BN * BM) + offs, cache_modifier=".cg")
+            gl.atomic_xchg(count_ptr + pid_n, 0)                 # ready for the next launch
+            _epilogue_store(total, rows, offs_m, M, N, rf_ptr, out_ptr, stride_om)
+
+
+@dataclass(frozen=True)
+class GluonConfig:
+    """One launch of the warp-specialised kernel: BN weight rows x BK = 256 columns per K step (BM = 8 or 16
+    tokens, from M), `stages` ring slots, `split_k` programs per N tile (0: `auto_split`), `num_warps` consumer
+    warps (4 or 8: one or two warpgroups), `overlap` (one wgmma group in flight during the next decode), and
+    `maxnreg`, the per-thread register budget the kernel is compiled for (the producer hands all but 24 of its
+    registers to the consumers with setmaxnreg; maxnreg x (num_warps + 4) x 32 bounds the CTAs per SM)."""
+
+    block_n: int = 128
+    stages: int = 4
+    split_k: int = 0
+    num_warps: int = 4
+    overlap: bool = False
+    maxnreg: int = 128
+    block_k: int = 256
+
+    def check(self) -> None:
+        if self.block_k != 256:
+            raise ValueError(f"GluonConfig {self}: block_k must be 256 (the nvfp4 scale tile [block_n, block_k/16 "
+                             f"bytes] must be >= 16 bytes wide for TMA, and a decode chunk is {COLS} columns)")
+        if self.num_warps not in (4, 8) or self.block_n % (16 * self.num_warps) or self.block_n > 256:
+            raise ValueError(f"GluonConfig {self}: num_warps must be 4 or 8 and block_n a multiple of 16 x num_warps "
+                             f"(<= 256: a TMA box holds at most 256 rows)")
+        if not 2 <= self.stages <= 8 or self.split_k < 0:
+            raise ValueError(f"GluonConfig {self}: stages must be in 2..8 and split_k >= 0")
+
+    def block_m(self, M: int) -> int:
+        return 8 if M <= 8 else 16
+
+    def smem_bytes(self, block_m: int) -> int:
+        return self.stages * (self.block_n * self.block_k // 2 + self.block_n * self.block_k // 16
+                              + block_m * self.block_k * 2) + 1024
+
+    def ctas_per_sm(self, block_m: int) -> int:
+        by_smem = (227 * 1024) // self.smem_bytes(block_m)
+        by_regs = 65536 // (self.maxnreg * (self.num_warps + 4) * 32)
+        return max(1, min(by_smem, by_regs))
+
+
+DEFAULT = GluonConfig()
+
+
+def auto_split(n_tiles: int, kb: int, ctas: int) -> int:
+    """The largest split keeping every program resident at once (n_tiles x split <= `ctas` = SMs x CTAs per SM)
+    and >= 2 K steps per program: each program's ring keeps STAGES steps in flight, so a second wave would only
+    add a pipeline fill."""
+    split = 1
+    while n_tiles * (split + 1) <= ctas and kb // (split + 1) >= 2:
+        split += 1
+    return triton.cdiv(kb, triton.cdiv(kb, split))       # no empty split
+
+
+def _descriptors(x2: torch.Tensor, w: HopperFP4, c: GluonConfig, block_m: int):
+    np_, kp = w.padded
+    wl = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
+    sl = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+    xl = gl.NVMMASharedLayout.get_default_for([block_m, c.block_k], gl.bfloat16)
+    # the layout words as [Kp/128, Np/16, 256]: a box is one K step's 128-column chunks of BN/16 row blocks
+    w_desc = TensorDescriptor(w.values, [kp // COLS, np_ // ROWS, 256], [256, w.values.stride(0), 1],
+                              [c.block_k // COLS, c.block_n // ROWS, 256], wl)
+    scales = w.scales.view(torch.int32)                                    # [Np, Kp/64]
+    s_desc = TensorDescriptor(scales, list(scales.shape), list(scales.stride()), [c.block_n, c.block_k // 64], sl)
+    x_desc = TensorDescriptor(x2, list(x2.shape), list(x2.stride()), [block_m, c.block_k], xl)
+    return w_desc, s_desc, x_desc
+
+
+def fp4_matmul_gluon(x2: torch.Tensor, w: HopperFP4, config: GluonConfig | None = None,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
+    """x2 [M, K] bf16, M <= 16, @ W^T for an nvfp4 weight W in the Hopper layout -> [M, N] bf16 (no bias, no
+    activation scale: W4A16). Needs an sm_90 GPU and Triton 3.6 (Gluon is version-pinned)."""
+    from trace_rl.kernels.fp4_gemm import tile_counters
+
+    c = config or DEFAULT
+    c.check()
+    if not isinstance(w, HopperFP4) or w.fmt != "nvfp4" or w.values.dim() != 2:
+        got = f"{w.fmt} values {tuple(w.values.shape)}" if isinstance(w, HopperFP4) else type(w).__name__
+        raise ValueError(f"fp4_matmul_gluon: the weight must be a 2-D nvfp4 HopperFP4 layout (hopper_fp4.to_hopper), "
+                         f"got {got}")
+    if x2.dim() != 2 or x2.dtype != torch.bfloat16:
+        raise ValueError(f"fp4_matmul_gluon: x must be a 2-D bf16 tensor, got {x2.dtype} {tuple(x2.shape)}")
+    M, K = x2.shape
+    if not 1 <= M <= 16:
+        raise ValueError(f"fp4_matmul_gluon: M = {M}; this kernel covers decode, 1 <= M <= 16 (use fp4_matmul)")
+    if K != w.k:
+        raise ValueError(f"fp4_matmul_gluon: x has {K} columns, the weight {w.k}")
+    if w.padded[1] % c.block_k:
+        raise ValueError(f"fp4_matmul_gluon: K = {K} pads to {w.padded[1]} layout columns, not a multiple of "
+                         f"{c.block_k}: the scale rows ({w.padded[1] // 16} bytes) would not be 16-byte aligned for "
+                         f"TMA (use fp4_matmul)")
+    if not (x2.is_cuda and w.values.is_cuda and x2.device == w.values.device):
+        raise ValueError("fp4_matmul_gluon: x and the weight must be on the same CUDA device")
+    if torch.cuda.get_device_capability(x2.device) != (9, 0):
+        raise RuntimeError("fp4_matmul_gluon: needs an sm_90 GPU (wgmma, TMA, setmaxnreg)")
+    if not triton.__version__.startswith("3.6"):
+        raise RuntimeError(f"fp4_matmul_gluon: written against Triton 3.6's experimental Gluon API, found "
+                           f"{triton.__version__}")
+    if x2.stride(1) != 1 or (x2.stride(0) * 2) % 16 or x2.data_ptr() % 16:
+        x2 = x2.contiguous()       # TMA: unit column stride, 16-byte aligned rows (K % 16 == 0 for nvfp4)
+    N = w.n
+    np_, kp = w.padded
+    bm = c.block_m(M)
+    n_tiles = triton.cdiv(np_, c.block_n)
+    kb = triton.cdiv(kp, c.block_k)
+    sms = torch.cuda.get_device_properties(x2.device).multi_processor_count
+    split = c.split_k or auto_split(n_tiles, kb, sms * c.ctas_per_sm(bm))
+    split = triton.cdiv(kb, triton.cdiv(kb, max(1, min(split, kb))))
+    out = torch.empty(M, N, device=x2.device, dtype=torch.bfloat16) if out is None else out
+    if out.shape != (M, N) or out.dtype != torch.bfloat16 or out.stride(1) != 1:
+        raise ValueError(f"fp4_matmul_gluon: out must be a bf16 [{M}, {N}] tensor with unit column stride")
+    if split > 1:
+        part = torch.empty(n_tiles * split * c.block_n * bm, device=x2.device, dtype=torch.float32)
+        counters = tile_counters(x2.device, n_tiles)
+    else:
+        part = counters = w.row_factor      # unused
+    w_desc, s_desc, x_desc = _descriptors(x2, w, c, bm)
+    _fp4_gemm_ws_kernel[(n_tiles, split)](
+        w_desc, s_desc, x_desc, w.row_factor, out, part, counters, M, N, kb, split, out.stride(0),
+        BN=c.block_n, BK=c.block_k, BM=bm, STAGES=c.stages, OVERLAP=c.overlap, num_warps=c.num_warps,
+        maxnreg=c.maxnreg)
+    return out
+
+
+# Compile gate (sass_gate.py; Triton 3.6 only: the Gluon API is experimental and version-pinned). The consumer's K
+# loop must keep the decoded tile in registers (register-A HGMMA, no STS/LDSM), spill nothing, and the kernel must
+# hold the warp-specialised structure: setmaxnreg (the partitions' register split), mbarrier waits and TMA loads.
+# Measured (Triton 3.6, sm_90, per weight element of the consumer's K step): 2.53 for one consumer warpgroup
+# (LOP3 5, SHF 4, HMUL2 4 per 8 weights; scale pairs PRMT + LEA 0.5 per weight; 2 HGMMA 64x16x16 per 16 K), 2.56
+# with overlap, 2.75 with two warpgroups (the step's fixed bookkeeping over half the weights). Budgets: + ~3%.
+GATE = ((GluonConfig(), 16, 2.6), (GluonConfig(), 8, 2.6), (GluonConfig(overlap=True), 16, 2.65),
+        (GluonConfig(stages=3, maxnreg=80), 8, 2.6), (GluonConfig(num_warps=8, maxnreg=80), 16, 2.85),
+        (GluonConfig(num_warps=8, maxnreg=80, overlap=True), 16, 2.85))
+
+
+def gate_case(c: GluonConfig, block_m: int, budget: float, fmt: str = "nvfp4"):
+    from trace_rl.kernels.sass_gate import GateCase
+
+    wl = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
+    sl = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+    xl = gl.NVMMASharedLayout.get_default_for([block_m, c.block_k], gl.bfloat16)
+    sig = dict(w_desc=f"tensordesc<i32[{c.block_k // COLS}, {c.block_n // ROWS}, 256],{wl!r}>",
+               s_desc=f"tensordesc<i32[{c.block_n}, {c.block_k // 64}],{sl!r}>",
+               x_desc=f"tensordesc<bf16[{block_m}, {c.block_k}],{xl!r}>", rf_ptr="*fp32", out_ptr="*bf16",
+               part_ptr="*fp32", count_ptr="*i32", M="i32", N="i32", KB="i32", SPLIT_K="i32", stride_om="i32")
+    consts = dict(BN=c.block_n, BK=c.block_k, BM=block_m, STAGES=c.stages, OVERLAP=c.overlap)
+    return GateCase(f"gemm gluon ws {fmt} {block_m}x{c.block_n}x{c.block_k} w{c.num_warps}s{c.stages}"
+                    f"{' overlap' if c.overlap else ''} r{c.maxnreg}", _fp4_gemm_ws_kernel, sig, consts,
+                    c.num_warps, 1, c.block_n * c.block_k / (32 * c.num_warps), budget,
+                    ("rf_ptr", "out_ptr", "part_ptr", "count_ptr", "stride_om"),
+                    max_full_waits=1 if c.overlap else c.block_k // COLS,
+                    options=(("maxnreg", c.maxnreg), ),
+                    require=("USETMAXREG", "SYNCS.PHASECHK", "UTMALDG", "SYNCS.ARRIVE"))
+
+
+def sass_gate_cases():
+    if not triton.__version__.startswith("3.6"):
+        return []
+    return [gate_case(c, bm, b) for c, bm, b in GATE]
