@@ -85,8 +85,9 @@ for _m in gpu36:
 @pytest.mark.parametrize("M", [1, 16])
 @pytest.mark.parametrize("N,K", [(12288, 4096), (4096, 12288)])
 def test_gluon_gemm_decode_shapes_gpu(M, N, K, gen):
-    """The issue's shapes at the auto split; at split 1 bit-identical to the shipped kernel at split 1 (the same
-    k16 order into one fp32 accumulator, the same epilogue)."""
+    """The issue's shapes at the auto split; at M = 16 and split 1 bit-identical to the shipped kernel at split 1
+    (both HGMMA 64x16x16 with the same k16 order into one fp32 accumulator, the same epilogue; at M <= 8 the Gluon
+    kernel's MMA is 64x8x16, so only the reference is checked)."""
     from trace_rl.kernels.fp4_gemm import fp4_matmul
 
     packed = _weight(N, K, "nvfp4", gen, "cuda")
@@ -94,8 +95,9 @@ def test_gluon_gemm_decode_shapes_gpu(M, N, K, gen):
     x = torch.randn(M, K, generator=gen).to(torch.bfloat16).cuda()
     y = fp4_matmul_gluon(x, h)
     assert _rel_err(y, packed, x) < 1e-2
-    y1 = fp4_matmul_gluon(x, h, GluonConfig(split_k=1))
-    assert torch.equal(y1, fp4_matmul(x, h, config=GemmConfig(16, 128, 128, 1, 4, 3)))
+    if M == 16:
+        y1 = fp4_matmul_gluon(x, h, GluonConfig(split_k=1))
+        assert torch.equal(y1, fp4_matmul(x, h, config=GemmConfig(16, 128, 128, 1, 4, 3)))
 
 
 for _m in gpu36:
