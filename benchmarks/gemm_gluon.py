@@ -47,6 +47,45 @@ VARIANTS = {   # in order of interest: `--budget-s` skips the last ones first; e
 }
 
 
+def _compile_gluon(job: tuple) -> str:
+    """Run one (config items, M, N) Gluon GEMM in a worker process: fills Triton's on-disk cache (the binary
+    depends on the config, BM (from M) and whether N is a multiple of 16, through out's row stride)."""
+    items, M, N = job
+    try:
+        g = torch.Generator(device=DEV).manual_seed(0)
+        w = torch.randn(N, 1024, device=DEV, generator=g).to(torch.bfloat16)
+        h = hopper_weight(PackedWeight("nvfp4", N, 1024, q=quantize(w, "nvfp4")))
+        x = torch.randn(M, 1024, device=DEV, generator=g).to(torch.bfloat16)
+        fp4_matmul_gluon(x, h, GluonConfig(**dict(items)))
+        torch.cuda.synchronize()
+        return ""
+    except Exception as e:   # noqa: BLE001
+        return f"{job}: {e!r}"[:300]
+
+
+def precompile_all(workers: int = 14) -> list[str]:
+    """The binaries of this benchmark (VARIANTS, BM 8 and 16, N % 16 == 0), of tests/kernels/test_fp4_gemm_gluon.py
+    (its CONFIGS at N = 200) and the shipped kernel's decode configs, in `workers` processes (spawn)."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    from kernel_baselines import precompile
+
+    from trace_rl.kernels.fp4_gemm import GemmConfig
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "kernels"))
+    from test_fp4_gemm_gluon import CONFIGS
+
+    jobs = [(tuple(asdict(c).items()), M, N) for cs, N in ((VARIANTS.values(), 512), (CONFIGS, 200)) for c in cs
+            for M in (1, 16)]
+    jobs = list(dict.fromkeys(jobs))
+    with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=get_context("spawn")) as pool:
+        errors = [e for e in pool.map(_compile_gluon, jobs) if e]
+    shipped = {default_config(M, N, K, 132) for K, N in SHAPES for M in (1, 16)} | {GemmConfig(16, 128, 128, 1, 4, 3)}
+    dense = [("dense", "nvfp4", "bf16", tuple(replace(c, split_k=1).__dict__.items())) for c in shipped]
+    return errors + precompile(dense)
+
+
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
@@ -57,8 +96,13 @@ def main() -> None:
     ap.add_argument("--M", default="1,16")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--budget-s", type=float, default=60.0, help="start no new variant after this many seconds")
+    ap.add_argument("--precompile-only", action="store_true", help="only fill the compile cache (see precompile_all)")
     args = ap.parse_args()
     start = time.time()
+    if args.precompile_only:
+        errors = precompile_all()
+        print({"precompile_s": round(time.time() - start, 1), "errors": errors}, flush=True)
+        return
     Ms = [int(m) for m in args.M.split(",")]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     res = {"env": run_env(torch.cuda.get_device_name(0), sms=sms), "rows": [], "skipped": [], "errors": []}
