@@ -75,14 +75,11 @@ def _halves(pair):
 
 
 @gluon.jit
-def _decode_chunk(wv, sv, W_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr, A_LAYOUT: gl.constexpr,
-                  BN: gl.constexpr):
-    """One 128-column chunk: layout words, shared view [BN/16, 2, 8, 4, 2, 2] (n16, h, g, t, j, ii: word
-    i = 2j + ii of lane 4g + t, rows 16 n16 + 8h + g), and scale words, view [BN/16, 2, 8, 1, 2] (n16, h, g, -, j:
-    byte b of word j is K-slice 4j + b) -> the wgmma A operand [BN, 128] bf16 = code x 2**-126 x pre-biased scale
+def _decode_chunk(w, sw, W_LAYOUT: gl.constexpr, A_LAYOUT: gl.constexpr, BN: gl.constexpr):
+    """One 128-column chunk: layout words `w` [BN/16, 2, 8, 4, 2, 2] (n16, h, g, t, j, ii: word i = 2j + ii of lane
+    4g + t, rows 16 n16 + 8h + g) and scale words `sw` [BN/16, 2, 8, 1, 2] (n16, h, g, -, j: byte b of word j is
+    K-slice 4j + b), loaded from the ring -> the wgmma A operand [BN, 128] bf16 = code x 2**-126 x pre-biased scale
     (exact), in registers."""
-    w = wv.load(W_LAYOUT)
-    sw = sv.load(S_LAYOUT)
     p0, p1, p2, p3 = gl.inline_asm_elementwise(NV_SCALE_ASM, "=r,=r,=r,=r,r", [sw],
                                                dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True,
                                                pack=1)
@@ -134,9 +131,18 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, n_iters, BN: gl.constexpr, B
         mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
         s_s = s_raw.index(slot)                                    # [BN/16, 2, 8, KC, 2] int32
         x_s = x_bufs.index(slot)                                   # [BM, BK] bf16
+        # both chunks' words and scale words first (BK = 256: two chunks): their LDS latency is paid once per step,
+        # not again behind the first chunk's wgmma wait
+        gl.static_assert(KC == 2)
+        w0 = w_raw.index(slot * KC).load(W_LAYOUT)                 # [BN/16, 2, 8, 4, 2, 2] int32
+        w1 = w_raw.index(slot * KC + 1).load(W_LAYOUT)
+        s0 = s_s.slice(0, 1, dim=3).load(S_LAYOUT)                 # [BN/16, 2, 8, 1, 2] int32
+        s1 = s_s.slice(1, 1, dim=3).load(S_LAYOUT)
         for kc in gl.static_range(KC):
-            wv = w_raw.index(slot * KC + kc)                       # [BN/16, 2, 8, 4, 2, 2] int32
-            a = _decode_chunk(wv, s_s.slice(kc, 1, dim=3), W_LAYOUT, S_LAYOUT, A_LAYOUT, BN)
+            if kc == 0:
+                a = _decode_chunk(w0, s0, W_LAYOUT, A_LAYOUT, BN)
+            else:
+                a = _decode_chunk(w1, s1, W_LAYOUT, A_LAYOUT, BN)
             acc = warpgroup_mma(a, x_s.slice(kc * 128, 128, dim=1).permute((1, 0)), acc, is_async=True)
             if OVERLAP:
                 acc, a_prev = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_prev))
@@ -338,9 +344,11 @@ def fp4_matmul_gluon(x2: torch.Tensor, w: HopperFP4, config: GluonConfig | None 
 # Compile gate (sass_gate.py; Triton 3.6 only: the Gluon API is experimental and version-pinned). The consumer's K
 # loop must keep the decoded tile in registers (register-A HGMMA, no STS/LDSM), spill nothing, and the kernel must
 # hold the warp-specialised structure: setmaxnreg (the partitions' register split), mbarrier waits and TMA loads.
-# Measured (Triton 3.6, sm_90, per weight element of the consumer's K step): 2.53 for one consumer warpgroup
-# (LOP3 5, SHF 4, HMUL2 4 per 8 weights; scale pairs PRMT + LEA 0.5 per weight; 2 HGMMA 64x16x16 per 16 K), 2.56
-# with overlap, 2.75 with two warpgroups (the step's fixed bookkeeping over half the weights). Budgets: + ~3%.
+# Measured (Triton 3.6, sm_90, per weight element of the consumer's K step): 2.52 for one consumer warpgroup
+# (LOP3 5, SHF 4, HMUL2 4 per 8 weights; scale pairs PRMT + LEA 0.5 per weight; 2 HGMMA 64x16x16 per 16 K), 2.55
+# with overlap, 2.73 with two warpgroups (the step's fixed bookkeeping over half the weights). Budgets: + ~3%.
+# With both chunks' words loaded at the top of the step, ptxas issues each of the first chunk's HGMMAs as soon as
+# its k16 fragment is decoded and decodes the second chunk under them (its 16 HGMMAs then issue back to back).
 # The register budgets are the benchmark's variants (benchmarks/gemm_gluon.py), each gated: below them ptxas keeps
 # the kernel spill-free by serialising every wgmma (a full wait after each HGMMA: one warpgroup at maxnreg 48-64,
 # or 80 with overlap; two warpgroups at 56), or spills.
