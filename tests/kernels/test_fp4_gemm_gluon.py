@@ -1,4 +1,5 @@
-"""The opt-in Gluon warp-specialised nvfp4 W4A16 GEMM (fp4_gemm_gluon.py, M <= 16): launcher checks on CPU; on an
+"""The opt-in Gluon warp-specialised nvfp4 W4A16 GEMM (fp4_gemm_gluon.py, M <= 16): launcher checks and a torch
+emulation of its data path (TMA boxes, ring views, decode index algebra) on CPU; on an
 sm_90 GPU with Triton 3.6, against the float64 reference (the same as test_fp4_gemm.py's) at M in {1, 5, 16} and
 ragged N / K, per config (one or two consumer warpgroups, wgmma overlap, forced split-K), and bit-identical to the
 shipped kernel at equal split (same k16 order, fp32 accumulation, epilogue)."""
@@ -104,3 +105,75 @@ def test_gluon_gemm_decode_shapes_gpu(M, N, K, gen):
 
 for _m in gpu36:
     test_gluon_gemm_decode_shapes_gpu = _m(test_gluon_gemm_decode_shapes_gpu)
+
+
+def _box(t: torch.Tensor, start: list, size: list) -> torch.Tensor:
+    """A TMA box: t[start : start + size] per dim, zero past t's end."""
+    out = torch.zeros(size, dtype=t.dtype)
+    src = t[tuple(slice(s, min(s + n, d)) for s, n, d in zip(start, size, t.shape))]
+    out[tuple(slice(0, n) for n in src.shape)] = src
+    return out
+
+
+def _rotr(w: torch.Tensor, r: int) -> torch.Tensor:
+    u = w.to(torch.int64) & 0xFFFFFFFF
+    return ((u >> r) | (u << (32 - r))) & 0xFFFFFFFF
+
+
+def _bf16(bits: torch.Tensor) -> torch.Tensor:
+    return (bits.to(torch.int32) << 16).view(torch.float32).double()
+
+
+def _emulate(x: torch.Tensor, h, BN: int = 128, BM: int = 16) -> torch.Tensor:
+    """The Gluon kernel's data path in torch, step by step as the kernel indexes it: the three TMA boxes (the words
+    through the [Kp/128, Np/16, 256] view), the row-major `_reinterpret` views of the ring, the scale-pair and decode
+    PTX (bit for bit, products rounded to bf16 like mul.rn.bf16x2), the joins / permute / reshape into the
+    [BN, 128] A tile, and A @ x_chunk^T per chunk, split 1. float64 accumulation (the kernel: fp32)."""
+    np_, kp = h.padded
+    v3 = h.values.view(np_ // 16, kp // 128, 256).permute(1, 0, 2)
+    sc = h.scales.view(torch.int32)
+    M, K = x.shape
+    out = torch.zeros(M, h.n, dtype=torch.float64)
+    for pid_n in range(-(-np_ // BN)):
+        acc = torch.zeros(BN, BM, dtype=torch.float64)
+        for kb in range(kp // 256):
+            w_s = _box(v3, [2 * kb, pid_n * BN // 16, 0], [2, BN // 16, 256]).reshape(2, BN // 16, 2, 8, 4, 2, 2)
+            s_s = _box(sc, [pid_n * BN, 4 * kb], [BN, 4]).reshape(BN // 16, 2, 8, 2, 2)
+            x_s = _box(x, [0, 256 * kb], [BM, 256])
+            for kc in range(2):
+                w = w_s[kc]
+                sw = s_s[:, :, :, kc:kc + 1].to(torch.int64) & 0xFFFFFFFF
+                p = [0x70007000 + 16 * (((sw >> (8 * b)) & 0xFF) * 0x10001) for b in range(4)]   # prmt + mad
+                se = torch.stack([p[0], p[2]], -1).expand(*w.shape)
+                so = torch.stack([p[1], p[3]], -1).expand(*w.shape)
+                m = 0x81C081C0
+                slots = [(w.to(torch.int64) & 0xFFFFFFFF) & m, _rotr(w, 4) & m, _rotr(w, 10) & m,
+                         (_rotr(w, 6) & 0x81808180) | (_rotr(w, 14) & 0x00400040)]
+                halves = []
+                for bits, s in zip(slots, (se, se, so, so)):
+                    halves.append([(_bf16(bits >> (16 * e) & 0xFFFF) * _bf16(s >> (16 * e) & 0xFFFF))
+                                   .float().to(torch.bfloat16).double() for e in range(2)])
+                a, b, c, d = halves
+                r0 = torch.stack([torch.stack(a, -1), torch.stack(b, -1)], -1)      # [..., e, c]
+                r1 = torch.stack([torch.stack(c, -1), torch.stack(d, -1)], -1)
+                v = torch.stack([r0, r1], -1).permute(0, 1, 2, 4, 5, 8, 7, 3, 6).reshape(BN, 128)
+                acc += v @ x_s[:, 128 * kc:128 * (kc + 1)].double().T
+        rows = torch.arange(pid_n * BN, min((pid_n + 1) * BN, h.n))
+        out[:, rows] = (acc[rows - pid_n * BN] * h.row_factor[rows, None].double())[:, :M].T
+    return out
+
+
+@pytest.mark.parametrize("M,N,K", [(5, 200, 1008), (16, 136, 1520)])
+def test_emulated_data_path_matches_reference(M, N, K, gen):
+    """CPU check of what the compile gate cannot see: the descriptors' views and box coordinates, the ring views and
+    the decode's index algebra reproduce the weight (the register layouts themselves are proved at compile time by
+    `convert_layout(..., assert_trivial=True)`)."""
+    from trace_rl.kernels.hopper_fp4 import operand
+
+    packed = _weight(N, K, "nvfp4", gen)
+    h = to_hopper(packed.q)
+    x = torch.randn(M, K, generator=gen).to(torch.bfloat16)
+    y = _emulate(x, h)
+    ref = x.double() @ (operand(h).double() * h.row_factor[:N, None].double()).T
+    assert torch.allclose(y, ref, rtol=1e-9, atol=1e-9 * ref.abs().max().item())
+    assert _rel_err(y, packed, x) < 1e-2
