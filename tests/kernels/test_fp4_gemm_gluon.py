@@ -1,8 +1,8 @@
 """The opt-in Gluon warp-specialised nvfp4 W4A16 GEMM (fp4_gemm_gluon.py, M <= 16): launcher checks and a torch
-emulation of its data path (TMA boxes, ring views, decode index algebra) on CPU; on an
-sm_90 GPU with Triton 3.6, against the float64 reference (the same as test_fp4_gemm.py's) at M in {1, 5, 16} and
-ragged N / K, per config (one or two consumer warpgroups, wgmma overlap, forced split-K), and bit-identical to the
-shipped kernel at equal split (same k16 order, fp32 accumulation, epilogue)."""
+emulation of its data path (TMA boxes, ring views, decode index algebra) on CPU; on an sm_90 GPU with Triton 3.6,
+against the float64 reference (the same as test_fp4_gemm.py's) at M in {1, 5, 16} and ragged N / K, per config (one
+or two consumer warpgroups, wgmma overlap, forced split-K), and bit-identical to the shipped kernel at split 1 and M
+= 16 (same k16 order, fp32 accumulation, epilogue)."""
 
 import pytest
 import torch
