@@ -20,7 +20,10 @@ thread):
 - every HGMMA takes its A operand from registers (`HGMMA.* R<n>, gdesc[...]`), when `register_a`;
 - at most `max_full_waits` `WARPGROUP.DEPBAR.LE gsb0, 0x0` in the loop (ptxas serialises every wgmma
   when it cannot prove the accumulator untouched in between, C7515, which serialises decode and MMA);
-- no spill traffic (LDL/STL) in the loop (spills elsewhere are reported, not failed).
+- no spill traffic (LDL/STL) in the loop (spills elsewhere are reported, not failed);
+- every opcode prefix of `require` somewhere in the kernel (e.g. a warp-specialised kernel's USETMAXREG, mbarrier
+  SYNCS and UTMALDG).
+A `@gluon.jit` kernel compiles through Gluon's source (its `options` can carry e.g. maxnreg).
 
 Adding a case: define `sass_gate_cases() -> list[GateCase]` in your kernel module and list the module in
 `GATE_MODULES` (modules that do not exist yet or define no cases are skipped).
