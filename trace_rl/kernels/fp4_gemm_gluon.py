@@ -316,7 +316,8 @@ def fp4_matmul_gluon(x2: torch.Tensor, w: HopperFP4, config: GluonConfig | None 
         raise RuntimeError(f"fp4_matmul_gluon: written against Triton 3.6's experimental Gluon API, found "
                            f"{triton.__version__}")
     if x2.stride(1) != 1 or (x2.stride(0) * 2) % 16 or x2.data_ptr() % 16:
-        x2 = x2.contiguous()       # TMA: unit column stride, 16-byte aligned rows (K % 16 == 0 for nvfp4)
+        # TMA: unit column stride, 16-byte aligned base and rows (K % 16 == 0 for nvfp4); a fresh copy is aligned
+        x2 = x2.clone(memory_format=torch.contiguous_format)
     N = w.n
     np_, kp = w.padded
     bm = c.block_m(M)
