@@ -85,6 +85,21 @@ for _m in gpu36:
     test_gluon_gemm_matches_reference_gpu = _m(test_gluon_gemm_matches_reference_gpu)
 
 
+def test_gluon_gemm_misaligned_x_and_out_gpu(gen):
+    """An x view whose base is not 16-byte aligned (TMA needs it: the launcher copies it) and a given `out`."""
+    packed = _weight(200, 1008, "nvfp4", gen, "cuda")
+    h = to_hopper(packed.q)
+    big = torch.randn(5, 1009, generator=gen).to(torch.bfloat16).cuda()
+    x = big[:, 1:]
+    out = torch.empty(5, 200, dtype=torch.bfloat16, device="cuda")
+    assert fp4_matmul_gluon(x, h, out=out) is out
+    assert _rel_err(out, packed, x) < 1e-2
+
+
+for _m in gpu36:
+    test_gluon_gemm_misaligned_x_and_out_gpu = _m(test_gluon_gemm_misaligned_x_and_out_gpu)
+
+
 @pytest.mark.parametrize("M", [1, 16])
 @pytest.mark.parametrize("N,K", [(12288, 4096), (4096, 12288)])
 def test_gluon_gemm_decode_shapes_gpu(M, N, K, gen):
