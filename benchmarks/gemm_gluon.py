@@ -3,9 +3,9 @@ cuBLAS BF16 at the issue's decode shapes (issue 15: M <= 16 needs >= 1.8x cuBLAS
 
     python benchmarks/gemm_gluon.py --out gemm_gluon.json [--M 1,16] [--budget-s 60]
 
-Per shape (K, N) and M: cuBLAS BF16 `F.linear`, the shipped kernel (`default_config`, nvfp4), and Gluon variants
-(VARIANTS: one / two consumer warpgroups, wgmma overlap, ring depth and register budgets for 2-3 CTAs per SM) each
-at its auto split, twice and half that split. Each variant's output is checked against the shipped kernel's
+Per shape (K, N) and M: cuBLAS BF16 `F.linear`, the shipped kernel (`default_config`, nvfp4 and mxfp4), and Gluon
+variants (VARIANTS: one / two consumer warpgroups, wgmma overlap, ring depth and register budgets for 2-3 CTAs per
+SM) each at its auto split, twice and half that split. Each variant's output is checked against the shipped kernel's
 (`rel_diff`, relative Frobenius difference; the split differs, so not bit-exact) before it is timed. Timing as
 benchmarks/gemm_tma.py: every call captured over weight copies larger than L2 in one CUDA graph, median replay in
 microseconds; `speedup` = cuBLAS us / us. The JSON is rewritten after every measurement, and no new variant starts
@@ -32,29 +32,31 @@ from kernel_baselines import graph_us, json_saver, run_env  # noqa: E402
 from trace_rl.backends import PackedWeight  # noqa: E402
 from trace_rl.kernels import quantize  # noqa: E402
 from trace_rl.kernels.fp4_gemm import default_config, fp4_matmul  # noqa: E402
-from trace_rl.kernels.fp4_gemm_gluon import GluonConfig, auto_split, fp4_matmul_gluon  # noqa: E402
+from trace_rl.kernels.fp4_gemm_gluon import GluonConfig, auto_split, fp4_matmul_gluon, step_k  # noqa: E402
 from trace_rl.kernels.linear import hopper_weight  # noqa: E402
 
 DEV = "cuda"
 SHAPES = [(4096, 12288), (12288, 4096)]   # (K, N): up, down
-VARIANTS = {   # in order of interest: `--budget-s` skips the last ones first; each is in the compile gate
-    "ws": GluonConfig(),                                               # 1 consumer WG, 4 stages, 2 CTAs/SM
-    "ws_w8_overlap": GluonConfig(num_warps=8, maxnreg=80, overlap=True),   # 2 consumer WGs, 2 CTAs/SM
-    "ws_s2_r72": GluonConfig(stages=2, maxnreg=72),                    # 3 CTAs/SM, 2-slot rings
-    "ws_overlap": GluonConfig(overlap=True),                           # next chunk's decode under the wgmma
-    "ws_s3_r72": GluonConfig(stages=3, maxnreg=72),                    # 3 CTAs/SM at M <= 8, else 2
-    "ws_w8": GluonConfig(num_warps=8, maxnreg=80),
+VARIANTS = {   # name -> (format, config), in order of interest: `--budget-s` skips the last ones first; all gated
+    "ws": ("nvfp4", GluonConfig()),                                    # 1 consumer WG, 4 stages, 2 CTAs/SM
+    "ws_w8_overlap": ("nvfp4", GluonConfig(num_warps=8, maxnreg=80, overlap=True)),   # 2 consumer WGs, 2 CTAs/SM
+    "ws_s2_r72": ("nvfp4", GluonConfig(stages=2, maxnreg=72)),         # 3 CTAs/SM, 2-slot rings
+    "mx_ws_s2": ("mxfp4", GluonConfig(stages=2)),                      # 512-column steps: 2 x 50 KB, 2 CTAs/SM
+    "ws_overlap": ("nvfp4", GluonConfig(overlap=True)),                # next chunk's decode under the wgmma
+    "mx_ws_w8_overlap_s2": ("mxfp4", GluonConfig(num_warps=8, maxnreg=80, overlap=True, stages=2)),
+    "ws_s3_r72": ("nvfp4", GluonConfig(stages=3, maxnreg=72)),         # 3 CTAs/SM at M <= 8, else 2
+    "ws_w8": ("nvfp4", GluonConfig(num_warps=8, maxnreg=80)),
 }
 
 
 def _compile_gluon(job: tuple) -> str:
-    """Run one (config items, M, N) Gluon GEMM in a worker process: fills Triton's on-disk cache (the binary
-    depends on the config, BM (from M) and whether N is a multiple of 16, through out's row stride)."""
-    items, M, N = job
+    """Run one (format, config items, M, N) Gluon GEMM in a worker process: fills Triton's on-disk cache (the binary
+    depends on the format, the config, BM (from M) and whether N is a multiple of 16, through out's row stride)."""
+    fmt, items, M, N = job
     try:
         g = torch.Generator(device=DEV).manual_seed(0)
         w = torch.randn(N, 1024, device=DEV, generator=g).to(torch.bfloat16)
-        h = hopper_weight(PackedWeight("nvfp4", N, 1024, q=quantize(w, "nvfp4")))
+        h = hopper_weight(PackedWeight(fmt, N, 1024, q=quantize(w, fmt)))
         x = torch.randn(M, 1024, device=DEV, generator=g).to(torch.bfloat16)
         fp4_matmul_gluon(x, h, GluonConfig(**dict(items)))
         torch.cuda.synchronize()
@@ -63,27 +65,33 @@ def _compile_gluon(job: tuple) -> str:
         return f"{job}: {e!r}"[:300]
 
 
-def precompile_all(workers: int = 14) -> list[str]:
+def _compile_any(job: tuple) -> str:
+    if job[0] == "dense":
+        from kernel_baselines import _compile_one
+
+        return _compile_one(job)
+    return _compile_gluon(job)
+
+
+def precompile_all(workers: int = 16) -> list[str]:
     """The binaries of this benchmark (VARIANTS, BM 8 and 16, N % 16 == 0), of tests/kernels/test_fp4_gemm_gluon.py
-    (its CONFIGS at N = 200) and the shipped kernel's decode configs, in `workers` processes (spawn)."""
+    (its GPU_JOBS) and the shipped kernel's decode configs, in `workers` processes (spawn), Gluon ones first."""
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
-
-    from kernel_baselines import precompile
 
     from trace_rl.kernels.fp4_gemm import GemmConfig
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "kernels"))
-    from test_fp4_gemm_gluon import CONFIGS
+    from test_fp4_gemm_gluon import GPU_JOBS
 
-    jobs = [(tuple(asdict(c).items()), M, N) for cs, N in ((VARIANTS.values(), 512), (CONFIGS, 200)) for c in cs
-            for M in (1, 16)]
+    jobs = [(f, tuple(asdict(c).items()), M, 512) for f, c in VARIANTS.values() for M in (1, 16)]
+    jobs += [(f, tuple(asdict(c).items()), M, N) for f, c, M, N in GPU_JOBS]
+    shipped = {default_config(M, N, K, 132) for K, N in SHAPES for M in (1, 16)} | {GemmConfig(16, 128, 128, 1, 4, 3)}
+    jobs += [("dense", f, "bf16", tuple(replace(c, split_k=1).__dict__.items())) for c in shipped
+             for f in ("nvfp4", "mxfp4")]
     jobs = list(dict.fromkeys(jobs))
     with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=get_context("spawn")) as pool:
-        errors = [e for e in pool.map(_compile_gluon, jobs) if e]
-    shipped = {default_config(M, N, K, 132) for K, N in SHAPES for M in (1, 16)} | {GemmConfig(16, 128, 128, 1, 4, 3)}
-    dense = [("dense", "nvfp4", "bf16", tuple(replace(c, split_k=1).__dict__.items())) for c in shipped]
-    return errors + precompile(dense)
+        return [e for e in pool.map(_compile_any, jobs) if e]
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -107,52 +115,55 @@ def main() -> None:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     res = {"env": run_env(torch.cuda.get_device_name(0), sms=sms), "rows": [], "skipped": [], "errors": []}
     save = json_saver(res, args.out)
+    fmts = sorted({VARIANTS[v][0] for v in args.variants.split(",")}, reverse=True)    # nvfp4 first
     setups = []
-    for K, N in SHAPES:     # weights, cuBLAS and the shipped kernel first, for every shape and M
+    for K, N in SHAPES:     # weights, cuBLAS and the shipped kernel first, for every shape, M and format
         n_copies = max(2, min(64, math.ceil((200 << 20) / (N * K // 2))))
         w_bf16 = [torch.randn(N, K, device=DEV, dtype=torch.bfloat16) * 0.02 for _ in range(n_copies)]
-        packed = [PackedWeight("nvfp4", N, K, q=quantize(w, "nvfp4")) for w in w_bf16]
-        hw = [hopper_weight(p) for p in packed]        # derive the layouts before any capture
+        hws = {f: [hopper_weight(PackedWeight(f, N, K, q=quantize(w, f))) for w in w_bf16] for f in fmts}
         for M in Ms:
             x = torch.randn(M, K, device=DEV, dtype=torch.bfloat16)
             base = default_config(M, N, K, sms)
             row = {"K": K, "N": N, "M": M, "copies": n_copies, "shipped_config": asdict(base)}
             row["cublas_bf16_us"] = graph_us([lambda w=w, x=x: F.linear(x, w) for w in w_bf16])
-            ref = fp4_matmul(x, hw[0], config=base)
-            us = graph_us([lambda h=h, x=x, b=base: fp4_matmul(x, h, config=b) for h in hw])
-            row["shipped"] = {"us": us, "speedup": row["cublas_bf16_us"] / us}
+            refs = {}
+            for f, hw in hws.items():
+                refs[f] = fp4_matmul(x, hw[0], config=base)
+                us = graph_us([lambda h=h, x=x, b=base: fp4_matmul(x, h, config=b) for h in hw])
+                row[f"{f}_shipped"] = {"us": us, "speedup": row["cublas_bf16_us"] / us}
             res["rows"].append(row)
-            setups.append((row, x, hw, ref))
+            setups.append((row, x, hws, refs))
             save()
-        del w_bf16, packed
+        del w_bf16
     torch.cuda.empty_cache()
     for name in args.variants.split(","):    # then the variants, each over every shape and M before the next
-        cfg = VARIANTS[name]
-        for row, x, hw, ref in setups:
-            M = row["M"]
+        fmt, cfg = VARIANTS[name]
+        for row, x, hws, refs in setups:
+            M, hw = row["M"], hws[fmt]
             if time.time() - start > args.budget_s:
                 res["skipped"].append({"K": row["K"], "N": row["N"], "M": M, "variant": name})
                 continue
             bm = cfg.block_m(M)
-            auto = auto_split(triton_cdiv(hw[0].padded[0], cfg.block_n), triton_cdiv(hw[0].padded[1], cfg.block_k),
-                              sms * cfg.ctas_per_sm(bm))
+            auto = auto_split(triton_cdiv(hw[0].padded[0], cfg.block_n), hw[0].padded[1] // step_k(fmt),
+                              sms * cfg.ctas_per_sm(bm, fmt))
             for split in sorted({auto, 2 * auto, max(1, auto // 2)}):
                 key = f"{name}_split{split}"
                 c = replace(cfg, split_k=split)
                 try:
                     y = fp4_matmul_gluon(x, hw[0], c)
                     torch.cuda.synchronize()
-                    rel = _rel(y, ref)
+                    rel = _rel(y, refs[fmt])
                     us = graph_us([lambda h=h, x=x, c=c: fp4_matmul_gluon(x, h, c) for h in hw])
                 except Exception as e:   # noqa: BLE001 -- one failing variant must not lose the run
                     res["errors"].append(f"K {row['K']} N {row['N']} M {M} {key}: {e!r}"[:400])
                     save()
                     continue
-                row[key] = {"config": asdict(c), "ctas_per_sm": cfg.ctas_per_sm(bm), "auto": split == auto,
-                            "us": us, "speedup": row["cublas_bf16_us"] / us, "rel_diff_vs_shipped": rel}
-                best = row.get("best_gluon")
+                row[key] = {"fmt": fmt, "config": asdict(c), "ctas_per_sm": cfg.ctas_per_sm(bm, fmt),
+                            "auto": split == auto, "us": us, "speedup": row["cublas_bf16_us"] / us,
+                            "rel_diff_vs_shipped": rel}
+                best = row.get(f"{fmt}_best_gluon")
                 if best is None or us < best["us"]:
-                    row["best_gluon"] = {"variant": key, "us": us, "speedup": row["cublas_bf16_us"] / us}
+                    row[f"{fmt}_best_gluon"] = {"variant": key, "us": us, "speedup": row["cublas_bf16_us"] / us}
                 save()
             print({k: (round(v["us"], 2), round(v["speedup"], 2)) if isinstance(v, dict) and "us" in v else v
                    for k, v in row.items() if k not in ("shipped_config", "copies")}, flush=True)

@@ -32,8 +32,6 @@ def _rel_err(y, packed, x):
 
 
 def test_config_and_launcher_checks(gen):
-    with pytest.raises(ValueError, match="block_k must be 256"):
-        GluonConfig(block_k=128).check()
     with pytest.raises(ValueError, match="num_warps"):
         GluonConfig(num_warps=8, block_n=64).check()
     packed = _weight(48, 512, "nvfp4", gen)
@@ -45,10 +43,12 @@ def test_config_and_launcher_checks(gen):
         fp4_matmul_gluon(x.float(), h)
     with pytest.raises(ValueError, match="columns"):
         fp4_matmul_gluon(torch.zeros(2, 256, dtype=torch.bfloat16), h)
-    with pytest.raises(ValueError, match="nvfp4"):
-        fp4_matmul_gluon(x, to_hopper(_weight(48, 512, "mxfp4", gen).q))
-    with pytest.raises(ValueError, match="16-byte aligned"):      # K = 384 pads to 384 = 1.5 K steps
+    with pytest.raises(ValueError, match="nvfp4 or mxfp4"):
+        fp4_matmul_gluon(x, packed)                                 # a PackedWeight, not its Hopper layout
+    with pytest.raises(ValueError, match="16-byte aligned"):      # K = 384 pads to 384 = 1.5 nvfp4 K steps
         fp4_matmul_gluon(torch.zeros(2, 384, dtype=torch.bfloat16), to_hopper(_weight(48, 384, "nvfp4", gen).q))
+    with pytest.raises(ValueError, match="16-byte aligned"):      # 768 = 1.5 mxfp4 K steps
+        fp4_matmul_gluon(torch.zeros(2, 768, dtype=torch.bfloat16), to_hopper(_weight(48, 768, "mxfp4", gen).q))
     with pytest.raises(ValueError, match="CUDA"):
         fp4_matmul_gluon(x, h)
 
@@ -63,6 +63,11 @@ def test_auto_split_keeps_one_wave():
 
 CONFIGS = [GluonConfig(), GluonConfig(overlap=True, stages=3), GluonConfig(num_warps=8, maxnreg=80),
            GluonConfig(split_k=3, stages=2)]
+MX_CONFIGS = [GluonConfig(stages=2), GluonConfig(num_warps=8, maxnreg=80, overlap=True, stages=2, split_k=2)]
+# (format, config, M, N) of every binary the GPU tests build: benchmarks/gemm_gluon.py --precompile-only builds them
+GPU_JOBS = [("nvfp4", c, M, 200) for c in CONFIGS for M in (1, 16)] + \
+    [("mxfp4", c, M, 200) for c in MX_CONFIGS for M in (1, 16)] + \
+    [(f, GluonConfig(), 16, 4096) for f in ("nvfp4", "mxfp4")]
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=["default", "overlap_s3", "w8", "split3_s2"])
@@ -85,6 +90,23 @@ for _m in gpu36:
     test_gluon_gemm_matches_reference_gpu = _m(test_gluon_gemm_matches_reference_gpu)
 
 
+@pytest.mark.parametrize("cfg", MX_CONFIGS, ids=["s2", "w8_overlap_split2"])
+@pytest.mark.parametrize("M", [1, 16])
+@pytest.mark.parametrize("N,K", [(200, 1504)])
+def test_gluon_gemm_mxfp4_matches_reference_gpu(cfg, M, N, K, gen):
+    """mxfp4: 512-column steps (four chunks, one scale word per row and chunk); ragged N and K (1504 pads to 1536)."""
+    packed = _weight(N, K, "mxfp4", gen, "cuda")
+    h = to_hopper(packed.q)
+    x = torch.randn(M, K, generator=gen).to(torch.bfloat16).cuda()
+    y = fp4_matmul_gluon(x, h, cfg)
+    assert _rel_err(y, packed, x) < 1e-2
+    assert torch.equal(y, fp4_matmul_gluon(x, h, cfg))
+
+
+for _m in gpu36:
+    test_gluon_gemm_mxfp4_matches_reference_gpu = _m(test_gluon_gemm_mxfp4_matches_reference_gpu)
+
+
 def test_gluon_gemm_misaligned_x_and_out_gpu(gen):
     """An x view whose base is not 16-byte aligned (TMA needs it: the launcher copies it) and a given `out`."""
     packed = _weight(200, 1008, "nvfp4", gen, "cuda")
@@ -100,22 +122,22 @@ for _m in gpu36:
     test_gluon_gemm_misaligned_x_and_out_gpu = _m(test_gluon_gemm_misaligned_x_and_out_gpu)
 
 
-@pytest.mark.parametrize("M", [1, 16])
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("N,K", [(12288, 4096), (4096, 12288)])
-def test_gluon_gemm_decode_shapes_gpu(M, N, K, gen):
-    """The issue's shapes at the auto split; at M = 16 and split 1 bit-identical to the shipped kernel at split 1
-    (both HGMMA 64x16x16 with the same k16 order into one fp32 accumulator, the same epilogue; at M <= 8 the Gluon
-    kernel's MMA is 64x8x16, so only the reference is checked)."""
+def test_gluon_gemm_decode_shapes_gpu(fmt, N, K, gen):
+    """The issue's shapes at M = 16 (M = 1 runs in benchmarks/gemm_gluon.py against the shipped kernel): the auto
+    split against the reference; split 1 bit-identical to the shipped kernel at split 1 (both HGMMA 64x16x16 with
+    the same k16 order into one fp32 accumulator, the same epilogue)."""
+    M = 16
     from trace_rl.kernels.fp4_gemm import fp4_matmul
 
-    packed = _weight(N, K, "nvfp4", gen, "cuda")
+    packed = _weight(N, K, fmt, gen, "cuda")
     h = to_hopper(packed.q)
     x = torch.randn(M, K, generator=gen).to(torch.bfloat16).cuda()
     y = fp4_matmul_gluon(x, h)
     assert _rel_err(y, packed, x) < 1e-2
-    if M == 16:
-        y1 = fp4_matmul_gluon(x, h, GluonConfig(split_k=1))
-        assert torch.equal(y1, fp4_matmul(x, h, config=GemmConfig(16, 128, 128, 1, 4, 3)))
+    y1 = fp4_matmul_gluon(x, h, GluonConfig(split_k=1))
+    assert torch.equal(y1, fp4_matmul(x, h, config=GemmConfig(16, 128, 128, 1, 4, 3)))
 
 
 for _m in gpu36:
@@ -145,22 +167,33 @@ def _emulate(x: torch.Tensor, h, BN: int = 128, BM: int = 16) -> torch.Tensor:
     PTX (bit for bit, products rounded to bf16 like mul.rn.bf16x2), the joins / permute / reshape into the
     [BN, 128] A tile, and A @ x_chunk^T per chunk, split 1. float64 accumulation (the kernel: fp32)."""
     np_, kp = h.padded
+    mx = h.fmt == "mxfp4"
+    bk = 512 if mx else 256
+    kc_n = bk // 128
     v3 = h.values.view(np_ // 16, kp // 128, 256).permute(1, 0, 2)
     sc = h.scales.view(torch.int32)
     M, K = x.shape
     out = torch.zeros(M, h.n, dtype=torch.float64)
     for pid_n in range(-(-np_ // BN)):
         acc = torch.zeros(BN, BM, dtype=torch.float64)
-        for kb in range(kp // 256):
-            w_s = _box(v3, [2 * kb, pid_n * BN // 16, 0], [2, BN // 16, 256]).reshape(2, BN // 16, 2, 8, 4, 2, 2)
-            s_s = _box(sc, [pid_n * BN, 4 * kb], [BN, 4]).reshape(BN // 16, 2, 8, 2, 2)
-            x_s = _box(x, [0, 256 * kb], [BM, 256])
-            for kc in range(2):
+        for kb in range(kp // bk):
+            w_s = _box(v3, [kc_n * kb, pid_n * BN // 16, 0], [kc_n, BN // 16, 256])
+            w_s = w_s.reshape(kc_n, BN // 16, 2, 8, 4, 2, 2)
+            s_s = _box(sc, [pid_n * BN, 4 * kb], [BN, 4])
+            s_s = s_s.reshape(BN // 16, 2, 8, kc_n) if mx else s_s.reshape(BN // 16, 2, 8, kc_n, 2)
+            x_s = _box(x, [0, bk * kb], [BM, bk])
+            for kc in range(kc_n):
                 w = w_s[kc]
                 sw = s_s[:, :, :, kc:kc + 1].to(torch.int64) & 0xFFFFFFFF
-                p = [0x70007000 + 16 * (((sw >> (8 * b)) & 0xFF) * 0x10001) for b in range(4)]   # prmt + mad
-                se = torch.stack([p[0], p[2]], -1).expand(*w.shape)
-                so = torch.stack([p[1], p[3]], -1).expand(*w.shape)
+                byte = [((sw >> (8 * b)) & 0xFF) * 0x10001 for b in range(4)]                        # prmt
+                if mx:
+                    p = [b << 7 for b in byte]                                                           # shl
+                    se = torch.stack([torch.stack([p[0], p[2]], -1), torch.stack([p[1], p[3]], -1)], -1)
+                    so = se = se.expand(*w.shape)
+                else:
+                    p = [0x70007000 + 16 * b for b in byte]                                              # mad
+                    se = torch.stack([p[0], p[2]], -1).expand(*w.shape)
+                    so = torch.stack([p[1], p[3]], -1).expand(*w.shape)
                 m = 0x81C081C0
                 slots = [(w.to(torch.int64) & 0xFFFFFFFF) & m, _rotr(w, 4) & m, _rotr(w, 10) & m,
                          (_rotr(w, 6) & 0x81808180) | (_rotr(w, 14) & 0x00400040)]
@@ -178,14 +211,15 @@ def _emulate(x: torch.Tensor, h, BN: int = 128, BM: int = 16) -> torch.Tensor:
     return out
 
 
-@pytest.mark.parametrize("M,N,K", [(5, 200, 1008), (16, 136, 1520)])
-def test_emulated_data_path_matches_reference(M, N, K, gen):
+@pytest.mark.parametrize("fmt,M,N,K", [("nvfp4", 5, 200, 1008), ("nvfp4", 16, 136, 1520), ("mxfp4", 3, 200, 1504),
+                                       ("mxfp4", 16, 136, 1024)])
+def test_emulated_data_path_matches_reference(fmt, M, N, K, gen):
     """CPU check of what the compile gate cannot see: the descriptors' views and box coordinates, the ring views and
     the decode's index algebra reproduce the weight (the register layouts themselves are proved at compile time by
     `convert_layout(..., assert_trivial=True)`)."""
     from trace_rl.kernels.hopper_fp4 import operand
 
-    packed = _weight(N, K, "nvfp4", gen)
+    packed = _weight(N, K, fmt, gen)
     h = to_hopper(packed.q)
     x = torch.randn(M, K, generator=gen).to(torch.bfloat16)
     y = _emulate(x, h)

@@ -42,18 +42,20 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from trace_rl.kernels.fp4_decode import _DECODE_BODY, _NV_SCALE
+from trace_rl.kernels.fp4_decode import _DECODE_BODY, _MX_SCALE, _NV_SCALE
 from trace_rl.kernels.hopper_fp4 import COLS, ROWS, HopperFP4
 
 DECODE_ASM_TEXT = gl.constexpr(_DECODE_BODY)
 NV_SCALE_ASM = gl.constexpr(_NV_SCALE)
+MX_SCALE_ASM = gl.constexpr(_MX_SCALE)
 
 
 @gluon.jit
 def _producer(w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, n16_0, row0, kb_lo, n_iters,
               BK: gl.constexpr, STAGES: gl.constexpr):
-    """1 warp: TMA of step `kb_lo + it`'s words [BK/128, BN/16, 256], scale words [BN, BK/64] and activations
-    [BM, BK] into slot it % STAGES once the consumer has released it."""
+    """1 warp: TMA of step `kb_lo + it`'s words [BK/128, BN/16, 256], scale words [BN, 4] (nvfp4: BK = 256, a byte
+    per 16 columns; mxfp4: BK = 512, a byte per 32) and activations [BM, BK] into slot it % STAGES once the consumer
+    has released it."""
     nbytes: gl.constexpr = w_desc.block_type.nbytes + s_desc.block_type.nbytes + x_desc.block_type.nbytes
     for it in range(n_iters):
         slot = it % STAGES
@@ -63,7 +65,7 @@ def _producer(w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, n16_
         mbarrier.expect(bar, nbytes)
         kb = kb_lo + it
         tma.async_copy_global_to_shared(w_desc, [kb * (BK // 128), n16_0, 0], bar, w_bufs.index(slot))
-        tma.async_copy_global_to_shared(s_desc, [row0, kb * (BK // 64)], bar, s_bufs.index(slot))
+        tma.async_copy_global_to_shared(s_desc, [row0, kb * s_desc.block_type.shape[1]], bar, s_bufs.index(slot))
         tma.async_copy_global_to_shared(x_desc, [0, kb * BK], bar, x_bufs.index(slot))
 
 
@@ -75,17 +77,25 @@ def _halves(pair):
 
 
 @gluon.jit
-def _decode_chunk(w, sw, W_LAYOUT: gl.constexpr, A_LAYOUT: gl.constexpr, BN: gl.constexpr):
+def _decode_chunk(w, sw, W_LAYOUT: gl.constexpr, A_LAYOUT: gl.constexpr, BN: gl.constexpr, MX: gl.constexpr):
     """One 128-column chunk: layout words `w` [BN/16, 2, 8, 4, 2, 2] (n16, h, g, t, j, ii: word i = 2j + ii of lane
-    4g + t, rows 16 n16 + 8h + g) and scale words `sw` [BN/16, 2, 8, 1, 2] (n16, h, g, -, j: byte b of word j is
-    K-slice 4j + b), loaded from the ring -> the wgmma A operand [BN, 128] bf16 = code x 2**-126 x pre-biased scale
-    (exact), in registers."""
-    p0, p1, p2, p3 = gl.inline_asm_elementwise(NV_SCALE_ASM, "=r,=r,=r,=r,r", [sw],
-                                               dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True,
-                                               pack=1)
-    # word i = 2j + ii holds K-slices 2i (slots A, B) and 2i + 1 (C, D): scale bytes 2 ii and 2 ii + 1 of word j
-    se = gl.convert_layout(gl.join(p0, p2), W_LAYOUT, assert_trivial=True)
-    so = gl.convert_layout(gl.join(p1, p3), W_LAYOUT, assert_trivial=True)
+    4g + t, rows 16 n16 + 8h + g) and scale words, loaded from the ring -> the wgmma A operand [BN, 128] bf16 =
+    code x 2**-126 x pre-biased scale (exact), in registers. Word i holds K-slices 2i (slots A, B) and 2i + 1 (C, D).
+    nvfp4: `sw` [BN/16, 2, 8, 1, 2] (n16, h, g, -, j: byte b of word j is K-slice 4j + b), so slice 2i's scale is
+    byte 2 ii of word j and slice 2i + 1's byte 2 ii + 1; mxfp4: `sw` [BN/16, 2, 8, 1] (byte i covers slices 2i and
+    2i + 1)."""
+    if MX:
+        p0, p1, p2, p3 = gl.inline_asm_elementwise(MX_SCALE_ASM, "=r,=r,=r,=r,r", [sw],
+                                                   dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True,
+                                                   pack=1)
+        se = gl.convert_layout(gl.join(gl.join(p0, p2), gl.join(p1, p3)), W_LAYOUT, assert_trivial=True)   # [j, ii]
+        so = se
+    else:
+        p0, p1, p2, p3 = gl.inline_asm_elementwise(NV_SCALE_ASM, "=r,=r,=r,=r,r", [sw],
+                                                   dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True,
+                                                   pack=1)
+        se = gl.convert_layout(gl.join(p0, p2), W_LAYOUT, assert_trivial=True)
+        so = gl.convert_layout(gl.join(p1, p3), W_LAYOUT, assert_trivial=True)
     se = gl.broadcast(se, w)[0]
     so = gl.broadcast(so, w)[0]
     a, b, c, d = gl.inline_asm_elementwise(DECODE_ASM_TEXT, "=r,=r,=r,=r,r,r,r", [w, se, so],
@@ -104,7 +114,7 @@ def _decode_chunk(w, sw, W_LAYOUT: gl.constexpr, A_LAYOUT: gl.constexpr, BN: gl.
 
 @gluon.jit
 def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, n_iters, BN: gl.constexpr, BK: gl.constexpr,
-              BM: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr):
+              BM: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr, MX: gl.constexpr):
     """The default partition (num_warps = 4 or 8: one or two warpgroups, warp w owning weight rows 16 (w + r NW),
     r = 0 .. BN/(16 NW) - 1): per K step, decode + wgmma; returns (acc [BN, BM] fp32, ).
     OVERLAP: keep one wgmma group in flight (wait(1)) so the next chunk's decode runs under it; the decoded
@@ -115,43 +125,50 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, n_iters, BN: gl.constexpr, B
     A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     W_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 2, 2], [1, 1, 8, 4, 1, 1], [NW, 1, 1, 1, 1, 1],
                                               [5, 4, 3, 2, 1, 0])
-    S_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 2], [1, 1, 8, 4, 1], [NW, 1, 1, 1, 1], [4, 3, 2, 1, 0])
     # Plain row-major views of the TMA buffers (TMA wrote them unswizzled: a warp's LDS.128 of four words per lane
     # covers 512 contiguous bytes, conflict-free). A shared layout describes the trailing dims; the leading one
     # indexes buffers.
     RAW6: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [5, 4, 3, 2, 1, 0])
-    RAW5: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [4, 3, 2, 1, 0])
     KC: gl.constexpr = BK // 128
     w_raw = w_bufs._reinterpret(gl.int32, [STAGES * KC, BN // 16, 2, 8, 4, 2, 2], RAW6)
-    s_raw = s_bufs._reinterpret(gl.int32, [STAGES, BN // 16, 2, 8, KC, 2], RAW5)
+    if MX:   # a scale word per row and chunk (byte i: K-slices 2i, 2i + 1)
+        S_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1], [1, 1, 8, 4], [NW, 1, 1, 1], [3, 2, 1, 0])
+        s_raw = s_bufs._reinterpret(gl.int32, [STAGES, BN // 16, 2, 8, KC],
+                                    gl.SwizzledSharedLayout(1, 1, 1, [3, 2, 1, 0]))
+    else:    # two scale words per row and chunk (byte b of word j: K-slice 4j + b)
+        S_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 2], [1, 1, 8, 4, 1], [NW, 1, 1, 1, 1],
+                                                  [4, 3, 2, 1, 0])
+        s_raw = s_bufs._reinterpret(gl.int32, [STAGES, BN // 16, 2, 8, KC, 2],
+                                    gl.SwizzledSharedLayout(1, 1, 1, [4, 3, 2, 1, 0]))
     acc = gl.zeros([BN, BM], gl.float32, mma)
     a_prev = gl.zeros([BN, 128], gl.bfloat16, A_LAYOUT)
     for it in range(n_iters):
         slot = it % STAGES
         mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
-        s_s = s_raw.index(slot)                                    # [BN/16, 2, 8, KC, 2] int32
+        s_s = s_raw.index(slot)                                    # [BN/16, 2, 8, KC(, 2)] int32
         x_s = x_bufs.index(slot)                                   # [BM, BK] bf16
-        # both chunks' words and scale words first (BK = 256: two chunks): their LDS latency is paid once per step,
-        # not again behind the first chunk's wgmma wait
-        gl.static_assert(KC == 2)
-        w0 = w_raw.index(slot * KC).load(W_LAYOUT)                 # [BN/16, 2, 8, 4, 2, 2] int32
-        w1 = w_raw.index(slot * KC + 1).load(W_LAYOUT)
-        s0 = s_s.slice(0, 1, dim=3).load(S_LAYOUT)                 # [BN/16, 2, 8, 1, 2] int32
-        s1 = s_s.slice(1, 1, dim=3).load(S_LAYOUT)
-        for kc in gl.static_range(KC):
-            if kc == 0:
-                a = _decode_chunk(w0, s0, W_LAYOUT, A_LAYOUT, BN)
-            else:
-                a = _decode_chunk(w1, s1, W_LAYOUT, A_LAYOUT, BN)
-            acc = warpgroup_mma(a, x_s.slice(kc * 128, 128, dim=1).permute((1, 0)), acc, is_async=True)
-            if OVERLAP:
-                acc, a_prev = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_prev))
-                a_prev = a
-                if kc == 0:   # every wgmma of step it - 1 has retired: its slot can be refilled
-                    fence_async_shared()
-                    mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), count=1, pred=it > 0)
-            else:
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        for kp in gl.static_range(KC // 2):
+            # two chunks' words and scale words first: their LDS latency is paid once per pair, not again behind
+            # the first chunk's wgmma wait (ptxas then decodes the second chunk under the first one's HGMMAs)
+            w0 = w_raw.index(slot * KC + 2 * kp).load(W_LAYOUT)     # [BN/16, 2, 8, 4, 2, 2] int32
+            w1 = w_raw.index(slot * KC + 2 * kp + 1).load(W_LAYOUT)
+            s0 = s_s.slice(2 * kp, 1, dim=3).load(S_LAYOUT)         # [BN/16, 2, 8, 1(, 2)] int32
+            s1 = s_s.slice(2 * kp + 1, 1, dim=3).load(S_LAYOUT)
+            for kk in gl.static_range(2):
+                if kk == 0:
+                    a = _decode_chunk(w0, s0, W_LAYOUT, A_LAYOUT, BN, MX)
+                else:
+                    a = _decode_chunk(w1, s1, W_LAYOUT, A_LAYOUT, BN, MX)
+                acc = warpgroup_mma(a, x_s.slice((2 * kp + kk) * 128, 128, dim=1).permute((1, 0)), acc,
+                                    is_async=True)
+                if OVERLAP:
+                    acc, a_prev = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_prev))
+                    a_prev = a
+                    if kp + kk == 0:   # every wgmma of step it - 1 has retired: its slot can be refilled
+                        fence_async_shared()
+                        mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), count=1, pred=it > 0)
+                else:
+                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         if not OVERLAP:
             # the step's wgmmas (which read the activation tile) are complete and its words are in registers
             fence_async_shared()
@@ -163,7 +180,7 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, n_iters, BN: gl.constexpr, B
 @gluon.jit(do_not_specialize=["M", "N", "KB", "SPLIT_K"])
 def _fp4_gemm_ws_kernel(w_desc, s_desc, x_desc, rf_ptr, out_ptr, part_ptr, count_ptr, M, N, KB, SPLIT_K, stride_om,
                         BN: gl.constexpr, BK: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr,
-                        OVERLAP: gl.constexpr):
+                        OVERLAP: gl.constexpr, MX: gl.constexpr):
     pid_n = gl.program_id(0)
     pid_k = gl.program_id(1)
     per_split = gl.cdiv(KB, SPLIT_K)
@@ -178,7 +195,7 @@ def _fp4_gemm_ws_kernel(w_desc, s_desc, x_desc, rf_ptr, out_ptr, part_ptr, count
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
     (acc, ) = gl.warp_specialize([
-        (_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, n_iters, BN, BK, BM, STAGES, OVERLAP)),
+        (_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, n_iters, BN, BK, BM, STAGES, OVERLAP, MX)),
         (_producer, (w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, pid_n * (BN // 16), pid_n * BN,
                      kb_lo, n_iters, BK, STAGES)),
     ], [1], [24])
@@ -219,9 +236,19 @@ def _finish(acc, pid_n, pid_k, SPLIT_K, M, N, rf_ptr, out_ptr, part_ptr, count_p
             _epilogue_store(total, rows, offs_m, M, N, rf_ptr, out_ptr, stride_om)
 
 
+def step_k(fmt: str) -> int:
+    """Columns per K step: the scale tile [BN rows, 16 bytes] (TMA's minimum box width) covers 256 nvfp4 columns
+    (a byte per 16) or 512 mxfp4 columns (a byte per 32); a step is 2 or 4 decode chunks of 128."""
+    if fmt == "nvfp4":
+        return 256
+    if fmt == "mxfp4":
+        return 512
+    raise ValueError(f"the Gluon FP4 GEMM takes nvfp4 or mxfp4 weights, got {fmt!r}")
+
+
 @dataclass(frozen=True)
 class GluonConfig:
-    """One launch of the warp-specialised kernel: BN weight rows x BK = 256 columns per K step (BM = 8 or 16
+    """One launch of the warp-specialised kernel: BN weight rows x `step_k(fmt)` columns per K step (BM = 8 or 16
     tokens, from M), `stages` ring slots, `split_k` programs per N tile (0: `auto_split`), `num_warps` consumer
     warps (4 or 8: one or two warpgroups), `overlap` (one wgmma group in flight during the next decode), and
     `maxnreg`, the per-thread register budget the kernel is compiled for (the producer hands all but 24 of its
@@ -233,12 +260,8 @@ class GluonConfig:
     num_warps: int = 4
     overlap: bool = False
     maxnreg: int = 128
-    block_k: int = 256
 
     def check(self) -> None:
-        if self.block_k != 256:
-            raise ValueError(f"GluonConfig {self}: block_k must be 256 (the nvfp4 scale tile [block_n, block_k/16 "
-                             f"bytes] must be >= 16 bytes wide for TMA, and a decode chunk is {COLS} columns)")
         if self.num_warps not in (4, 8) or self.block_n % (16 * self.num_warps) or self.block_n > 256:
             raise ValueError(f"GluonConfig {self}: num_warps must be 4 or 8 and block_n a multiple of 16 x num_warps "
                              f"(<= 256: a TMA box holds at most 256 rows)")
@@ -248,12 +271,12 @@ class GluonConfig:
     def block_m(self, M: int) -> int:
         return 8 if M <= 8 else 16
 
-    def smem_bytes(self, block_m: int) -> int:
-        return self.stages * (self.block_n * self.block_k // 2 + self.block_n * self.block_k // 16
-                              + block_m * self.block_k * 2) + 1024
+    def smem_bytes(self, block_m: int, fmt: str = "nvfp4") -> int:
+        bk = step_k(fmt)
+        return self.stages * (self.block_n * bk // 2 + self.block_n * 16 + block_m * bk * 2) + 1024
 
-    def ctas_per_sm(self, block_m: int) -> int:
-        by_smem = (228 * 1024) // (self.smem_bytes(block_m) + 1024)      # 228 KB per SM, 1 KB reserved per CTA
+    def ctas_per_sm(self, block_m: int, fmt: str = "nvfp4") -> int:
+        by_smem = (228 * 1024) // (self.smem_bytes(block_m, fmt) + 1024)   # 228 KB per SM, 1 KB reserved per CTA
         by_regs = 65536 // (self.maxnreg * (self.num_warps + 4) * 32)
         return max(1, min(by_smem, by_regs))
 
@@ -273,30 +296,32 @@ def auto_split(n_tiles: int, kb: int, ctas: int) -> int:
 
 def _descriptors(x2: torch.Tensor, w: HopperFP4, c: GluonConfig, block_m: int):
     np_, kp = w.padded
+    bk = step_k(w.fmt)
     wl = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
     sl = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
-    xl = gl.NVMMASharedLayout.get_default_for([block_m, c.block_k], gl.bfloat16)
+    xl = gl.NVMMASharedLayout.get_default_for([block_m, bk], gl.bfloat16)
     # the layout words as [Kp/128, Np/16, 256]: a box is one K step's 128-column chunks of BN/16 row blocks
     w_desc = TensorDescriptor(w.values, [kp // COLS, np_ // ROWS, 256], [256, w.values.stride(0), 1],
-                              [c.block_k // COLS, c.block_n // ROWS, 256], wl)
-    scales = w.scales.view(torch.int32)                                    # [Np, Kp/64]
-    s_desc = TensorDescriptor(scales, list(scales.shape), list(scales.stride()), [c.block_n, c.block_k // 64], sl)
-    x_desc = TensorDescriptor(x2, list(x2.shape), list(x2.stride()), [block_m, c.block_k], xl)
+                              [bk // COLS, c.block_n // ROWS, 256], wl)
+    scales = w.scales.view(torch.int32)                                    # [Np, Kp/64] or [Np, Kp/128]
+    s_desc = TensorDescriptor(scales, list(scales.shape), list(scales.stride()), [c.block_n, 4], sl)
+    x_desc = TensorDescriptor(x2, list(x2.shape), list(x2.stride()), [block_m, bk], xl)
     return w_desc, s_desc, x_desc
 
 
 def fp4_matmul_gluon(x2: torch.Tensor, w: HopperFP4, config: GluonConfig | None = None,
                      out: torch.Tensor | None = None) -> torch.Tensor:
-    """x2 [M, K] bf16, M <= 16, @ W^T for an nvfp4 weight W in the Hopper layout -> [M, N] bf16 (no bias, no
-    activation scale: W4A16). Needs an sm_90 GPU and Triton 3.6 (Gluon is version-pinned)."""
+    """x2 [M, K] bf16, M <= 16, @ W^T for an nvfp4 or mxfp4 weight W in the Hopper layout -> [M, N] bf16 (no
+    bias, no activation scale: W4A16). Needs an sm_90 GPU and Triton 3.6 (Gluon is version-pinned)."""
     from trace_rl.kernels.fp4_gemm import tile_counters
 
     c = config or DEFAULT
     c.check()
-    if not isinstance(w, HopperFP4) or w.fmt != "nvfp4" or w.values.dim() != 2:
+    if not isinstance(w, HopperFP4) or w.fmt not in ("nvfp4", "mxfp4") or w.values.dim() != 2:
         got = f"{w.fmt} values {tuple(w.values.shape)}" if isinstance(w, HopperFP4) else type(w).__name__
-        raise ValueError(f"fp4_matmul_gluon: the weight must be a 2-D nvfp4 HopperFP4 layout (hopper_fp4.to_hopper), "
-                         f"got {got}")
+        raise ValueError(f"fp4_matmul_gluon: the weight must be a 2-D nvfp4 or mxfp4 HopperFP4 layout "
+                         f"(hopper_fp4.to_hopper), got {got}")
+    bk = step_k(w.fmt)
     if x2.dim() != 2 or x2.dtype != torch.bfloat16:
         raise ValueError(f"fp4_matmul_gluon: x must be a 2-D bf16 tensor, got {x2.dtype} {tuple(x2.shape)}")
     M, K = x2.shape
@@ -304,10 +329,10 @@ def fp4_matmul_gluon(x2: torch.Tensor, w: HopperFP4, config: GluonConfig | None 
         raise ValueError(f"fp4_matmul_gluon: M = {M}; this kernel covers decode, 1 <= M <= 16 (use fp4_matmul)")
     if K != w.k:
         raise ValueError(f"fp4_matmul_gluon: x has {K} columns, the weight {w.k}")
-    if w.padded[1] % c.block_k:
+    if w.padded[1] % bk:
         raise ValueError(f"fp4_matmul_gluon: K = {K} pads to {w.padded[1]} layout columns, not a multiple of "
-                         f"{c.block_k}: the scale rows ({w.padded[1] // 16} bytes) would not be 16-byte aligned for "
-                         f"TMA (use fp4_matmul)")
+                         f"{bk} ({w.fmt}): the scale rows ({w.scales.shape[1]} bytes) would not be 16-byte aligned "
+                         f"for TMA (use fp4_matmul)")
     if not (x2.is_cuda and w.values.is_cuda and x2.device == w.values.device):
         raise ValueError("fp4_matmul_gluon: x and the weight must be on the same CUDA device")
     if torch.cuda.get_device_capability(x2.device) != (9, 0):
@@ -316,15 +341,15 @@ def fp4_matmul_gluon(x2: torch.Tensor, w: HopperFP4, config: GluonConfig | None 
         raise RuntimeError(f"fp4_matmul_gluon: written against Triton 3.6's experimental Gluon API, found "
                            f"{triton.__version__}")
     if x2.stride(1) != 1 or (x2.stride(0) * 2) % 16 or x2.data_ptr() % 16:
-        # TMA: unit column stride, 16-byte aligned base and rows (K % 16 == 0 for nvfp4); a fresh copy is aligned
+        # TMA: unit column stride, 16-byte aligned base and rows (K % 16 == 0 for FP4); a fresh copy is aligned
         x2 = x2.clone(memory_format=torch.contiguous_format)
     N = w.n
     np_, kp = w.padded
     bm = c.block_m(M)
     n_tiles = triton.cdiv(np_, c.block_n)
-    kb = triton.cdiv(kp, c.block_k)
+    kb = kp // bk
     sms = torch.cuda.get_device_properties(x2.device).multi_processor_count
-    split = c.split_k or auto_split(n_tiles, kb, sms * c.ctas_per_sm(bm))
+    split = c.split_k or auto_split(n_tiles, kb, sms * c.ctas_per_sm(bm, w.fmt))
     split = triton.cdiv(kb, triton.cdiv(kb, max(1, min(split, kb))))
     out = torch.empty(M, N, device=x2.device, dtype=torch.bfloat16) if out is None else out
     if out.shape != (M, N) or out.dtype != torch.bfloat16 or out.stride(1) != 1:
@@ -337,8 +362,8 @@ def fp4_matmul_gluon(x2: torch.Tensor, w: HopperFP4, config: GluonConfig | None 
     w_desc, s_desc, x_desc = _descriptors(x2, w, c, bm)
     _fp4_gemm_ws_kernel[(n_tiles, split)](
         w_desc, s_desc, x_desc, w.row_factor, out, part, counters, M, N, kb, split, out.stride(0),
-        BN=c.block_n, BK=c.block_k, BM=bm, STAGES=c.stages, OVERLAP=c.overlap, num_warps=c.num_warps,
-        maxnreg=c.maxnreg)
+        BN=c.block_n, BK=bk, BM=bm, STAGES=c.stages, OVERLAP=c.overlap, MX=w.fmt == "mxfp4",
+        num_warps=c.num_warps, maxnreg=c.maxnreg)
     return out
 
 
@@ -358,24 +383,28 @@ GATE = ((GluonConfig(), 16, 2.6), (GluonConfig(), 8, 2.6), (GluonConfig(overlap=
         (GluonConfig(num_warps=8, maxnreg=80), 16, 2.85),
         (GluonConfig(num_warps=8, maxnreg=80, overlap=True), 16, 2.85),
         (GluonConfig(num_warps=8, maxnreg=80, overlap=True), 8, 2.85))
+# mxfp4 (512-column steps: four chunks, loaded and decoded in pairs; one scale word per row and chunk)
+GATE_MX = ((GluonConfig(stages=2), 16, 2.5), (GluonConfig(stages=2), 8, 2.5),
+           (GluonConfig(num_warps=8, maxnreg=80, overlap=True, stages=2), 16, 2.8))
 
 
 def gate_case(c: GluonConfig, block_m: int, budget: float, fmt: str = "nvfp4"):
     from trace_rl.kernels.sass_gate import GateCase
 
+    bk = step_k(fmt)
     wl = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
     sl = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
-    xl = gl.NVMMASharedLayout.get_default_for([block_m, c.block_k], gl.bfloat16)
-    sig = dict(w_desc=f"tensordesc<i32[{c.block_k // COLS}, {c.block_n // ROWS}, 256],{wl!r}>",
-               s_desc=f"tensordesc<i32[{c.block_n}, {c.block_k // 64}],{sl!r}>",
-               x_desc=f"tensordesc<bf16[{block_m}, {c.block_k}],{xl!r}>", rf_ptr="*fp32", out_ptr="*bf16",
+    xl = gl.NVMMASharedLayout.get_default_for([block_m, bk], gl.bfloat16)
+    sig = dict(w_desc=f"tensordesc<i32[{bk // COLS}, {c.block_n // ROWS}, 256],{wl!r}>",
+               s_desc=f"tensordesc<i32[{c.block_n}, 4],{sl!r}>",
+               x_desc=f"tensordesc<bf16[{block_m}, {bk}],{xl!r}>", rf_ptr="*fp32", out_ptr="*bf16",
                part_ptr="*fp32", count_ptr="*i32", M="i32", N="i32", KB="i32", SPLIT_K="i32", stride_om="i32")
-    consts = dict(BN=c.block_n, BK=c.block_k, BM=block_m, STAGES=c.stages, OVERLAP=c.overlap)
-    return GateCase(f"gemm gluon ws {fmt} {block_m}x{c.block_n}x{c.block_k} w{c.num_warps}s{c.stages}"
+    consts = dict(BN=c.block_n, BK=bk, BM=block_m, STAGES=c.stages, OVERLAP=c.overlap, MX=fmt == "mxfp4")
+    return GateCase(f"gemm gluon ws {fmt} {block_m}x{c.block_n}x{bk} w{c.num_warps}s{c.stages}"
                     f"{' overlap' if c.overlap else ''} r{c.maxnreg}", _fp4_gemm_ws_kernel, sig, consts,
-                    c.num_warps, 1, c.block_n * c.block_k / (32 * c.num_warps), budget,
+                    c.num_warps, 1, c.block_n * bk / (32 * c.num_warps), budget,
                     ("rf_ptr", "out_ptr", "part_ptr", "count_ptr", "stride_om"),
-                    max_full_waits=1 if c.overlap else c.block_k // COLS,
+                    max_full_waits=1 if c.overlap else bk // COLS,
                     options=(("maxnreg", c.maxnreg), ),
                     require=("USETMAXREG", "SYNCS.PHASECHK", "UTMALDG", "SYNCS.ARRIVE"))
 
@@ -383,4 +412,4 @@ def gate_case(c: GluonConfig, block_m: int, budget: float, fmt: str = "nvfp4"):
 def sass_gate_cases():
     if not triton.__version__.startswith("3.6"):
         return []
-    return [gate_case(c, bm, b) for c, bm, b in GATE]
+    return [gate_case(c, bm, b) for c, bm, b in GATE] + [gate_case(c, bm, b, "mxfp4") for c, bm, b in GATE_MX]
