@@ -1,8 +1,8 @@
-"""Opt-in Gluon (Triton 3.6 `triton.experimental.gluon`) warp-specialised nvfp4 W4A16 GEMM for M <= 16 (issue 15).
+"""Opt-in Gluon (Triton 3.6 `triton.experimental.gluon`) warp-specialised FP4 W4A16 GEMM for M <= 16 (issue 15).
 
-out[M, N] = x[M, K] @ dequant(W)^T, with W in the Hopper FP4 layout (hopper_fp4.py, nvfp4 only), as `fp4_gemm.py`
-computes it, but organised against the latency that bounds that kernel at M <= 16 (docs/benchmarks.md, "What
-bounds them": each warp waits for its cp.async stage, a barrier, the LDS of the packed words and a dependent
+out[M, N] = x[M, K] @ dequant(W)^T, with W in the Hopper FP4 layout (hopper_fp4.py, nvfp4 or mxfp4), as
+`fp4_gemm.py` computes it, but organised against the latency that bounds that kernel at M <= 16 (docs/benchmarks.md,
+"What bounds them": each warp waits for its cp.async stage, a barrier, the LDS of the packed words and a dependent
 decode chain before its wgmma, with only 12 warps per SM to hide it):
 
 - a producer partition (1 warp, 24 registers) streams each K step's layout words, scale words and activation tile
@@ -16,10 +16,11 @@ decode chain before its wgmma, with only 12 warps per SM to hide it):
   memory B operand); after the step's wgmmas complete it fences and arrives on `empty` (with `overlap`, one wgmma
   group stays in flight under the next chunk's decode, and a slot is released one chunk later).
 
-One K step is BK = 256 columns (two 128-column decode chunks): the nvfp4 scale tile [BN rows, BK/16 bytes] must be
-at least 16 bytes wide for TMA. K is split over SPLIT_K programs per N tile; the split-K reduction is the shipped
-kernel's deterministic one (`fp4_gemm.finish_tile`'s scheme: partials stored, an acq_rel ticket, the last program
-adds the partials in split order), so the result does not depend on which program finished last.
+One K step is 256 nvfp4 / 512 mxfp4 columns (two / four 128-column decode chunks, decoded in pairs): the scale tile
+[BN rows, 16 bytes] is TMA's narrowest box (a byte per 16 nvfp4 or 32 mxfp4 columns). K is split over SPLIT_K
+programs per N tile; the split-K reduction is the shipped kernel's deterministic one (`fp4_gemm.finish_tile`'s
+scheme: partials stored, an acq_rel ticket, the last program adds the partials in split order), so the result does
+not depend on which program finished last.
 
 Not wired into `fp4_linear`: `fp4_matmul_gluon` is called directly (benchmarks, tests). Gluon has no interpreter,
 so this runs only on an sm_90 GPU; `sass_gate_cases` compiles it for sm_90 on any machine.
