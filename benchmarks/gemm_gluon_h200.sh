@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# benchmarks/gemm_gluon_h200.sh (issue 15, M <= 16 FP4 W4A16 at >= 1.8x cuBLAS): the opt-in Gluon warp-specialised GEMM
+# (trace_rl/kernels/fp4_gemm_gluon.py). Usage: benchmarks/gemm_gluon_h200.sh OUT_DIR (from the repo root of a checkout;
+# python3, torch, Triton 3.6, one H200, device wheels on PYTHONPATH). < 120 s.
+# 0. benchmarks/gemm_gluon.py --precompile-only: every Gluon binary of steps 1-2 and the shipped kernel's, compiled
+#    in 16 processes into Triton's cache -> OUT/precompile.log
+# 1. benchmarks/gemm_gluon.py -> OUT/gemm_gluon.json (+ .log): at M = 1, 16 on K x N = 4096x12288 and 12288x4096,
+#    cuBLAS BF16 vs the shipped kernel (nvfp4, mxfp4) vs Gluon variants x splits (auto, x2, /2), each variant's
+#    output compared with the shipped kernel's first (rel_diff_vs_shipped); CUDA graphs over weight copies > L2,
+#    median us. Variants in order of interest; a time budget skips the tail ("skipped").
+# 2. pytest tests/kernels/test_fp4_gemm_gluon.py (GPU: vs the float64 reference at M 1/5/16, ragged N/K, nvfp4 x 4
+#    configs, mxfp4 x 2, determinism; the issue's shapes at M = 16, bit-equality with the shipped kernel at
+#    split 1) with what is left -> OUT/pytest.{log,xml} (-v: a timeout still shows the tests that ran)
+# 3. OUT/summary.json: rcs, pytest tail, per row cuBLAS / shipped / best Gluon us and speedups, errors.
+set -u
+OUT=${1:?usage: benchmarks/gemm_gluon_h200.sh OUT_DIR}
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+unset TRITON_INTERPRET
+PY=${PYTHON:-python3}
+start=$(date +%s)
+timeout 42 $PY benchmarks/gemm_gluon.py --precompile-only --out /dev/null > "$OUT/precompile.log" 2>&1
+pre_rc=$?
+left=$(( 86 - ($(date +%s) - start) ))
+timeout $(( left > 20 ? left : 20 )) $PY benchmarks/gemm_gluon.py --out "$OUT/gemm_gluon.json" \
+    --budget-s $(( left > 30 ? left - 12 : 15 )) > "$OUT/gemm_gluon.log" 2>&1
+bench_rc=$?
+left=$(( 114 - ($(date +%s) - start) ))
+timeout $(( left > 10 ? left : 10 )) $PY -m pytest -v -p no:cacheprovider -rs --junitxml="$OUT/pytest.xml" \
+    tests/kernels/test_fp4_gemm_gluon.py > "$OUT/pytest.log" 2>&1
+test_rc=$?
+$PY - "$OUT" "$pre_rc" "$bench_rc" "$test_rc" <<'PY'
+import json, os, sys
+out, pre_rc, bench_rc, test_rc = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+tail = lambda f, n: open(os.path.join(out, f)).read().strip().splitlines()[-n:]
+s = {"precompile_rc": pre_rc, "bench_rc": bench_rc, "pytest_rc": test_rc, "precompile_tail": tail("precompile.log", 3),
+     "pytest_tail": tail("pytest.log", 14)}
+try:
+    r = json.load(open(os.path.join(out, "gemm_gluon.json")))
+    s["rows"] = [{k: (v if not isinstance(v, dict) else {kk: vv for kk, vv in v.items() if kk != "config"})
+                  for k, v in row.items() if k not in ("shipped_config", "copies")} for row in r["rows"]]
+    s["errors"] = r.get("errors", [])[:6]
+    s["skipped"] = len(r.get("skipped", []))
+except Exception as e:   # noqa: BLE001
+    s["bench_error"] = repr(e)
+    s["bench_log_tail"] = tail("gemm_gluon.log", 15)
+json.dump(s, open(os.path.join(out, "summary.json"), "w"), indent=1)
+print(json.dumps(s, indent=1)[:6000])
+PY
