@@ -70,11 +70,14 @@ class PackedWeight:
     layout: dict = field(default_factory=dict)
     cache: dict = field(default_factory=dict)
 
-    def refresh_layouts(self) -> None:
+    def refresh_layouts(self, fresh: tuple[str, ...] = ()) -> None:
         """`q` was rewritten in place: drop the dequantized cache and re-derive every layout that can be
-        re-derived in place (`refresh_from(q)`: a CUDA graph that read it stays valid); drop the others."""
+        re-derived in place (`refresh_from(q)`: a CUDA graph that read it stays valid); drop the others.
+        `fresh`: layout keys already written from the new `q` (the fused weight sync), left as they are."""
         self.cache.clear()
         for key, value in list(self.layout.items()):
+            if key in fresh:
+                continue
             if hasattr(value, "refresh_from") and self.q is not None:
                 value.refresh_from(self.q)
             else:
@@ -114,6 +117,13 @@ class Backend(ABC):
         self.check_format(fmt)
         n, k = weight.shape
         return PackedWeight(fmt, n, k, q=get_format(fmt).quantize(weight.detach()))
+
+    def quantize_into(self, weight: torch.Tensor, packed: PackedWeight) -> tuple[str, ...]:
+        """Weight sync's fast path: quantize `weight` straight into `packed` (its `q` viewing a module's buffers) and
+        its kernel layouts, in place. Returns the layout keys it wrote (the caller refreshes the rest), or () when
+        it does not run here: nothing was written, and the caller takes `prepare_weight` + copy +
+        `refresh_layouts`. None here; the fp4 backend fuses the quantization with the Hopper re-layout."""
+        return ()
 
     @abstractmethod
     def linear(self, x: torch.Tensor, packed: PackedWeight, act_fmt: str = "bf16",

@@ -7,6 +7,10 @@ Paths (reported in `paths`, never silent):
 - `fp4.triton`: CUDA tensors with trace_rl.kernels available: the FP4 GEMM (packed 4-bit weights
   dequantized in registers, W4A4 activations quantized per token by the quantize kernel), and weight
   quantization by the quantize kernel (bit-exact with the reference, so no behaviour change).
+- `fp4.sync.fused` / `fp4.sync.requantize` (weight sync, `QuantLinear.load_weight` / `GroupedQuantLinear.load_weight`):
+  with CUDA tensors, the kernels, and the Hopper layout already derived (the layer ran, or `derive_kernel_layout`),
+  `quantize_into` writes the codes, scales and layout in one pass (`kernels.quantize_relayout`) into the buffers in
+  place; else the weight is quantized (`prepare_weight`), copied in, and the layouts re-derived.
 - `fp4.dequant_cublas`: the same on CUDA at M >= `kernels.fp4_dequant.DEQUANT_CUBLAS_MIN_M` rows over weights of
   at most `DEQUANT_CUBLAS_MAX_WEIGHT` elements (`use_dequant_cublas(M, N, K)`): the weight
   dequantized to a bf16 scratch, one cuBLAS GEMM (float32 output), the FP4 GEMM's epilogue
@@ -19,7 +23,7 @@ import torch
 
 from trace_rl.backends.base import Availability, Backend, PackedWeight, default_device
 from trace_rl.backends.registry import register_backend
-from trace_rl.formats import get_format, per_token
+from trace_rl.formats import QTensor, get_format, per_token
 
 
 def _check_act(act_fmt: str, packed: PackedWeight) -> None:
@@ -48,8 +52,6 @@ def prepare_expert_weights(weight: torch.Tensor, fmt: str) -> PackedWeight:
     """Mixture-of-experts weights [E, N, K] -> one PackedWeight with q [E, N, K]: each expert quantized on
     its own (nvfp4: one global scale per expert, stored [E, 1, 1]), by the quantize kernel on CUDA tensors
     (bit-exact with the reference). For `kernels.fp4_grouped_linear` and `grouped_linear_reference`."""
-    from trace_rl.formats import QTensor
-
     if weight.dim() != 3:
         raise ValueError(f"prepare_expert_weights takes [E, N, K] weights, got shape {tuple(weight.shape)}")
     if fmt not in ("nvfp4", "mxfp4"):
@@ -106,6 +108,38 @@ class FP4Backend(Backend):
         self.check_format(fmt)
         n, k = weight.shape
         return PackedWeight(fmt, n, k, q=quantize(weight.detach(), fmt))
+
+    def fused_sync_runs(self, weight: torch.Tensor) -> bool:
+        """`quantize_into`'s kernel runs on `weight` (CUDA with the kernels; tests patch this to run the kernel in the
+        interpreter on CPU tensors)."""
+        return weight.is_cuda and _kernels_available()[0]
+
+    def quantize_into(self, weight: torch.Tensor, packed: PackedWeight) -> tuple[str, ...]:
+        """nvfp4 / mxfp4 `packed` ([N, K], or stacked experts [E, N, K] with one global scale per expert) holding its
+        Hopper layout: `quantize_relayout` writes q's codes, scales, global scale and the layout in one pass, in
+        place (same bits as quantize + copy + re-derive; captured CUDA graphs keep reading the same tensors)."""
+        q = packed.q
+        h = packed.layout.get("hopper_fp4")     # kernels.linear.LAYOUT_KEY (not imported: triton may be absent)
+        experts = len(q.shape) == 3 if q is not None else False
+        glob_ok = q is None or q.global_scale is None or q.global_scale.numel() == (q.shape[0] if experts else 1)
+        if (packed.fmt not in self.weight_formats or q is None or h is None or not glob_ok
+                or h.values.dim() != (3 if experts else 2) or not self.fused_sync_runs(weight)):
+            self.paths.record("fp4.sync.requantize")
+            return ()
+        from trace_rl.kernels.hopper_fp4 import HopperFP4
+        from trace_rl.kernels.quantize_relayout import quantize_relayout
+
+        w = weight.detach().to(q.codes.device)
+        if not experts:
+            quantize_relayout(w, packed.fmt, out=h, q=q)
+        else:   # expert by expert into views of the stacked buffers and layout
+            for e in range(q.shape[0]):
+                g = None if q.global_scale is None else q.global_scale[e].reshape(())
+                qe = QTensor(q.codes[e], q.scales[e], g, tuple(q.shape[1:]), q.dtype, q.format)
+                quantize_relayout(w[e], packed.fmt, q=qe,
+                                  out=HopperFP4(h.fmt, h.n, h.k, h.values[e], h.scales[e], h.row_factor[e]))
+        self.paths.record("fp4.sync.fused")
+        return ("hopper_fp4",)
 
     def linear(self, x, packed, act_fmt="bf16", bias=None):
         _check_act(act_fmt, packed)

@@ -377,9 +377,14 @@ class GroupedQuantLinear(nn.Module):
         if tuple(weight.shape) != (self.num_experts, self.out_features, self.in_features):
             raise ValueError(f"GroupedQuantLinear.load_weight: shape {tuple(weight.shape)} != "
                              f"{(self.num_experts, self.out_features, self.in_features)}")
+        fresh: tuple[str, ...] = ()
         if self.weight_fmt == "bf16":
             self.weight.copy_(weight)
-        else:
+        elif not self.offloaded and self._stacked is not None:
+            # fp4 on the GPU with the stacked layout derived: quantize + re-layout fused, expert by expert, into the
+            # buffers and layout (nvfp4 with per-part globals, `parts` > 1, takes the loop below)
+            fresh = self.backend.quantize_into(weight, self.stacked())
+        if self.weight_fmt != "bf16" and not fresh:
             device = self.compute_device if self.offloaded else self.w_codes.device   # quantize where it is fast
             for e in range(self.num_experts):
                 q = self._quantize_expert(weight[e].to(device))
@@ -388,11 +393,12 @@ class GroupedQuantLinear(nn.Module):
                     self.w_scales[e].copy_(q.scales)
                 if self.w_global_scale is not None:
                     self.w_global_scale[e].copy_(q.global_scale)
-        self.refresh_layouts()
+        self.refresh_layouts(fresh)
 
-    def refresh_layouts(self) -> None:
+    def refresh_layouts(self, fresh: tuple[str, ...] = ()) -> None:
         """The buffers were rewritten in place (`load_weight`, or a packed weight sync copying into them):
-        drop emulation's dequantized copies, re-derive kernel layouts in place."""
+        drop emulation's dequantized copies, re-derive kernel layouts in place (but the stacked layouts under
+        `fresh`, which the fused sync wrote)."""
         if self._fp8_scale_b is not None and self.w_scales.dim() == 1:
             self._fp8_scale_b[1].copy_(self.w_scales.float().view(-1, 1).expand(-1, self.out_features))
         for _, p in self._views.values():
@@ -403,7 +409,7 @@ class GroupedQuantLinear(nn.Module):
             self._stacked[1].cache.clear()
             self._rederive_offloaded(self.REDERIVE_CHUNK)
         else:
-            self._stacked[1].refresh_layouts()
+            self._stacked[1].refresh_layouts(fresh)
 
     def _rederive_offloaded(self, chunk: int) -> None:
         """The kernel layout from the host-resident reference, `chunk` experts at a time on the compute device

@@ -2,7 +2,8 @@
 
 The packed weight is held in registered buffers (`w_codes`, `w_scales`, `w_global_scale`, or `weight`
 for bf16), so `.to(device)` and `state_dict()` carry it, and `load_weight` re-quantizes into the same
-buffers in place: a captured CUDA graph stays valid across weight syncs.
+buffers in place: a captured CUDA graph stays valid across weight syncs. `packed`'s QTensor views those buffers
+(not copies), so a backend's `quantize_into` (fp4: quantize + Hopper re-layout fused) writes them directly.
 """
 
 from __future__ import annotations
@@ -62,17 +63,21 @@ class QuantLinear(nn.Module):
         if tuple(weight.shape) != (self.out_features, self.in_features):
             raise ValueError(f"QuantLinear.load_weight: shape {tuple(weight.shape)} != "
                              f"{(self.out_features, self.in_features)}")
+        fresh: tuple[str, ...] = ()
         if self.weight_fmt == "bf16":
             self.weight.copy_(weight)
         else:
-            q = self.backend.prepare_weight(weight.to(self.w_codes.device), self.weight_fmt).q
-            self.w_codes.copy_(q.codes)
-            self.w_scales.copy_(q.scales)
-            if self.w_global_scale is not None:
-                self.w_global_scale.copy_(q.global_scale)
+            # fast path (fp4 on the GPU, layout derived): quantize + re-layout in one pass into the buffers
+            fresh = self.backend.quantize_into(weight, self.packed)
+            if not fresh:
+                q = self.backend.prepare_weight(weight.to(self.w_codes.device), self.weight_fmt).q
+                self.w_codes.copy_(q.codes)
+                self.w_scales.copy_(q.scales)
+                if self.w_global_scale is not None:
+                    self.w_global_scale.copy_(q.global_scale)
         if bias is not None and self.bias is not None:
             self.bias.copy_(bias)
-        self.packed.refresh_layouts()  # emulation's dequantized copy and kernel layouts are stale now
+        self.packed.refresh_layouts(fresh)  # emulation's dequantized copy and the other kernel layouts are stale now
 
     def dequantized_weight(self) -> torch.Tensor:
         return self.packed.dequantized()
