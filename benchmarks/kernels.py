@@ -15,8 +15,10 @@
   loop captured in a CUDA graph and `torch._grouped_mm` (`kernels_moe.sweep_grouped`; its own script sweeps the
   configs at the MoE rollout's decode batches).
 - quant: activation quantization per token; the weight re-quantization of a Qwen3-8B-shaped model (252 linears:
-  quantize + the Hopper layout) captured in one CUDA graph (`--fast-quantize`: also with `quantize(..., fast=True)`,
-  the block-tile weight kernel, checked bit-exact against the default path first).
+  quantize + the Hopper layout) captured in one CUDA graph: the default kernels (quantize(fast=False) then
+  relayout), and the engine's sync as it runs (`sync_8b_*_engine_*`: `QuantLinear.load_weight` of all 252 linears,
+  the fused path, checked bit-exact against the default first) (`--fast-quantize`: also with
+  `quantize(..., fast=True)` and the raw `quantize_relayout` calls, each checked bit-exact first).
 - gemlite: its 4-bit (INT4, group 64) GEMM at the same shapes (source carried in GEMLITE_SRC, never installed).
 - attn: paged decode attention per KV format against BF16 SDPA over a contiguous cache, contexts 1k-32k.
 
@@ -220,6 +222,49 @@ def _bench_fused(fmt: str, weights: list, qs: list, lays: list, res: dict) -> No
         res[f"{key}_error"] = repr(e)[:300]
 
 
+def _bench_engine_sync(fmt: str, weights: list, qs: list, lays: list, res: dict) -> None:
+    """The engine's weight sync as it runs (`NativeEngine.load_weights` -> `QuantLinear.load_weight` for each of the
+    252 linears, layouts derived: the layers ran), one CUDA graph. First the buffers and layouts are filled with
+    garbage and synced once eagerly: every linear must take `fp4.sync.fused` and end bit for bit on the default
+    path's QTensors `qs` and layouts `lays` (quantize(fast=False), relayout)."""
+    from trace_rl.backends import QuantLinear, get_backend
+    from trace_rl.kernels.linear import hopper_weight
+
+    key = f"sync_8b_{fmt}_engine"
+    try:
+        layers = [QuantLinear(w, fmt) for w in weights]
+        hs = [hopper_weight(layer.packed) for layer in layers]
+        for layer, h in zip(layers, hs):     # stale contents: the sync must overwrite all of them
+            for t in (layer.w_codes, layer.w_scales.view(torch.uint8), h.values, h.scales):
+                t.fill_(0x5A)
+            h.row_factor.fill_(7.0)
+            if layer.w_global_scale is not None:
+                layer.w_global_scale.fill_(3.0)
+        counts = get_backend("fp4").paths.counts
+        before = counts["fp4.sync.fused"]
+        for layer, w in zip(layers, weights):
+            layer.load_weight(w)
+        res[f"{key}_fused_linears"] = counts["fp4.sync.fused"] - before
+        bad = [i for i, (layer, h, q, lay) in enumerate(zip(layers, hs, qs, lays))
+               if not (torch.equal(layer.w_codes, q.codes)
+                       and torch.equal(layer.w_scales.view(torch.uint8), q.scales.view(torch.uint8))
+                       and (q.global_scale is None or torch.equal(layer.w_global_scale, q.global_scale))
+                       and torch.equal(h.values, lay.values) and torch.equal(h.scales, lay.scales)
+                       and torch.equal(h.row_factor.view(torch.int32), lay.row_factor.view(torch.int32)))]
+        res[f"{key}_bit_exact_vs_default"] = not bad
+        if bad:
+            res[f"{key}_mismatch_weights"] = bad[:4]
+        res[f"{key}_graph_ms"] = graph_us(
+            [lambda ls=layers: [layer.load_weight(w) for layer, w in zip(ls, weights)]], reps=5) / 1e3
+        if fmt == "nvfp4":
+            from trace_rl.kernels.weight_quantize import weight_amax_bits
+
+            res["amax_8b_flat_graph_ms"] = graph_us([lambda: [weight_amax_bits(w) for w in weights]], reps=3) / 1e3
+        del layers, hs
+    except Exception as e:   # noqa: BLE001
+        res[f"{key}_error"] = repr(e)[:300]
+
+
 def bench_quant(read_bw: float, log, fast: bool = False) -> dict:
     """Activation quantization per token, and the 8B weight sync (quantize + re-layout of 252 linears, one CUDA
     graph). `fast`: also time `quantize(..., fast=True)` (the block-tile weight kernel with reciprocal + FMA
@@ -258,9 +303,12 @@ def bench_quant(read_bw: float, log, fast: bool = False) -> dict:
                     [lambda qs=qs, ls=lays: [relayout(q, out=lay) for q, lay in zip(qs, ls)]], reps=3) / 1e3
             res[f"quantize_8b_{fmt}{tag}_graph_ms"] = graph_us(
                 [lambda f=fmt, d=fd, ws=weights: [quantize(w, f, fast=d) for w in ws]], reps=3) / 1e3
+            if not fd:            # the engine's sync (fused kernel through QuantLinear.load_weight): same bits
+                _bench_engine_sync(fmt, weights, qs, lays, res)
             if fast and not fd:   # quantize with the re-layout fused into its store: same bits as these
                 _bench_fused(fmt, weights, qs, lays, res)
-            log({k: v for k, v in res.items() if f"8b_{fmt}{tag}_" in k or "fused" in k})   # kept on a timeout
+            log({k: v for k, v in res.items()                                      # kept on a timeout
+                 if f"8b_{fmt}{tag}_" in k or "fused" in k or "engine" in k})
             del qs, lays
         except Exception as e:   # noqa: BLE001
             res[f"requant_8b_{fmt}{tag}_error"] = repr(e)[:300]
