@@ -222,44 +222,84 @@ def _bench_fused(fmt: str, weights: list, qs: list, lays: list, res: dict) -> No
         res[f"{key}_error"] = repr(e)[:300]
 
 
+def _sync_bad(layers: list, hs: list, qs: list, lays: list) -> list:
+    """Indices of the linears whose buffers and layout differ from the default path's `qs` / `lays`."""
+    return [i for i, (layer, h, q, lay) in enumerate(zip(layers, hs, qs, lays))
+            if not (torch.equal(layer.w_codes, q.codes)
+                    and torch.equal(layer.w_scales.view(torch.uint8), q.scales.view(torch.uint8))
+                    and (q.global_scale is None or torch.equal(layer.w_global_scale, q.global_scale))
+                    and torch.equal(h.values, lay.values) and torch.equal(h.scales, lay.scales)
+                    and torch.equal(h.row_factor.view(torch.int32), lay.row_factor.view(torch.int32)))]
+
+
+def _garbage(layers: list, hs: list) -> None:
+    for layer, h in zip(layers, hs):     # stale contents: the sync must overwrite all of them
+        for t in (layer.w_codes, layer.w_scales.view(torch.uint8), h.values, h.scales):
+            t.fill_(0x5A)
+        h.row_factor.fill_(7.0)
+        if layer.w_global_scale is not None:
+            layer.w_global_scale.fill_(3.0)
+
+
 def _bench_engine_sync(fmt: str, weights: list, qs: list, lays: list, res: dict) -> None:
     """The engine's weight sync as it runs (`NativeEngine.load_weights` -> `QuantLinear.load_weight` for each of the
     252 linears, layouts derived: the layers ran), one CUDA graph. First the buffers and layouts are filled with
     garbage and synced once eagerly: every linear must take `fp4.sync.fused` and end bit for bit on the default
-    path's QTensors `qs` and layouts `lays` (quantize(fast=False), relayout)."""
+    path's QTensors `qs` and layouts `lays` (quantize(fast=False), relayout). nvfp4: also as `load_weights` batches
+    it (`load_linear_weights` over ~1 GiB of weights, NativeEngine.SYNC_BATCH_BYTES: the tensor amaxes of a batch in
+    one launch), and the amax pass alone per weight / per batch / in one launch."""
     from trace_rl.backends import QuantLinear, get_backend
+    from trace_rl.backends.quant_linear import load_linear_weights
     from trace_rl.kernels.linear import hopper_weight
 
     key = f"sync_8b_{fmt}_engine"
     try:
         layers = [QuantLinear(w, fmt) for w in weights]
         hs = [hopper_weight(layer.packed) for layer in layers]
-        for layer, h in zip(layers, hs):     # stale contents: the sync must overwrite all of them
-            for t in (layer.w_codes, layer.w_scales.view(torch.uint8), h.values, h.scales):
-                t.fill_(0x5A)
-            h.row_factor.fill_(7.0)
-            if layer.w_global_scale is not None:
-                layer.w_global_scale.fill_(3.0)
+        _garbage(layers, hs)
         counts = get_backend("fp4").paths.counts
         before = counts["fp4.sync.fused"]
         for layer, w in zip(layers, weights):
             layer.load_weight(w)
         res[f"{key}_fused_linears"] = counts["fp4.sync.fused"] - before
-        bad = [i for i, (layer, h, q, lay) in enumerate(zip(layers, hs, qs, lays))
-               if not (torch.equal(layer.w_codes, q.codes)
-                       and torch.equal(layer.w_scales.view(torch.uint8), q.scales.view(torch.uint8))
-                       and (q.global_scale is None or torch.equal(layer.w_global_scale, q.global_scale))
-                       and torch.equal(h.values, lay.values) and torch.equal(h.scales, lay.scales)
-                       and torch.equal(h.row_factor.view(torch.int32), lay.row_factor.view(torch.int32)))]
+        bad = _sync_bad(layers, hs, qs, lays)
         res[f"{key}_bit_exact_vs_default"] = not bad
         if bad:
             res[f"{key}_mismatch_weights"] = bad[:4]
         res[f"{key}_graph_ms"] = graph_us(
             [lambda ls=layers: [layer.load_weight(w) for layer, w in zip(ls, weights)]], reps=5) / 1e3
         if fmt == "nvfp4":
-            from trace_rl.kernels.weight_quantize import weight_amax_bits
+            from trace_rl.kernels.weight_quantize import weight_amax_bits, weights_amax_bits, weights_amax_tables
 
+            groups, cur, held = [], [], 0
+            for i, w in enumerate(weights):
+                cur.append(i)
+                held += w.nbytes
+                if held >= 1 << 30:          # NativeEngine.SYNC_BATCH_BYTES (not imported: the engine's deps)
+                    groups.append(cur)
+                    cur, held = [], 0
+            groups += [cur] if cur else []
+            _garbage(layers, hs)
+            for g in groups:                 # the engine's call (eager: its tables are built from the host)
+                load_linear_weights([(layers[i], weights[i], None) for i in g])
+            bad = _sync_bad(layers, hs, qs, lays)
+            res[f"{key}_batched_bit_exact_vs_default"] = not bad
+            res[f"{key}_batches"] = len(groups)
+            gws = [[weights[i] for i in g] for g in groups]
+            tabs = [weights_amax_tables(ws) for ws in gws]      # the same launches, tables built outside the graph
+
+            def batched(ls=layers):
+                for g, ws, tab in zip(groups, gws, tabs):
+                    bits = weights_amax_bits(ws, tab)
+                    for j, i in enumerate(g):
+                        ls[i].load_weight(weights[i], None, bits[j:j + 1])
+
+            res[f"{key}_batched_graph_ms"] = graph_us([batched], reps=5) / 1e3
             res["amax_8b_flat_graph_ms"] = graph_us([lambda: [weight_amax_bits(w) for w in weights]], reps=3) / 1e3
+            res["amax_8b_batched_graph_ms"] = graph_us(
+                [lambda: [weights_amax_bits(ws, tab) for ws, tab in zip(gws, tabs)]], reps=3) / 1e3
+            tab1 = weights_amax_tables(weights)
+            res["amax_8b_one_launch_graph_ms"] = graph_us([lambda: weights_amax_bits(weights, tab1)], reps=3) / 1e3
         del layers, hs
     except Exception as e:   # noqa: BLE001
         res[f"{key}_error"] = repr(e)[:300]

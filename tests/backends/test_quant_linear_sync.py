@@ -141,3 +141,58 @@ def test_expert_sync_fused_equals_generic(fmt, parts, fused, monkeypatch):
         assert torch.equal(a.cpu(), b.cpu())
     fresh = GroupedQuantLinear(w1, fmt, parts=parts)
     assert torch.equal(states[True][0].cpu(), fresh.w_codes)
+
+
+def test_weights_amax_one_launch_equals_per_weight(device=DEVICE):
+    """`weights_amax_bits` (T tensors, one launch) = `weight_amax_bits` of each: sizes not multiples of the
+    program's block, an empty tensor, NaN / Inf (finite amax), tensors before and after the first in memory."""
+    from trace_rl.kernels.weight_quantize import AMAX_BLOCK, weight_amax_bits, weights_amax_bits, weights_amax_ok
+
+    gen = torch.Generator().manual_seed(3)
+    ws = [torch.randn(n, generator=gen) * s for n, s in
+          [(AMAX_BLOCK + 24, 1.0), (0, 1.0), (104, 1e-3), (3 * AMAX_BLOCK, 7.0), (8, 1e30)]]
+    ws[3][7] = float("inf")
+    ws[3][AMAX_BLOCK + 3] = float("nan")
+    ws[3][2 * AMAX_BLOCK + 1] = -1e4                 # the amax, in the third program of that tensor
+    ws = [w.to(device) for w in ws]
+    got = weights_amax_bits(ws)
+    assert got.tolist() == [weight_amax_bits(w).item() for w in ws]
+    assert got[3].view(torch.float32).item() == 1e4
+    assert weights_amax_bits(ws[2:]).tolist() == got[2:].tolist()   # first tensor elsewhere: offsets both signs
+    assert not weights_amax_ok(ws + [torch.zeros(12, device=device)])            # 16-byte loads: numel % 8
+    assert not weights_amax_ok(ws + [torch.zeros(16, device=device)[2:10]])      # and aligned
+
+
+def test_load_linear_weights_batches_the_amax(fused, monkeypatch):
+    """`load_linear_weights`: nvfp4 layers on the fused path take their amaxes from one launch (the per-weight
+    amax is made to fail), the rest load as before; every buffer and layout equals one-by-one `load_weight`."""
+    import trace_rl.kernels.quantize_relayout as qr
+    from trace_rl.backends.quant_linear import load_linear_weights
+    from trace_rl.kernels.linear import hopper_weight
+
+    gen = torch.Generator().manual_seed(5)
+    spec = [("nvfp4", (19, 160), True), ("mxfp4", (16, 64), True), ("nvfp4", (33, 96), True),
+            ("nvfp4", (16, 32), False), ("bf16", (8, 16), False)]      # (format, shape, layout derived)
+    w0 = [_weight(s, gen) for _, s, _ in spec]
+    w1 = [_weight(s, gen) for _, s, _ in spec]
+    fused(True)
+    runs = []
+    for batched in (False, True):
+        layers = [QuantLinear(w, f).to(DEVICE) for (f, _, _), w in zip(spec, w0)]
+        for layer, (_, _, lay) in zip(layers, spec):
+            if lay:
+                hopper_weight(layer.packed)
+        if batched:
+            with monkeypatch.context() as m:
+                m.setattr(qr, "weight_amax_bits", lambda w: (_ for _ in ()).throw(AssertionError("per-weight amax")))
+                load_linear_weights([(layer, w.to(DEVICE), None) for layer, w in zip(layers, w1)])
+        else:
+            for layer, w in zip(layers, w1):
+                layer.load_weight(w.to(DEVICE))
+        runs.append([t.cpu() for layer in layers for t in layer.buffers() if t is not None]
+                    + [t.cpu() for layer in layers for h in layer.packed.layout.values()
+                       for t in (h.values, h.scales, h.row_factor)])
+    assert len(runs[0]) == len(runs[1])
+    for j, (a, b) in enumerate(zip(*runs)):
+        assert torch.equal(a.view(torch.uint8) if a.dtype.is_floating_point and a.element_size() == 1 else a,
+                           b.view(torch.uint8) if b.dtype.is_floating_point and b.element_size() == 1 else b), j

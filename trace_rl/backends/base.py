@@ -118,7 +118,8 @@ class Backend(ABC):
         n, k = weight.shape
         return PackedWeight(fmt, n, k, q=get_format(fmt).quantize(weight.detach()))
 
-    def quantize_into(self, weight: torch.Tensor, packed: PackedWeight) -> tuple[str, ...]:
+    def quantize_into(self, weight: torch.Tensor, packed: PackedWeight,
+                      amax_bits: torch.Tensor | None = None) -> tuple[str, ...]:
         """Weight sync's fast path: quantize `weight` straight into `packed` (its `q` viewing a module's buffers) and
         its kernel layouts, in place. Returns the layout keys it wrote (the caller refreshes the rest), or () when
         it does not run here: nothing was written, and the caller takes `prepare_weight` + copy +

@@ -114,24 +114,33 @@ class FP4Backend(Backend):
         interpreter on CPU tensors)."""
         return weight.is_cuda and _kernels_available()[0]
 
-    def quantize_into(self, weight: torch.Tensor, packed: PackedWeight) -> tuple[str, ...]:
-        """nvfp4 / mxfp4 `packed` ([N, K], or stacked experts [E, N, K] with one global scale per expert) holding its
-        Hopper layout: `quantize_relayout` writes q's codes, scales, global scale and the layout in one pass, in
-        place (same bits as quantize + copy + re-derive; captured CUDA graphs keep reading the same tensors)."""
+    def fused_sync_ready(self, weight: torch.Tensor, packed: PackedWeight) -> bool:
+        """`quantize_into` will take the fused path for this weight and packed weight."""
         q = packed.q
         h = packed.layout.get("hopper_fp4")     # kernels.linear.LAYOUT_KEY (not imported: triton may be absent)
-        experts = len(q.shape) == 3 if q is not None else False
-        glob_ok = q is None or q.global_scale is None or q.global_scale.numel() == (q.shape[0] if experts else 1)
-        if (packed.fmt not in self.weight_formats or q is None or h is None or not glob_ok
-                or h.values.dim() != (3 if experts else 2) or not self.fused_sync_runs(weight)):
+        if packed.fmt not in self.weight_formats or q is None or h is None:
+            return False
+        experts = len(q.shape) == 3
+        glob_ok = q.global_scale is None or q.global_scale.numel() == (q.shape[0] if experts else 1)
+        return glob_ok and h.values.dim() == (3 if experts else 2) and self.fused_sync_runs(weight)
+
+    def quantize_into(self, weight: torch.Tensor, packed: PackedWeight,
+                      amax_bits: torch.Tensor | None = None) -> tuple[str, ...]:
+        """nvfp4 / mxfp4 `packed` ([N, K], or stacked experts [E, N, K] with one global scale per expert) holding its
+        Hopper layout: `quantize_relayout` writes q's codes, scales, global scale and the layout in one pass, in
+        place (same bits as quantize + copy + re-derive; captured CUDA graphs keep reading the same tensors).
+        `amax_bits`: a dense nvfp4 weight's tensor amax computed ahead (`quant_linear.load_linear_weights`)."""
+        if not self.fused_sync_ready(weight, packed):
             self.paths.record("fp4.sync.requantize")
             return ()
+        q, h = packed.q, packed.layout["hopper_fp4"]
+        experts = len(q.shape) == 3
         from trace_rl.kernels.hopper_fp4 import HopperFP4
         from trace_rl.kernels.quantize_relayout import quantize_relayout
 
         w = weight.detach().to(q.codes.device)
         if not experts:
-            quantize_relayout(w, packed.fmt, out=h, q=q)
+            quantize_relayout(w, packed.fmt, out=h, q=q, amax_bits=amax_bits)
         else:   # expert by expert into views of the stacked buffers and layout
             for e in range(q.shape[0]):
                 g = None if q.global_scale is None else q.global_scale[e].reshape(())

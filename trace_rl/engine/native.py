@@ -32,6 +32,7 @@ from collections.abc import Mapping
 import torch
 from tensordict import TensorDict
 
+from trace_rl.backends.quant_linear import QuantLinear, load_linear_weights
 from trace_rl.data import schema as K
 from trace_rl.engine.base import RolloutEngine, SamplingParams
 from trace_rl.engine.cuda_graphs import DecodeGraphs, batch_buckets, bucket_for
@@ -62,6 +63,10 @@ def rollout_copy(model: Decoder, plan: PrecisionPlan, device: torch.device, dtyp
 
 
 class NativeEngine(RolloutEngine):
+    # load_weights: QuantLinears are re-quantized in batches of about this many weight bytes (nvfp4's tensor amaxes
+    # in one launch per batch, `load_linear_weights`); the batch's weights (stacked copies of fused parts) stay alive
+    SYNC_BATCH_BYTES = 1 << 30
+
     def __init__(self, model: Decoder, plan: PrecisionPlan | None = None, *, max_batch: int = 64,
                  max_seq_len: int = 2048, block_size: int | None = None, device: torch.device | str | None = None,
                  dtype: torch.dtype | None = None, pad_token_id: int = K.PAD_TOKEN_ID_DEFAULT,
@@ -200,11 +205,20 @@ class NativeEngine(RolloutEngine):
             expected.add(key)
             return sd[key].to(self.device)
 
+        batch, held = [], 0     # QuantLinears loaded together: nvfp4's tensor amaxes in one launch per batch
         for name, lin in self.model.linears().items():
             parts = lin.fused_from or (name,)          # a fused rollout layer stacks its parts' weights
             weight = torch.cat([take(f"{p}.weight") for p in parts])
             bias = torch.cat([take(f"{p}.bias") for p in parts]) if lin.quant.bias is not None else None
-            lin.quant.load_weight(weight, bias)
+            if not isinstance(lin.quant, QuantLinear):
+                lin.quant.load_weight(weight, bias)
+                continue
+            batch.append((lin.quant, weight, bias))
+            held += weight.nbytes
+            if held >= self.SYNC_BATCH_BYTES:          # bounds the weights (and stacked copies) alive at once
+                load_linear_weights(batch)
+                batch, held = [], 0
+        load_linear_weights(batch)
         for experts in self.model.experts():
             experts.load_weight(take(f"{experts.name}.gate_up_proj"), take(f"{experts.name}.down_proj"))
         for name, p in self.model.named_parameters():

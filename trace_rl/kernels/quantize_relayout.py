@@ -147,12 +147,13 @@ def _empty_q(fmt: str, n: int, k: int, w: torch.Tensor) -> QTensor:
                    (n, k), w.dtype, fmt)
 
 
-def quantize_relayout(w: torch.Tensor, fmt: str, out: HopperFP4 | None = None,
-                      q: QTensor | None = None) -> tuple[QTensor, HopperFP4]:
+def quantize_relayout(w: torch.Tensor, fmt: str, out: HopperFP4 | None = None, q: QTensor | None = None,
+                      amax_bits: torch.Tensor | None = None) -> tuple[QTensor, HopperFP4]:
     """(`quantize(w, fmt)`, its Hopper layout) for fmt "nvfp4" or "mxfp4", w [N, K], in one pass over w: the
     same bits as `relayout(quantize(w, fmt), out)`. `out` / `q`: written in place when given (weight sync: the
     PackedWeight's layout and QTensor buffers, so captured CUDA graphs stay valid). Launches: nvfp4 the tensor
-    amax and the fused kernel; mxfp4 the fused kernel and the layout scales."""
+    amax and the fused kernel; mxfp4 the fused kernel and the layout scales. `amax_bits` (nvfp4): w's tensor amax
+    already computed (int32 [1], `weight_quantize.weights_amax_bits` of many weights in one launch)."""
     if fmt not in ("nvfp4", "mxfp4"):
         raise ValueError(f"quantize_relayout takes nvfp4 or mxfp4, not {fmt!r}")
     G = block_size(fmt)
@@ -176,7 +177,7 @@ def quantize_relayout(w: torch.Tensor, fmt: str, out: HopperFP4 | None = None,
     if mx:
         amax = gscale = out.row_factor          # unused
     else:
-        amax = weight_amax_bits(w)
+        amax = weight_amax_bits(w) if amax_bits is None else amax_bits
         gscale = q.global_scale
     _quantize_relayout_kernel[(np_ // ROWS, triton.cdiv(kp, COLS * KC))](
         w, q.codes.view(torch.int32), scales, gscale, amax, out.values, out.scales, out.row_factor, n, k, kp,

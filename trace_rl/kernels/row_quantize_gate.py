@@ -20,6 +20,7 @@ slow path of the IEEE divisions is not counted; CPU compile, 2026-12-01) plus ~1
     quantize_relayout mxfp4 (16 x 256 tile)      22.3 per elem      -> budget 25
     weight_amax (16384 / program, bf16)           7.3 per elem      -> budget 8 (memory-bound: ~1.5 ms of issue
         for the 8B weights against ~3.3 ms of reading them)
+    weights_amax (T tensors in one launch)        7.7 per elem      -> budget 9 (the tensor search: +27 per program)
 """
 
 from __future__ import annotations
@@ -93,4 +94,11 @@ def sass_gate_cases():
     cases.append(GateCase("weight_amax", _weight_amax_kernel, dict(x_ptr="*bf16", amax_bits_ptr="*i32", n="i32"),
                           dict(BLOCK=AMAX_BLOCK), 8, 1, AMAX_BLOCK / 256, 8.0, divisible=("x_ptr", "n"),
                           register_a=False, forbid=(), whole_kernel=True))
+    from trace_rl.kernels.weight_quantize import _weights_amax_kernel
+
+    cases.append(GateCase("weights_amax (252 tensors)", _weights_amax_kernel,
+                          dict(x_ptr="*bf16", offs_ptr="*i64", numel_ptr="*i64", starts_ptr="*i32",
+                               amax_bits_ptr="*i32", T="i32"), dict(BLOCK=AMAX_BLOCK, TP=256), 8, 1, AMAX_BLOCK / 256,
+                          9.0, divisible=("x_ptr", "offs_ptr", "numel_ptr", "starts_ptr"), register_a=False, forbid=(),
+                          whole_kernel=True))
     return cases

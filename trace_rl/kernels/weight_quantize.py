@@ -95,6 +95,58 @@ def weight_amax_bits(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
+@triton.jit
+def _weights_amax_kernel(x_ptr, offs_ptr, numel_ptr, starts_ptr, amax_bits_ptr, T, BLOCK: tl.constexpr,
+                         TP: tl.constexpr):
+    """`_weight_amax_kernel` over T contiguous tensors in one launch (the weight sync's 252: one launch instead of
+    252 launches' ramps and tails): tensor t holds numel[t] elements at x_ptr + offs[t] (int64 elements from x_ptr,
+    may be negative) and takes programs starts[t] .. starts[t + 1]; its amax bits go to amax_bits_ptr[t]. offs[t]
+    and numel[t] are multiples of 8 (the host checks): 16-byte loads, as in the one-tensor kernel."""
+    pid = tl.program_id(0)
+    j = tl.arange(0, TP)
+    t = tl.sum((tl.load(starts_ptr + j, mask=j < T, other=0x7FFFFFFF) <= pid).to(tl.int32), axis=0) - 1
+    offs = (pid - tl.load(starts_ptr + t)).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    base = tl.multiple_of(tl.load(offs_ptr + t), 8)
+    n = tl.multiple_of(tl.load(numel_ptr + t), 8)
+    xa = tl.abs(tl.load(x_ptr + base + offs, mask=offs < n, other=0.0).to(tl.float32))
+    xa = tl.where(xa < float("inf"), xa, 0.0)                  # finite elements only (NaN compares false)
+    tl.atomic_max(amax_bits_ptr + t, tl.max(xa, axis=0).to(tl.int32, bitcast=True))
+
+
+def weights_amax_ok(ws: list) -> bool:
+    """`weights_amax_bits` takes these: contiguous, one dtype and device, 16-byte aligned, numel multiples of 8."""
+    return bool(ws) and all(w.dtype == ws[0].dtype and w.device == ws[0].device and w.is_contiguous()
+                            and w.data_ptr() % 16 == 0 and w.numel() % 8 == 0 for w in ws)
+
+
+def weights_amax_tables(ws: list) -> tuple:
+    """The device tables of `weights_amax_bits(ws)` (built once where the same tensors are synced again, e.g. a
+    CUDA graph: building them copies from the host)."""
+    if not weights_amax_ok(ws):
+        raise ValueError("weights_amax_bits takes contiguous tensors of one dtype on one device, 16-byte aligned, "
+                         "with numel a multiple of 8 (`weights_amax_ok`)")
+    es, base = ws[0].element_size(), ws[0].data_ptr()
+    starts = [0]
+    for w in ws:
+        starts.append(starts[-1] + triton.cdiv(w.numel(), AMAX_BLOCK))
+    dev = ws[0].device
+    return (torch.tensor([(w.data_ptr() - base) // es for w in ws], dtype=torch.int64, device=dev),
+            torch.tensor([w.numel() for w in ws], dtype=torch.int64, device=dev),
+            torch.tensor(starts, dtype=torch.int32, device=dev))
+
+
+def weights_amax_bits(ws: list, tables: tuple | None = None) -> torch.Tensor:
+    """int32 [len(ws)]: `weight_amax_bits` of each contiguous tensor (one dtype, one device), one launch; element
+    t (a [1] view) is what `quantize_relayout(..., amax_bits=...)` takes."""
+    offs, numel, starts = weights_amax_tables(ws) if tables is None else tables
+    out = torch.zeros(len(ws), device=ws[0].device, dtype=torch.int32)
+    programs = sum(triton.cdiv(w.numel(), AMAX_BLOCK) for w in ws)       # from the host (graph capture)
+    if programs:
+        _weights_amax_kernel[(programs,)](ws[0], offs, numel, starts, out, len(ws), BLOCK=AMAX_BLOCK,
+                                          TP=max(16, triton.next_power_of_2(len(ws))), num_warps=8)
+    return out
+
+
 def _blocks_per_program(n_blocks: int, G: int) -> tuple[int, int]:
     """(NB, num_warps): on the GPU 4096 elements per program of 4 warps (32 per thread); in the interpreter,
     where each program costs milliseconds, up to 1024 blocks."""
