@@ -8,8 +8,10 @@
 #   sync_8b_{nvfp4,mxfp4}_engine_graph_ms (the engine's sync), _engine_fused_linears (how many of the 252 took the
 #   fused path: 252), _engine_bit_exact_vs_default (codes / scales / global scale and layout words / scales / row
 #   factors of every weight, after filling them with garbage, = quantize(fast=False) then relayout);
-#   requant_8b_{nvfp4,mxfp4}_graph_ms (default quantize + relayout), quantize_8b_*_graph_ms, relayout_8b_*_graph_ms;
-#   amax_8b_flat_graph_ms (nvfp4's tensor amax pass alone). EXTRA_BENCH_ARGS=--fast-quantize adds the fast quantizer
+#   sync_8b_nvfp4_engine_batched_{graph_ms,bit_exact_vs_default,batches} (as NativeEngine.load_weights batches it:
+#   ~1 GiB of weights per `load_linear_weights`, their tensor amaxes in one launch); amax_8b_{flat,batched,one_launch}
+#   _graph_ms (nvfp4's tensor amax pass alone: a launch per weight / per batch / one for all 252);
+#   requant_8b_{nvfp4,mxfp4}_graph_ms (default quantize + relayout), quantize_8b_*_graph_ms, relayout_8b_*_graph_ms. EXTRA_BENCH_ARGS=--fast-quantize adds the fast quantizer
 #   and the raw quantize_relayout calls (longer: drop tests then).
 # Tests, most important first (pytest stops at the 114 s mark): the engine's fused sync against the generic path
 # (QuantLinear and stacked experts), the fused kernel (ragged / NaN / in-place cases), the re-layout kernel, the fast
