@@ -11,8 +11,8 @@
 #   sync_8b_nvfp4_engine_batched_{graph_ms,bit_exact_vs_default,batches} (as NativeEngine.load_weights batches it:
 #   ~1 GiB of weights per `load_linear_weights`, their tensor amaxes in one launch); amax_8b_{flat,batched,one_launch}
 #   _graph_ms (nvfp4's tensor amax pass alone: a launch per weight / per batch / one for all 252);
-#   requant_8b_{nvfp4,mxfp4}_graph_ms (default quantize + relayout), quantize_8b_*_graph_ms, relayout_8b_*_graph_ms. EXTRA_BENCH_ARGS=--fast-quantize adds the fast quantizer
-#   and the raw quantize_relayout calls (longer: drop tests then).
+#   requant_8b_{nvfp4,mxfp4}_graph_ms (default quantize + relayout), quantize_8b_*_graph_ms, relayout_8b_*_graph_ms.
+#   EXTRA_BENCH_ARGS=--fast-quantize adds the fast quantizer and the raw quantize_relayout calls (longer).
 # Tests, most important first (pytest stops at the 114 s mark): the engine's fused sync against the generic path
 # (QuantLinear and stacked experts), the fused kernel (ragged / NaN / in-place cases), the re-layout kernel, the fast
 # quantize (its 8B-sized GPU cases are left to the bench's all-weights check; the odd 771-row ones stay), the quantize
