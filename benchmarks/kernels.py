@@ -348,7 +348,7 @@ def bench_quant(read_bw: float, log, fast: bool = False) -> dict:
             if fast and not fd:   # quantize with the re-layout fused into its store: same bits as these
                 _bench_fused(fmt, weights, qs, lays, res)
             log({k: v for k, v in res.items()                                      # kept on a timeout
-                 if f"8b_{fmt}{tag}_" in k or "fused" in k or "engine" in k})
+                 if f"8b_{fmt}{tag}_" in k or "fused" in k or "engine" in k or "amax" in k})
             del qs, lays
         except Exception as e:   # noqa: BLE001
             res[f"requant_8b_{fmt}{tag}_error"] = repr(e)[:300]
