@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# A session's first H200 call: the one-command checks that are waiting for the GPU, most important first, each
+# started only while its time still fits in the call (BUDGET_S, default 540 s). Each check writes into
+# /tmp/h200_checks/<name>/ (its summary.json first among its files); all of them come back as ONE file,
+# OUT_DIR/checks.tgz (a call returns at most 8 files), and every summary is printed.
+# Usage: benchmarks/h200_session_checks.sh OUT_DIR [NAME ...] (from the repo root, device wheels on PYTHONPATH).
+# Checks (NAME: script, seconds it may take):
+#   wsync    benchmarks/weight_sync_h200.sh       the engine's fused weight sync, bit-exact on 252 weights + GPU tests
+#   presets  every preset's pipeline on the GPU (tests/pipelines/test_presets_gpu.py: 2 steps + bf16 evaluation)
+#   grid     benchmarks/engine_grid_h200.sh       issue 16's missed cells with the split candidates
+#   gemm     benchmarks/gemm_gluon_h200.sh        the Gluon W4A16 GEMM against the shipped kernel and cuBLAS
+#   attn     benchmarks/attention_gluon_h200.sh   the Gluon FP4-KV attention (when present)
+#   trainattn benchmarks/trainer_attention_h200.sh the trainer's float32 GQA attention (when present)
+set -u
+OUT=${1:?usage: $0 OUT_DIR [NAME ...]}
+shift
+NAMES=${*:-"wsync presets grid gemm attn trainattn"}
+BUDGET_S=${BUDGET_S:-540}
+export PYTHON=${PYTHON:-python3}
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+W=/tmp/h200_checks
+mkdir -p "$OUT" "$W"
+start=$(date +%s)
+need() { case $1 in presets) echo 150;; *) echo 122;; esac; }
+for name in $NAMES; do
+    left=$(( BUDGET_S - ($(date +%s) - start) ))
+    if [ "$left" -lt "$(need "$name")" ]; then echo "[$name] skipped: ${left} s left"; continue; fi
+    d="$W/$name"; mkdir -p "$d"; t0=$(date +%s)
+    case $name in
+        wsync) bash benchmarks/weight_sync_h200.sh "$d" > "$d/run.log" 2>&1 ;;
+        grid) bash benchmarks/engine_grid_h200.sh "$d" > "$d/run.log" 2>&1 ;;
+        gemm) bash benchmarks/gemm_gluon_h200.sh "$d" > "$d/run.log" 2>&1 ;;
+        attn) [ -f benchmarks/attention_gluon_h200.sh ] && bash benchmarks/attention_gluon_h200.sh "$d" > "$d/run.log" 2>&1 ;;
+        trainattn) [ -f benchmarks/trainer_attention_h200.sh ] && \
+            bash benchmarks/trainer_attention_h200.sh "$d" > "$d/run.log" 2>&1 ;;
+        presets) timeout 145 $PYTHON -m pytest -v -p no:cacheprovider -rs tests/pipelines/test_presets_gpu.py \
+                     > "$d/pytest.log" 2>&1
+                 echo "{\"pytest_rc\": $?}" > "$d/summary.json"; tail -3 "$d/pytest.log" >> "$d/run.log" ;;
+        *) echo "[$name] unknown check" ;;
+    esac
+    echo "[$name] rc $? in $(( $(date +%s) - t0 )) s"
+    [ -f "$d/summary.json" ] && head -c 3000 "$d/summary.json" && echo
+done
+tar czf "$OUT/checks.tgz" -C "$W" .
+echo "total $(( $(date +%s) - start )) s; $OUT/checks.tgz"
