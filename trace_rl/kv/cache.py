@@ -26,10 +26,10 @@ import logging
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from trace_rl.formats.paged_kv import DEFAULT_BLOCK_SIZE, PagedKV
 from trace_rl.kv import decode_attention as attn
+from trace_rl.kv.causal import causal_attention
 from trace_rl.op_ranges import op_range
 
 log = logging.getLogger("trace_rl.kv")
@@ -90,14 +90,6 @@ def _kernels():
     if not ok:
         return None, f"trace_rl.kernels unavailable: {reason}"
     return kernels, ""
-
-
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """[B, T, H, D] layout in and out; GQA by head groups; causal from position 0 (the trainer's attention
-    and prefill over the K/V read back from the cache)."""
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                         is_causal=True, scale=scale, enable_gqa=q.shape[2] != k.shape[2])
-    return out.transpose(1, 2)
 
 
 class PagedKVCache:

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from trace_rl.backends import backend_for_format
-from trace_rl.kv.cache import causal_attention
+from trace_rl.kv.causal import causal_attention
 from trace_rl.models.config import ModelConfig
 from trace_rl.models.linear import Linear
 from trace_rl.models.norm import RMSNorm
