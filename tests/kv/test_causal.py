@@ -79,6 +79,8 @@ def test_cuda_float32_gqa_runs_the_efficient_kernel_and_matches_math(rng):
     q, k, v = (torch.randn(3, 129, h, 64, generator=rng).cuda().requires_grad_() for h in (6, 2, 2))
     grad = torch.randn(3, 129, 6, 64, generator=rng).cuda()
     assert plan_for(q.bfloat16(), k.bfloat16()) == "sdpa_gqa"
+    with torch.autocast("cuda", dtype=torch.bfloat16):          # SFT: SDPA gets bf16 whatever q's dtype
+        assert plan_for(q, k) == "sdpa_gqa"
     if causal.efficient_takes_gqa(q.device):
         assert plan_for(q, k) == "sdpa_gqa"
         pytest.skip("this torch's efficient kernel takes enable_gqa itself")

@@ -5,7 +5,7 @@ cache (`KVStep.attend`) both call it.
 How SDPA is called (`attention_plan`), never changing the result beyond float rounding:
 - "sdpa": as many K/V heads as query heads.
 - "sdpa_gqa": `enable_gqa=True`, SDPA broadcasts each K/V head to its group of query heads. CPU (its flash
-  kernel takes GQA in float32), and CUDA in bf16/fp16 (FlashAttention and cuDNN take GQA).
+  kernel takes GQA in float32), and CUDA in bf16/fp16, autocast's included (FlashAttention and cuDNN take GQA).
 - "expand_kv": on CUDA in float32, K/V are repeated to the query heads first (`repeat_interleave` on the
   head dim: query head h reads K/V head h // (Hq / Hkv), what `enable_gqa` means) and SDPA is called
   without `enable_gqa`. Why: FlashAttention and cuDNN take only fp16/bf16, and the memory-efficient kernel,
@@ -52,10 +52,14 @@ def efficient_takes_gqa(device: torch.device) -> bool:
 
 
 def plan_for(q: torch.Tensor, k: torch.Tensor) -> str:
-    """`attention_plan` for q [B, T, Hq, D], k [B, T, Hkv, D] as given. Torch is asked
-    (`efficient_takes_gqa`) only where the answer matters: float32 GQA on CUDA."""
-    ask = q.device.type == "cuda" and q.dtype == torch.float32 and q.shape[2] != k.shape[2]
-    return attention_plan(q.device.type, q.dtype, q.shape[2], k.shape[2], ask and efficient_takes_gqa(q.device))
+    """`attention_plan` for q [B, T, Hq, D], k [B, T, Hkv, D] in the dtype SDPA will see: under CUDA autocast
+    (bf16 SFT) SDPA casts its inputs to the autocast dtype (it is on autocast's lower-precision list), where
+    FlashAttention takes GQA, so float32 q (RoPE's float32 cos/sin promote it) is not expanded there. Torch
+    is asked (`efficient_takes_gqa`) only where the answer matters: float32 GQA on CUDA."""
+    dev = q.device.type
+    dtype = torch.get_autocast_dtype(dev) if dev == "cuda" and torch.is_autocast_enabled(dev) else q.dtype
+    ask = dev == "cuda" and dtype == torch.float32 and q.shape[2] != k.shape[2]
+    return attention_plan(dev, dtype, q.shape[2], k.shape[2], ask and efficient_takes_gqa(q.device))
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
