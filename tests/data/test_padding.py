@@ -1,5 +1,6 @@
 """Padding helpers: pad/unpad round trip, packing prompt+response, densify ragged stacks, trim, devices."""
 
+import pytest
 import torch
 from tensordict import LazyStackedTensorDict, TensorDict
 
@@ -67,6 +68,24 @@ def test_densify_pads_ragged_rows_with_key_specific_values():
     assert dense[K.MASK_RESPONSE].tolist() == [[bool(v) for v in r] for r in expected_mask]
     assert dense[K.LOGP_ROLLOUT][0].tolist() == [-1.0, -1.0, 0.0, 0.0]
     assert dense[K.REWARD].tolist() == [0.0, 1.0, 0.0]
+
+
+@pytest.mark.gpu
+def test_densify_keeps_pinned_entries_pinned():
+    """A guided rollout's records sit in pinned host memory beside GPU tensors: densify stacks them into
+    pinned memory (ragged rows padded as the other keys are), so the trainer's copies stay asynchronous."""
+    a, b = _batch(2, 2, -1.0).to("cuda"), _batch(4, 1, -2.0).to("cuda")
+    for td in (a, b):
+        td.clear_device_()
+        width = td.get(K.TOKENS_RESPONSE).shape[1]
+        td.set(K.GUIDANCE_BYTES, torch.arange(td.batch_size[0] * width * 3, dtype=torch.uint8)
+               .view(-1, width, 3).pin_memory())
+    stacked = LazyStackedTensorDict.lazy_stack([*a.unbind(0), *b.unbind(0)])
+    dense = densify(stacked, pad_token_id=0)
+    records = dense[K.GUIDANCE_BYTES]
+    assert records.is_pinned() and records.shape == (3, 4, 3)
+    assert torch.equal(records, stacked.get(K.GUIDANCE_BYTES, as_padded_tensor=True, padding_value=0))
+    assert dense[K.TOKENS_RESPONSE].is_cuda
 
 
 def test_trim_response_drops_all_padding_columns():

@@ -135,8 +135,9 @@ def test_record_layout_and_valid_positions():
     # prompt tokens and every fed response token (all but the last generated one) are recorded
     assert torch.equal(valid.sum(1), prompt_len + ngen - 1)
     width = out.get(K.TOKENS_PROMPT).shape[1] + out.get(K.TOKENS_RESPONSE).shape[1]
-    for key in engine.guidance_sites.values():
-        assert g.get((key, "bits")).shape[:2] == (out.batch_size[0], width)
+    assert g.get("bytes").shape == (out.batch_size[0], width, engine.recorder.bytes_per_token)
+    for site in engine.guidance_sites.values():
+        assert site.views(g.get("bytes"))["bits"].shape[:2] == (out.batch_size[0], width)
 
 
 def test_guided_layer_selection():

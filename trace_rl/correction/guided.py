@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from trace_rl.data import schema as K
 from trace_rl.formats import E2M1_MAGNITUDES, get_format, unpack_nibbles
 from trace_rl.formats.mxfp4 import e8m0_to_float
 
@@ -118,44 +119,46 @@ def _guided_values(v: torch.Tensor, record: GuidanceRecord, step: torch.Tensor) 
 
 # -- the trainer side: serve a batch's records to the model's guided layers --
 
-GUIDANCE_VALID = ("guidance", "valid")
+def guidance_record(td, site) -> GuidanceRecord:
+    """The record of one site (a Linear input or a layer's K/V: an `engine.guidance.Site`) in a trajectory
+    TensorDict: views of its ("guidance", "bytes")."""
+    return _site_record(td.get(K.GUIDANCE_BYTES), td.get(K.GUIDANCE_VALID), site)
 
 
-def guidance_record(td, site: str) -> GuidanceRecord:
-    """The record of one site (a Linear input or a layer's K/V) stored in a trajectory TensorDict."""
-    g = td.get(("guidance", site))
-    return GuidanceRecord(g.get("scales"), g.get("global_scale", None), g.get("bits"),
-                          td.get(GUIDANCE_VALID))
+def _site_record(rows: torch.Tensor, valid: torch.Tensor, site) -> GuidanceRecord:
+    views = site.views(rows)
+    return GuidanceRecord(views["scales"], views.get("global_scale"), views["bits"], valid)
 
 
 class guided_trainer:  # noqa: N801  (a context manager, used as `with guided_trainer(model, td, sites):`)
     """Within the block, the model's guided Linears (and K/V, when the KV cache is FP4) fake-quantize
     with the rollout's records in `td` (rows = td's rows, positions = its packed prompt+response).
 
-    `sites` maps a trainer Linear name (or "<attention module name>.k" / ".v") to the site key under
-    ("guidance", ...), as `NativeEngine.guidance_sites` reports it. Records held in host memory (the
-    native engine's) are copied to the model's device on entry, for these rows only (enter once per
-    micro-batch), asynchronously when pinned; `h2d_bytes` says how many bytes that moved. They are
+    `sites` maps a trainer Linear name (or "<attention module name>.k" / ".v") to its `Site` (the offsets of
+    its record in a token's bytes), as `NativeEngine.guidance_sites` reports it. Records held in host memory
+    (the native engine's) are copied to the model's device on entry, these rows only, as one tensor (enter
+    once per micro-batch), asynchronously when pinned; `h2d_bytes` says how many bytes that moved. They are
     released on exit."""
 
-    def __init__(self, model, td, sites: dict[str, str]):
+    def __init__(self, model, td, sites: dict):
         self.model, self.td, self.sites = model, td, sites
         self._hooked: list = []
         self.h2d_bytes = 0
 
-    def _record(self, site: str) -> GuidanceRecord:
-        """The site's record on the model's device; one object per site (q/k/v share it: moved once, and
-        the backend quantizes their shared input once)."""
-        if site not in self._records:
-            record = guidance_record(self.td, site)
-            if record.scales.device != self._device:
-                record = record.to(self._device)
-                self.h2d_bytes += record.nbytes
-            self._records[site] = record
-        return self._records[site]
+    def _record(self, site) -> GuidanceRecord:
+        """The site's record on the model's device; one object per site (q/k/v share it, so the backend
+        quantizes their shared input once)."""
+        if site.key not in self._records:
+            self._records[site.key] = _site_record(self._rows, self._valid, site)
+        return self._records[site.key]
 
     def __enter__(self):
-        self._device = next(self.model.parameters()).device
+        device = next(self.model.parameters()).device
+        rows, valid = self.td.get(K.GUIDANCE_BYTES), self.td.get(K.GUIDANCE_VALID)
+        if rows.device != device:
+            rows, valid = rows.to(device, non_blocking=True), valid.to(device, non_blocking=True)
+            self.h2d_bytes += rows.numel() + valid.numel()
+        self._rows, self._valid = rows, valid
         self._records: dict[str, GuidanceRecord] = {}
         get = self._record
         for name, module in self.model.named_modules():
@@ -177,4 +180,5 @@ class guided_trainer:  # noqa: N801  (a context manager, used as `with guided_tr
                 module.kv_hook = None
         self._hooked.clear()
         self._records = {}
+        self._rows = self._valid = None
         return False

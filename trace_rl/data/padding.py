@@ -91,17 +91,34 @@ def densify(td: TensorDictBase, pad_token_id: int = K.PAD_TOKEN_ID_DEFAULT) -> T
     """A dense TensorDict from a (possibly ragged) lazy stack, e.g. a `LazyStackStorage` sample.
 
     Entries whose rows have different lengths (responses of batches generated with different widths) are
-    right-padded to the longest with `pad_value_for(key)`. Non-tensor entries are kept as they are.
+    right-padded to the longest with `pad_value_for(key)`. Non-tensor entries are kept as they are. Entries
+    held in pinned host memory (a guided rollout's records) are stacked into pinned memory, so that their
+    copies to the GPU stay asynchronous.
     """
     if not isinstance(td, LazyStackedTensorDict):
         return td
     out = TensorDict(batch_size=td.batch_size, device=td.device)
     for key in td.keys(include_nested=True, leaves_only=True, is_leaf=_is_leaf_nontensor):
-        try:
-            value = td.get(key)
-        except RuntimeError:  # rows of different shapes cannot be stacked as they are
-            value = td.get(key, as_padded_tensor=True, padding_value=pad_value_for(key, pad_token_id))
+        first = td.tensordicts[0].get(key) if td.tensordicts and td.stack_dim == 0 else None
+        if isinstance(first, torch.Tensor) and first.device.type == "cpu" and first.is_pinned():
+            value = _stack_pinned([row.get(key) for row in td.tensordicts], pad_value_for(key, pad_token_id))
+        else:
+            try:
+                value = td.get(key)
+            except RuntimeError:  # rows of different shapes cannot be stacked as they are
+                value = td.get(key, as_padded_tensor=True, padding_value=pad_value_for(key, pad_token_id))
         out.set(key, value)
+    return out
+
+
+def _stack_pinned(rows: list[torch.Tensor], pad_value) -> torch.Tensor:
+    """rows [L_i, ...] -> [B, max L_i, ...] in pinned memory, right-padded with `pad_value`."""
+    first = rows[0]
+    out = torch.empty(len(rows), max(r.shape[0] for r in rows), *first.shape[1:], dtype=first.dtype,
+                      pin_memory=True)
+    for i, r in enumerate(rows):
+        out[i, : r.shape[0]].copy_(r)
+        out[i, r.shape[0]:].fill_(pad_value)
     return out
 
 

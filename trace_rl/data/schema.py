@@ -3,7 +3,8 @@
 Batch dimension: one row per sampled response. Prompts and responses are right-padded; masks say which
 positions are real. Per-token tensors of the response (`log_probs.*`, `advantage` when per token) are
 aligned with `tokens.response`: position t is the t-th generated token. `guidance.*` and `routing.*` are
-laid out per packed [prompt, response] position instead (`trace_rl.data.padding.pack_full`).
+laid out per packed [prompt, response] position instead (`trace_rl.data.padding.pack_full`); a guidance
+site's scales / global scales / bits are views of ("guidance", "bytes") cut by its `engine.guidance.Site`.
 
 | key                          | shape      | dtype   | written by          |
 |------------------------------|------------|---------|---------------------|
@@ -24,7 +25,8 @@ laid out per packed [prompt, response] position instead (`trace_rl.data.padding.
 | "prompt_index"               | [B]        | int64   | engine (row of the prompt batch) |
 | "policy_version"             | [B]        | int64   | engine (weights version that sampled it) |
 | "num_generated"              | [B]        | int64   | engine (response length, stop token included) |
-| ("guidance", ...)            | per token  | packed  | engine, guided plans (TRACE records) |
+| ("guidance", "bytes")        | [B, Lp+Lr, N] | uint8 | engine, guided plans: TRACE records (N bytes a token) |
+| ("guidance", "valid")        | [B, Lp+Lr] | bool    | engine, guided plans: positions with a record |
 | ("routing", "experts")       | [B, Lp+Lr, M, k] | int16 | engine, MoE models: experts each token used (M MoE layers) |
 | ("routing", "valid")         | [B, Lp+Lr] | bool    | engine: positions with a routing record |
 | ("routing", "trainer")       | [B, Lp+Lr, M, k] | int16 | trainer log-probs: its own top-k there (drift metrics) |
@@ -52,6 +54,8 @@ PROMPT_INDEX = "prompt_index"
 POLICY_VERSION = "policy_version"
 NUM_GENERATED = "num_generated"
 GUIDANCE = "guidance"
+GUIDANCE_BYTES = ("guidance", "bytes")
+GUIDANCE_VALID = ("guidance", "valid")
 # Router replay (MoE). Per *packed* position, as `trace_rl.data.padding.pack_full` lays out [prompt, response]
 # (the same layout as the guidance records): position p of row b is real prompt token p for p < prompt
 # length, then response token p - prompt length. Valid: every prompt token and every response token but the

@@ -45,7 +45,7 @@ class FollowerEngine(RolloutEngine):
     """The engine slot of trainer ranks > 0: they never generate; it tracks the policy version and holds
     rank 0's `guidance_sites` (guided plans: which trainer layer reads which record)."""
 
-    def __init__(self, rank: int, guidance_sites: dict[str, str] | None = None):
+    def __init__(self, rank: int, guidance_sites: dict | None = None):
         self.rank, self.policy_version = rank, 0
         self.guidance_sites = dict(guidance_sites or {})
 

@@ -85,7 +85,7 @@ class RayRolloutEngine(RolloutEngine):
             threads=threads) for i in range(workers)]
         ray.get([w.ready.remote() for w in self.workers])     # construction errors surface here
         # guided plans: which trainer layer reads which record (the same on every worker)
-        self.guidance_sites: dict[str, str] = ray.get(self.workers[0].guidance_sites.remote())
+        self.guidance_sites: dict = ray.get(self.workers[0].guidance_sites.remote())
         self.packer = TrainerSidePacker(model, plan, packer_device, dtype) if weight_sync == "packed" else None
         self.policy_version = 0
         self.worker_versions_at_sync = [0] * workers

@@ -70,8 +70,8 @@ class RolloutWorker:
         self.syncs += 1
         return {"worker": self.index, "version": self.engine.policy_version, "seconds": time.perf_counter() - t0}
 
-    def guidance_sites(self) -> dict[str, str]:
-        """TRACE: trainer layer -> record key, when the plan is guided (see NativeEngine.guidance_sites)."""
+    def guidance_sites(self) -> dict:
+        """TRACE: trainer layer -> its record's `Site`, when the plan is guided (see NativeEngine.guidance_sites)."""
         return self.engine.guidance_sites
 
     def policy_version(self) -> int:

@@ -18,8 +18,12 @@ scales (nvfp4) and packed bits at fixed 4-aligned offsets (`sites`).
   occupied slot's new positions into its output row of a pinned host buffer (`host`, rows x (prompt
   width + max_new) x bytes_per_token), asynchronously, on the compute stream (stream order makes the ring
   reusable at once); prefill records go to the host rows of every sample of their prompt;
-- `result` lays the host rows out as the trainer packs [prompt, response] (they already are), under
-  ("guidance", <site>, "scales" | "global_scale" | "bits") as views of `host`, with ("guidance", "valid").
+- `result` hands the host rows over as they are, already laid out as the trainer packs [prompt, response]:
+  ("guidance", "bytes") [rows, width, bytes_per_token] (a view of `host`) and ("guidance", "valid"). They
+  stay one tensor through the replay buffer and the trainer's micro-batches (one contiguous copy per row
+  or micro-batch); a site's scales / global scales / bits are views of it (`Site.views`), cut where they
+  are read. (Per-site tensors cost one strided copy per token and site wherever rows are gathered: ~11 s
+  per step of the 105M study model, whose tokens carry 84 sites.)
 
 GPU memory: the ring (max_batch x window x bytes_per_token) and one prefill chunk. Host memory: the
 records of one `generate` call (`host_bytes`), freed when its TensorDict is; pinned blocks are reused by
@@ -117,7 +121,7 @@ class GuidanceRecorder:
         self.device = torch.device(device)
         self.sites: dict[str, Site] = {}
         self.modules: dict[str, object] = {}               # site key -> the module whose hook records it
-        self.trainer_sites: dict[str, str] = {}            # trainer module name (+ .k/.v) -> site key
+        self.trainer_sites: dict[str, Site] = {}           # trainer module name (+ .k/.v) -> its site
         offset = 0
         linears = {n: m for n, m in model.linears().items() if per_token(m.act_fmt) in GUIDED_FORMATS}
         chosen = select_guided_layers(list(linears), plan.guided_layers, model.config.num_layers)
@@ -133,7 +137,7 @@ class GuidanceRecorder:
                 offset = self._add(key, per_token(lin.act_fmt), lin.in_features, 1, offset, per_head=False)
                 self.modules[key] = lin
             for trainer_name in (linears[name].fused_from or (name,)):
-                self.trainer_sites[trainer_name] = keys[name]
+                self.trainer_sites[trainer_name] = self.sites[keys[name]]
         kv_fmt = per_token(plan.kv_cache)
         c = model.config
         if kv_fmt in GUIDED_FORMATS:
@@ -146,7 +150,7 @@ class GuidanceRecorder:
                     key = site_key(name)
                     offset = self._add(key, kv_fmt, c.head_dim, c.num_kv_heads, offset, per_head=True)
                     self.modules[key] = attn
-                    self.trainer_sites[name] = key
+                    self.trainer_sites[name] = self.sites[key]
         self.bytes_per_token = offset
         self.max_batch = max_batch
         self.dest = torch.zeros(max_batch, dtype=torch.long, device=self.device)  # ring row of each slot's token
@@ -274,10 +278,7 @@ class GuidanceRecorder:
         t = torch.arange(width)[None, :]
         plen = prompt_lens[prompt_index].cpu()[:, None]
         valid = (t < plen) | ((t >= plen) & (t - plen < ngen.cpu()[:, None] - 1))
-        host = self.host[:, :width]
-        out = {key: site.views(host) for key, site in self.sites.items()}
-        td = TensorDict(out, batch_size=[rows])
-        td.set("valid", valid)
+        td = TensorDict({"bytes": self.host[:, :width], "valid": valid}, batch_size=[rows])
         self.host = None                                  # the TensorDict owns the records now
         return td
 

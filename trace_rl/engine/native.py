@@ -36,7 +36,7 @@ from trace_rl.backends.quant_linear import QuantLinear, load_linear_weights
 from trace_rl.data import schema as K
 from trace_rl.engine.base import RolloutEngine, SamplingParams
 from trace_rl.engine.cuda_graphs import DecodeGraphs, batch_buckets, bucket_for
-from trace_rl.engine.guidance import GuidanceRecorder
+from trace_rl.engine.guidance import GuidanceRecorder, Site
 from trace_rl.engine.pages import PagePool
 from trace_rl.engine.routing import RoutingRecorder
 from trace_rl.engine.sampling import sample_with_counter
@@ -185,8 +185,9 @@ class NativeEngine(RolloutEngine):
                 "guidance": dict(self.recorder.stats) if self.recorder else {}, **self.stats}
 
     @property
-    def guidance_sites(self) -> dict[str, str]:
-        """Trainer module name (Linear, or '<attention>.k'/'.v') -> its record's key under ("guidance", ...)."""
+    def guidance_sites(self) -> dict[str, Site]:
+        """Trainer module name (Linear, or '<attention>.k'/'.v') -> its record's `Site` (where it sits in each
+        token's ("guidance", "bytes"))."""
         return dict(self.recorder.trainer_sites) if self.recorder else {}
 
     # -- weights --
