@@ -22,7 +22,7 @@ scales (nvfp4) and packed bits at fixed 4-aligned offsets (`sites`).
   ("guidance", "bytes") [rows, width, bytes_per_token] (a view of `host`) and ("guidance", "valid"). They
   stay one tensor through the replay buffer and the trainer's micro-batches (one contiguous copy per row
   or micro-batch); a site's scales / global scales / bits are views of it (`Site.views`), cut where they
-  are read. (Per-site tensors cost one strided copy per token and site wherever rows are gathered: ~11 s
+  are read. (Per-site tensors cost one strided copy per token and site wherever rows are gathered: ~10 s
   per step of the 105M study model, whose tokens carry 84 sites.)
 
 GPU memory: the ring (max_batch x window x bytes_per_token) and one prefill chunk. Host memory: the
