@@ -191,9 +191,6 @@ def main() -> None:
     for plan, e in report["plans"].items():
         if e["steps"]:
             summary[plan] = {k: min(s["seconds"][k] for s in e["steps"]) for k in e["steps"][0]["seconds"]}
-    if len(summary) == 2:
-        a, g = (summary[p]["total"] for p in summary)
-        report["second_over_first_total"] = g / a
     report["summary_min_seconds"] = summary
     save()
     print(json.dumps(summary, indent=1))
