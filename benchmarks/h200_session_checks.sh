@@ -7,32 +7,35 @@
 # Checks (NAME: script, seconds it may take):
 #   wsync    benchmarks/weight_sync_h200.sh       the engine's fused weight sync, bit-exact on 252 weights + GPU tests
 #   presets  every preset's pipeline on the GPU (tests/pipelines/test_presets_gpu.py: 2 steps + bf16 evaluation)
+#   guided   benchmarks/guided_step_h200.sh       the guided trainer's step against aligned (records as one tensor)
 #   grid     benchmarks/engine_grid_h200.sh       issue 16's missed cells with the split candidates
 #   gemm     benchmarks/gemm_gluon_h200.sh        the Gluon W4A16 GEMM against the shipped kernel and cuBLAS
 #   attn     benchmarks/attention_gluon_h200.sh   the Gluon FP4-KV attention (when present)
-#   trainattn benchmarks/trainer_attention_h200.sh the trainer's float32 GQA attention (when present)
+#   trainattn benchmarks/trainer_attention_h200.sh the trainer's float32 GQA attention (expanded K/V, efficient kernel)
+# The default order puts first what the stability study's runs depend on (wsync presets guided trainattn: ~8.5 min),
+# then the speed checks (grid gemm attn): a second call, `BUDGET_S=... benchmarks/h200_session_checks.sh OUT grid gemm attn`.
 set -u
 OUT=${1:?usage: $0 OUT_DIR [NAME ...]}
 shift
-NAMES=${*:-"wsync presets grid gemm attn trainattn"}
+NAMES=${*:-"wsync presets guided trainattn grid gemm attn"}
 BUDGET_S=${BUDGET_S:-540}
 export PYTHON=${PYTHON:-python3}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 W=/tmp/h200_checks
 mkdir -p "$OUT" "$W"
 start=$(date +%s)
-need() { case $1 in presets) echo 150;; *) echo 122;; esac; }
+need() { case $1 in presets) echo 150;; trainattn) echo 62;; *) echo 122;; esac; }
 for name in $NAMES; do
     left=$(( BUDGET_S - ($(date +%s) - start) ))
     if [ "$left" -lt "$(need "$name")" ]; then echo "[$name] skipped: ${left} s left"; continue; fi
     d="$W/$name"; mkdir -p "$d"; t0=$(date +%s)
     case $name in
         wsync) bash benchmarks/weight_sync_h200.sh "$d" > "$d/run.log" 2>&1 ;;
+        guided) bash benchmarks/guided_step_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         grid) bash benchmarks/engine_grid_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         gemm) bash benchmarks/gemm_gluon_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         attn) [ -f benchmarks/attention_gluon_h200.sh ] && bash benchmarks/attention_gluon_h200.sh "$d" > "$d/run.log" 2>&1 ;;
-        trainattn) [ -f benchmarks/trainer_attention_h200.sh ] && \
-            bash benchmarks/trainer_attention_h200.sh "$d" > "$d/run.log" 2>&1 ;;
+        trainattn) bash benchmarks/trainer_attention_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         presets) timeout 145 $PYTHON -m pytest -v -p no:cacheprovider -rs tests/pipelines/test_presets_gpu.py \
                      > "$d/pytest.log" 2>&1
                  echo "{\"pytest_rc\": $?}" > "$d/summary.json"; tail -3 "$d/pytest.log" >> "$d/run.log" ;;
