@@ -1,0 +1,414 @@
+"""Opt-in Gluon (Triton 3.6 `triton.experimental.gluon`) warp-specialised nvfp4-KV paged decode attention (issue 15).
+
+Computes what `paged_attention.decode_attention` computes over an nvfp4 cache (same write-time layout,
+trace_rl/formats/kv_layout.py; same orientation: S^T = K q^T and O^T = V^T P^T with the tokens / head dims as the
+MMA's M, K and V^T decoded in registers as the wgmma A operand, per-token float32 factors on the scores and the
+probabilities), organised against what bounds the shipped kernel (docs/benchmarks.md, "What bounds FP4": one
+partition that decodes K, waits for its HGMMAs, reduces, decodes V, waits again):
+
+- a producer partition (1 warp, 24 registers) copies each 128-token tile's pages (K codes, K scales, V codes,
+  V scales, the two per-token factor rows: each a contiguous (page, kv head) block) with one TMA box per page and
+  tensor into a STAGES-deep shared ring (`ready` mbarrier with expect-tx per slot, `empty` released by the
+  consumer). Hopper's TMA has no gather; the page table is read by the producer (pages past the sequence read
+  page 0, as the shipped kernel does);
+- the default partition (one warpgroup) per tile: waits on `ready`, decodes K (LDS.128 of a thread's fragment,
+  the shipped shift/mask PTX) while the previous tile's PV wgmma is still in flight, issues S^T = K q^T async,
+  decodes V^T under it, releases the slot, waits, runs the online softmax, stores P^T (bf16, the only tile that
+  goes through shared memory) and issues the PV wgmma async, leaving it in flight under the next tile's K decode.
+
+One split per (kv head, sequence) program (no split-KV): the first version targets B x kv heads >= 2 waves
+(B = 32 / 256 x 8 kv heads). Scope: nvfp4 only, head_dim 128, pages of 64 tokens (128-token tiles = 2 pages),
+GQA group <= 16 (the query heads of a kv head padded to the MMA's N = 16). `decode_attention_gluon` refuses other
+shapes with a message. Gluon has no interpreter: this runs only on an sm_90 GPU; `sass_gate_cases` compiles it for
+sm_90 on any machine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from trace_rl.formats import kv_layout as L
+from trace_rl.kernels.kv_decode import _FP4_CODES, _SCALE_OUT
+
+FP4_NV_ASM = gl.constexpr("{" + _FP4_CODES + _SCALE_OUT + "}")
+NV_PAIRS_ASM = gl.constexpr("""{
+    .reg .b32 a, b;
+    and.b32 a, $2, 0x00FF00FF;
+    mad.lo.u32 $0, a, 16, 0x76807680;
+    and.b32 b, $2, 0xFF00FF00;
+    mad.hi.u32 $1, b, 0x10000000, 0x76807680;
+}""")
+LOG2E = 1.4426950408889634
+HEAD_DIM, PAGE, BLOCK_T, N_PAD = 128, 64, 128, 16
+
+
+@gluon.jit
+def _producer(kc_desc, ks_desc, kg_desc, vc_desc, vs_desc, vg_desc, kc_b, ks_b, kg_b, vc_b, vs_b, vg_b,
+              ready, empty, bt_row, h, seq_len, n_tiles, HKV: gl.constexpr, NP: gl.constexpr,
+              PAGE: gl.constexpr, STAGES: gl.constexpr):
+    """1 warp: tile it's NP pages (six TMA boxes each: one (page, kv head) block per tensor) into slot it % STAGES."""
+    nbytes: gl.constexpr = NP * (kc_desc.block_type.nbytes + ks_desc.block_type.nbytes + kg_desc.block_type.nbytes
+                                 + vc_desc.block_type.nbytes + vs_desc.block_type.nbytes
+                                 + vg_desc.block_type.nbytes)
+    for it in range(n_tiles):
+        slot = it % STAGES
+        mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)     # a fresh barrier passes the first round
+        bar = ready.index(slot)
+        mbarrier.expect(bar, nbytes)
+        for p in gl.static_range(NP):
+            col = it * NP + p
+            pg = gl.load(bt_row + col, mask=col * PAGE < seq_len, other=0)    # stale entries: page 0
+            blk = pg * HKV + h
+            i = slot * NP + p
+            tma.async_copy_global_to_shared(kc_desc, [blk, 0, 0], bar, kc_b.index(i))
+            tma.async_copy_global_to_shared(ks_desc, [blk, 0, 0], bar, ks_b.index(i))
+            tma.async_copy_global_to_shared(kg_desc, [blk, 0, 0], bar, kg_b.index(i))
+            tma.async_copy_global_to_shared(vc_desc, [blk, 0, 0], bar, vc_b.index(i))
+            tma.async_copy_global_to_shared(vs_desc, [blk, 0, 0], bar, vs_b.index(i))
+            tma.async_copy_global_to_shared(vg_desc, [blk, 0, 0], bar, vg_b.index(i))
+
+
+@gluon.jit
+def _fp4_values(x, pair):
+    """8 bf16 values per word (slot 0 lo, slot 0 hi, .., slot 3 hi), code x scale / 2**7 (kv_decode.FP4_NV_ASM)."""
+    return gl.inline_asm_elementwise(FP4_NV_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [x, pair],
+                                     dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _join8(x, pair):
+    """The 8 values of each word joined as three trailing dims [.., i >> 1, i & 1, half] (attention_tiles._k_fp4's
+    join order)."""
+    o0l, o0h, o1l, o1h, o2l, o2h, o3l, o3h = _fp4_values(x, pair)
+    return gl.join(gl.join(gl.join(o0l, o0h), gl.join(o1l, o1h)), gl.join(gl.join(o2l, o2h), gl.join(o3l, o3h)))
+
+
+@gluon.jit
+def _k_decode(kw_s, ksw_s, A_LAYOUT: gl.constexpr, T: gl.constexpr, D: gl.constexpr, NW: gl.constexpr):
+    """K [T, D] in MMA column order from the slot's words [T/16, hr, g, tq, jw] (row 16 n16 + 8 hr + g, word
+    tq D/32 + jw: a thread's four words are one LDS.128) and scale words [T/16, g, tq] (the bytes (block 2tq, hr),
+    (2tq+1, hr) of rows g, g + 8: kv_layout's [rg, g, block, hr] with 8 blocks)."""
+    KW: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, D // 32], [1, 1, 8, 4, 1], [NW, 1, 1, 1, 1], [4, 3, 2, 1, 0])
+    KS: gl.constexpr = gl.BlockedLayout([1, 1, 1], [1, 8, 4], [NW, 1, 1], [2, 1, 0])
+    w = gl.permute(kw_s.load(KW), (0, 2, 3, 4, 1))                       # [T/16, g, tq, jw, hr]
+    p02, p13 = gl.inline_asm_elementwise(NV_PAIRS_ASM, "=r,=r,r", [ksw_s.load(KS)], dtype=(gl.int32, gl.int32),
+                                         is_pure=True, pack=1)
+    pair = gl.reshape(gl.join(p02, p13), [T // 16, 8, 4, 1, 2])          # [T/16, g, tq, -, hr]
+    pair = gl.convert_layout(pair, w.type.layout, assert_trivial=True)
+    pair = gl.broadcast(pair, w)[0]
+    y = _join8(w, pair)                          # n16 0, g 1, tq 2, jw 3, hr 4, a 5 (i>>1), b 6 (i&1), half 7
+    # row 16 n16 + 8 hr + g; column 32 jw + 16 half + 8 b + 2 tq + a (attention_tiles._k_fp4's permutation)
+    y = gl.permute(y, (0, 4, 1, 3, 7, 6, 2, 5))
+    return gl.convert_layout(gl.reshape(y, [T, D]), A_LAYOUT, assert_trivial=True)
+
+
+@gluon.jit
+def _vt_decode(vw_s, vsw_s, A_LAYOUT: gl.constexpr, NP: gl.constexpr, DV: gl.constexpr, T: gl.constexpr,
+               NW: gl.constexpr):
+    """V^T [DV, T] in MMA row order from the slot's words [p, kth, w, gh, gl, tq, kl, h] (kv_layout's V word order
+    [kt_hi, w, g, tq, kt_lo, h] per page, g = 4 gh + gl) and scale words [p, w, gh, tq, kth, kl] (block 2 w + gh,
+    the bytes of tokens t, t+8, t+1, t+9): every lane group of four (gl) shares its block's word."""
+    VW: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 1, 1, 2, 2], [1, 1, 1, 2, 4, 4, 1, 1], [1, 1, NW, 1, 1, 1, 1, 1],
+                                        [7, 6, 5, 4, 3, 2, 1, 0])
+    # lanes: tq (bits 0-1), gl (bits 2-3, broadcast), gh (bit 4); warps: w; registers: kl, kth, p
+    VS: gl.constexpr = gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 0, 0, 0, 1], [0, 0, 0, 0, 1, 0], [1, 0, 0, 0, 0, 0]],
+        lane_bases=[[0, 0, 0, 1, 0, 0], [0, 0, 0, 2, 0, 0], [0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0],
+                    [0, 0, 1, 0, 0, 0]],
+        warp_bases=[[0, 1, 0, 0, 0, 0], [0, 2, 0, 0, 0, 0]], block_bases=[], shape=[NP, 4, 2, 4, 2, 2])
+    w = vw_s.load(VW)
+    p02, p13 = gl.inline_asm_elementwise(NV_PAIRS_ASM, "=r,=r,r", [vsw_s.load(VS)], dtype=(gl.int32, gl.int32),
+                                         is_pure=True, pack=1)
+    pair = gl.permute(gl.join(p02, p13), (0, 4, 1, 2, 3, 5, 6))         # [p, kth, w, gh, tq, kl, h]
+    pair = gl.reshape(pair, [NP, 2, 4, 2, 1, 4, 2, 2])
+    pair = gl.convert_layout(pair, VW, assert_trivial=True)
+    pair = gl.broadcast(pair, w)[0]
+    y = _join8(w, pair)          # p 0, kth 1, w 2, gh 3, gl 4, tq 5, kl 6, h 7, l 8 (i>>1), a 9 (i&1), ih 10 (half)
+    # rows 64 ih + 16 w + 8 a + g, columns 64 p + 32 kth + 16 kl + 8 h + 2 tq + l (attention_tiles._vt_fp4)
+    y = gl.permute(y, (10, 2, 9, 3, 4, 0, 1, 6, 7, 5, 8))
+    return gl.convert_layout(gl.reshape(y, [DV, T]), A_LAYOUT, assert_trivial=True)
+
+
+@gluon.jit
+def _tile(it, m_i, l_acc, acc, vt_prev, q_b, p_s, kc_r, ks_r, kg_r, vc_r, vs_r, vg_r, ready, empty, seq_len, qk_scale,
+          N: gl.constexpr, T: gl.constexpr, D: gl.constexpr, DV: gl.constexpr, NP: gl.constexpr,
+          STAGES: gl.constexpr, MASKED: gl.constexpr):
+    NW: gl.constexpr = gl.num_warps()
+    s_mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, N, 16])
+    A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_mma, k_width=2)
+    ROWS: gl.constexpr = gl.SliceLayout(1, s_mma)
+    slot = it % STAGES
+    mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
+    # K decode runs while the previous tile's PV wgmma (holding vt_prev) is in flight
+    k = _k_decode(kc_r.index(slot), ks_r.index(slot), A_LAYOUT, T, D, NW)
+    s_tok = warpgroup_mma(k, q_b, gl.zeros([T, N], gl.float32, s_mma), is_async=True)
+    vt = _vt_decode(vc_r.index(slot), vs_r.index(slot), A_LAYOUT, NP, DV, T, NW)
+    fk = kg_r.index(slot).load(ROWS)
+    fv = vg_r.index(slot).load(ROWS)
+    fence_async_shared()
+    mbarrier.arrive(empty.index(slot), count=1)                   # every word of the slot is in registers
+    s, acc, k, vt_prev = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, acc, k, vt_prev))
+    if MASKED:        # tokens past the sequence: score -inf, factors 0, values 0 (a stale page may hold NaN)
+        t = it * T + gl.arange(0, T, layout=ROWS)
+        fk = gl.where(t < seq_len, fk, 0.0)
+        fv = gl.where(t < seq_len, fv, 0.0)
+        cols = it * T + gl.arange(0, T, layout=gl.SliceLayout(0, A_LAYOUT))
+        vt = gl.where(gl.expand_dims(cols < seq_len, 0), vt, gl.zeros_like(vt))
+    s = s * gl.expand_dims(fk * qk_scale, 1)
+    if MASKED:
+        s = gl.where(gl.expand_dims(t < seq_len, 1), s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, axis=0))
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.exp2(s - gl.expand_dims(m_new, 0))
+    l_acc = l_acc * gl.expand_dims(alpha, 0) + p
+    p = p * gl.expand_dims(fv, 1)
+    acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(0, acc.type.layout)), 0)
+    p_s.store(p.to(gl.bfloat16))
+    fence_async_shared()
+    acc = warpgroup_mma(vt, p_s, acc, is_async=True)
+    acc, vt = warpgroup_mma_wait(num_outstanding=1, deps=(acc, vt))     # returns at once: PV stays in flight
+    return m_new, l_acc, acc, vt
+
+
+@gluon.constexpr_function
+def _plain(rank):
+    return gl.SwizzledSharedLayout(1, 1, 1, list(range(rank - 1, -1, -1)))
+
+
+@gluon.jit
+def _consumer(q_ptr, out_ptr, b, h, seq_len, n_tiles, qk_scale, stride_qb, stride_qh, stride_ob, stride_oh,
+              q_s, p_s, kc_b, ks_b, kg_b, vc_b, vs_b, vg_b, ready, empty,
+              GROUP: gl.constexpr, N: gl.constexpr, D: gl.constexpr, DV: gl.constexpr, T: gl.constexpr,
+              NP: gl.constexpr, STAGES: gl.constexpr):
+    NW: gl.constexpr = gl.num_warps()
+    s_mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, N, 16])
+    o_mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, N, 16])
+    A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_mma, k_width=2)
+    # q^T in K's column order (kv_layout.k_dim_of_col), stored [N, D] (K-major B operand)
+    QL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
+    n = gl.arange(0, N, layout=gl.SliceLayout(1, QL))
+    c = gl.arange(0, D, layout=gl.SliceLayout(0, QL))
+    dim = (D // 4) * ((c >> 1) & 3) + (D // 8) * (c & 1) + 2 * (c >> 4) + ((c >> 3) & 1)
+    q_rows = q_ptr + b.to(gl.int64) * stride_qb + gl.expand_dims(h * GROUP + n, 1) * stride_qh
+    q = gl.load(q_rows + gl.expand_dims(dim, 0), mask=gl.expand_dims(n < GROUP, 1), other=0.0)
+    q_s.store(q.to(gl.bfloat16))
+    fence_async_shared()
+    q_b = q_s.permute((1, 0))                                              # [D, N]
+    # plain views of the TMA ring (written unswizzled), one slot's tile per leading index
+    # (a shared layout describes the trailing dims; the leading one indexes slots)
+    kc_r = kc_b._reinterpret(gl.int32, [STAGES, T // 16, 2, 8, 4, D // 32], _plain(5))
+    ks_r = ks_b._reinterpret(gl.int32, [STAGES, T // 16, 8, 4], _plain(3))
+    kg_r = kg_b._reinterpret(gl.float32, [STAGES, T], _plain(1))
+    vc_r = vc_b._reinterpret(gl.int32, [STAGES, NP, 2, 4, 2, 4, 4, 2, 2], _plain(8))
+    vs_r = vs_b._reinterpret(gl.int32, [STAGES, NP, 4, 2, 4, 2, 2], _plain(6))
+    vg_r = vg_b._reinterpret(gl.float32, [STAGES, T], _plain(1))
+    m_i = gl.full([N], float("-inf"), gl.float32, gl.SliceLayout(0, s_mma))
+    l_acc = gl.zeros([T, N], gl.float32, s_mma)
+    acc = gl.zeros([DV, N], gl.float32, o_mma)
+    vt = gl.zeros([DV, T], gl.bfloat16, A_LAYOUT)
+    n_full = seq_len // T
+    for it in range(n_full):
+        m_i, l_acc, acc, vt = _tile(it, m_i, l_acc, acc, vt, q_b, p_s, kc_r, ks_r, kg_r, vc_r, vs_r, vg_r, ready,
+                                    empty, seq_len, qk_scale, N, T, D, DV, NP, STAGES, False)
+    if n_full < n_tiles:
+        m_i, l_acc, acc, vt = _tile(n_full, m_i, l_acc, acc, vt, q_b, p_s, kc_r, ks_r, kg_r, vc_r, vs_r, vg_r, ready,
+                                    empty, seq_len, qk_scale, N, T, D, DV, NP, STAGES, True)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    return (acc, m_i, gl.sum(l_acc, axis=0))
+
+
+@gluon.jit
+def _decode_attention_ws_kernel(q_ptr, out_ptr, bt_ptr, lens_ptr, kc_desc, ks_desc, kg_desc, vc_desc, vs_desc,
+                                vg_desc, qk_scale, stride_qb, stride_qh, stride_ob, stride_oh, stride_bt,
+                                HKV: gl.constexpr, GROUP: gl.constexpr, N: gl.constexpr, D: gl.constexpr,
+                                DV: gl.constexpr, PAGE: gl.constexpr, T: gl.constexpr, STAGES: gl.constexpr):
+    h = gl.program_id(0)
+    b = gl.program_id(1)
+    seq_len = gl.load(lens_ptr + b)
+    n_tiles = gl.cdiv(seq_len, T)
+    NP: gl.constexpr = T // PAGE
+    kc_b = gl.allocate_shared_memory(gl.int32, [STAGES * NP] + kc_desc.block_type.shape, kc_desc.layout)
+    ks_b = gl.allocate_shared_memory(gl.int32, [STAGES * NP] + ks_desc.block_type.shape, ks_desc.layout)
+    kg_b = gl.allocate_shared_memory(gl.float32, [STAGES * NP] + kg_desc.block_type.shape, kg_desc.layout)
+    vc_b = gl.allocate_shared_memory(gl.int32, [STAGES * NP] + vc_desc.block_type.shape, vc_desc.layout)
+    vs_b = gl.allocate_shared_memory(gl.int32, [STAGES * NP] + vs_desc.block_type.shape, vs_desc.layout)
+    vg_b = gl.allocate_shared_memory(gl.float32, [STAGES * NP] + vg_desc.block_type.shape, vg_desc.layout)
+    q_s = gl.allocate_shared_memory(gl.bfloat16, [N, D], gl.NVMMASharedLayout.get_default_for([N, D], gl.bfloat16))
+    p_s = gl.allocate_shared_memory(gl.bfloat16, [T, N], gl.NVMMASharedLayout.get_default_for([T, N], gl.bfloat16))
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    bt_row = bt_ptr + b.to(gl.int64) * stride_bt
+    acc, m_i, l_i = gl.warp_specialize([
+        (_consumer, (q_ptr, out_ptr, b, h, seq_len, n_tiles, qk_scale, stride_qb, stride_qh, stride_ob, stride_oh,
+                     q_s, p_s, kc_b, ks_b, kg_b, vc_b, vs_b, vg_b, ready, empty, GROUP, N, D, DV, T, NP, STAGES)),
+        (_producer, (kc_desc, ks_desc, kg_desc, vc_desc, vs_desc, vg_desc, kc_b, ks_b, kg_b, vc_b, vs_b, vg_b,
+                     ready, empty, bt_row, h, seq_len, n_tiles, HKV, NP, PAGE, STAGES)),
+    ], [1], [24])
+    # O^T [DV, N]: nvfp4 V elements decode to code x scale / 2**7; rows in V^T's MMA order (kv_layout.v_dim_of_row)
+    layout: gl.constexpr = acc.type.layout
+    l_i = gl.convert_layout(l_i, gl.SliceLayout(0, layout))
+    o = gl.where(gl.expand_dims(l_i, 0) == 0, 0.0, acc * 128.0 / gl.expand_dims(l_i, 0))   # length 0: zeros
+    rho = gl.arange(0, DV, layout=gl.SliceLayout(1, layout))
+    n = gl.arange(0, N, layout=gl.SliceLayout(0, layout))
+    g, hr, w, mt = rho & 7, (rho >> 3) & 1, (rho >> 4) & 3, rho >> 6
+    out_dim = 16 * (2 * w + (g >> 2)) + 4 * (g & 3) + 2 * (mt & 1) + hr + 128 * (mt >> 1)
+    keep = gl.expand_dims(out_dim < D, 1) & gl.expand_dims(n < GROUP, 0)
+    o_ptr = out_ptr + b.to(gl.int64) * stride_ob + gl.expand_dims(h * GROUP + n, 0) * stride_oh \
+        + gl.expand_dims(out_dim, 1)
+    gl.store(o_ptr, o.to(out_ptr.dtype.element_ty), mask=keep)
+
+
+@dataclass(frozen=True)
+class GluonAttentionConfig:
+    """`stages` ring slots of one 128-token tile (2 pages: 19 KB each) and `maxnreg`, the per-thread register budget
+    the kernel is compiled for: the producer warp keeps 24 and setmaxnreg hands the rest to the consumer warpgroup;
+    maxnreg x 8 warps x 32 (the producer's warp is padded to a warpgroup) bounds the CTAs per SM (128: 2)."""
+
+    stages: int = 3
+    maxnreg: int = 128
+
+    def check(self) -> None:
+        if not 2 <= self.stages <= 6:
+            raise ValueError(f"GluonAttentionConfig {self}: stages must be in 2..6")
+
+    def smem_bytes(self) -> int:
+        per_page = PAGE * HEAD_DIM // 2 * 2 + PAGE * HEAD_DIM // 16 * 2 + PAGE * 4 * 2
+        return self.stages * (BLOCK_T // PAGE) * per_page + 2 * N_PAD * HEAD_DIM * 2 + 2048
+
+    def ctas_per_sm(self) -> int:
+        return max(1, min(65536 // (self.maxnreg * 8 * 32), (228 * 1024) // (self.smem_bytes() + 1024)))
+
+
+DEFAULT = GluonAttentionConfig()
+
+
+def _box(words: int) -> list[int]:
+    """A (page, kv head) block of `words` 4-byte elements as one TMA box [1, rows, <= 256]."""
+    cols = min(words, 256)
+    return [1, words // cols, cols]
+
+
+def _block_layout():
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
+
+
+def _block_desc(t: torch.Tensor, blocks: int) -> TensorDescriptor:
+    words = t.numel() // blocks
+    box = _box(words)
+    return TensorDescriptor(t, [blocks, box[1], box[2]], [words, box[2], 1], box, _block_layout())
+
+
+def _block_sig(words: int, dtype: str) -> str:
+    return f"tensordesc<{dtype}{_box(words)},{_block_layout()!r}>"
+
+
+def _words(dv: int = HEAD_DIM) -> dict:
+    """Words per (page, kv head) block: K codes, K scales, K factors, V codes, V scales, V factors."""
+    return dict(kc=PAGE * HEAD_DIM // 8, ks=PAGE * HEAD_DIM // 64, kg=PAGE, vc=PAGE * dv // 8,
+                vs=HEAD_DIM // 16 * PAGE // 4, vg=PAGE)
+
+
+def _check(q, k, v, block_table, seq_lens):
+    from trace_rl.formats.paged_kv import PagedKV
+
+    if not (isinstance(k, PagedKV) and isinstance(v, PagedKV)) or (k.fmt, v.fmt) != ("nvfp4:row", "nvfp4:row"):
+        raise ValueError(f"decode_attention_gluon: nvfp4 K/V caches only (got {getattr(k, 'fmt', k)!r}/"
+                         f"{getattr(v, 'fmt', v)!r}); use paged_attention.decode_attention")
+    if (k.role, v.role) != ("k", "v"):
+        raise ValueError(f"decode_attention_gluon: caches must be allocated with role='k' / 'v' (got {k.role!r}, "
+                         f"{v.role!r})")
+    if q.dim() != 3 or q.dtype != torch.bfloat16:
+        raise ValueError(f"decode_attention_gluon: q must be [B, Hq, D] bf16, got {q.dtype} {tuple(q.shape)}")
+    B, Hq, D = q.shape
+    if (k.block_size, k.head_dim, k.heads) != (v.block_size, v.head_dim, v.heads):
+        raise ValueError("decode_attention_gluon: K and V caches differ in page size, heads or head_dim")
+    if D != HEAD_DIM or k.head_dim != HEAD_DIM or k.block_size != PAGE:
+        raise ValueError(f"decode_attention_gluon: head_dim {HEAD_DIM} and pages of {PAGE} tokens only (got q "
+                         f"head_dim {D}, cache {k.head_dim} x page {k.block_size}); use paged_attention.decode_attention")
+    if Hq % k.heads or not 1 <= Hq // k.heads <= N_PAD:
+        raise ValueError(f"decode_attention_gluon: {Hq} query heads over {k.heads} kv heads; the group must be a "
+                         f"whole number in 1..{N_PAD}")
+    if block_table.dim() != 2 or block_table.shape[0] != B or seq_lens.shape != (B,):
+        raise ValueError(f"decode_attention_gluon: block_table must be [B={B}, pages] and seq_lens [B]")
+    for t in (k.codes, k.scales, k.global_scale, v.codes, v.scales, v.global_scale):
+        if t is None or not t.is_contiguous():
+            raise ValueError("decode_attention_gluon needs the PagedKV tensors (codes, scales, global scale) "
+                             "contiguous, as PagedKV.allocate makes them")
+    if not q.is_cuda or torch.cuda.get_device_capability(q.device) != (9, 0):
+        raise RuntimeError("decode_attention_gluon: needs an sm_90 GPU (wgmma, TMA, setmaxnreg)")
+    if not triton.__version__.startswith("3.6"):
+        raise RuntimeError(f"decode_attention_gluon: written against Triton 3.6's experimental Gluon API, found "
+                           f"{triton.__version__}")
+
+
+def decode_attention_gluon(q: torch.Tensor, k, v, block_table: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                           config: GluonAttentionConfig | None = None) -> torch.Tensor:
+    """`paged_attention.decode_attention` over nvfp4 caches (same arguments), warp-specialised, one split per
+    (kv head, sequence). Returns [B, Hq, D] in q.dtype; a sequence of length 0 gives zeros."""
+    c = config or DEFAULT
+    c.check()
+    _check(q, k, v, block_table, seq_lens)
+    B, Hq, D = q.shape
+    hkv = k.heads
+    blocks = k.num_blocks * hkv
+    dv = L.v_rows(D)
+    descs = [_block_desc(t, blocks) for t in (k.codes.view(torch.int32), k.scales.view(torch.int32),
+                                              k.global_scale, v.codes.view(torch.int32), v.scales.view(torch.int32),
+                                              v.global_scale)]
+    if q.stride(2) != 1:
+        q = q.contiguous()
+    out = torch.empty(B, Hq, D, device=q.device, dtype=q.dtype)
+    bt = block_table if block_table.dtype == torch.int32 else block_table.to(torch.int32)
+    bt = bt if bt.stride(-1) == 1 else bt.contiguous()
+    lens = seq_lens if seq_lens.dtype == torch.int32 else seq_lens.to(torch.int32)
+    qk = scale * LOG2E * L.NVFP4_FACTOR
+    _decode_attention_ws_kernel[(hkv, B)](
+        q, out, bt, lens, *descs, qk, q.stride(0), q.stride(1), out.stride(0), out.stride(1), bt.stride(0),
+        HKV=hkv, GROUP=Hq // hkv, N=N_PAD, D=D, DV=dv, PAGE=PAGE, T=BLOCK_T, STAGES=c.stages,
+        num_warps=4, maxnreg=c.maxnreg)
+    return out
+
+
+def gate_case(c: GluonAttentionConfig, group: int = 4, kv_heads: int = 8, budget: float = 3.5):
+    from trace_rl.kernels.sass_gate import GateCase
+
+    w = _words()
+    sig = dict(q_ptr="*bf16", out_ptr="*bf16", bt_ptr="*i32", lens_ptr="*i32",
+               kc_desc=_block_sig(w["kc"], "i32"), ks_desc=_block_sig(w["ks"], "i32"),
+               kg_desc=_block_sig(w["kg"], "fp32"), vc_desc=_block_sig(w["vc"], "i32"),
+               vs_desc=_block_sig(w["vs"], "i32"), vg_desc=_block_sig(w["vg"], "fp32"), qk_scale="fp32",
+               stride_qb="i32", stride_qh="i32", stride_ob="i32", stride_oh="i32", stride_bt="i32")
+    consts = dict(HKV=kv_heads, GROUP=group, N=N_PAD, D=HEAD_DIM, DV=L.v_rows(HEAD_DIM), PAGE=PAGE, T=BLOCK_T,
+                  STAGES=c.stages)
+    return GateCase(f"attention gluon ws nvfp4 g{group} s{c.stages} r{c.maxnreg}", _decode_attention_ws_kernel, sig,
+                    consts, 4, 1, BLOCK_T * (HEAD_DIM + L.v_rows(HEAD_DIM)) / 128, budget,
+                    ("q_ptr", "out_ptr", "bt_ptr", "lens_ptr", "stride_qb", "stride_qh", "stride_ob", "stride_oh",
+                     "stride_bt"),
+                    max_full_waits=1, options=(("maxnreg", c.maxnreg), ),
+                    require=("USETMAXREG", "SYNCS.PHASECHK", "UTMALDG", "SYNCS.ARRIVE"),
+                    forbid=("STS.U16",))
+
+
+GATE = (GluonAttentionConfig(), )
+
+
+def sass_gate_cases():
+    if not triton.__version__.startswith("3.6"):
+        return []
+    return [gate_case(c) for c in GATE]
