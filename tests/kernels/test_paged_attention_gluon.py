@@ -31,6 +31,91 @@ def _decode_attention_tests():
     return sys.modules[name]
 
 
+# ---- torch emulation of the consumer's data path: a slot's words viewed as the ring's plain views, decoded with the
+# same bit operations (kv_decode's DECODE_PURE) and rearranged by the same joins / permutes / reshapes as the Gluon
+# code, compared with the shipped kernel's decode of the same pages (paged_attention.decode_tiles). Checks the index
+# algebra on CPU; that the Gluon layouts realise it as the MMA's fragments the compiler asserts (convert_layout
+# with assert_trivial), and the numbers need the GPU test below.
+def _bf16(bits):
+    return (bits.to(torch.int32) << 16).view(torch.float32)
+
+
+def _values(x, pair):
+    """kv_decode.fp4_words (nvfp4, pure): words and scale pairs -> 8 float32 tensors (slot 0 lo, .., slot 3 hi)."""
+    x = x.to(torch.int64) & 0xFFFFFFFF
+    pair = pair.to(torch.int64) & 0xFFFFFFFF
+    o = [x & 0x81C081C0, (x << 3) & 0x81C081C0, (x << 6) & 0x81C081C0,
+         ((x << 1) & 0x80008000) | ((x >> 3) & 0x01800180) | ((x >> 7) & 0x00400040)]
+    s_lo, s_hi = _bf16(pair & 0xFFFF), _bf16((pair >> 16) & 0xFFFF)
+    out = []
+    for oi in o:
+        out += [_bf16(oi & 0xFFFF) * s_lo, _bf16((oi >> 16) & 0xFFFF) * s_hi]
+    return out
+
+
+def _pairs(sw):
+    """NV_PAIRS_ASM: a scale word [b0 b1 b2 b3] -> bf16x2 words (b0, b2), (b1, b3) of scale x 2**119."""
+    sw = sw.to(torch.int64) & 0xFFFFFFFF
+    a, b = sw & 0x00FF00FF, (sw & 0xFF00FF00) >> 8
+    return (a * 16 + 0x76807680) & 0xFFFFFFFF, (b * 16 + 0x76807680) & 0xFFFFFFFF
+
+
+def _join(a, b):
+    """tl.join / gl.join: a new minor dimension (a nested join's outer selector is the last dim)."""
+    return torch.stack([a, b], -1)
+
+
+def _join8(x, pair):
+    """paged_attention_gluon._join8: dims [.., half, i & 1, i >> 1] of slot i's half."""
+    o = _values(x, pair)
+    return _join(_join(_join(o[0], o[1]), _join(o[2], o[3])), _join(_join(o[4], o[5]), _join(o[6], o[7])))
+
+
+def _emulate_k(kc, ks, T=128, D=128):
+    """_k_decode: one tile's K words [T * D/8] and scale words [T/16 * 32] -> K [T, D] in MMA column order."""
+    w = kc.reshape(T // 16, 2, 8, 4, D // 32).permute(0, 2, 3, 4, 1)             # [n16, g, tq, jw, hr]
+    p02, p13 = _pairs(ks.reshape(T // 16, 8, 4))
+    pair = torch.stack([p02, p13], -1).reshape(T // 16, 8, 4, 1, 2).expand(w.shape)
+    y = _join8(w, pair).permute(0, 4, 1, 3, 7, 6, 2, 5)
+    return y.reshape(T, D)
+
+
+def _emulate_vt(vc, vs, NP=2, DV=128, T=128):
+    """_vt_decode: one tile's V^T words and scale words -> V^T [DV, T] in MMA row order."""
+    w = vc.reshape(NP, 2, 4, 2, 4, 4, 2, 2)                                        # p, kth, w, gh, gl, tq, kl, h
+    p02, p13 = _pairs(vs.reshape(NP, 4, 2, 4, 2, 2))                              # p, w, gh, tq, kth, kl
+    pair = torch.stack([p02, p13], -1).permute(0, 4, 1, 2, 3, 5, 6).reshape(NP, 2, 4, 2, 1, 4, 2, 2)
+    y = _join8(w, pair.expand(w.shape)).permute(10, 2, 9, 3, 4, 0, 1, 6, 7, 5, 8)
+    return y.reshape(DV, T)
+
+
+def test_emulated_decode_matches_shipped_decode(gen):
+    from trace_rl.formats import kv_layout as L
+    from trace_rl.kernels import kv_write
+    from trace_rl.kernels.paged_attention import decode_tiles
+
+    P, H, D, S = 4, 2, 128, 64
+    k = PagedKV.allocate("nvfp4", P, S, H, D, role="k")
+    v = PagedKV.allocate("nvfp4", P, S, H, D, role="v")
+    slots = torch.arange(P * S)
+    x = torch.randn(P * S, H, D, generator=gen) * torch.exp(torch.randn(P * S, H, 1, generator=gen))
+    kv_write(k, slots, x.to(torch.bfloat16))
+    kv_write(v, slots, torch.randn(P * S, H, D, generator=gen).to(torch.bfloat16))
+    kd = decode_tiles(k).reshape(P, S, H, D)                       # code x scale (the 2**-7 undone)
+    vd = decode_tiles(v).reshape(P, S, H, D)
+    kc, ks = k.codes.view(torch.int32).reshape(P, H, -1), k.scales.view(torch.int32).reshape(P, H, -1)
+    vc, vs = v.codes.view(torch.int32).reshape(P, H, -1), v.scales.view(torch.int32).reshape(P, H, -1)
+    pi, rho = L.k_dim_of_col(D), L.v_dim_of_row(D)
+    for pages in ((0, 1), (3, 0), (2, 2)):                          # a tile's two pages, anywhere in the cache
+        for h in range(H):
+            got_k = _emulate_k(torch.cat([kc[p, h] for p in pages]), torch.cat([ks[p, h] for p in pages])) * 128
+            want_k = torch.cat([kd[p, :, h] for p in pages])[:, pi]
+            assert torch.equal(got_k, want_k)
+            got_v = _emulate_vt(torch.cat([vc[p, h] for p in pages]), torch.cat([vs[p, h] for p in pages])) * 128
+            want_v = torch.cat([vd[p, :, h] for p in pages])[:, rho].T
+            assert torch.equal(got_v, want_v)
+
+
 def test_launcher_refuses_unsupported_shapes():
     gluon = pytest.importorskip("trace_rl.kernels.paged_attention_gluon")
     q = torch.zeros(1, 8, 128, dtype=torch.bfloat16)

@@ -90,8 +90,8 @@ def _fp4_values(x, pair):
 
 @gluon.jit
 def _join8(x, pair):
-    """The 8 values of each word joined as three trailing dims [.., i >> 1, i & 1, half] (attention_tiles._k_fp4's
-    join order)."""
+    """The 8 values of each word joined as three trailing dims [.., half, i & 1, i >> 1] (attention_tiles._k_fp4's
+    joins: a join's new dim is minor, so the outer join's selector comes last)."""
     o0l, o0h, o1l, o1h, o2l, o2h, o3l, o3h = _fp4_values(x, pair)
     return gl.join(gl.join(gl.join(o0l, o0h), gl.join(o1l, o1h)), gl.join(gl.join(o2l, o2h), gl.join(o3l, o3h)))
 
@@ -109,8 +109,8 @@ def _k_decode(kw_s, ksw_s, A_LAYOUT: gl.constexpr, T: gl.constexpr, D: gl.conste
     pair = gl.reshape(gl.join(p02, p13), [T // 16, 8, 4, 1, 2])          # [T/16, g, tq, -, hr]
     pair = gl.convert_layout(pair, w.type.layout, assert_trivial=True)
     pair = gl.broadcast(pair, w)[0]
-    y = _join8(w, pair)                          # n16 0, g 1, tq 2, jw 3, hr 4, a 5 (i>>1), b 6 (i&1), half 7
-    # row 16 n16 + 8 hr + g; column 32 jw + 16 half + 8 b + 2 tq + a (attention_tiles._k_fp4's permutation)
+    y = _join8(w, pair)                          # n16 0, g 1, tq 2, jw 3, hr 4, half 5, b 6 (i&1), a 7 (i>>1)
+    # row 16 n16 + 8 hr + g; column 32 jw + 16 a + 8 b + 2 tq + half (attention_tiles._k_fp4's permutation)
     y = gl.permute(y, (0, 4, 1, 3, 7, 6, 2, 5))
     return gl.convert_layout(gl.reshape(y, [T, D]), A_LAYOUT, assert_trivial=True)
 
@@ -136,8 +136,8 @@ def _vt_decode(vw_s, vsw_s, A_LAYOUT: gl.constexpr, NP: gl.constexpr, DV: gl.con
     pair = gl.reshape(pair, [NP, 2, 4, 2, 1, 4, 2, 2])
     pair = gl.convert_layout(pair, VW, assert_trivial=True)
     pair = gl.broadcast(pair, w)[0]
-    y = _join8(w, pair)          # p 0, kth 1, w 2, gh 3, gl 4, tq 5, kl 6, h 7, l 8 (i>>1), a 9 (i&1), ih 10 (half)
-    # rows 64 ih + 16 w + 8 a + g, columns 64 p + 32 kth + 16 kl + 8 h + 2 tq + l (attention_tiles._vt_fp4)
+    y = _join8(w, pair)          # p 0, kth 1, w 2, gh 3, gl 4, tq 5, kl 6, h 7, half 8, a 9 (i&1), mt 10 (i>>1)
+    # rows 64 mt + 16 w + 8 a + g, columns 64 p + 32 kth + 16 kl + 8 h + 2 tq + half (attention_tiles._vt_fp4)
     y = gl.permute(y, (10, 2, 9, 3, 4, 0, 1, 6, 7, 5, 8))
     return gl.convert_layout(gl.reshape(y, [DV, T]), A_LAYOUT, assert_trivial=True)
 
