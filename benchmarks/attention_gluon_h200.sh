@@ -4,8 +4,8 @@
 # OUT_DIR (from the repo root; python3, torch, Triton 3.6, one H200, device wheels on PYTHONPATH). < 120 s.
 # 1. pytest tests/kernels/test_paged_attention_gluon.py (GPU: ragged lengths with tails of 1-88 tokens, an empty
 #    sequence, stale NaN V scales, garbage block-table entries; vs the float64 reference and the shipped kernel, per
-#    sequence; groups 1/4/16; 2 and 3 stages; a second run bit-identical) -> OUT/pytest.{log,xml}. First: it also
-#    compiles the kernels the benchmark uses (Triton's cache).
+#    sequence; group 4 / 4 stages, group 1 / 2 stages, group 16 / 3 stages; a second run bit-identical)
+#    -> OUT/pytest.{log,xml}. First: it also compiles the kernels the benchmark uses (Triton's cache).
 # 2. benchmarks/attention_gluon.py -> OUT/attention_gluon.json (+ .log): Qwen3-8B heads, B = 32 / 256 x 8k and
 #    32 x 32k: the shipped nvfp4 kernel vs the Gluon kernel (2, 3, 4 stages) vs SDPA over a contiguous bf16 cache
 #    (cuDNN and the other backends), CUDA-graph medians, fraction of the measured read ceiling, the Gluon output's
