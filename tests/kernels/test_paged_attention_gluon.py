@@ -116,6 +116,28 @@ def test_emulated_decode_matches_shipped_decode(gen):
             assert torch.equal(got_v, want_v)
 
 
+def test_tma_boxes_are_the_page_blocks():
+    """The producer's six descriptors: box [1, r, c] at [page * heads + head, 0, 0] is that (page, head) block, whole
+    (what the ring views above take a slot's tile for), and the expect-tx byte count is the six boxes' bytes."""
+    gluon = pytest.importorskip("trace_rl.kernels.paged_attention_gluon")
+    P, H = 5, 3
+    k = PagedKV.allocate("nvfp4", P, 64, H, 128, role="k")
+    v = PagedKV.allocate("nvfp4", P, 64, H, 128, role="v")
+    tensors = (k.codes.view(torch.int32), k.scales.view(torch.int32), k.global_scale, v.codes.view(torch.int32),
+               v.scales.view(torch.int32), v.global_scale)
+    words = list(gluon._words().values())
+    total = 0
+    for t, n in zip(tensors, words):
+        t.copy_(torch.arange(t.numel()).reshape(t.shape).to(t.dtype))
+        d = gluon._block_desc(t, P * H)
+        assert list(d.block_shape) == [1, n // min(n, 256), min(n, 256)]
+        total += 4 * n
+        view = torch.as_strided(t, d.shape, d.strides)
+        for p_, h in ((0, 0), (4, 2), (2, 1)):
+            assert torch.equal(view[p_ * H + h].reshape(-1), t.reshape(P, H, -1)[p_, h])
+    assert total == 9728                      # per page: 19456 bytes per 2-page ring slot
+
+
 def test_launcher_refuses_unsupported_shapes():
     gluon = pytest.importorskip("trace_rl.kernels.paged_attention_gluon")
     q = torch.zeros(1, 8, 128, dtype=torch.bfloat16)
