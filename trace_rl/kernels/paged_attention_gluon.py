@@ -193,9 +193,9 @@ def _plain(rank):
 
 
 @gluon.jit
-def _consumer(q_ptr, out_ptr, b, h, seq_len, n_tiles, qk_scale, stride_qb, stride_qh, stride_ob, stride_oh,
-              q_s, p_s, kc_b, ks_b, kg_b, vc_b, vs_b, vg_b, ready, empty,
-              GROUP: gl.constexpr, N: gl.constexpr, D: gl.constexpr, DV: gl.constexpr, T: gl.constexpr,
+def _consumer(q_ptr, b, h, seq_len, n_tiles, qk_scale, stride_qb, stride_qh, q_s, p_s, kc_b, ks_b, kg_b, vc_b,
+              vs_b, vg_b, ready, empty, GROUP: gl.constexpr, N: gl.constexpr, D: gl.constexpr, DV: gl.constexpr,
+              T: gl.constexpr,
               NP: gl.constexpr, STAGES: gl.constexpr):
     NW: gl.constexpr = gl.num_warps()
     s_mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, N, 16])
@@ -259,8 +259,8 @@ def _decode_attention_ws_kernel(q_ptr, out_ptr, bt_ptr, lens_ptr, kc_desc, ks_de
         mbarrier.init(empty.index(i), count=1)
     bt_row = bt_ptr + b.to(gl.int64) * stride_bt
     acc, m_i, l_i = gl.warp_specialize([
-        (_consumer, (q_ptr, out_ptr, b, h, seq_len, n_tiles, qk_scale, stride_qb, stride_qh, stride_ob, stride_oh,
-                     q_s, p_s, kc_b, ks_b, kg_b, vc_b, vs_b, vg_b, ready, empty, GROUP, N, D, DV, T, NP, STAGES)),
+        (_consumer, (q_ptr, b, h, seq_len, n_tiles, qk_scale, stride_qb, stride_qh, q_s, p_s, kc_b, ks_b, kg_b, vc_b,
+                     vs_b, vg_b, ready, empty, GROUP, N, D, DV, T, NP, STAGES)),
         (_producer, (kc_desc, ks_desc, kg_desc, vc_desc, vs_desc, vg_desc, kc_b, ks_b, kg_b, vc_b, vs_b, vg_b,
                      ready, empty, bt_row, h, seq_len, n_tiles, HKV, NP, PAGE, STAGES)),
     ], [1], [24])
@@ -344,7 +344,8 @@ def _check(q, k, v, block_table, seq_lens):
         raise ValueError("decode_attention_gluon: K and V caches differ in page size, heads or head_dim")
     if D != HEAD_DIM or k.head_dim != HEAD_DIM or k.block_size != PAGE:
         raise ValueError(f"decode_attention_gluon: head_dim {HEAD_DIM} and pages of {PAGE} tokens only (got q "
-                         f"head_dim {D}, cache {k.head_dim} x page {k.block_size}); use paged_attention.decode_attention")
+                         f"head_dim {D}, cache {k.head_dim} x page {k.block_size}); use "
+                         "paged_attention.decode_attention")
     if Hq % k.heads or not 1 <= Hq // k.heads <= N_PAD:
         raise ValueError(f"decode_attention_gluon: {Hq} query heads over {k.heads} kv heads; the group must be a "
                          f"whole number in 1..{N_PAD}")
