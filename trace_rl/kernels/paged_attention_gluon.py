@@ -143,9 +143,29 @@ def _vt_decode(vw_s, vsw_s, A_LAYOUT: gl.constexpr, NP: gl.constexpr, DV: gl.con
 
 
 @gluon.jit
+def _low_half(x):
+    """[R, N] -> [R, N/2], the first N/2 columns (attention_tiles._low_half: the MMA layout holds column bit
+    log2(N) - 1 in registers, so this moves no data; the softmax then runs on half the padded columns)."""
+    R: gl.constexpr = x.shape[0]
+    N: gl.constexpr = x.shape[1]
+    lo, hi = gl.split(gl.permute(gl.reshape(x, [R, 2, N // 2]), (0, 2, 1)))
+    return lo
+
+
+@gluon.jit
+def _pad_half(x, fill: gl.constexpr):
+    """[R, N/2] -> [R, N], the upper columns `fill`."""
+    R: gl.constexpr = x.shape[0]
+    NH: gl.constexpr = x.shape[1]
+    return gl.reshape(gl.permute(gl.join(x, gl.full([R, NH], fill, x.dtype, x.type.layout)), (0, 2, 1)), [R, 2 * NH])
+
+
+@gluon.jit
 def _tile(it, m_i, l_acc, acc, vt_prev, q_b, p_s, kc_r, ks_r, kg_r, vc_r, vs_r, vg_r, ready, empty, seq_len, qk_scale,
           N: gl.constexpr, T: gl.constexpr, D: gl.constexpr, DV: gl.constexpr, NP: gl.constexpr,
-          STAGES: gl.constexpr, MASKED: gl.constexpr):
+          STAGES: gl.constexpr, MASKED: gl.constexpr, HALF: gl.constexpr):
+    """One tile: online-softmax update of (m_i [NS], l_acc [T, NS], acc [DV, N]); NS = N / 2 when HALF (the group
+    fits the low half of the padded columns), else N."""
     NW: gl.constexpr = gl.num_warps()
     s_mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, N, 16])
     A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_mma, k_width=2)
@@ -165,8 +185,13 @@ def _tile(it, m_i, l_acc, acc, vt_prev, q_b, p_s, kc_r, ks_r, kg_r, vc_r, vs_r, 
     fence_async_shared()
     mbarrier.arrive(empty.index(slot), count=1)                   # every word of the slot is in registers
     s, k = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, k))
+    if HALF:
+        s = _low_half(s)
+        S_ROWS: gl.constexpr = gl.SliceLayout(1, s.type.layout)
+        fk = gl.convert_layout(fk, S_ROWS)
+        fv = gl.convert_layout(fv, S_ROWS)
     if MASKED:        # tokens past the sequence: score -inf, factors 0, values 0 (a stale page may hold NaN)
-        t = it * T + gl.arange(0, T, layout=ROWS)
+        t = it * T + gl.arange(0, T, layout=gl.SliceLayout(1, s.type.layout))
         fk = gl.where(t < seq_len, fk, 0.0)
         fv = gl.where(t < seq_len, fv, 0.0)
         cols = it * T + gl.arange(0, T, layout=gl.SliceLayout(0, A_LAYOUT))
@@ -179,7 +204,13 @@ def _tile(it, m_i, l_acc, acc, vt_prev, q_b, p_s, kc_r, ks_r, kg_r, vc_r, vs_r, 
     p = gl.exp2(s - gl.expand_dims(m_new, 0))
     l_acc = l_acc * gl.expand_dims(alpha, 0) + p
     p = p * gl.expand_dims(fv, 1)
-    acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(0, acc.type.layout)), 0)
+    if HALF:          # P^T's upper columns are 0, so are O^T's: scale the low half, pad with zeros
+        acc = _low_half(acc)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(0, acc.type.layout)), 0)
+        acc = gl.convert_layout(_pad_half(acc, 0.0), s_mma, assert_trivial=True)
+        p = gl.convert_layout(_pad_half(p, 0.0), s_mma, assert_trivial=True)
+    else:
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(0, acc.type.layout)), 0)
     p_s.store(p.to(gl.bfloat16))
     fence_async_shared()
     acc = warpgroup_mma(vt, p_s, acc, is_async=True)
@@ -219,17 +250,20 @@ def _consumer(q_ptr, b, h, seq_len, n_tiles, qk_scale, stride_qb, stride_qh, q_s
     vc_r = vc_b._reinterpret(gl.int32, [STAGES, NP, 2, 4, 2, 4, 4, 2, 2], _plain(8))
     vs_r = vs_b._reinterpret(gl.int32, [STAGES, NP, 4, 2, 4, 2, 2], _plain(6))
     vg_r = vg_b._reinterpret(gl.float32, [STAGES, T], _plain(1))
-    m_i = gl.full([N], float("-inf"), gl.float32, gl.SliceLayout(0, s_mma))
+    HALF: gl.constexpr = GROUP <= N // 2
     l_acc = gl.zeros([T, N], gl.float32, s_mma)
+    if HALF:
+        l_acc = _low_half(l_acc)
+    m_i = gl.full([l_acc.shape[1]], float("-inf"), gl.float32, gl.SliceLayout(0, l_acc.type.layout))
     acc = gl.zeros([DV, N], gl.float32, o_mma)
     vt = gl.zeros([DV, T], gl.bfloat16, A_LAYOUT)
     n_full = seq_len // T
     for it in range(n_full):
         m_i, l_acc, acc, vt = _tile(it, m_i, l_acc, acc, vt, q_b, p_s, kc_r, ks_r, kg_r, vc_r, vs_r, vg_r, ready,
-                                    empty, seq_len, qk_scale, N, T, D, DV, NP, STAGES, False)
+                                    empty, seq_len, qk_scale, N, T, D, DV, NP, STAGES, False, HALF)
     if n_full < n_tiles:
         m_i, l_acc, acc, vt = _tile(n_full, m_i, l_acc, acc, vt, q_b, p_s, kc_r, ks_r, kg_r, vc_r, vs_r, vg_r, ready,
-                                    empty, seq_len, qk_scale, N, T, D, DV, NP, STAGES, True)
+                                    empty, seq_len, qk_scale, N, T, D, DV, NP, STAGES, True, HALF)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
     return (acc, m_i, gl.sum(l_acc, axis=0))
 
@@ -265,11 +299,13 @@ def _decode_attention_ws_kernel(q_ptr, out_ptr, bt_ptr, lens_ptr, kc_desc, ks_de
                      ready, empty, bt_row, h, seq_len, n_tiles, HKV, NP, PAGE, STAGES)),
     ], [1], [24])
     # O^T [DV, N]: nvfp4 V elements decode to code x scale / 2**7; rows in V^T's MMA order (kv_layout.v_dim_of_row)
+    if GROUP <= N // 2:
+        acc = _low_half(acc)
     layout: gl.constexpr = acc.type.layout
     l_i = gl.convert_layout(l_i, gl.SliceLayout(0, layout))
     o = gl.where(gl.expand_dims(l_i, 0) == 0, 0.0, acc * 128.0 / gl.expand_dims(l_i, 0))   # length 0: zeros
     rho = gl.arange(0, DV, layout=gl.SliceLayout(1, layout))
-    n = gl.arange(0, N, layout=gl.SliceLayout(0, layout))
+    n = gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, layout))
     g, hr, w, mt = rho & 7, (rho >> 3) & 1, (rho >> 4) & 3, rho >> 6
     out_dim = 16 * (2 * w + (g >> 2)) + 4 * (g & 3) + 2 * (mt & 1) + hr + 128 * (mt >> 1)
     keep = gl.expand_dims(out_dim < D, 1) & gl.expand_dims(n < GROUP, 0)
@@ -410,17 +446,19 @@ def gate_case(c: GluonAttentionConfig, group: int = 4, kv_heads: int = 8, budget
 
 
 # Compile gate (sass_gate.py; Triton 3.6 only). Per K/V element of a 128-token tile (256 per consumer thread), sm_90,
-# Triton 3.6, Qwen3-8B heads (group 4): 839 SASS in the loop, 3.28 per element (the shipped nvfp4 kernel: 3.31), no
+# Triton 3.6, Qwen3-8B heads (group 4): 789 SASS in the loop, 3.08 per element (the shipped nvfp4 kernel: 3.31), no
 # spills, every HGMMA with a register A operand, 2 full wgmma waits per tile (the previous PV before the QK issue, the
-# QK before the softmax), the consumer's registers R0-R202 under setmaxnreg 232 (maxnreg 128: 2 CTAs per SM). The
-# main loop may hold STSM (the P^T store), LDSM (the K scale words) and STS (the cross-warp max): the decoded tiles
-# stay in registers (convert_layout(assert_trivial=True) into the wgmma operand layout). 3 stages cost 15 more SASS
-# per tile (slot = it % 3). Below maxnreg 128 ptxas serialises every wgmma (C7514) or spills: 96 (3.54, serialised),
-# 88 and 80 (3 CTAs per SM: serialised and 12-45 spill accesses per tile).
-GATE = (GluonAttentionConfig(), GluonAttentionConfig(stages=2))
+# QK before the softmax), the consumer in R0-R194 under setmaxnreg 232 (maxnreg 128: 2 CTAs per SM). Groups of 9-16
+# (no half-column softmax): 3.28. The main loop may hold STSM (the P^T store), LDSM (the K scale words) and STS (the
+# cross-warp max): the decoded tiles stay in registers (convert_layout(assert_trivial=True) into the wgmma operand
+# layout). 3 stages cost ~20 more SASS per tile (slot = it % 3). Before the half-column softmax: 3.28 at group 4.
+# Below maxnreg 128 ptxas serialises every wgmma (C7514) or spills: 96 (3.54, serialised), 88 and 80 (3 CTAs per
+# SM: serialised and 12-45 spill accesses per tile).
+GATE = ((GluonAttentionConfig(), 4, 3.15), (GluonAttentionConfig(stages=2), 4, 3.15),
+        (GluonAttentionConfig(), 16, 3.35))
 
 
 def sass_gate_cases():
     if not triton.__version__.startswith("3.6"):
         return []
-    return [gate_case(c) for c in GATE]
+    return [gate_case(c, group, budget=budget) for c, group, budget in GATE]
