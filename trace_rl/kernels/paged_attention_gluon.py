@@ -454,6 +454,13 @@ def gate_case(c: GluonAttentionConfig, group: int = 4, kv_heads: int = 8, budget
 # layout). 3 stages cost ~20 more SASS per tile (slot = it % 3). Before the half-column softmax: 3.28 at group 4.
 # Below maxnreg 128 ptxas serialises every wgmma (C7514) or spills: 96 (3.54, serialised), 88 and 80 (3 CTAs per
 # SM: serialised and 12-45 spill accesses per tile).
+# Where ptxas puts the work (SASS of the full-tile loop, in order): the ready wait; the K code extraction (~115
+# LOP3/SHF, under the previous PV); the PV wait; the K scale multiplies (64 HMUL2) interleaved with the 16 QK HGMMAs;
+# the slot release; the QK wait, placed right after the last HGMMA; then the whole V^T decode (~226), the softmax and
+# the 16 PV HGMMAs (in flight under the next tile's K code extraction). ptxas schedules WARPGROUP.DEPBAR as early as
+# it can and sinks the decode below it (with 256 registers too, with vt in the wait's deps, with the slot release
+# after the wait): inside one warpgroup only the K code extraction overlaps an MMA; the overlap of V^T decode and the
+# QK MMA that the source asks for comes from the other resident CTA's warps.
 GATE = ((GluonAttentionConfig(), 4, 3.15), (GluonAttentionConfig(stages=2), 4, 3.15),
         (GluonAttentionConfig(), 16, 3.35))
 
