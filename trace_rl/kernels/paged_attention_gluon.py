@@ -458,9 +458,10 @@ def gate_case(c: GluonAttentionConfig, group: int = 4, kv_heads: int = 8, budget
 # LOP3/SHF, under the previous PV); the PV wait; the K scale multiplies (64 HMUL2) interleaved with the 16 QK HGMMAs;
 # the slot release; the QK wait, placed right after the last HGMMA; then the whole V^T decode (~226), the softmax and
 # the 16 PV HGMMAs (in flight under the next tile's K code extraction). ptxas schedules WARPGROUP.DEPBAR as early as
-# it can and sinks the decode below it (with 256 registers too, with vt in the wait's deps, with the slot release
-# after the wait): inside one warpgroup only the K code extraction overlaps an MMA; the overlap of V^T decode and the
-# QK MMA that the source asks for comes from the other resident CTA's warps.
+# it can and sinks the decode below it: also with 256 registers, with vt in the wait's deps, with the slot release
+# after the wait, and with the V^T decode written before the QK issue (3.16 per element, the decode still after the
+# wait). Inside one warpgroup only the K code extraction overlaps an MMA; the overlap of V^T decode and the QK MMA
+# that the source asks for comes from the other resident CTA's warps.
 GATE = ((GluonAttentionConfig(), 4, 3.15), (GluonAttentionConfig(stages=2), 4, 3.15),
         (GluonAttentionConfig(), 16, 3.35))
 
