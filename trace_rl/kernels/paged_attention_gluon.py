@@ -12,15 +12,18 @@ partition that decodes K, waits for its HGMMAs, reduces, decodes V, waits again)
   consumer). Hopper's TMA has no gather; the page table is read by the producer (pages past the sequence read
   page 0, as the shipped kernel does);
 - the default partition (one warpgroup) per tile: waits on `ready`, decodes K (LDS.128 of a thread's fragment,
-  the shipped shift/mask PTX) while the previous tile's PV wgmma is still in flight, issues S^T = K q^T async,
-  decodes V^T under it, releases the slot, waits, runs the online softmax, stores P^T (bf16, the only tile that
-  goes through shared memory) and issues the PV wgmma async, leaving it in flight under the next tile's K decode.
+  the shipped shift/mask PTX) while the previous tile's PV wgmma is still in flight, retires that PV, issues
+  S^T = K q^T async, decodes V^T, releases the slot, waits, runs the online softmax (on the low half of the padded
+  columns when the group fits), stores P^T (bf16, the only tile that goes through shared memory) and issues the PV
+  wgmma async, leaving it in flight under the next tile's K decode. ptxas moves part of that decode below the
+  wgmma waits (the V^T decode after the QK wait: see the gate notes at the end), so within a warpgroup the overlap
+  is partial; 2 CTAs per SM (maxnreg 128, the consumer at ~195 of 232 registers) interleave with each other.
 
-One split per (kv head, sequence) program (no split-KV): the first version targets B x kv heads >= 2 waves
-(B = 32 / 256 x 8 kv heads). Scope: nvfp4 only, head_dim 128, pages of 64 tokens (128-token tiles = 2 pages),
-GQA group <= 16 (the query heads of a kv head padded to the MMA's N = 16). `decode_attention_gluon` refuses other
-shapes with a message. Gluon has no interpreter: this runs only on an sm_90 GPU; `sass_gate_cases` compiles it for
-sm_90 on any machine.
+One split per (kv head, sequence) program (no split-KV): the first version targets B x kv heads >= ~2 per SM
+(B = 32 / 256 x 8 kv heads: 256 / 2048 programs against 132 SMs x 2 resident CTAs). Scope: nvfp4 only, head_dim
+128, pages of 64 tokens (128-token tiles = 2 pages), GQA group <= 16 (the query heads of a kv head padded to the
+MMA's N = 16); `decode_attention_gluon` refuses other shapes with a message. Gluon has no interpreter: this runs
+only on an sm_90 GPU; `sass_gate_cases` compiles it for sm_90 on any machine.
 """
 
 from __future__ import annotations
