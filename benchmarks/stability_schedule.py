@@ -48,10 +48,12 @@ def out_of_memory(log_text: str) -> bool:
     return any(m in log_text for m in OOM_MARKERS)
 
 
-def exclusive_reason(study: Study, plan: str, seed: int) -> str | None:
+def exclusive_reason(study: Study, plan: str, seed: int, share_trainers: bool = False) -> str | None:
     """Why this run must have the GPU to itself (None: it may share): marked after an OOM beside another run,
-    or its plan's trainer."""
-    return study.status(plan, seed).get("exclusive") or EXCLUSIVE_TRAINERS.get(plan_trainer(study, plan))
+    or its plan's trainer (unless `share_trainers`: `call --share-trainers`, for when the trainer's memory has
+    come down; an OOM beside another run still marks the run exclusive)."""
+    marked = study.status(plan, seed).get("exclusive")
+    return marked or (None if share_trainers else EXCLUSIVE_TRAINERS.get(plan_trainer(study, plan)))
 
 
 def pending_runs(study: Study) -> list[Run]:
@@ -61,7 +63,7 @@ def pending_runs(study: Study) -> list[Run]:
 
 
 def stage_runs(study: Study, deadline: float, inprocess: bool, jobs: int, log, run_limit: float | None = None,
-               only_finishable: bool = False, *, launch: Callable[..., dict]) -> None:
+               only_finishable: bool = False, *, launch: Callable[..., dict], share_trainers: bool = False) -> None:
     """Start the pending runs in order while a slice is left, `jobs` at a time (one in-process), an exclusive
     run alone; with `only_finishable` (a session's last call, where an unfinished run is lost), skip those whose
     estimated time to finish exceeds what is left when a slot frees. `launch(study, plan, seed, deadline,
@@ -69,7 +71,8 @@ def stage_runs(study: Study, deadline: float, inprocess: bool, jobs: int, log, r
     has ended, whether another run was going at any time during it."""
     queue = pending_runs(study)
     threaded = jobs > 1 and not inprocess
-    why: dict[Run, str | None] = {run: exclusive_reason(study, *run) for run in queue} if threaded else {}
+    why: dict[Run, str | None] = ({run: exclusive_reason(study, *run, share_trainers) for run in queue}
+                                  if threaded else {})
     for (plan, seed), reason in why.items():
         if reason:
             log(f"{plan} seed {seed}: exclusive, runs alone (the other slots wait): {reason}")

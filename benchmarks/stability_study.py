@@ -327,7 +327,7 @@ def call(args) -> int:
         try:
             if stage_sft(study, deadline, log) and stage_preflight(study, deadline, args.inprocess, log):
                 stage_runs(study, deadline, args.inprocess, args.jobs, log, args.run_time_limit,
-                           args.only_finishable, launch=launch)
+                           args.only_finishable, launch=launch, share_trainers=args.share_trainers)
         except Exception:                       # whatever broke, the bundle below keeps what was done
             log("call stage FAILED:\n" + traceback.format_exc())
             study.journal({"stage": "error", "traceback": traceback.format_exc()[-2000:]})
@@ -391,6 +391,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--jobs", type=int, default=1, help="runs sharing the GPU at once (default 1); guided plans "
                                                          "and runs that ran out of memory beside another run alone "
                                                          "(stability_schedule.py)")
+    c.add_argument("--share-trainers", action="store_true",
+                   help="with --jobs > 1: plans whose trainer is exclusive by default (guided) may share the GPU; "
+                        "one that runs out of memory beside another run is still retried alone")
     c.add_argument("--mps", action="store_true",
                    help="with --jobs > 1: start CUDA MPS so the runs' kernels overlap on the GPU (stability_mps.py; "
                         "logged, and time-slicing as before when MPS cannot start)")

@@ -62,12 +62,12 @@ class FakeCLI:
         return {n for n, a, b in self.spans if n != name and any(a < y and x < b for x, y in mine)}
 
 
-def run_stage(tmp_path, monkeypatch, runs, fake, jobs=2, seconds=60.0, only_finishable=False):
+def run_stage(tmp_path, monkeypatch, runs, fake, jobs=2, seconds=60.0, only_finishable=False, share_trainers=False):
     monkeypatch.setattr(S, "run_cli", fake)
     monkeypatch.setattr(S, "write_config", lambda study, plan, seed: tmp_path / "config.yaml")
     study, lines = make_study(tmp_path, runs), []
     SCH.stage_runs(study, time.time() + seconds, False, jobs, lines.append, only_finishable=only_finishable,
-                   launch=S.launch)
+                   launch=S.launch, share_trainers=share_trainers)
     return study, "\n".join(lines)
 
 
@@ -91,6 +91,23 @@ def test_guided_plans_are_exclusive_and_the_others_share(tmp_path, monkeypatch):
     journal = [json.loads(line) for line in (study.work / "calls.jsonl").read_text().splitlines()]
     beside = {(e["plan"], e["seed"]): e["beside_another"] for e in journal if e["stage"] == "run"}
     assert beside[("bf16", 0)] and not beside[("fp4-guided", 0)]
+
+
+def test_share_trainers_lets_guided_runs_share_until_one_runs_out_of_memory(tmp_path, monkeypatch):
+    study = make_study(tmp_path, ["fp4-guided:0"])
+    assert SCH.exclusive_reason(study, "fp4-guided", 0, share_trainers=True) is None
+    study.set_status("fp4-guided", 0, {**study.status("fp4-guided", 0),
+                                        "exclusive": "ran out of CUDA memory beside another run"})
+    assert SCH.exclusive_reason(study, "fp4-guided", 0, share_trainers=True).startswith("ran out")
+
+    fake = FakeCLI(oom_beside={"fp4-guided:1"})
+    study, log = run_stage(tmp_path / "s", monkeypatch, ["fp4-guided:0", "fp4-guided:1"], fake, share_trainers=True)
+    assert all(study.status(plan, seed)["state"] == "finished" for plan, seed in study.order())
+    assert "fp4-guided:0" in fake.overlapping("fp4-guided:1")          # they shared the GPU at first ...
+    last = max((s for s in fake.spans if s[0] == "fp4-guided:1"), key=lambda s: s[1])
+    assert not any(a < last[2] and last[1] < b for n, a, b in fake.spans if n != "fp4-guided:1")   # ... then alone
+    assert "exclusive, runs alone" not in log.split("out of CUDA memory")[0]
+    assert study.status("fp4-guided", 1)["failures"] == 0
 
 
 def test_out_of_memory_beside_another_run_is_retried_alone(tmp_path, monkeypatch):
