@@ -1,15 +1,14 @@
-"""Measurement helpers of the benches: timers (`median_ms`, the engine's; `graph_median_us`, many calls in one
-CUDA graph so launch gaps do not count), bandwidth ceilings, memory sizing, random caches."""
+"""Measurement helpers of the benches: timers (`median_ms` and `graph_median_us`, the engine's: see
+`trace_rl.engine.timing`), bandwidth ceilings, memory sizing, random caches."""
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 
 import torch
 
-from trace_rl.engine.timing import median_ms  # noqa: F401  (re-exported: benches time through it)
+from trace_rl.engine.timing import graph_median_us, median_ms  # noqa: F401  (re-exported: benches time through them)
 from trace_rl.formats.paged_kv import PagedKV
 from trace_rl.kv import PagedKVCache
 
@@ -110,32 +109,3 @@ def build_rollout_model(name: str, plan, device, dtype, seed: int, layers: int =
     model = model.to_rollout()
     model.plan = plan
     return model
-
-
-def graph_median_us(calls: list[Callable[[], object]], reps: int = 15, warmup: int = 3) -> float:
-    """Median microseconds per call of `calls`, captured once in a CUDA graph (after running the first two
-    on a side stream, which compiles and allocates) and replayed `reps` times after `warmup` replays.
-    Pass calls over different buffers (e.g. weight copies larger than L2) so replays read memory, not cache."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for fn in calls[:2]:
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in calls:
-            fn()
-    for _ in range(warmup):
-        graph.replay()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / len(calls))
-    del graph
-    return statistics.median(times)
