@@ -122,3 +122,42 @@ def test_attention_choice_without_cuda(tiny, kv_layout):
     engine = NativeEngine(tiny, max_batch=4, max_seq_len=2048, block_size=16, kv_layout=kv_layout)
     assert engine.attention_path(4, 1500) == "torch.reference"
     assert engine.attention_choice == {} and engine.report()["attention_chosen"] == {}
+
+
+@pytest.mark.parametrize("graphed", [False, True])
+def test_attention_timing_picks_fastest_and_skips_failures(tiny, caplog, graphed):
+    """The choice with an injected timer: the fastest candidate wins, one that fails to run (or to be captured)
+    is logged and recorded as None, never chosen; with graphs each candidate is timed over several layers' caches
+    (one call per layer, as the captured step reads them), eager over layer 0."""
+    from trace_rl.engine.cuda_graphs import DecodeGraphs
+
+    engine = NativeEngine(tiny, max_batch=4, max_seq_len=1024, block_size=16, kv_layout="contiguous")
+    if graphed:                  # as an engine whose decode step runs as CUDA graphs (the timer is injected)
+        engine.graphs = DecodeGraphs()
+    results, seen = iter([3.0, RuntimeError("capture failed"), 1.0]), []
+
+    def timer(calls):
+        seen.append(len(calls))
+        r = next(results)
+        if isinstance(r, Exception):
+            raise r
+        assert all(f().shape == (4, 6, 32) for f in calls)
+        return r
+
+    candidates = ["torch.sdpa_masked", "torch.flash_varlen", "torch.reference"]
+    with caplog.at_level("WARNING", logger="trace_rl.engine"):
+        choice = engine._time_attention(4, 512, candidates, timer=timer)
+    assert choice == {"path": "torch.reference", "timed": "injected",
+                      "ms": {"torch.sdpa_masked": 3.0, "torch.flash_varlen": None, "torch.reference": 1.0}}
+    assert seen == [4 if graphed else 1] * 3          # tiny has 4 layers (< ATTENTION_TIME_LAYERS)
+    assert "torch.flash_varlen failed" in caplog.text and "capture failed" in caplog.text
+    with pytest.raises(RuntimeError, match="no decode-attention path runs"):
+        engine._time_attention(4, 512, ["torch.reference"], timer=lambda calls: 1 / 0)
+
+
+def test_attention_timing_default_is_eager_without_graphs(tiny):
+    """Without CUDA graphs (CPU, eager engines) the candidates are timed as before: layer 0, each call alone."""
+    engine = NativeEngine(tiny, max_batch=2, max_seq_len=1024, block_size=16, kv_layout="contiguous")
+    choice = engine._time_attention(2, 512, ["torch.reference", "torch.sdpa_masked"])
+    assert choice["timed"].startswith("eager") and choice["path"] in choice["ms"]
+    assert all(t is not None and t > 0 for t in choice["ms"].values())

@@ -105,3 +105,29 @@ def test_split_candidates_are_timed_and_run_in_graphs(rng):
     engine.attention_choice[(4, 1536)]["path"] = split       # as if it had won: the captured step runs it
     engine.decode_step(4, 1500, (1.0, 0, 1.0))
     assert any(key[2] == split and key[3] == 1536 for key in engine.graphs.graphs)
+
+
+def test_attention_choice_is_graph_timed(rng):
+    """With CUDA graphs the candidates are timed as graphs of calls over several layers (what the captured step
+    runs), and the record says so; the winner has the least time per layer call and runs in the captured step.
+    An eager engine keeps timing layer 0's calls one at a time."""
+    import json
+
+    from trace_rl.bench.decode_grid import prime_decode
+    from trace_rl.bench.measure import fill_random
+
+    model, _ = tiny_model("tiny", seed=7, device="cuda", dtype=torch.bfloat16)
+    for graphs, how in ((True, "cuda graph of 4 layer calls"), (False, "eager")):
+        engine = NativeEngine(model, max_batch=4, max_seq_len=2048, graph_buckets=[4], kv_layout="contiguous",
+                              cuda_graphs=graphs)
+        fill_random(engine.cache, torch.Generator(device="cuda").manual_seed(int(rng.initial_seed())))
+        prime_decode(engine, 4, 1500)
+        path = engine.attention_path(4, 1500)
+        choice = engine.attention_choice[(4, 1536)]
+        print(choice)
+        assert choice["timed"].startswith(how) and len(choice["ms"]) > 1
+        ok = {p: t for p, t in choice["ms"].items() if t is not None}
+        assert path == min(ok, key=ok.get) and 0 < ok[path] < 10       # ms per layer call
+        json.dumps(engine.report())                                      # the bench rows carry the record
+        engine.decode_step(4, 1500, (1.0, 0, 1.0))
+        assert not graphs or any(key[2] == path for key in engine.graphs.graphs)

@@ -17,7 +17,8 @@
   stop tokens are live). The scheduler (`trace_rl.engine.scheduler`) admits, preempts and harvests there.
 - Attention (`attention="auto"`): where several paths can run (bf16 cache on a GPU: the kernel's split-count
   variants; contiguous layout: the torch paths), each is timed once per (batch bucket, context bucket) and the
-  fastest used; `report()` says which.
+  fastest used (with CUDA graphs: as a graph of calls over several layers, as the captured step runs it);
+  `report()` says which.
 - Seeds: noise is a hash of (seed, step, row), so a seed reproduces the samples for the same engine
   configuration (max_batch, layout and pool size decide which row and step a sample draws at).
 """
@@ -53,6 +54,7 @@ log = logging.getLogger("trace_rl.engine")
 KV_LAYOUTS = ("pool", "contiguous")
 MAX_STOP_IDS = 64
 CONTEXT_STEP = 512         # contexts share an attention choice (and a span) per 512 tokens
+ATTENTION_TIME_LAYERS = 8  # graph-timed attention candidates read this many layers' caches (not one L2-hot one)
 
 
 def rollout_copy(model: Decoder, plan: PrecisionPlan, device: torch.device, dtype: torch.dtype) -> Decoder:
@@ -314,8 +316,9 @@ class NativeEngine(RolloutEngine):
         if len(candidates) == 1:
             return candidates[0]
         self.attention_choice[key] = self._time_attention(n, key[1], candidates)
-        log.info("decode attention for batch %d, context <= %d: %s (%s)", n, key[1],
-                 self.attention_choice[key]["path"], self.attention_choice[key]["ms"])
+        log.info("decode attention for batch %d, context <= %d: %s (%s; ms per layer call, %s)", n, key[1],
+                 self.attention_choice[key]["path"], self.attention_choice[key]["ms"],
+                 self.attention_choice[key]["timed"])
         return self.attention_choice[key]["path"]
 
     def context_bucket(self, length: int) -> int:
@@ -323,11 +326,24 @@ class NativeEngine(RolloutEngine):
         return min(self.capacity, -(-max(length, 1) // CONTEXT_STEP) * CONTEXT_STEP)
 
     @torch.no_grad()
-    def _time_attention(self, n: int, length: int, candidates: list[str]) -> dict:
-        """Median time of each path on layer 0 at n rows of `length` tokens (a random query; reads only)."""
-        from trace_rl.engine.timing import median_ms
+    def _time_attention(self, n: int, length: int, candidates: list[str], timer=None) -> dict:
+        """Each path's time per layer call at n rows of `length` tokens (a random query; reads only), the fastest
+        chosen. As the step runs: with CUDA graphs, one graph of calls over the first ATTENTION_TIME_LAYERS
+        layers' caches (no launch gaps; replays read memory, not layer 0's L2-hot pages), its median replay per
+        call; eager, layer 0's calls each timed alone. `timer(calls) -> ms per call` replaces this (tests)."""
+        from trace_rl.engine.timing import graph_median_us, median_ms
 
         c = self.model.config
+        graphed = self.graphs is not None
+        layers = range(min(c.num_layers, ATTENTION_TIME_LAYERS) if graphed else 1)
+        if timer is None and graphed:
+            timer = lambda calls: graph_median_us(calls, reps=7, warmup=2) / 1e3  # noqa: E731
+            how = f"cuda graph of {len(layers)} layer calls, median of 7 replays"
+        elif timer is None:
+            timer = lambda calls: median_ms(calls[0], self.device, iters=5, warmup=2)  # noqa: E731
+            how = "eager layer 0 calls, median of 5"
+        else:
+            how = "injected"
         q = torch.randn(n, c.num_heads, c.head_dim, device=self.device, dtype=self.dtype)
         lens = torch.full((n,), length, dtype=torch.int32, device=self.device)
         table = torch.arange(n * self.pages_per_seq, device=self.device, dtype=torch.int32).view(n, -1) \
@@ -335,17 +351,18 @@ class NativeEngine(RolloutEngine):
         times = {}
         for path in candidates:
             span = length if reads_span(path) else None
-            call = lambda p=path, s=span: self.cache.decode(0, q, table, lens, c.head_dim ** -0.5,  # noqa: E731
-                                                            self.capacity, p, s)
+            calls = [lambda i=i, p=path, s=span: self.cache.decode(i, q, table, lens, c.head_dim ** -0.5,
+                                                                   self.capacity, p, s) for i in layers]
             try:
-                times[path] = round(median_ms(call, self.device, iters=5, warmup=2), 4)
-            except Exception as err:          # a path this torch build cannot run at this shape: say so, skip
-                log.warning("decode attention %s failed at batch %d, context %d: %s", path, n, length, err)
+                times[path] = round(timer(calls), 5)
+            except Exception as err:   # a path that cannot run (or be captured) at this shape: say so, skip
+                log.warning("decode attention %s failed at batch %d, context %d (%s): %s", path, n, length, how,
+                            err)
                 times[path] = None
         ok = {p: t for p, t in times.items() if t is not None}
         if not ok:
             raise RuntimeError(f"no decode-attention path runs at batch {n}, context {length}: {times}")
-        return {"path": min(ok, key=ok.get), "ms": times}
+        return {"path": min(ok, key=ok.get), "ms": times, "timed": how}
 
     # -- generation --
     @torch.no_grad()
