@@ -26,7 +26,8 @@ try:
             "best_candidate_ms": r["engine_path_ms"][best], "candidates_ms": r["engine_path_ms"],
             "baseline_ms": r["baseline_ms"], "baseline": f"{r['baseline_variant']}/{r['baseline_backend']}",
             "ratio": r["ratio"], "ratio_best_candidate": r["baseline_ms"] / r["engine_path_ms"][best],
-            "step_ms": r["step_ms"], "errors": r.get("engine_path_errors")}
+            "step_ms": r["step_ms"], "errors": r.get("engine_path_errors"),
+            "autotune": r.get("attention_autotune")}   # the choice: ms per layer call of each candidate, how timed
 except Exception as e:   # noqa: BLE001
     s["error"] = repr(e)
     s["log_tail"] = open(os.path.join(out, "grid.log")).read().strip().splitlines()[-15:]
