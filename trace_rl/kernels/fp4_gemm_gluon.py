@@ -52,10 +52,10 @@ MX_SCALE_ASM = gl.constexpr(_MX_SCALE)
 
 
 @gluon.jit
-def _producer(w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, n16_0, row0, kb_lo, n_iters,
+def _producer(w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, n16_0, row0, m0, kb_lo, n_iters,
               BK: gl.constexpr, STAGES: gl.constexpr):
     """1 warp: TMA of step `kb_lo + it`'s words [BK/128, BN/16, 256], scale words [BN, 4] (nvfp4: BK = 256, a byte
-    per 16 columns; mxfp4: BK = 512, a byte per 32) and activations [BM, BK] into slot it % STAGES once the consumer
+    per 16 columns; mxfp4: BK = 512, a byte per 32) and activations [BM, BK] (tokens m0 ..) into slot it % STAGES once the consumer
     has released it."""
     nbytes: gl.constexpr = w_desc.block_type.nbytes + s_desc.block_type.nbytes + x_desc.block_type.nbytes
     for it in range(n_iters):
@@ -67,7 +67,7 @@ def _producer(w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, n16_
         kb = kb_lo + it
         tma.async_copy_global_to_shared(w_desc, [kb * (BK // 128), n16_0, 0], bar, w_bufs.index(slot))
         tma.async_copy_global_to_shared(s_desc, [row0, kb * s_desc.block_type.shape[1]], bar, s_bufs.index(slot))
-        tma.async_copy_global_to_shared(x_desc, [0, kb * BK], bar, x_bufs.index(slot))
+        tma.async_copy_global_to_shared(x_desc, [m0, kb * BK], bar, x_bufs.index(slot))
 
 
 @gluon.jit
@@ -184,6 +184,8 @@ def _fp4_gemm_ws_kernel(w_desc, s_desc, x_desc, rf_ptr, out_ptr, part_ptr, count
                         OVERLAP: gl.constexpr, MX: gl.constexpr):
     pid_n = gl.program_id(0)
     pid_k = gl.program_id(1)
+    pid_m = gl.program_id(2)                      # token tile (M > BM)
+    tile = pid_m * gl.num_programs(0) + pid_n     # this output tile's partials and split-K ticket
     per_split = gl.cdiv(KB, SPLIT_K)
     kb_lo = pid_k * per_split
     n_iters = gl.minimum(kb_lo + per_split, KB) - kb_lo
@@ -198,9 +200,9 @@ def _fp4_gemm_ws_kernel(w_desc, s_desc, x_desc, rf_ptr, out_ptr, part_ptr, count
     (acc, ) = gl.warp_specialize([
         (_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, n_iters, BN, BK, BM, STAGES, OVERLAP, MX)),
         (_producer, (w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, pid_n * (BN // 16), pid_n * BN,
-                     kb_lo, n_iters, BK, STAGES)),
+                     pid_m * BM, kb_lo, n_iters, BK, STAGES)),
     ], [1], [24])
-    _finish(acc, pid_n, pid_k, SPLIT_K, M, N, rf_ptr, out_ptr, part_ptr, count_ptr, stride_om, BN, BM)
+    _finish(acc, pid_n, pid_m, tile, pid_k, SPLIT_K, M, N, rf_ptr, out_ptr, part_ptr, count_ptr, stride_om, BN, BM)
 
 
 @gluon.jit
@@ -213,27 +215,27 @@ def _epilogue_store(acc, rows, offs_m, M, N, rf_ptr, out_ptr, stride_om):
 
 
 @gluon.jit
-def _finish(acc, pid_n, pid_k, SPLIT_K, M, N, rf_ptr, out_ptr, part_ptr, count_ptr, stride_om, BN: gl.constexpr,
-            BM: gl.constexpr):
+def _finish(acc, pid_n, pid_m, tile, pid_k, SPLIT_K, M, N, rf_ptr, out_ptr, part_ptr, count_ptr, stride_om,
+            BN: gl.constexpr, BM: gl.constexpr):
     """As fp4_gemm.finish_tile: direct store, or split pid_k's partial + ticket, the last program reducing the
     partials in split order (deterministic)."""
     layout: gl.constexpr = acc.type.layout
     rows = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, layout))
-    offs_m = gl.arange(0, BM, layout=gl.SliceLayout(0, layout))
+    offs_m = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, layout))
     if SPLIT_K == 1:
         _epilogue_store(acc, rows, offs_m, M, N, rf_ptr, out_ptr, stride_om)
     else:
-        base = part_ptr + pid_n.to(gl.int64) * (SPLIT_K * BN * BM)
+        base = part_ptr + tile.to(gl.int64) * (SPLIT_K * BN * BM)
         offs = gl.expand_dims(gl.arange(0, BM, layout=gl.SliceLayout(0, layout)), 0) * BN + \
             gl.expand_dims(gl.arange(0, BN, layout=gl.SliceLayout(1, layout)), 1)
         gl.store(base + pid_k * (BN * BM) + offs, acc)
         gl.thread_barrier()                                      # every thread's partial is written
-        ticket = gl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        ticket = gl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
         if ticket == SPLIT_K - 1:                                # the last program of this tile reduces
             total = gl.zeros([BN, BM], gl.float32, layout)
             for s in range(SPLIT_K):                             # fixed order: deterministic
                 total += gl.load(base + s * (BN * BM) + offs, cache_modifier=".cg")
-            gl.atomic_xchg(count_ptr + pid_n, 0)                 # ready for the next launch
+            gl.atomic_xchg(count_ptr + tile, 0)                 # ready for the next launch
             _epilogue_store(total, rows, offs_m, M, N, rf_ptr, out_ptr, stride_om)
 
 
@@ -249,8 +251,8 @@ def step_k(fmt: str) -> int:
 
 @dataclass(frozen=True)
 class GluonConfig:
-    """One launch of the warp-specialised kernel: BN weight rows x `step_k(fmt)` columns per K step (BM = 8 or 16
-    tokens, from M), `stages` ring slots, `split_k` programs per N tile (0: `auto_split`), `num_warps` consumer
+    """One launch of the warp-specialised kernel: BN weight rows x `step_k(fmt)` columns per K step against BM
+    tokens (the smallest of 8 .. 128 covering M, at most `block_m`; a grid over token tiles beyond it), `stages` ring slots, `split_k` programs per N tile (0: `auto_split`), `num_warps` consumer
     warps (4 or 8: one or two warpgroups), `overlap` (one wgmma group in flight during the next decode), and
     `maxnreg`, the per-thread register budget the kernel is compiled for (the producer hands all but 24 of its
     registers to the consumers with setmaxnreg; maxnreg x (num_warps + 4) x 32 bounds the CTAs per SM)."""
@@ -261,16 +263,20 @@ class GluonConfig:
     num_warps: int = 4
     overlap: bool = False
     maxnreg: int = 128
+    block_m: int = 16
 
     def check(self) -> None:
+        if self.block_m not in TOKEN_TILES:
+            raise ValueError(f"GluonConfig {self}: block_m must be one of {TOKEN_TILES} (the wgmma N)")
         if self.num_warps not in (4, 8) or self.block_n % (16 * self.num_warps) or self.block_n > 256:
             raise ValueError(f"GluonConfig {self}: num_warps must be 4 or 8 and block_n a multiple of 16 x num_warps "
                              f"(<= 256: a TMA box holds at most 256 rows)")
         if not 2 <= self.stages <= 8 or self.split_k < 0:
             raise ValueError(f"GluonConfig {self}: stages must be in 2..8 and split_k >= 0")
 
-    def block_m(self, M: int) -> int:
-        return 8 if M <= 8 else 16
+    def tile_m(self, M: int) -> int:
+        """Tokens per program: the smallest wgmma N of TOKEN_TILES covering M, capped at `block_m`."""
+        return next((t for t in TOKEN_TILES if t >= min(M, self.block_m)), self.block_m)
 
     def smem_bytes(self, block_m: int, fmt: str = "nvfp4") -> int:
         bk = step_k(fmt)
@@ -282,7 +288,30 @@ class GluonConfig:
         return max(1, min(by_smem, by_regs))
 
 
+TOKEN_TILES = (8, 16, 32, 64, 128)
 DEFAULT = GluonConfig()
+# M > 16 (wgmma N = 32 / 64 / 128: each decoded weight tile feeds BM tokens). The accumulator [64 rows, BM] fp32 is
+# BM / 2 registers per thread, so the wide tiles take 64 weight rows per consumer warpgroup (two warpgroups, BN =
+# 128), at the lowest gated register budget with headroom (ptxas serialises every wgmma below a floor: 72 / 96 /
+# 120 at BM = 32 / 64 / 128, GATE_WIDE); the activation tile (BM x step_k bf16) dominates shared memory, which sets
+# the ring depth: nvfp4 BM = 32 at 3 slots fits 2 CTAs per SM (~103 KB, 80 registers), the rest run 1 CTA per SM.
+# mxfp4's 512-column steps double the activation tile: BM = 128 does not fit two slots (324 KB), so mxfp4 grids 64-
+# token tiles over M > 64.
+WIDE = {"nvfp4": {32: GluonConfig(num_warps=8, maxnreg=80, block_m=32, stages=3),
+                  64: GluonConfig(num_warps=8, maxnreg=104, block_m=64, stages=4),
+                  128: GluonConfig(num_warps=8, maxnreg=128, block_m=128, stages=2)},
+        "mxfp4": {32: GluonConfig(num_warps=8, maxnreg=80, block_m=32, stages=3),
+                  64: GluonConfig(num_warps=8, maxnreg=104, block_m=64, stages=2)}}
+SMEM_LIMIT = 227 * 1024          # an sm_90 CTA's dynamic shared memory
+
+
+def config_for(M: int, fmt: str = "nvfp4") -> GluonConfig:
+    """DEFAULT at M <= 16, else the format's WIDE config for the smallest token tile covering M (the largest one past
+    it: a grid over token tiles)."""
+    if M <= 16:
+        return DEFAULT
+    tiles = WIDE[fmt]
+    return tiles[next((t for t in sorted(tiles) if t >= M), max(tiles))]
 
 
 def auto_split(n_tiles: int, kb: int, ctas: int) -> int:
@@ -312,12 +341,10 @@ def _descriptors(x2: torch.Tensor, w: HopperFP4, c: GluonConfig, block_m: int):
 
 def fp4_matmul_gluon(x2: torch.Tensor, w: HopperFP4, config: GluonConfig | None = None,
                      out: torch.Tensor | None = None) -> torch.Tensor:
-    """x2 [M, K] bf16, M <= 16, @ W^T for an nvfp4 or mxfp4 weight W in the Hopper layout -> [M, N] bf16 (no
+    """x2 [M, K] bf16 @ W^T for an nvfp4 or mxfp4 weight W in the Hopper layout -> [M, N] bf16 (no
     bias, no activation scale: W4A16). Needs an sm_90 GPU and Triton 3.6 (Gluon is version-pinned)."""
     from trace_rl.kernels.fp4_gemm import tile_counters
 
-    c = config or DEFAULT
-    c.check()
     if not isinstance(w, HopperFP4) or w.fmt not in ("nvfp4", "mxfp4") or w.values.dim() != 2:
         got = f"{w.fmt} values {tuple(w.values.shape)}" if isinstance(w, HopperFP4) else type(w).__name__
         raise ValueError(f"fp4_matmul_gluon: the weight must be a 2-D nvfp4 or mxfp4 HopperFP4 layout "
@@ -326,8 +353,15 @@ def fp4_matmul_gluon(x2: torch.Tensor, w: HopperFP4, config: GluonConfig | None 
     if x2.dim() != 2 or x2.dtype != torch.bfloat16:
         raise ValueError(f"fp4_matmul_gluon: x must be a 2-D bf16 tensor, got {x2.dtype} {tuple(x2.shape)}")
     M, K = x2.shape
-    if not 1 <= M <= 16:
-        raise ValueError(f"fp4_matmul_gluon: M = {M}; this kernel covers decode, 1 <= M <= 16 (use fp4_matmul)")
+    if M < 1:
+        raise ValueError(f"fp4_matmul_gluon: M = {M}; needs M >= 1")
+    c = config or config_for(M, w.fmt)
+    c.check()
+    bm = c.tile_m(M)
+    if c.smem_bytes(bm, w.fmt) > SMEM_LIMIT:
+        raise ValueError(f"fp4_matmul_gluon: {c} at {bm} tokens x {bk} {w.fmt} columns needs "
+                         f"{c.smem_bytes(bm, w.fmt)} bytes of shared memory (> {SMEM_LIMIT}): fewer stages or a "
+                         f"smaller block_m")
     if K != w.k:
         raise ValueError(f"fp4_matmul_gluon: x has {K} columns, the weight {w.k}")
     if w.padded[1] % bk:
@@ -346,22 +380,22 @@ def fp4_matmul_gluon(x2: torch.Tensor, w: HopperFP4, config: GluonConfig | None 
         x2 = x2.clone(memory_format=torch.contiguous_format)
     N = w.n
     np_, kp = w.padded
-    bm = c.block_m(M)
     n_tiles = triton.cdiv(np_, c.block_n)
+    m_tiles = triton.cdiv(M, bm)
     kb = kp // bk
     sms = torch.cuda.get_device_properties(x2.device).multi_processor_count
-    split = c.split_k or auto_split(n_tiles, kb, sms * c.ctas_per_sm(bm, w.fmt))
+    split = c.split_k or auto_split(n_tiles * m_tiles, kb, sms * c.ctas_per_sm(bm, w.fmt))
     split = triton.cdiv(kb, triton.cdiv(kb, max(1, min(split, kb))))
     out = torch.empty(M, N, device=x2.device, dtype=torch.bfloat16) if out is None else out
     if out.shape != (M, N) or out.dtype != torch.bfloat16 or out.stride(1) != 1:
         raise ValueError(f"fp4_matmul_gluon: out must be a bf16 [{M}, {N}] tensor with unit column stride")
     if split > 1:
-        part = torch.empty(n_tiles * split * c.block_n * bm, device=x2.device, dtype=torch.float32)
-        counters = tile_counters(x2.device, n_tiles)
+        part = torch.empty(n_tiles * m_tiles * split * c.block_n * bm, device=x2.device, dtype=torch.float32)
+        counters = tile_counters(x2.device, n_tiles * m_tiles)
     else:
         part = counters = w.row_factor      # unused
     w_desc, s_desc, x_desc = _descriptors(x2, w, c, bm)
-    _fp4_gemm_ws_kernel[(n_tiles, split)](
+    _fp4_gemm_ws_kernel[(n_tiles, split, m_tiles)](
         w_desc, s_desc, x_desc, w.row_factor, out, part, counters, M, N, kb, split, out.stride(0),
         BN=c.block_n, BK=bk, BM=bm, STAGES=c.stages, OVERLAP=c.overlap, MX=w.fmt == "mxfp4",
         num_warps=c.num_warps, maxnreg=c.maxnreg)
@@ -387,6 +421,17 @@ GATE = ((GluonConfig(), 16, 2.6), (GluonConfig(), 8, 2.6), (GluonConfig(overlap=
 # mxfp4 (512-column steps: four chunks, loaded and decoded in pairs; one scale word per row and chunk)
 GATE_MX = ((GluonConfig(stages=2), 16, 2.5), (GluonConfig(stages=2), 8, 2.5),
            (GluonConfig(num_warps=8, maxnreg=80, overlap=True, stages=2), 16, 2.8))
+# Wide token tiles (WIDE; HGMMA 64xBMx16 with the register A operand): the decode per weight element does not depend
+# on BM (2.70-2.77 nvfp4, 2.38-2.40 mxfp4, two warpgroups), so SASS per weight element x token falls as 1 / BM:
+# 0.17 at BM = 16, 0.085 at 32, 0.043 at 64, 0.021 at 128. The register floors (the lowest spill-free budgets whose
+# wgmmas are not serialised: 72 / 96 / 120 at BM = 32 / 64 / 128; 64 / 88 / 112 serialise all 16 HGMMAs) are gated
+# beside WIDE's budgets, so a ptxas that needs more registers shows up here. overlap costs more (BM = 32 at 80
+# serialises) and is not used at these tiles.
+GATE_WIDE = tuple((c, c.block_m, 2.8) for c in WIDE["nvfp4"].values()) + \
+    ((GluonConfig(num_warps=8, maxnreg=72, block_m=32, stages=3), 32, 2.85),
+     (GluonConfig(num_warps=8, maxnreg=96, block_m=64, stages=4), 64, 2.8),
+     (GluonConfig(num_warps=8, maxnreg=120, block_m=128, stages=2), 128, 2.8))
+GATE_WIDE_MX = tuple((c, c.block_m, 2.45) for c in WIDE["mxfp4"].values())
 
 
 def gate_case(c: GluonConfig, block_m: int, budget: float, fmt: str = "nvfp4"):
@@ -413,4 +458,5 @@ def gate_case(c: GluonConfig, block_m: int, budget: float, fmt: str = "nvfp4"):
 def sass_gate_cases():
     if not triton.__version__.startswith("3.6"):
         return []
-    return [gate_case(c, bm, b) for c, bm, b in GATE] + [gate_case(c, bm, b, "mxfp4") for c, bm, b in GATE_MX]
+    return [gate_case(c, bm, b) for c, bm, b in GATE + GATE_WIDE] + \
+        [gate_case(c, bm, b, "mxfp4") for c, bm, b in GATE_MX + GATE_WIDE_MX]
