@@ -1,8 +1,9 @@
-"""The opt-in Gluon warp-specialised nvfp4 W4A16 GEMM (fp4_gemm_gluon.py, M <= 16): launcher checks and a torch
-emulation of its data path (TMA boxes, ring views, decode index algebra) on CPU; on an sm_90 GPU with Triton 3.6,
-against the float64 reference (the same as test_fp4_gemm.py's) at M in {1, 5, 16} and ragged N / K, per config (one
-or two consumer warpgroups, wgmma overlap, forced split-K), and bit-identical to the shipped kernel at split 1 and M
-= 16 (same k16 order, fp32 accumulation, epilogue)."""
+"""The opt-in Gluon warp-specialised FP4 W4A16 GEMM (fp4_gemm_gluon.py): launcher checks, config choice and a torch
+emulation of its data path (TMA boxes, ring views, decode index algebra, the grid over token tiles) on CPU; on an
+sm_90 GPU with Triton 3.6, against the float64 reference (the same as test_fp4_gemm.py's) at M in {1, 5, 16} and
+ragged N / K, per config (one or two consumer warpgroups, wgmma overlap, forced split-K), bit-identical to the shipped
+kernel at split 1 and M = 16 (same k16 order, fp32 accumulation, epilogue); the wide token tiles (WIDE: 32 / 64 / 128
+tokens) at M in {17, 33, 64, 100, 128, 256} against the reference and the shipped kernel."""
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ import triton
 
 from trace_rl.backends import get_backend
 from trace_rl.kernels.fp4_gemm import GemmConfig
-from trace_rl.kernels.fp4_gemm_gluon import GluonConfig, auto_split, fp4_matmul_gluon
+from trace_rl.kernels.fp4_gemm_gluon import SMEM_LIMIT, WIDE, GluonConfig, auto_split, config_for, fp4_matmul_gluon
 from trace_rl.kernels.hopper_fp4 import to_hopper
 
 pytestmark = [pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning"),
@@ -37,8 +38,15 @@ def test_config_and_launcher_checks(gen):
     packed = _weight(48, 512, "nvfp4", gen)
     h = to_hopper(packed.q)
     x = torch.randn(3, 512).to(torch.bfloat16)
-    with pytest.raises(ValueError, match="1 <= M <= 16"):
-        fp4_matmul_gluon(torch.zeros(17, 512, dtype=torch.bfloat16), h)
+    with pytest.raises(ValueError, match="M >= 1"):
+        fp4_matmul_gluon(torch.zeros(0, 512, dtype=torch.bfloat16), h)
+    with pytest.raises(ValueError, match="block_m"):
+        GluonConfig(block_m=48).check()
+    with pytest.raises(ValueError, match="shared memory"):      # 4 x 82 KB slots
+        fp4_matmul_gluon(torch.zeros(128, 512, dtype=torch.bfloat16), h, GluonConfig(block_m=128, num_warps=8))
+    with pytest.raises(ValueError, match="shared memory"):      # mxfp4 at 128 tokens: 2 x 162 KB
+        fp4_matmul_gluon(torch.zeros(128, 512, dtype=torch.bfloat16), to_hopper(_weight(48, 512, "mxfp4", gen).q),
+                         GluonConfig(block_m=128, num_warps=8, stages=2))
     with pytest.raises(ValueError, match="bf16"):
         fp4_matmul_gluon(x.float(), h)
     with pytest.raises(ValueError, match="columns"):
@@ -51,6 +59,20 @@ def test_config_and_launcher_checks(gen):
         fp4_matmul_gluon(torch.zeros(2, 768, dtype=torch.bfloat16), to_hopper(_weight(48, 768, "mxfp4", gen).q))
     with pytest.raises(ValueError, match="CUDA"):
         fp4_matmul_gluon(x, h)
+
+
+def test_config_for_token_tiles():
+    assert config_for(1) == config_for(16) == GluonConfig()
+    assert [config_for(M).tile_m(M) for M in (17, 32, 33, 64, 100, 128, 256, 512)] == [32, 32, 64, 64, 128, 128,
+                                                                                        128, 128]
+    assert [config_for(M, "mxfp4").tile_m(M) for M in (17, 33, 100, 512)] == [32, 64, 64, 64]
+    assert [GluonConfig().tile_m(M) for M in (1, 8, 9, 16, 17, 300)] == [8, 8, 16, 16, 16, 16]
+    assert GluonConfig(block_m=64).tile_m(40) == 64 and GluonConfig(block_m=64).tile_m(20) == 32
+    for fmt, tiles in WIDE.items():
+        for bm, c in tiles.items():
+            c.check()
+            assert c.block_m == bm and c.smem_bytes(bm, fmt) <= SMEM_LIMIT
+    assert WIDE["nvfp4"][32].ctas_per_sm(32) == 2 and WIDE["nvfp4"][128].ctas_per_sm(128) == 1
 
 
 def test_auto_split_keeps_one_wave():
@@ -67,7 +89,9 @@ MX_CONFIGS = [GluonConfig(stages=2), GluonConfig(num_warps=8, maxnreg=80, overla
 # (format, config, M, N) of every binary the GPU tests build: benchmarks/gemm_gluon.py --precompile-only builds them
 GPU_JOBS = [("nvfp4", c, M, 200) for c in CONFIGS for M in (1, 16)] + \
     [("mxfp4", c, M, 200) for c in MX_CONFIGS for M in (1, 16)] + \
-    [(f, GluonConfig(), 16, 4096) for f in ("nvfp4", "mxfp4")]
+    [(f, GluonConfig(), 16, 4096) for f in ("nvfp4", "mxfp4")] + \
+    [(f, c, bm, 200) for f, tiles in WIDE.items() for bm, c in tiles.items()] + \
+    [("nvfp4", WIDE["nvfp4"][128], 128, 4096), ("nvfp4", WIDE["nvfp4"][64], 64, 4096)]
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=["default", "overlap_s3", "w8", "split3_s2"])
@@ -144,6 +168,57 @@ for _m in gpu36:
     test_gluon_gemm_decode_shapes_gpu = _m(test_gluon_gemm_decode_shapes_gpu)
 
 
+WIDE_M = [17, 33, 64, 100, 128, 256]
+
+
+@pytest.mark.parametrize("fmt,K", [("nvfp4", 1520), ("mxfp4", 1504)])
+@pytest.mark.parametrize("M", WIDE_M)
+def test_gluon_gemm_wide_tiles_gpu(fmt, M, K, gen):
+    """Token tiles of 32 / 64 / 128 (config_for: wgmma N = BM; M = 256 grids two 128-token tiles, mxfp4 grids 64s):
+    odd N (a partial 128-row tile), K padding to whole K steps, partial token tiles (TMA zero fill, masked store),
+    the auto split; against the float64 reference and the shipped Triton kernel; deterministic."""
+    from trace_rl.kernels.fp4_gemm import fp4_matmul
+
+    N = 199
+    packed = _weight(N, K, fmt, gen, "cuda")
+    h = to_hopper(packed.q)
+    x = torch.randn(M, K, generator=gen).to(torch.bfloat16).cuda()
+    y = fp4_matmul_gluon(x, h)
+    assert y.shape == (M, N)
+    assert _rel_err(y, packed, x) < 1e-2
+    shipped = fp4_matmul(x, h)
+    assert ((y.double() - shipped.double()).norm() / shipped.double().norm()).item() < 8e-3
+    assert torch.equal(y, fp4_matmul_gluon(x, h))
+
+
+for _m in gpu36:
+    test_gluon_gemm_wide_tiles_gpu = _m(test_gluon_gemm_wide_tiles_gpu)
+
+
+@pytest.mark.parametrize("M,split", [(100, 1), (256, 3)])
+def test_gluon_gemm_wide_split_and_shapes_gpu(M, split, gen):
+    """Forced splits at the wide tiles (split 3: the partials and tickets indexed per (token tile, row tile)), then
+    the issue's 4096 x 12288 at M = 256 (auto split) against the reference."""
+    packed = _weight(200, 1008, "nvfp4", gen, "cuda")
+    h = to_hopper(packed.q)
+    x = torch.randn(M, 1008, generator=gen).to(torch.bfloat16).cuda()
+    from dataclasses import replace
+
+    cfg = replace(config_for(M), split_k=split)
+    y = fp4_matmul_gluon(x, h, cfg)
+    assert _rel_err(y, packed, x) < 1e-2
+    assert torch.equal(y, fp4_matmul_gluon(x, h, cfg))
+    if split == 3:
+        packed = _weight(4096, 12288, "nvfp4", gen, "cuda")
+        h = to_hopper(packed.q)
+        x = torch.randn(M, 12288, generator=gen).to(torch.bfloat16).cuda()
+        assert _rel_err(fp4_matmul_gluon(x, h), packed, x) < 1e-2
+
+
+for _m in gpu36:
+    test_gluon_gemm_wide_split_and_shapes_gpu = _m(test_gluon_gemm_wide_split_and_shapes_gpu)
+
+
 def _box(t: torch.Tensor, start: list, size: list) -> torch.Tensor:
     """A TMA box: t[start : start + size] per dim, zero past t's end."""
     out = torch.zeros(size, dtype=t.dtype)
@@ -165,7 +240,8 @@ def _emulate(x: torch.Tensor, h, BN: int = 128, BM: int = 16) -> torch.Tensor:
     """The Gluon kernel's data path in torch, step by step as the kernel indexes it: the three TMA boxes (the words
     through the [Kp/128, Np/16, 256] view), the row-major `_reinterpret` views of the ring, the scale-pair and decode
     PTX (bit for bit, products rounded to bf16 like mul.rn.bf16x2), the joins / permute / reshape into the
-    [BN, 128] A tile, and A @ x_chunk^T per chunk, split 1. float64 accumulation (the kernel: fp32)."""
+    [BN, 128] A tile, and A @ x_chunk^T per chunk, per token tile (the grid's third axis: the activation box at row
+    pid_m x BM, the store masked to M), split 1. float64 accumulation (the kernel: fp32)."""
     np_, kp = h.padded
     mx = h.fmt == "mxfp4"
     bk = 512 if mx else 256
@@ -174,14 +250,14 @@ def _emulate(x: torch.Tensor, h, BN: int = 128, BM: int = 16) -> torch.Tensor:
     sc = h.scales.view(torch.int32)
     M, K = x.shape
     out = torch.zeros(M, h.n, dtype=torch.float64)
-    for pid_n in range(-(-np_ // BN)):
+    for pid_n, pid_m in [(n, m) for m in range(-(-M // BM)) for n in range(-(-np_ // BN))]:
         acc = torch.zeros(BN, BM, dtype=torch.float64)
         for kb in range(kp // bk):
             w_s = _box(v3, [kc_n * kb, pid_n * BN // 16, 0], [kc_n, BN // 16, 256])
             w_s = w_s.reshape(kc_n, BN // 16, 2, 8, 4, 2, 2)
             s_s = _box(sc, [pid_n * BN, 4 * kb], [BN, 4])
             s_s = s_s.reshape(BN // 16, 2, 8, kc_n) if mx else s_s.reshape(BN // 16, 2, 8, kc_n, 2)
-            x_s = _box(x, [0, bk * kb], [BM, bk])
+            x_s = _box(x, [pid_m * BM, bk * kb], [BM, bk])
             for kc in range(kc_n):
                 w = w_s[kc]
                 sw = s_s[:, :, :, kc:kc + 1].to(torch.int64) & 0xFFFFFFFF
@@ -207,12 +283,15 @@ def _emulate(x: torch.Tensor, h, BN: int = 128, BM: int = 16) -> torch.Tensor:
                 v = torch.stack([r0, r1], -1).permute(0, 1, 2, 4, 5, 8, 7, 3, 6).reshape(BN, 128)
                 acc += v @ x_s[:, 128 * kc:128 * (kc + 1)].double().T
         rows = torch.arange(pid_n * BN, min((pid_n + 1) * BN, h.n))
-        out[:, rows] = (acc[rows - pid_n * BN] * h.row_factor[rows, None].double())[:, :M].T
+        toks = torch.arange(pid_m * BM, min((pid_m + 1) * BM, M))
+        part = (acc[rows - pid_n * BN] * h.row_factor[rows, None].double())[:, toks - pid_m * BM].T
+        out[toks[:, None], rows[None, :]] = part
     return out
 
 
 @pytest.mark.parametrize("fmt,M,N,K", [("nvfp4", 5, 200, 1008), ("nvfp4", 16, 136, 1520), ("mxfp4", 3, 200, 1504),
-                                       ("mxfp4", 16, 136, 1024)])
+                                       ("mxfp4", 16, 136, 1024), ("nvfp4", 17, 199, 1008), ("nvfp4", 100, 199, 1520),
+                                       ("nvfp4", 256, 72, 1008), ("mxfp4", 33, 199, 1504), ("mxfp4", 100, 72, 1024)])
 def test_emulated_data_path_matches_reference(fmt, M, N, K, gen):
     """CPU check of what the compile gate cannot see: the descriptors' views and box coordinates, the ring views and
     the decode's index algebra reproduce the weight (the register layouts themselves are proved at compile time by
@@ -222,7 +301,8 @@ def test_emulated_data_path_matches_reference(fmt, M, N, K, gen):
     packed = _weight(N, K, fmt, gen)
     h = to_hopper(packed.q)
     x = torch.randn(M, K, generator=gen).to(torch.bfloat16)
-    y = _emulate(x, h)
+    c = config_for(M, fmt)
+    y = _emulate(x, h, c.block_n, c.tile_m(M))
     ref = x.double() @ (operand(h).double() * h.row_factor[:N, None].double()).T
     assert torch.allclose(y, ref, rtol=1e-9, atol=1e-9 * ref.abs().max().item())
     assert _rel_err(y, packed, x) < 1e-2
