@@ -1,7 +1,12 @@
 """The opt-in Gluon warp-specialised nvfp4 W4A16 GEMM (fp4_gemm_gluon.py) against the shipped Triton kernel and
-cuBLAS BF16 at the issue's decode shapes (issue 15: M <= 16 needs >= 1.8x cuBLAS, 2.2x resolves it).
+cuBLAS BF16 at the issue's shapes (issue 15: M <= 16 needs >= 1.8x cuBLAS, 2.2x resolves it; M = 64 >= 1.6x; M =
+256 / 512 >= 0.8x).
 
     python benchmarks/gemm_gluon.py --out gemm_gluon.json [--M 1,16] [--budget-s 60]
+    python benchmarks/gemm_gluon.py --out gemm_gluon_wide.json --M 64,256,512     # the wide token tiles
+
+Variants apply by M: the decode ones (VARIANTS) at M <= 16, the wide-token-tile ones (WIDE_VARIANTS: config None is
+`config_for(M, fmt)`, the launcher's own choice) at M > 16.
 
 Per shape (K, N) and M: cuBLAS BF16 `F.linear`, the shipped kernel (`default_config`, nvfp4 and mxfp4), and Gluon
 variants (VARIANTS: one / two consumer warpgroups, wgmma overlap, ring depth and register budgets for 2-3 CTAs per
@@ -32,7 +37,7 @@ from kernel_baselines import graph_us, json_saver, run_env  # noqa: E402
 from trace_rl.backends import PackedWeight  # noqa: E402
 from trace_rl.kernels import quantize  # noqa: E402
 from trace_rl.kernels.fp4_gemm import default_config, fp4_matmul  # noqa: E402
-from trace_rl.kernels.fp4_gemm_gluon import GluonConfig, auto_split, fp4_matmul_gluon, step_k  # noqa: E402
+from trace_rl.kernels.fp4_gemm_gluon import WIDE, GluonConfig, auto_split, config_for, fp4_matmul_gluon, step_k  # noqa
 from trace_rl.kernels.linear import hopper_weight  # noqa: E402
 
 DEV = "cuda"
@@ -47,6 +52,23 @@ VARIANTS = {   # name -> (format, config), in order of interest: `--budget-s` sk
     "ws_s3_r72": ("nvfp4", GluonConfig(stages=3, maxnreg=72)),         # 3 CTAs/SM at M <= 8, else 2
     "ws_w8": ("nvfp4", GluonConfig(num_warps=8, maxnreg=80)),
 }
+WIDE_VARIANTS = {   # M > 16: wgmma N = 32 / 64 / 128 (fp4_gemm_gluon.WIDE); all gated
+    "wide": ("nvfp4", None),                                           # config_for(M): 128-token tiles past 64
+    "mx_wide": ("mxfp4", None),                                        # 64-token tiles past 32
+    "wide_bm64": ("nvfp4", WIDE["nvfp4"][64]),                         # 64-token tiles: twice the grid at M >= 128
+    "wide_bm128_r120": ("nvfp4", replace(WIDE["nvfp4"][128], maxnreg=120)),   # the gated register floor
+    "wide_bm32": ("nvfp4", WIDE["nvfp4"][32]),                         # 2 CTAs per SM, 32-token tiles
+}
+ALL_VARIANTS = {**VARIANTS, **WIDE_VARIANTS}
+
+
+def variant_config(name: str, M: int) -> GluonConfig | None:
+    """The config of variant `name` at M, or None where it does not apply (decode variants at M > 16, wide ones at
+    M <= 16)."""
+    fmt, cfg = ALL_VARIANTS[name]
+    if (name in WIDE_VARIANTS) != (M > 16):
+        return None
+    return cfg or config_for(M, fmt)
 
 
 def _compile_gluon(job: tuple) -> str:
@@ -73,9 +95,11 @@ def _compile_any(job: tuple) -> str:
     return _compile_gluon(job)
 
 
-def precompile_all(workers: int = 16) -> list[str]:
-    """The binaries of this benchmark (VARIANTS, BM 8 and 16, N % 16 == 0), of tests/kernels/test_fp4_gemm_gluon.py
-    (its GPU_JOBS) and the shipped kernel's decode configs, in `workers` processes (spawn), Gluon ones first."""
+def precompile_all(Ms: list[int], workers: int = 16) -> list[str]:
+    """The binaries of this benchmark (VARIANTS at BM 8 and 16, WIDE_VARIANTS at M 64 and 256; N % 16 == 0), of
+    tests/kernels/test_fp4_gemm_gluon.py (its GPU_JOBS) and the shipped kernel's configs, for `Ms` (the decode
+    ones where an M <= 16, the wide ones where an M > 16: the script's two calls), in `workers` processes (spawn),
+    Gluon ones first."""
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
@@ -84,9 +108,13 @@ def precompile_all(workers: int = 16) -> list[str]:
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "kernels"))
     from test_fp4_gemm_gluon import GPU_JOBS
 
-    jobs = [(f, tuple(asdict(c).items()), M, 512) for f, c in VARIANTS.values() for M in (1, 16)]
-    jobs += [(f, tuple(asdict(c).items()), M, N) for f, c, M, N in GPU_JOBS]
-    shipped = {default_config(M, N, K, 132) for K, N in SHAPES for M in (1, 16)} | {GemmConfig(16, 128, 128, 1, 4, 3)}
+    small, wide = min(Ms) <= 16, max(Ms) > 16
+    jobs = [(f, tuple(asdict(c).items()), M, 512) for f, c in VARIANTS.values() for M in (1, 16) if small]
+    jobs += [(ALL_VARIANTS[v][0], tuple(asdict(variant_config(v, M)).items()), M, 512) for v in WIDE_VARIANTS
+             for M in (64, 256) if wide]
+    jobs += [(f, tuple(asdict(c).items()), M, N) for f, c, M, N in GPU_JOBS if (small and M <= 16) or (wide and M > 16)]
+    shipped = {default_config(M, N, K, 132) for K, N in SHAPES for M in Ms} | \
+        ({GemmConfig(16, 128, 128, 1, 4, 3)} if small else set())
     jobs += [("dense", f, "bf16", tuple(replace(c, split_k=1).__dict__.items())) for c in shipped
              for f in ("nvfp4", "mxfp4")]
     jobs = list(dict.fromkeys(jobs))
@@ -102,20 +130,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--M", default="1,16")
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--variants", default=",".join(ALL_VARIANTS))
     ap.add_argument("--budget-s", type=float, default=60.0, help="start no new variant after this many seconds")
     ap.add_argument("--precompile-only", action="store_true", help="only fill the compile cache (see precompile_all)")
     args = ap.parse_args()
     start = time.time()
     if args.precompile_only:
-        errors = precompile_all()
+        errors = precompile_all([int(m) for m in args.M.split(",")])
         print({"precompile_s": round(time.time() - start, 1), "errors": errors}, flush=True)
         return
     Ms = [int(m) for m in args.M.split(",")]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     res = {"env": run_env(torch.cuda.get_device_name(0), sms=sms), "rows": [], "skipped": [], "errors": []}
     save = json_saver(res, args.out)
-    fmts = sorted({VARIANTS[v][0] for v in args.variants.split(",")}, reverse=True)    # nvfp4 first
+    fmts = sorted({ALL_VARIANTS[v][0] for v in args.variants.split(",")}, reverse=True)    # nvfp4 first
     setups = []
     for K, N in SHAPES:     # weights, cuBLAS and the shipped kernel first, for every shape, M and format
         n_copies = max(2, min(64, math.ceil((200 << 20) / (N * K // 2))))
@@ -137,14 +165,18 @@ def main() -> None:
         del w_bf16
     torch.cuda.empty_cache()
     for name in args.variants.split(","):    # then the variants, each over every shape and M before the next
-        fmt, cfg = VARIANTS[name]
+        fmt = ALL_VARIANTS[name][0]
         for row, x, hws, refs in setups:
             M, hw = row["M"], hws[fmt]
+            cfg = variant_config(name, M)
+            if cfg is None:
+                continue
             if time.time() - start > args.budget_s:
                 res["skipped"].append({"K": row["K"], "N": row["N"], "M": M, "variant": name})
                 continue
-            bm = cfg.block_m(M)
-            auto = auto_split(triton_cdiv(hw[0].padded[0], cfg.block_n), hw[0].padded[1] // step_k(fmt),
+            bm = cfg.tile_m(M)
+            auto = auto_split(triton_cdiv(hw[0].padded[0], cfg.block_n) * triton_cdiv(M, bm),
+                              hw[0].padded[1] // step_k(fmt),
                               sms * cfg.ctas_per_sm(bm, fmt))
             for split in sorted({auto, 2 * auto, max(1, auto // 2)}):
                 key = f"{name}_split{split}"

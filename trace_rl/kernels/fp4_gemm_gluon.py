@@ -55,8 +55,8 @@ MX_SCALE_ASM = gl.constexpr(_MX_SCALE)
 def _producer(w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, n16_0, row0, m0, kb_lo, n_iters,
               BK: gl.constexpr, STAGES: gl.constexpr):
     """1 warp: TMA of step `kb_lo + it`'s words [BK/128, BN/16, 256], scale words [BN, 4] (nvfp4: BK = 256, a byte
-    per 16 columns; mxfp4: BK = 512, a byte per 32) and activations [BM, BK] (tokens m0 ..) into slot it % STAGES once the consumer
-    has released it."""
+    per 16 columns; mxfp4: BK = 512, a byte per 32) and activations [BM, BK] (tokens m0 ..) into slot it % STAGES
+    once the consumer has released it."""
     nbytes: gl.constexpr = w_desc.block_type.nbytes + s_desc.block_type.nbytes + x_desc.block_type.nbytes
     for it in range(n_iters):
         slot = it % STAGES
@@ -252,8 +252,9 @@ def step_k(fmt: str) -> int:
 @dataclass(frozen=True)
 class GluonConfig:
     """One launch of the warp-specialised kernel: BN weight rows x `step_k(fmt)` columns per K step against BM
-    tokens (the smallest of 8 .. 128 covering M, at most `block_m`; a grid over token tiles beyond it), `stages` ring slots, `split_k` programs per N tile (0: `auto_split`), `num_warps` consumer
-    warps (4 or 8: one or two warpgroups), `overlap` (one wgmma group in flight during the next decode), and
+    tokens (the smallest of 8 .. 128 covering M, at most `block_m`; a grid over token tiles beyond it), `stages`
+    ring slots, `split_k` programs per N and token tile (0: `auto_split`), `num_warps` consumer warps (4 or 8: one
+    or two warpgroups), `overlap` (one wgmma group in flight during the next decode), and
     `maxnreg`, the per-thread register budget the kernel is compiled for (the producer hands all but 24 of its
     registers to the consumers with setmaxnreg; maxnreg x (num_warps + 4) x 32 bounds the CTAs per SM)."""
 
