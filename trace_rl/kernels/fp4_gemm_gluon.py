@@ -1,4 +1,5 @@
-"""Opt-in Gluon (Triton 3.6 `triton.experimental.gluon`) warp-specialised FP4 W4A16 GEMM for M <= 16 (issue 15).
+"""Opt-in Gluon (Triton 3.6 `triton.experimental.gluon`) warp-specialised FP4 W4A16 GEMM (issue 15): M <= 16,
+and wide token tiles (32 / 64 / 128 tokens as the wgmma N) for M = 64 .. 512.
 
 out[M, N] = x[M, K] @ dequant(W)^T, with W in the Hopper FP4 layout (hopper_fp4.py, nvfp4 or mxfp4), as
 `fp4_gemm.py` computes it, but organised against the latency that bounds that kernel at M <= 16 (docs/benchmarks.md,
@@ -21,6 +22,11 @@ One K step is 256 nvfp4 / 512 mxfp4 columns (two / four 128-column decode chunks
 programs per N tile; the split-K reduction is the shipped kernel's deterministic one (`fp4_gemm.finish_tile`'s
 scheme: partials stored, an acq_rel ticket, the last program adds the partials in split order), so the result does
 not depend on which program finished last.
+
+Past 16 tokens (`config_for`, WIDE): the decode is per weight element whatever the token tile, so a wider wgmma N
+(BM = 32 / 64 / 128) spreads it over more tokens; M beyond the tile is the grid's third axis (token tiles, each with
+its own split-K partials and ticket). The accumulator grows as BM / 2 fp32 registers per thread per 64 weight rows,
+so the wide configs run two consumer warpgroups of 64 rows each.
 
 Not wired into `fp4_linear`: `fp4_matmul_gluon` is called directly (benchmarks, tests). Gluon has no interpreter,
 so this runs only on an sm_90 GPU; `sass_gate_cases` compiles it for sm_90 on any machine.
@@ -343,7 +349,8 @@ def _descriptors(x2: torch.Tensor, w: HopperFP4, c: GluonConfig, block_m: int):
 def fp4_matmul_gluon(x2: torch.Tensor, w: HopperFP4, config: GluonConfig | None = None,
                      out: torch.Tensor | None = None) -> torch.Tensor:
     """x2 [M, K] bf16 @ W^T for an nvfp4 or mxfp4 weight W in the Hopper layout -> [M, N] bf16 (no
-    bias, no activation scale: W4A16). Needs an sm_90 GPU and Triton 3.6 (Gluon is version-pinned)."""
+    bias, no activation scale: W4A16); `config` defaults to `config_for(M, fmt)`. Needs an sm_90 GPU and Triton 3.6
+    (Gluon is version-pinned)."""
     from trace_rl.kernels.fp4_gemm import tile_counters
 
     if not isinstance(w, HopperFP4) or w.fmt not in ("nvfp4", "mxfp4") or w.values.dim() != 2:
