@@ -6,7 +6,8 @@ cuBLAS BF16 at the issue's shapes (issue 15: M <= 16 needs >= 1.8x cuBLAS, 2.2x 
     python benchmarks/gemm_gluon.py --out gemm_gluon_wide.json --M 64,256,512     # the wide token tiles
 
 Variants apply by M: the decode ones (VARIANTS) at M <= 16, the wide-token-tile ones (WIDE_VARIANTS: config None is
-`config_for(M, fmt)`, the launcher's own choice) at M > 16.
+`config_for(M, fmt)`, the launcher's own choice; a dict maps token tiles to configs, the smallest tile covering M,
+else the largest) at M > 16.
 
 Per shape (K, N) and M: cuBLAS BF16 `F.linear`, the shipped kernel (`default_config`, nvfp4 and mxfp4), and Gluon
 variants (VARIANTS: one / two consumer warpgroups, wgmma overlap, ring depth and register budgets for 2-3 CTAs per
@@ -35,9 +36,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kernel_baselines import graph_us, json_saver, run_env  # noqa: E402
 
 from trace_rl.backends import PackedWeight  # noqa: E402
+from trace_rl.kernels import fp4_gemm_gluon as gg  # noqa: E402
 from trace_rl.kernels import quantize  # noqa: E402
 from trace_rl.kernels.fp4_gemm import default_config, fp4_matmul  # noqa: E402
-from trace_rl.kernels.fp4_gemm_gluon import WIDE, GluonConfig, auto_split, config_for, fp4_matmul_gluon, step_k  # noqa
+from trace_rl.kernels.fp4_gemm_gluon import GluonConfig, auto_split, config_for, fp4_matmul_gluon, step_k  # noqa: E402
 from trace_rl.kernels.linear import hopper_weight  # noqa: E402
 
 DEV = "cuda"
@@ -55,9 +57,10 @@ VARIANTS = {   # name -> (format, config), in order of interest: `--budget-s` sk
 WIDE_VARIANTS = {   # M > 16: wgmma N = 32 / 64 / 128 (fp4_gemm_gluon.WIDE); all gated
     "wide": ("nvfp4", None),                                           # config_for(M): 128-token tiles past 64
     "mx_wide": ("mxfp4", None),                                        # 64-token tiles past 32
-    "wide_bm64": ("nvfp4", WIDE["nvfp4"][64]),                         # 64-token tiles: twice the grid at M >= 128
-    "wide_bm128_r120": ("nvfp4", replace(WIDE["nvfp4"][128], maxnreg=120)),   # the gated register floor
-    "wide_bm32": ("nvfp4", WIDE["nvfp4"][32]),                         # 2 CTAs per SM, 32-token tiles
+    "wide_bm64": ("nvfp4", gg.WIDE["nvfp4"][64]),                         # 64-token tiles: twice the grid at M >= 128
+    "wide_bm128_r120": ("nvfp4", replace(gg.WIDE["nvfp4"][128], maxnreg=120)),   # the gated register floor
+    "wide_overlap": ("nvfp4", gg.WIDE_OVERLAP),                           # decode under the in-flight wgmma group
+    "wide_bm32": ("nvfp4", gg.WIDE["nvfp4"][32]),                         # 2 CTAs per SM, 32-token tiles
 }
 ALL_VARIANTS = {**VARIANTS, **WIDE_VARIANTS}
 
@@ -68,6 +71,8 @@ def variant_config(name: str, M: int) -> GluonConfig | None:
     fmt, cfg = ALL_VARIANTS[name]
     if (name in WIDE_VARIANTS) != (M > 16):
         return None
+    if isinstance(cfg, dict):
+        return cfg[next((t for t in sorted(cfg) if t >= M), max(cfg))]
     return cfg or config_for(M, fmt)
 
 

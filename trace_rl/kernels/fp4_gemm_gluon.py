@@ -309,6 +309,10 @@ WIDE = {"nvfp4": {32: GluonConfig(num_warps=8, maxnreg=80, block_m=32, stages=3)
                   128: GluonConfig(num_warps=8, maxnreg=128, block_m=128, stages=2)},
         "mxfp4": {32: GluonConfig(num_warps=8, maxnreg=80, block_m=32, stages=3),
                   64: GluonConfig(num_warps=8, maxnreg=104, block_m=64, stages=2)}}
+# overlap (the next chunk's decode under the in-flight wgmma group) at the wide tiles: needs more registers (both
+# decoded operands live); 1 CTA per SM either way. Benchmark variants, gated.
+WIDE_OVERLAP = {64: GluonConfig(num_warps=8, maxnreg=128, block_m=64, stages=4, overlap=True),
+                128: GluonConfig(num_warps=8, maxnreg=168, block_m=128, stages=2, overlap=True)}
 SMEM_LIMIT = 227 * 1024          # an sm_90 CTA's dynamic shared memory
 
 
@@ -434,11 +438,13 @@ GATE_MX = ((GluonConfig(stages=2), 16, 2.5), (GluonConfig(stages=2), 8, 2.5),
 # 0.17 at BM = 16, 0.085 at 32, 0.043 at 64, 0.021 at 128. The register floors (the lowest spill-free budgets whose
 # wgmmas are not serialised: 72 / 96 / 120 at BM = 32 / 64 / 128; 64 / 88 / 112 serialise all 16 HGMMAs) are gated
 # beside WIDE's budgets, so a ptxas that needs more registers shows up here. overlap costs more (BM = 32 at 80
-# serialises) and is not used at these tiles.
+# serialises) and is not WIDE's choice; WIDE_OVERLAP (BM 64 / 128 at 128 / 168 registers: 2.79 / 2.77, one full
+# wait per step at most) is gated for the benchmark.
 GATE_WIDE = tuple((c, c.block_m, 2.8) for c in WIDE["nvfp4"].values()) + \
     ((GluonConfig(num_warps=8, maxnreg=72, block_m=32, stages=3), 32, 2.85),
      (GluonConfig(num_warps=8, maxnreg=96, block_m=64, stages=4), 64, 2.8),
      (GluonConfig(num_warps=8, maxnreg=120, block_m=128, stages=2), 128, 2.8))
+GATE_WIDE += tuple((c, c.block_m, 2.85) for c in WIDE_OVERLAP.values())
 GATE_WIDE_MX = tuple((c, c.block_m, 2.45) for c in WIDE["mxfp4"].values())
 
 
