@@ -9,15 +9,17 @@
 #   presets  every preset's pipeline on the GPU (tests/pipelines/test_presets_gpu.py: 2 steps + bf16 evaluation)
 #   guided   benchmarks/guided_step_h200.sh       the guided trainer's step against aligned (records as one tensor)
 #   grid     benchmarks/engine_grid_h200.sh       issue 16's missed cells with the split candidates
-#   gemm     benchmarks/gemm_gluon_h200.sh        the Gluon W4A16 GEMM against the shipped kernel and cuBLAS
-#   attn     benchmarks/attention_gluon_h200.sh   the Gluon FP4-KV attention (when present)
+#   gemm     benchmarks/gemm_gluon_h200.sh        the Gluon W4A16 GEMM against the shipped kernel and cuBLAS, M = 1, 16
+#   gemmwide GLUON_M=64,256,512 benchmarks/gemm_gluon_h200.sh   the same at M = 64-512 (token tiles 32-128)
+#   attn     benchmarks/attention_gluon_h200.sh   the Gluon FP4-KV attention against the shipped kernel and SDPA
 #   trainattn benchmarks/trainer_attention_h200.sh the trainer's float32 GQA attention (expanded K/V, efficient kernel)
 # The default order puts first what the stability study's runs depend on (wsync presets guided trainattn: ~8.5 min),
-# then the speed checks (grid gemm attn): a second call, `BUDGET_S=... benchmarks/h200_session_checks.sh OUT grid gemm attn`.
+# then the speed checks (grid gemm gemmwide attn): a second call,
+# `BUDGET_S=... benchmarks/h200_session_checks.sh OUT grid gemm gemmwide attn`.
 set -u
 OUT=${1:?usage: $0 OUT_DIR [NAME ...]}
 shift
-NAMES=${*:-"wsync presets guided trainattn grid gemm attn"}
+NAMES=${*:-"wsync presets guided trainattn grid gemm gemmwide attn"}
 BUDGET_S=${BUDGET_S:-540}
 export PYTHON=${PYTHON:-python3}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -34,7 +36,8 @@ for name in $NAMES; do
         guided) bash benchmarks/guided_step_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         grid) bash benchmarks/engine_grid_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         gemm) bash benchmarks/gemm_gluon_h200.sh "$d" > "$d/run.log" 2>&1 ;;
-        attn) [ -f benchmarks/attention_gluon_h200.sh ] && bash benchmarks/attention_gluon_h200.sh "$d" > "$d/run.log" 2>&1 ;;
+        gemmwide) GLUON_M=64,256,512 bash benchmarks/gemm_gluon_h200.sh "$d" > "$d/run.log" 2>&1 ;;
+        attn) bash benchmarks/attention_gluon_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         trainattn) bash benchmarks/trainer_attention_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         presets) timeout 145 $PYTHON -m pytest -v -p no:cacheprovider -rs tests/pipelines/test_presets_gpu.py \
                      > "$d/pytest.log" 2>&1
