@@ -11,16 +11,8 @@
 #    (cuDNN and the other backends), CUDA-graph medians, fraction of the measured read ceiling, the Gluon output's
 #    difference from the shipped kernel's and from the reference.
 # 3. OUT/summary.json: rcs, pytest tail, per row the us / fractions / speedups / errors.
-set -u
-OUT=${1:?usage: benchmarks/attention_gluon_h200.sh OUT_DIR}
-mkdir -p "$OUT"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-unset TRITON_INTERPRET
-PY=${PYTHON:-python3}
-start=$(date +%s)
-timeout 40 $PY -m pytest -v -p no:cacheprovider -rs -x --junitxml="$OUT/pytest.xml" \
-    tests/kernels/test_paged_attention_gluon.py > "$OUT/pytest.log" 2>&1
-test_rc=$?
+. "$(dirname "$0")/h200_check.sh"
+run_pytest 40 -x tests/kernels/test_paged_attention_gluon.py
 left=$(( 112 - ($(date +%s) - start) ))
 timeout $(( left > 20 ? left : 20 )) $PY benchmarks/attention_gluon.py --out "$OUT/attention_gluon.json" \
     --budget-s $(( left > 40 ? left - 30 : 10 )) > "$OUT/attention_gluon.log" 2>&1

@@ -17,13 +17,7 @@
 #    shipped kernel at split 1. wide: M 17..256, odd N, both formats, forced splits) with what is left
 #    -> OUT/pytest.{log,xml} (-v: a timeout still shows the tests that ran)
 # 3. OUT/summary.json: rcs, pytest tail, per row cuBLAS / shipped / best Gluon us and speedups, errors.
-set -u
-OUT=${1:?usage: benchmarks/gemm_gluon_h200.sh OUT_DIR}
-mkdir -p "$OUT"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-unset TRITON_INTERPRET
-PY=${PYTHON:-python3}
-start=$(date +%s)
+. "$(dirname "$0")/h200_check.sh"
 GLUON_M=${GLUON_M:-1,16}
 if echo "$GLUON_M" | tr ',' '\n' | awk '$1 > 16 {f = 1} END {exit !f}'; then TESTS="wide"; else TESTS="not wide"; fi
 timeout 42 $PY benchmarks/gemm_gluon.py --precompile-only --M "$GLUON_M" --out /dev/null > "$OUT/precompile.log" 2>&1
@@ -32,10 +26,7 @@ left=$(( 86 - ($(date +%s) - start) ))
 timeout $(( left > 20 ? left : 20 )) $PY benchmarks/gemm_gluon.py --out "$OUT/gemm_gluon.json" --M "$GLUON_M" \
     --budget-s $(( left > 30 ? left - 12 : 15 )) > "$OUT/gemm_gluon.log" 2>&1
 bench_rc=$?
-left=$(( 114 - ($(date +%s) - start) ))
-timeout $(( left > 10 ? left : 10 )) $PY -m pytest -v -p no:cacheprovider -rs --junitxml="$OUT/pytest.xml" \
-    -k "$TESTS" tests/kernels/test_fp4_gemm_gluon.py > "$OUT/pytest.log" 2>&1
-test_rc=$?
+run_pytest 114 -k "$TESTS" tests/kernels/test_fp4_gemm_gluon.py
 $PY - "$OUT" "$pre_rc" "$bench_rc" "$test_rc" <<'PY'
 import json, os, sys
 out, pre_rc, bench_rc, test_rc = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])

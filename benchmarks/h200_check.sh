@@ -1,4 +1,4 @@
-# Sourced by the one-command H200 checks (attention_splits_h200.sh, weight_sync_h200.sh): OUT from their first
+# Sourced by the one-command H200 checks (benchmarks/*_h200.sh): OUT from their first
 # argument, the checkout first on PYTHONPATH (the device wheels after it), the compiled kernels (never the
 # interpreter), and `run_pytest BUDGET_S ARGS...`, which gives pytest what is left of BUDGET_S seconds since the
 # script started (at least 10) and leaves OUT/pytest.{log,xml} and $test_rc.
@@ -7,7 +7,7 @@ OUT=${1:?usage: $0 OUT_DIR}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 unset TRITON_INTERPRET
-PY=${PYTHON:-python}
+PY=${PYTHON:-python3}
 start=$(date +%s)
 
 run_pytest() {

@@ -9,15 +9,10 @@
 #    efficient backward, which SDPA node ran, torch's can_use_* checks with their reasons.
 # 2. pytest tests/kv/test_causal.py (CPU tests + the GPU one: plan, efficient node, vs math) -> OUT/pytest.log
 # 3. OUT/summary.json: rcs, the benchmark's summary and checks, pytest tail.
-set -u
-OUT=${1:?usage: benchmarks/trainer_attention_h200.sh OUT_DIR}
-mkdir -p "$OUT"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-PY=${PYTHON:-python3}
+. "$(dirname "$0")/h200_check.sh"
 timeout 38 $PY benchmarks/trainer_attention.py --out "$OUT/trainer_attention.json" > "$OUT/trainer_attention.log" 2>&1
 bench_rc=$?
-timeout 17 $PY -m pytest -v -p no:cacheprovider -rs tests/kv/test_causal.py > "$OUT/pytest.log" 2>&1
-test_rc=$?
+run_pytest 55 tests/kv/test_causal.py
 $PY - "$OUT" "$bench_rc" "$test_rc" <<'PY'
 import json, os, sys
 out, bench_rc, test_rc = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
