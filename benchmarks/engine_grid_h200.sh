@@ -18,8 +18,7 @@ out, rc = sys.argv[1], int(sys.argv[2])
 s = {"bench_rc": rc}
 try:
     rep = json.load(open(os.path.join(out, "grid", "rollout.json")))
-    rows = rep.get("grid", {}).get("rows", []) if isinstance(rep.get("grid"), dict) else rep.get("grid", [])
-    for r in rows:
+    for r in rep["grid"]:                    # trace_rl/bench/rollout.py: a list of decode_grid rows
         best = min(r["engine_path_ms"], key=r["engine_path_ms"].get)
         s[f"B{r['batch']}/L{r['L']}"] = {
             "path": r["path"], "engine_ms": r["engine_ms"], "best_candidate": best,
