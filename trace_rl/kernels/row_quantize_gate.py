@@ -1,7 +1,8 @@
-"""The sm_90 compile gate's cases (trace_rl/kernels/sass_gate.py) for the row quantizer (row_quantize.py; kept
-apart so that file stays under ~500 lines): the tiles `_dequant_tiles` and `_tiles` pick for the Qwen3-30B-A3B
-shapes (hidden 2048; SiLU x mul of the 768-wide experts). Both kernels are loop-free at these widths (a whole
-row is one tile), so the whole kernel counts, per element a thread quantizes.
+"""The sm_90 compile gate's cases (trace_rl/kernels/sass_gate.py) for the row quantizer (row_quantize.py and
+its block-tile W4A4 kernel, fp4_block_tiles.py; kept apart so those files stay under ~500 lines): the tiles
+`_dequant_tiles` and `_tiles` pick for the Qwen3-30B-A3B shapes (hidden 2048; SiLU x mul of the 768-wide
+experts). Both kernels are loop-free at these widths (a whole row is one tile), so the whole kernel counts, per
+element a thread quantizes.
 
 Budgets: what Triton 3.6 compiles them to today (SASS instructions up to the last EXIT, so the out-of-line
 slow path of the IEEE divisions is not counted; CPU compile, 2026-12-01) plus ~10%:
@@ -25,14 +26,8 @@ slow path of the IEEE divisions is not counted; CPU compile, 2026-12-01) plus ~1
 
 from __future__ import annotations
 
-from trace_rl.kernels.row_quantize import (
-    FMT_FP8_ROW,
-    FMT_NVFP4_ROW,
-    _dequant_tiles,
-    _quantize_dequant_rows_kernel,
-    _quantize_rows_kernel,
-    _tiles,
-)
+from trace_rl.kernels.fp4_block_tiles import _dequant_tiles, _quantize_dequant_rows_kernel
+from trace_rl.kernels.row_quantize import FMT_FP8_ROW, FMT_NVFP4_ROW, _quantize_rows_kernel, _tiles
 
 ROWS = 4096        # tokens in the batch; the tiles do not depend on it past a few rows
 

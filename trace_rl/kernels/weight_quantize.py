@@ -7,7 +7,7 @@ elements are finite, with less work per element:
   weight: the global scale is the tensor's (nvfp4, from `weight_amax_bits`) or none (mxfp4), so no row needs
   to be whole in a program, and the block amax reduces along axis 1 and broadcasts back without the [rows, K] ->
   [rows, K/G, G] reshape's shared-memory round trip (the general kernel does one per block-level value);
-- the block rounding is `row_quantize.fp4_round_block_rows`, the W4A4 activation kernel's: nvfp4 divides by
+- the block rounding is `fp4_block_tiles.fp4_round_block_rows`, the W4A4 activation kernel's: nvfp4 divides by
   the block scale as `div_rn_by_reciprocal` (one correctly rounded reciprocal per block, two exact FMA
   corrections per element; fp_bits.py) when `fast_div_ok(tensor amax)` holds, else div_rn per element as
   before (weights of amax < 2**-58 or > 2**99).
@@ -21,8 +21,8 @@ import triton
 import triton.language as tl
 
 from trace_rl.formats import QTensor
+from trace_rl.kernels.fp4_block_tiles import fp4_round_block_rows
 from trace_rl.kernels.fp_bits import e2m1_code, fast_div_ok
-from trace_rl.kernels.row_quantize import fp4_round_block_rows
 
 FORMATS = ("nvfp4", "mxfp4")
 
