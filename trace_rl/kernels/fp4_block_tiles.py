@@ -19,6 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from trace_rl.kernels import interpreting
 from trace_rl.kernels.fp_bits import (
     div_by_reciprocal,
     e2m1_round,
@@ -180,15 +181,10 @@ def _dequant_tiles(n_rows: int, K: int, G: int) -> tuple[int, int, int, int] | N
     def pow2_floor(n: int) -> int:
         return 1 << max(0, n.bit_length() - 1)
 
-    if _interpreting():
+    if interpreting():
         rows = pow2_floor(max(1, min(64, triton.next_power_of_2(n_rows), 4096 // (nch * nb * G))))
         return rows, nb, nch, 4
     # ~16-24 elements per thread (a whole row per program from K = 2048 up; 471 rows of 2048: 471 programs
     # of 4 warps; 3768 rows of 768 (SiLU x mul from 1536): 1884 programs of 2 rows, 2 warps)
     rows = pow2_floor(max(1, min(8, 2048 // (nch * nb * G))))
     return rows, nb, nch, pow2_floor(max(1, min(8, rows * nch * nb * G // 512)))
-
-def _interpreting() -> bool:
-    import os
-
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"

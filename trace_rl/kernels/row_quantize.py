@@ -21,9 +21,9 @@ import triton.language as tl
 
 from trace_rl.formats import QTensor, get_format
 from trace_rl.formats.base import check_block_divisible
+from trace_rl.kernels import interpreting
 from trace_rl.kernels.fp4_block_tiles import (
     _dequant_tiles,
-    _interpreting,
     _load_operand,
     _quantize_dequant_rows_kernel,
 )
@@ -219,7 +219,7 @@ def _tiles(n_rows: int, K: int, G: int) -> tuple[int, int, int]:
     single pass; the first H200 run walked K in 128-wide chunks: one program per 16 rows of a 4096-wide
     activation took 108 us, latency-bound), with 16-32 elements per thread. In the interpreter each program
     costs milliseconds: take the whole problem in as few programs as possible."""
-    if _interpreting():
+    if interpreting():
         return max(16, min(64, triton.next_power_of_2(n_rows))), max(G, min(1024, triton.next_power_of_2(K))), 4
     block_k = max(G, min(16384, triton.next_power_of_2(K)))
     block_m = max(1, min(16, 2048 // block_k))
