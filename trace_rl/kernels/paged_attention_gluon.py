@@ -44,16 +44,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from trace_rl.formats import kv_layout as L
-from trace_rl.kernels.kv_decode import _FP4_CODES, _SCALE_OUT
+from trace_rl.kernels.kv_decode import _FP4_CODES, _NV_PAIRS, _SCALE_OUT
 
 FP4_NV_ASM = gl.constexpr("{" + _FP4_CODES + _SCALE_OUT + "}")
-NV_PAIRS_ASM = gl.constexpr("""{
-    .reg .b32 a, b;
-    and.b32 a, $2, 0x00FF00FF;
-    mad.lo.u32 $0, a, 16, 0x76807680;
-    and.b32 b, $2, 0xFF00FF00;
-    mad.hi.u32 $1, b, 0x10000000, 0x76807680;
-}""")
 LOG2E = 1.4426950408889634
 HEAD_DIM, PAGE, BLOCK_T, N_PAD = 128, 64, 128, 16
 
@@ -107,7 +100,7 @@ def _k_decode(kw_s, ksw_s, A_LAYOUT: gl.constexpr, T: gl.constexpr, D: gl.conste
     KW: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, D // 32], [1, 1, 8, 4, 1], [NW, 1, 1, 1, 1], [4, 3, 2, 1, 0])
     KS: gl.constexpr = gl.BlockedLayout([1, 1, 1], [1, 8, 4], [NW, 1, 1], [2, 1, 0])
     w = gl.permute(kw_s.load(KW), (0, 2, 3, 4, 1))                       # [T/16, g, tq, jw, hr]
-    p02, p13 = gl.inline_asm_elementwise(NV_PAIRS_ASM, "=r,=r,r", [ksw_s.load(KS)], dtype=(gl.int32, gl.int32),
+    p02, p13 = gl.inline_asm_elementwise(_NV_PAIRS, "=r,=r,r", [ksw_s.load(KS)], dtype=(gl.int32, gl.int32),
                                          is_pure=True, pack=1)
     pair = gl.reshape(gl.join(p02, p13), [T // 16, 8, 4, 1, 2])          # [T/16, g, tq, -, hr]
     pair = gl.convert_layout(pair, w.type.layout, assert_trivial=True)
@@ -133,7 +126,7 @@ def _vt_decode(vw_s, vsw_s, A_LAYOUT: gl.constexpr, NP: gl.constexpr, DV: gl.con
                     [0, 0, 1, 0, 0, 0]],
         warp_bases=[[0, 1, 0, 0, 0, 0], [0, 2, 0, 0, 0, 0]], block_bases=[], shape=[NP, 4, 2, 4, 2, 2])
     w = vw_s.load(VW)
-    p02, p13 = gl.inline_asm_elementwise(NV_PAIRS_ASM, "=r,=r,r", [vsw_s.load(VS)], dtype=(gl.int32, gl.int32),
+    p02, p13 = gl.inline_asm_elementwise(_NV_PAIRS, "=r,=r,r", [vsw_s.load(VS)], dtype=(gl.int32, gl.int32),
                                          is_pure=True, pack=1)
     pair = gl.permute(gl.join(p02, p13), (0, 4, 1, 2, 3, 5, 6))         # [p, kth, w, gh, tq, kl, h]
     pair = gl.reshape(pair, [NP, 2, 4, 2, 1, 4, 2, 2])
