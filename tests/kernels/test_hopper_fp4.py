@@ -86,11 +86,20 @@ def test_layout_values_equal_reference_for_all_codes_and_scale_bytes(fmt):
         assert _same(dequantize(to_hopper(q)), q.dequantize())
 
 
+def _check_relayout(q: QTensor, device) -> None:
+    """The Triton re-layout of q on `device` = `to_hopper(q)`, bit for bit (words, scales, row factors)."""
+    from trace_rl.kernels.fp4_relayout import relayout
+
+    ref = to_hopper(q)
+    got = relayout(q.to(device))
+    assert torch.equal(got.values.cpu(), ref.values)
+    assert torch.equal(got.scales.cpu(), ref.scales)
+    assert torch.equal(got.row_factor.cpu().view(torch.int32), ref.row_factor.view(torch.int32))
+
+
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 def test_relayout_kernel_matches_torch_reference(fmt, device, gen):
     """The Triton re-layout (weight sync on GPU) = `to_hopper`, on edge scales and a ragged shape."""
-    from trace_rl.kernels.fp4_relayout import relayout
-
     q = _quantized(fmt, 40, 288 if fmt == "nvfp4" else 256, gen)
     s = q.scales.view(torch.uint8).clone()
     if fmt == "nvfp4":
@@ -99,11 +108,7 @@ def test_relayout_kernel_matches_torch_reference(fmt, device, gen):
     else:
         s[9, :], s[10, 0], s[10, 1] = 0, 254, 1                          # all-zero row; widest spread
         q = QTensor(q.codes, s, None, q.shape, q.dtype, fmt)
-    ref = to_hopper(q)
-    got = relayout(q.to(device))
-    assert torch.equal(got.values.cpu(), ref.values)
-    assert torch.equal(got.scales.cpu(), ref.scales)
-    assert torch.equal(got.row_factor.cpu().view(torch.int32), ref.row_factor.view(torch.int32))
+    _check_relayout(q, device)
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
@@ -128,7 +133,7 @@ def test_relayout_kernel_splits_k(fmt, device, gen):
     """K over several programs (fp4_relayout.KC chunks of 128 each) and not a multiple of 128: each program's
     columns, and mxfp4's row exponent / NaN flag taken over the whole row (a NaN block in another program's
     columns, an all-NaN row, the largest exponent in the last program's columns)."""
-    from trace_rl.kernels.fp4_relayout import KC, relayout
+    from trace_rl.kernels.fp4_relayout import KC
 
     k = 1040 if fmt == "nvfp4" else 1056
     assert k > 128 * KC
@@ -139,8 +144,4 @@ def test_relayout_kernel_splits_k(fmt, device, gen):
         s[3, 1] = 255                       # a NaN block in the first program's columns
         s[4, :] = 255                       # an all-NaN row
         q = QTensor(q.codes, s, None, q.shape, q.dtype, fmt)
-    ref = to_hopper(q)
-    got = relayout(q.to(device))
-    assert torch.equal(got.values.cpu(), ref.values)
-    assert torch.equal(got.scales.cpu(), ref.scales)
-    assert torch.equal(got.row_factor.cpu().view(torch.int32), ref.row_factor.view(torch.int32))
+    _check_relayout(q, device)
