@@ -22,7 +22,7 @@ import triton.language as tl
 
 from trace_rl.formats import QTensor
 from trace_rl.kernels.fp4_block_tiles import fp4_round_block_rows
-from trace_rl.kernels.fp_bits import e2m1_code, fast_div_ok
+from trace_rl.kernels.fp_bits import e2m1_code, fast_div_ok, finite_abs
 
 FORMATS = ("nvfp4", "mxfp4")
 
@@ -78,8 +78,7 @@ def _weight_amax_kernel(x_ptr, amax_bits_ptr, n, BLOCK: tl.constexpr):
     in one load each thread keeps 8 16-byte loads of in flight (the row kernel: one program and one same-address
     atomic per row, 12288 of them for an 8B gate_proj, a quarter of a 12288-wide row masked off)."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    xa = tl.abs(tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32))
-    xa = tl.where(xa < float("inf"), xa, 0.0)                  # finite elements only (NaN compares false)
+    xa, _ = finite_abs(tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32))
     tl.atomic_max(amax_bits_ptr, tl.max(xa, axis=0).to(tl.int32, bitcast=True))
 
 
@@ -108,8 +107,7 @@ def _weights_amax_kernel(x_ptr, offs_ptr, numel_ptr, starts_ptr, amax_bits_ptr, 
     offs = (pid - tl.load(starts_ptr + t)).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     base = tl.multiple_of(tl.load(offs_ptr + t), 8)
     n = tl.multiple_of(tl.load(numel_ptr + t), 8)
-    xa = tl.abs(tl.load(x_ptr + base + offs, mask=offs < n, other=0.0).to(tl.float32))
-    xa = tl.where(xa < float("inf"), xa, 0.0)                  # finite elements only (NaN compares false)
+    xa, _ = finite_abs(tl.load(x_ptr + base + offs, mask=offs < n, other=0.0).to(tl.float32))
     tl.atomic_max(amax_bits_ptr + t, tl.max(xa, axis=0).to(tl.int32, bitcast=True))
 
 
