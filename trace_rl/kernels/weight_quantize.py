@@ -148,9 +148,9 @@ def weights_amax_bits(ws: list, tables: tuple | None = None) -> torch.Tensor:
 def _blocks_per_program(n_blocks: int, G: int) -> tuple[int, int]:
     """(NB, num_warps): on the GPU 4096 elements per program of 4 warps (32 per thread); in the interpreter,
     where each program costs milliseconds, up to 1024 blocks."""
-    import os
+    from trace_rl.kernels import interpreting
 
-    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+    if interpreting():
         return max(1, min(1024, triton.next_power_of_2(n_blocks))), 4
     return 4096 // G, 4
 
