@@ -50,6 +50,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from trace_rl.kernels.fp4_decode import _DECODE_BODY, _MX_SCALE, _NV_SCALE
+from trace_rl.kernels.fp_bits import bf16_halves
 from trace_rl.kernels.hopper_fp4 import COLS, ROWS, HopperFP4
 
 DECODE_ASM_TEXT = gl.constexpr(_DECODE_BODY)
@@ -77,13 +78,6 @@ def _producer(w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, n16_
 
 
 @gluon.jit
-def _halves(pair):
-    lo = (pair & 0xFFFF).to(gl.int16).to(gl.bfloat16, bitcast=True)
-    hi = (pair >> 16).to(gl.int16).to(gl.bfloat16, bitcast=True)
-    return lo, hi
-
-
-@gluon.jit
 def _decode_chunk(w, sw, W_LAYOUT: gl.constexpr, A_LAYOUT: gl.constexpr, BN: gl.constexpr, MX: gl.constexpr):
     """One 128-column chunk: layout words `w` [BN/16, 2, 8, 4, 2, 2] (n16, h, g, t, j, ii: word i = 2j + ii of lane
     4g + t, rows 16 n16 + 8h + g) and scale words, loaded from the ring -> the wgmma A operand [BN, 128] bf16 =
@@ -107,10 +101,10 @@ def _decode_chunk(w, sw, W_LAYOUT: gl.constexpr, A_LAYOUT: gl.constexpr, BN: gl.
     so = gl.broadcast(so, w)[0]
     a, b, c, d = gl.inline_asm_elementwise(DECODE_ASM_TEXT, "=r,=r,=r,=r,r,r,r", [w, se, so],
                                            dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1)
-    a0, a1 = _halves(a)
-    b0, b1 = _halves(b)
-    c0, c1 = _halves(c)
-    d0, d1 = _halves(d)
+    a0, a1 = bf16_halves(a)
+    b0, b1 = bf16_halves(b)
+    c0, c1 = bf16_halves(c)
+    d0, d1 = bf16_halves(d)
     r0 = gl.join(gl.join(a0, a1), gl.join(b0, b1))            # [..., e, c]
     r1 = gl.join(gl.join(c0, c1), gl.join(d0, d1))
     v = gl.join(r0, r1)                                       # [n16, h, g, t, j, ii, e, c, r]
