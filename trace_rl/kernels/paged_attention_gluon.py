@@ -44,6 +44,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from trace_rl.formats import kv_layout as L
+from trace_rl.kernels.attention_tiles import _low_half
 from trace_rl.kernels.kv_decode import _FP4_CODES, _NV_PAIRS, _SCALE_OUT
 
 FP4_NV_ASM = gl.constexpr("{" + _FP4_CODES + _SCALE_OUT + "}")
@@ -139,18 +140,9 @@ def _vt_decode(vw_s, vsw_s, A_LAYOUT: gl.constexpr, NP: gl.constexpr, DV: gl.con
 
 
 @gluon.jit
-def _low_half(x):
-    """[R, N] -> [R, N/2], the first N/2 columns (attention_tiles._low_half: the MMA layout holds column bit
-    log2(N) - 1 in registers, so this moves no data; the softmax then runs on half the padded columns)."""
-    R: gl.constexpr = x.shape[0]
-    N: gl.constexpr = x.shape[1]
-    lo, hi = gl.split(gl.permute(gl.reshape(x, [R, 2, N // 2]), (0, 2, 1)))
-    return lo
-
-
-@gluon.jit
 def _pad_half(x, fill: gl.constexpr):
-    """[R, N/2] -> [R, N], the upper columns `fill`."""
+    """[R, N/2] -> [R, N], the upper columns `fill` (attention_tiles._pad_half, whose tl.full takes no layout,
+    cannot serve: Gluon's full needs x's)."""
     R: gl.constexpr = x.shape[0]
     NH: gl.constexpr = x.shape[1]
     return gl.reshape(gl.permute(gl.join(x, gl.full([R, NH], fill, x.dtype, x.type.layout)), (0, 2, 1)), [R, 2 * NH])
