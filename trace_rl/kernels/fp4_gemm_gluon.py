@@ -329,12 +329,18 @@ def auto_split(n_tiles: int, kb: int, ctas: int) -> int:
     return triton.cdiv(kb, triton.cdiv(kb, split))       # no empty split
 
 
+def _shared_layouts(block_m: int, bk: int):
+    """The TMA boxes' shared layouts (words, scale words, activations): one definition for the launch and the
+    compile gate's signature."""
+    return (gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3),
+            gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2),
+            gl.NVMMASharedLayout.get_default_for([block_m, bk], gl.bfloat16))
+
+
 def _descriptors(x2: torch.Tensor, w: HopperFP4, c: GluonConfig, block_m: int):
     np_, kp = w.padded
     bk = step_k(w.fmt)
-    wl = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
-    sl = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
-    xl = gl.NVMMASharedLayout.get_default_for([block_m, bk], gl.bfloat16)
+    wl, sl, xl = _shared_layouts(block_m, bk)
     # the layout words as [Kp/128, Np/16, 256]: a box is one K step's 128-column chunks of BN/16 row blocks
     w_desc = TensorDescriptor(w.values, [kp // COLS, np_ // ROWS, 256], [256, w.values.stride(0), 1],
                               [bk // COLS, c.block_n // ROWS, 256], wl)
@@ -446,9 +452,7 @@ def gate_case(c: GluonConfig, block_m: int, budget: float, fmt: str = "nvfp4"):
     from trace_rl.kernels.sass_gate import GateCase
 
     bk = step_k(fmt)
-    wl = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
-    sl = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
-    xl = gl.NVMMASharedLayout.get_default_for([block_m, bk], gl.bfloat16)
+    wl, sl, xl = _shared_layouts(block_m, bk)
     sig = dict(w_desc=f"tensordesc<i32[{bk // COLS}, {c.block_n // ROWS}, 256],{wl!r}>",
                s_desc=f"tensordesc<i32[{c.block_n}, 4],{sl!r}>",
                x_desc=f"tensordesc<bf16[{block_m}, {bk}],{xl!r}>", rf_ptr="*fp32", out_ptr="*bf16",
