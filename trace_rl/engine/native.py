@@ -33,7 +33,7 @@ from collections.abc import Mapping
 import torch
 from tensordict import TensorDict
 
-from trace_rl.backends.quant_linear import QuantLinear, load_linear_weights
+from trace_rl.backends.quant_linear import load_linear_weights
 from trace_rl.data import schema as K
 from trace_rl.engine.base import RolloutEngine, SamplingParams
 from trace_rl.engine.cuda_graphs import DecodeGraphs, batch_buckets, bucket_for
@@ -213,9 +213,6 @@ class NativeEngine(RolloutEngine):
             parts = lin.fused_from or (name,)          # a fused rollout layer stacks its parts' weights
             weight = torch.cat([take(f"{p}.weight") for p in parts])
             bias = torch.cat([take(f"{p}.bias") for p in parts]) if lin.quant.bias is not None else None
-            if not isinstance(lin.quant, QuantLinear):
-                lin.quant.load_weight(weight, bias)
-                continue
             batch.append((lin.quant, weight, bias))
             held += weight.nbytes
             if held >= self.SYNC_BATCH_BYTES:          # bounds the weights (and stacked copies) alive at once
