@@ -45,11 +45,6 @@ class GuidanceRecord:
         move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
         return GuidanceRecord(move(self.scales), move(self.global_scale), move(self.bits), move(self.valid))
 
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.scales, self.global_scale, self.bits, self.valid)
-                   if t is not None)
-
     def bytes_per_row(self) -> int:
         per = lambda t: 0 if t is None else t.shape[-1] * t.element_size()  # noqa: E731
         return per(self.scales) + per(self.global_scale) + per(self.bits)
@@ -157,7 +152,7 @@ class guided_trainer:  # noqa: N801  (a context manager, used as `with guided_tr
         rows, valid = self.td.get(K.GUIDANCE_BYTES), self.td.get(K.GUIDANCE_VALID)
         if rows.device != device:
             rows, valid = rows.to(device, non_blocking=True), valid.to(device, non_blocking=True)
-            self.h2d_bytes += rows.numel() + valid.numel()
+            self.h2d_bytes += rows.nbytes + valid.nbytes
         self._rows, self._valid = rows, valid
         self._records: dict[str, GuidanceRecord] = {}
         get = self._record
