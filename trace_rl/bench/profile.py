@@ -67,11 +67,10 @@ def profile_step(engine, batch: int, length: int, iters: int, sampling=(1.0, 0, 
     from torch.profiler import ProfilerActivity, profile
 
     from trace_rl.bench.decode_grid import prime_decode, time_step
-    from trace_rl.kv.cache import reads_span
 
     graph_ms = time_step(engine, batch, length, iters, sampling=sampling)
     path = engine.attention_path(batch, length)
-    span = engine.context_bucket(length) if reads_span(path) else None   # as decode_step passes it
+    span = engine.attention_span(path, length)                 # as decode_step passes it
     prime_decode(engine, batch, length)
     engine._step(batch, path, sampling, span)                  # eager warm-up: compiles, handles
     prime_decode(engine, batch, length)

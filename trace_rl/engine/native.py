@@ -282,7 +282,7 @@ class NativeEngine(RolloutEngine):
         them reaches in this step (chooses the attention path)."""
         b = bucket_for(self.buckets, n)
         path = self.attention_path(b, max_len)
-        span = self.context_bucket(max_len) if reads_span(path) else None
+        span = self.attention_span(path, max_len)
         if self.graphs is None:              # eager: exactly the n rows (noise is per row: the same draws)
             self._step(n, path, sampling, span)
         else:
@@ -298,7 +298,7 @@ class NativeEngine(RolloutEngine):
         b = bucket_for(self.buckets, n)
         max_len = max_len or self.capacity
         path = path or self.attention_path(b, max_len)
-        span = self.context_bucket(max_len) if reads_span(path) else None
+        span = self.attention_span(path, max_len)
         if self.graphs is None:
             return self._decode_forward(b, path, span)[:n]
         return self.graphs.run(("forward", b, path, span), lambda: self._decode_forward(b, path, span),
@@ -317,6 +317,11 @@ class NativeEngine(RolloutEngine):
                  self.attention_choice[key]["path"], self.attention_choice[key]["ms"],
                  self.attention_choice[key]["timed"])
         return self.attention_choice[key]["path"]
+
+    def attention_span(self, path: str, max_len: int) -> int | None:
+        """The span `path` reads (or divides) at contexts <= max_len: the context bucket where the path reads one
+        (`kv.cache.reads_span`), else None (one graph per path, whatever the context)."""
+        return self.context_bucket(max_len) if reads_span(path) else None
 
     def context_bucket(self, length: int) -> int:
         """Contexts share an attention choice (and the span a span path reads) per CONTEXT_STEP tokens."""
