@@ -50,8 +50,8 @@ CONTIGUOUS_ONLY = ("torch.flash_varlen", "torch.efficient_varlen", "torch.sdpa_m
 # Paths that read a static span of every slot (the step's longest context, rounded up: `KVStep.span`).
 SPAN_PATHS = ("torch.sdpa_masked", "torch.sdpa_cudnn")
 KERNEL_PATH = "kernels.decode_attention"
-PATHS = (KERNEL_PATH, "torch.flash_varlen", "torch.efficient_varlen", "torch.sdpa_masked", "torch.sdpa_cudnn",
-         "torch.reference")
+# Every path's name, from the choices that force it (attention="kernels": KERNEL_PATH; the others: torch.<choice>)
+PATHS = (KERNEL_PATH, *(f"torch.{c}" for c in ATTENTION_CHOICES if c not in ("auto", "kernels")))
 SPLIT_MARK = ":s"                  # KERNEL_PATH + ":s3": the kernel with 3 splits of the step's span
 
 
@@ -119,13 +119,13 @@ class PagedKVCache:
         if attention == "kernels":
             if kernels is None:
                 raise RuntimeError(f"attention='kernels' requested but {why}")
-            return write, "kernels.decode_attention", ""
+            return write, KERNEL_PATH, ""
         if attention != "auto":
             if f"torch.{attention}" in CONTIGUOUS_ONLY and (not on_gpu or self.kv_format != "bf16"):
                 raise ValueError(f"attention={attention!r} needs a bf16 KV cache on a GPU")
             return write, f"torch.{attention}", ""
         if kernels is not None:   # the default until the engine measures the candidates (`candidates`)
-            return write, "kernels.decode_attention", ""
+            return write, KERNEL_PATH, ""
         if on_gpu and self.kv_format == "bf16":
             return write, "torch.efficient_varlen", why
         if on_gpu:
