@@ -103,7 +103,7 @@ def run_grid(args, name: str, device, bw, log, sink=None) -> list[dict]:
                 prime_decode(engine, batch, length, args.seed)
                 timer = lambda fn: bm.median_ms(fn, device, args.iters)  # noqa: E731
                 path = engine.attention_path(batch, length)
-                candidates = engine.cache.candidates(True, batch, engine.context_bucket(length), engine.capacity)
+                candidates = engine.attention_candidates(batch, length)
                 per_path, path_errors = {}, {}
                 for p in candidates:           # a path that cannot run at this shape is recorded, not fatal
                     try:

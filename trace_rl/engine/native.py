@@ -309,7 +309,7 @@ class NativeEngine(RolloutEngine):
         key = (n, self.context_bucket(max_len))
         if key in self.attention_choice:
             return self.attention_choice[key]["path"]
-        candidates = self.cache.candidates(self.kv_layout == "contiguous", n, key[1], self.capacity)
+        candidates = self.attention_candidates(n, max_len)
         if len(candidates) == 1:
             return candidates[0]
         self.attention_choice[key] = self._time_attention(n, key[1], candidates)
@@ -317,6 +317,10 @@ class NativeEngine(RolloutEngine):
                  self.attention_choice[key]["path"], self.attention_choice[key]["ms"],
                  self.attention_choice[key]["timed"])
         return self.attention_choice[key]["path"]
+
+    def attention_candidates(self, n: int, max_len: int) -> list[str]:
+        """The decode-attention paths `attention_path` chooses among at n rows and contexts <= max_len."""
+        return self.cache.candidates(self.kv_layout == "contiguous", n, self.context_bucket(max_len), self.capacity)
 
     def attention_span(self, path: str, max_len: int) -> int | None:
         """The span `path` reads (or divides) at contexts <= max_len: the context bucket where the path reads one
