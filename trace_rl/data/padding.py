@@ -27,11 +27,14 @@ def pad_value_for(key: NestedKey, pad_token_id: int = K.PAD_TOKEN_ID_DEFAULT) ->
 
 
 def pad_right(
-    seqs: Sequence[torch.Tensor], pad_value: int | float | bool = 0, width: int | None = None
+    seqs: Sequence[torch.Tensor], pad_value: int | float | bool = 0, width: int | None = None,
+    pin_memory: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Stack 1-D (or [L, ...]) tensors of different lengths into [B, W, ...] right-padded, plus a [B, W] mask.
 
-    `width` defaults to the longest sequence; a sequence longer than `width` is an error.
+    `width` defaults to the longest sequence; a sequence longer than `width` is an error. `pin_memory`: the
+    stacked tensor in pinned host memory (CPU sequences; e.g. guided records, whose GPU copies stay async).
+    Each position is written once (values, then the row's padding), which matters for large stacks.
     """
     if not seqs:
         raise ValueError("pad_right needs at least one sequence")
@@ -40,10 +43,12 @@ def pad_right(
     if max(lengths) > width:
         raise ValueError(f"a sequence of length {max(lengths)} does not fit width {width}")
     first = seqs[0]
-    out = torch.full((len(seqs), width, *first.shape[1:]), pad_value, dtype=first.dtype, device=first.device)
+    out = torch.empty((len(seqs), width, *first.shape[1:]), dtype=first.dtype, device=first.device,
+                      pin_memory=pin_memory)
     mask = torch.zeros(len(seqs), width, dtype=torch.bool, device=first.device)
     for i, s in enumerate(seqs):
         out[i, : s.shape[0]] = s
+        out[i, s.shape[0]:] = pad_value
         mask[i, : s.shape[0]] = True
     return out, mask
 
@@ -101,24 +106,14 @@ def densify(td: TensorDictBase, pad_token_id: int = K.PAD_TOKEN_ID_DEFAULT) -> T
     for key in td.keys(include_nested=True, leaves_only=True, is_leaf=_is_leaf_nontensor):
         first = td.tensordicts[0].get(key) if td.tensordicts and td.stack_dim == 0 else None
         if isinstance(first, torch.Tensor) and first.device.type == "cpu" and first.is_pinned():
-            value = _stack_pinned([row.get(key) for row in td.tensordicts], pad_value_for(key, pad_token_id))
+            value = pad_right([row.get(key) for row in td.tensordicts], pad_value_for(key, pad_token_id),
+                              pin_memory=True)[0]
         else:
             try:
                 value = td.get(key)
             except RuntimeError:  # rows of different shapes cannot be stacked as they are
                 value = td.get(key, as_padded_tensor=True, padding_value=pad_value_for(key, pad_token_id))
         out.set(key, value)
-    return out
-
-
-def _stack_pinned(rows: list[torch.Tensor], pad_value) -> torch.Tensor:
-    """rows [L_i, ...] -> [B, max L_i, ...] in pinned memory, right-padded with `pad_value`."""
-    first = rows[0]
-    out = torch.empty(len(rows), max(r.shape[0] for r in rows), *first.shape[1:], dtype=first.dtype,
-                      pin_memory=True)
-    for i, r in enumerate(rows):
-        out[i, : r.shape[0]].copy_(r)
-        out[i, r.shape[0]:].fill_(pad_value)
     return out
 
 
