@@ -7,26 +7,34 @@
 # Checks (NAME: script, seconds it may take):
 #   wsync    benchmarks/weight_sync_h200.sh       the engine's fused weight sync, bit-exact on 252 weights + GPU tests
 #   presets  every preset's pipeline on the GPU (tests/pipelines/test_presets_gpu.py: 2 steps + bf16 evaluation)
+#   engine   the engine's GPU tests (tests/engine/test_native_gpu.py: graph-timed attention choice, split candidates)
 #   guided   benchmarks/guided_step_h200.sh       the guided trainer's step against aligned (records as one tensor)
 #   grid     benchmarks/engine_grid_h200.sh       issue 16's missed cells with the split candidates
 #   gemm     benchmarks/gemm_gluon_h200.sh        the Gluon W4A16 GEMM against the shipped kernel and cuBLAS, M = 1, 16
 #   gemmwide GLUON_M=64,256,512 benchmarks/gemm_gluon_h200.sh   the same at M = 64-512 (token tiles 32-128)
 #   attn     benchmarks/attention_gluon_h200.sh   the Gluon FP4-KV attention against the shipped kernel and SDPA
 #   trainattn benchmarks/trainer_attention_h200.sh the trainer's float32 GQA attention (expanded K/V, efficient kernel)
-# The default order puts first what the stability study's runs depend on (wsync presets guided trainattn: ~8.5 min),
+# The default order puts first what the stability study's runs depend on (wsync presets engine guided trainattn: ~9 min),
 # then the speed checks (grid gemm gemmwide attn): a second call,
 # `BUDGET_S=... benchmarks/h200_session_checks.sh OUT grid gemm gemmwide attn`.
 set -u
 OUT=${1:?usage: $0 OUT_DIR [NAME ...]}
 shift
-NAMES=${*:-"wsync presets guided trainattn grid gemm gemmwide attn"}
+NAMES=${*:-"wsync presets engine guided trainattn grid gemm gemmwide attn"}
 BUDGET_S=${BUDGET_S:-540}
 export PYTHON=${PYTHON:-python3}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 W=/tmp/h200_checks
 mkdir -p "$OUT" "$W"
 start=$(date +%s)
-need() { case $1 in presets) echo 150;; trainattn) echo 62;; *) echo 122;; esac; }
+need() { case $1 in presets) echo 150;; trainattn) echo 62;; engine) echo 90;; *) echo 122;; esac; }
+pytest_check() {   # DIR TIMEOUT_S ARGS...: pytest into DIR/pytest.log, its rc into DIR/summary.json
+    local d=$1 t=$2; shift 2
+    timeout "$t" $PYTHON -m pytest -v -p no:cacheprovider -rs "$@" > "$d/pytest.log" 2>&1
+    local rc=$?
+    echo "{\"pytest_rc\": $rc}" > "$d/summary.json"; tail -3 "$d/pytest.log" >> "$d/run.log"
+    return $rc
+}
 for name in $NAMES; do
     left=$(( BUDGET_S - ($(date +%s) - start) ))
     if [ "$left" -lt "$(need "$name")" ]; then echo "[$name] skipped: ${left} s left"; continue; fi
@@ -39,9 +47,8 @@ for name in $NAMES; do
         gemmwide) GLUON_M=64,256,512 bash benchmarks/gemm_gluon_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         attn) bash benchmarks/attention_gluon_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         trainattn) bash benchmarks/trainer_attention_h200.sh "$d" > "$d/run.log" 2>&1 ;;
-        presets) timeout 145 $PYTHON -m pytest -v -p no:cacheprovider -rs tests/pipelines/test_presets_gpu.py \
-                     > "$d/pytest.log" 2>&1
-                 echo "{\"pytest_rc\": $?}" > "$d/summary.json"; tail -3 "$d/pytest.log" >> "$d/run.log" ;;
+        presets) pytest_check "$d" 145 tests/pipelines/test_presets_gpu.py ;;
+        engine) pytest_check "$d" 85 tests/engine/test_native_gpu.py ;;
         *) echo "[$name] unknown check" ;;
     esac
     echo "[$name] rc $? in $(( $(date +%s) - t0 )) s"
