@@ -26,4 +26,8 @@ def test_preset_pipeline_steps_on_the_gpu(preset, tmp_path):
         record = pipe.train_step()
         assert math.isfinite(record["loss"]) and math.isfinite(record["grad_norm"]), record
         evaluation = pipe.evaluate()
-        assert 0.0 <= evaluation["eval_accuracy"] <= 1.0 and 0.0 <= evaluation["eval_ref_accuracy"] <= 1.0
+        assert 0.0 <= evaluation["eval_accuracy"] <= 1.0
+        if preset == "bf16":        # the rollout already is the bf16 reference: no second evaluation (2026-12-02)
+            assert "eval_ref_accuracy" not in evaluation
+        else:
+            assert 0.0 <= evaluation["eval_ref_accuracy"] <= 1.0
