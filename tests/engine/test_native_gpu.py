@@ -131,3 +131,97 @@ def test_attention_choice_is_graph_timed(rng):
         json.dumps(engine.report())                                      # the bench rows carry the record
         engine.decode_step(4, 1500, (1.0, 0, 1.0))
         assert not graphs or any(key[2] == path for key in engine.graphs.graphs)
+
+
+def _gluon_runs() -> bool:
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        return False
+    try:
+        import triton
+    except ImportError:
+        return False
+    return triton.__version__.startswith("3.6")
+
+
+gluon_only = pytest.mark.skipif(not _gluon_runs(), reason="needs an sm_90 GPU and Triton 3.6 (Gluon)")
+
+
+def _gluon_model(seed: int):
+    """A 2-layer model with the Gluon kernel's heads: head_dim 128, 8 query heads over 2 KV heads (group 4)."""
+    from dataclasses import replace
+
+    from trace_rl.models import build, preset
+
+    config = replace(preset("tiny"), hidden_size=512, num_heads=8, num_kv_heads=2, head_dim=128, num_layers=2)
+    model = build(config, device="cuda", dtype=torch.bfloat16)
+    model.init_random(generator=torch.Generator(device="cuda").manual_seed(seed))
+    return model
+
+
+@gluon_only
+def test_gluon_attention_equals_kernels_in_graphs(rng):
+    """attention='gluon' (forced) against attention='kernels' over the same nvfp4 cache contents: the decode logits
+    agree within the kernel-vs-reference tolerance (2e-2) at ragged lengths (one token, a page, a tile + 1, tails)
+    over scattered pages, inside CUDA graphs, and again after the pages, the lengths and the block tables change
+    under the captured graphs (replayed, not recaptured: the TMA descriptors of the capture address the cache's
+    static tensors). Each path's attention also matches the reference per layer."""
+    from trace_rl.bench.decode_grid import prime_decode
+    from trace_rl.bench.measure import fill_random
+    from trace_rl.kernels.attention_reference import decode_attention_reference
+    from trace_rl.kv.cache import GLUON_PATH, KERNEL_PATH
+
+    model = _gluon_model(seed=11)
+    plan = PrecisionPlan(kv_cache="nvfp4")        # bf16 weights: the logits differ by the attention alone
+    n, cap = 6, 1024
+    engines = {a: NativeEngine(model, plan, max_batch=n, max_seq_len=cap, graph_buckets=[n], attention=a)
+               for a in ("kernels", "gluon")}
+    for a, path in (("kernels", KERNEL_PATH), ("gluon", GLUON_PATH)):
+        assert engines[a].report()["kv"]["decode_attention"] == path and engines[a].graphs is not None
+        assert engines[a].attention_candidates(n, cap) == [path]
+
+    def state(seed: int, lengths: list[int]) -> None:
+        pages = torch.randperm(n * engines["gluon"].pages_per_seq, generator=torch.Generator().manual_seed(seed))
+        for e in engines.values():             # same sizes, same seed: the same pages in both caches
+            fill_random(e.cache, torch.Generator(device="cuda").manual_seed(seed))
+            prime_decode(e, n, max(lengths), seed)
+            e.block_table[:n] = pages.view(n, -1).to(e.block_table)
+            e.positions[:n] = torch.tensor(lengths, device="cuda") - 1
+
+    for seed, lengths in ((1, [1, 64, 129, 300, 513, 1000]), (2, [1000, 7, 255, 256, 2, 640])):
+        state(seed, lengths)
+        got = {a: e.decode_logits(n, max(lengths)).float().clone() for a, e in engines.items()}
+        assert got["gluon"].isfinite().all()
+        scale = got["kernels"].abs().max().item()
+        print(seed, "max |gluon - kernels|", (got["gluon"] - got["kernels"]).abs().max().item(), "max |logit|", scale)
+        # 2e-2 (the kernel-vs-reference tolerance) relative, and of the logits' range for the small ones
+        torch.testing.assert_close(got["gluon"], got["kernels"], rtol=2e-2, atol=2e-2 * max(1.0, scale))
+        for e in engines.values():
+            assert list(e.graphs.graphs) == [("forward", n, e.cache.attention_path, None)]   # one capture, replayed
+        e = engines["gluon"]
+        q = torch.randn(n, 8, 128, generator=rng).to("cuda", torch.bfloat16)
+        lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+        table = e.block_table[:n]
+        for layer in range(2):
+            want = decode_attention_reference(q, e.cache.k[layer], e.cache.v[layer], table, lens, 128 ** -0.5).float()
+            for path in (KERNEL_PATH, GLUON_PATH):
+                out = e.cache.decode(layer, q, table, lens, 128 ** -0.5, None, path).float()
+                torch.testing.assert_close(out, want, rtol=2e-2, atol=2e-2)
+
+
+@gluon_only
+def test_gluon_engine_generates_like_kernels(rng):
+    """A forced-Gluon engine generates (prefill, then captured decode steps over the page pool) what the kernel
+    engine does, up to bf16 rounding: greedy tokens agree on > 90% of positions, log-probs finite."""
+    model = _gluon_model(seed=12)
+    plan = PrecisionPlan(kv_cache="nvfp4")
+    prompts = random_prompts([70, 5, 130], rng)
+    greedy = SamplingParams(n=2, temperature=0.0, max_new_tokens=60, ignore_stop=True)
+    out = {}
+    for a in ("kernels", "gluon"):
+        engine = NativeEngine(model, plan, max_batch=6, max_seq_len=256, attention=a)
+        out[a] = engine.generate(prompts, greedy)
+        assert engine.graphs.captured and not engine.report()["attention_chosen"]     # forced: nothing timed
+    assert out["gluon"][K.LOGP_ROLLOUT].isfinite().all()
+    same = (out["gluon"][K.TOKENS_RESPONSE] == out["kernels"][K.TOKENS_RESPONSE]).float().mean()
+    print("token agreement", same.item())
+    assert same > 0.9

@@ -133,7 +133,8 @@ def test_attention_path_names():
     assert reads_span(split_path(2)) and reads_span("torch.sdpa_cudnn") and not reads_span(KERNEL_PATH)
     for bad in ("kernels.decode_attention:s0", "kernels.decode_attention:s", "kernels.decode_attention:x2",
                 "torch.reference:s2", "torch.flash", "kernels.decode_attention:s2:s3", "kernels.decode_attention:s²"):
-        with pytest.raises(ValueError, match=r"valid: kernels\.decode_attention, torch\.flash_varlen"):
+        with pytest.raises(ValueError, match=r"valid: kernels\.decode_attention, kernels\.decode_attention_gluon, "
+                                             r"torch\.flash_varlen"):
             parse_path(bad)
     cache = PagedKVCache("bf16", 1, 4, 16, 2, 32)
     with pytest.raises(ValueError, match="unknown decode-attention path"):

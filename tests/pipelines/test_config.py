@@ -52,3 +52,28 @@ def test_bad_configs_name_the_field(data, field):
 def test_quantized_plan_with_hf_engine_is_refused():
     with pytest.raises(ConfigError, match="engine 'native'"):
         PipelineConfig.parse({"rollout": {"engine": "hf"}, "precision": {"rollout_weights": "nvfp4"}})
+
+
+@pytest.mark.parametrize("data,match", [
+    ({"rollout": {"attention": "gluon"}}, r"rollout.attention='gluon' reads nvfp4 KV caches only; "
+                                          r"precision.kv_cache is 'bf16'"),
+    ({"rollout": {"attention": "gluon"}, "precision": {"kv_cache": "mxfp4"}}, "precision.kv_cache is 'mxfp4'"),
+    ({"rollout": {"attention": "kernels", "engine": "vllm"}}, "rollout.attention='kernels' chooses the native"),
+    ({"rollout": {"attention": "flash_varlen"}}, "rollout.attention: Input should be"),
+])
+def test_bad_attention_is_refused_naming_the_field(data, match):
+    with pytest.raises(ConfigError, match=match):
+        PipelineConfig.parse(data)
+
+
+def test_gluon_attention_refused_at_build_where_it_cannot_run(tmp_path):
+    """A valid config (nvfp4 KV) whose model or machine the Gluon kernel cannot take: a ConfigError naming
+    rollout.attention when the engine is built, not a silent fallback to another attention."""
+    cfg = PipelineConfig.parse({"rollout": {"attention": "gluon"}, "precision": {"kv_cache": "nvfp4"},
+                                "model": {"preset": "tiny"}, "loop": {"eval_prompts": 4}})
+    assert cfg.rollout.attention == "gluon"
+    with pytest.raises(ConfigError, match="rollout.attention: attention='gluon': the Gluon decode attention") as err:
+        build(cfg, run_dir=tmp_path / "run")
+    assert err.value.fields == ("rollout.attention",)
+    ok = cfg.with_overrides({"rollout.attention": "auto"})
+    assert build(ok, run_dir=tmp_path / "run").engine.cache.attention_path != "kernels.decode_attention_gluon"

@@ -18,7 +18,8 @@
 - Attention (`attention="auto"`): where several paths can run (bf16 cache on a GPU: the kernel's split-count
   variants; contiguous layout: the torch paths), each is timed once per (batch bucket, context bucket) and the
   fastest used (with CUDA graphs: as a graph of calls over several layers, as the captured step runs it);
-  `report()` says which.
+  `report()` says which. `attention="gluon"` forces the opt-in Gluon kernel over an nvfp4 cache (sm_90, Triton 3.6;
+  `trace_rl.kv.gluon`: an error naming why where it cannot run); "auto" times it only when `GLUON_IN_AUTO`.
 - Seeds: noise is a hash of (seed, step, row), so a seed reproduces the samples for the same engine
   configuration (max_batch, layout and pool size decide which row and step a sample draws at).
 """
@@ -117,7 +118,7 @@ class NativeEngine(RolloutEngine):
         self.trash_page = num_pages       # one extra page: writes of idle slots and block-table padding land here
         self.share_prefix = share_prefix
         self.cache = PagedKVCache(self.plan.kv_cache, c.num_layers, num_pages + 1, self.block_size, c.num_kv_heads,
-                                  c.head_dim, self.device, self.dtype, attention)
+                                  c.head_dim, self.device, self.dtype, attention, query_heads=c.num_heads)
         self.pad_token_id, self.prefill_tokens = pad_token_id, prefill_tokens
         self.stop_check_interval, self.policy_version = stop_check_interval, policy_version
         dev, s = self.device, max_batch

@@ -102,6 +102,15 @@ def decode_attention(q: torch.Tensor, k, v, block_table: torch.Tensor, seq_lens:
     return _decode_attention(q, k, v, block_table, seq_lens, scale, splits=splits)
 
 
+def decode_attention_gluon(q: torch.Tensor, k, v, block_table: torch.Tensor, seq_lens: torch.Tensor,
+                           scale: float) -> torch.Tensor:
+    """`decode_attention` over nvfp4 caches (head_dim 128, 64-token pages, group <= 16) by the opt-in Gluon
+    warp-specialised kernel (`paged_attention_gluon`): sm_90 and Triton 3.6 only, no interpreter."""
+    from trace_rl.kernels.paged_attention_gluon import decode_attention_gluon as _gluon
+
+    return _gluon(q, k, v, block_table, seq_lens, scale)
+
+
 def decode_attention_reference(q, k, v, block_table, seq_lens, scale):
     """Torch reference of `decode_attention` (gather with PagedKV.read_reference, float32 softmax); any device."""
     from trace_rl.kernels.attention_reference import decode_attention_reference as _ref

@@ -17,6 +17,9 @@ Paths, chosen once per cache and reported (`paths`), never silently:
   For a bf16 cache on a GPU it also lists split-count variants of the kernel, `kernels.decode_attention:s<N>`
   (`parse_path`): N splits of the step's span (the context bucket, which bounds every length) rather than of
   the block table's capacity, where N is not the launcher's own choice (`attention_config.split_variants`).
+- `kernels.decode_attention_gluon` (`trace_rl.kv.gluon`): the opt-in Gluon kernel (sm_90, Triton 3.6) over nvfp4
+  caches of head_dim 128 in 64-token pages; forced by attention="gluon" (an error where it cannot run, naming
+  why), timed under "auto" only when `gluon.GLUON_IN_AUTO` is set.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import torch
 
 from trace_rl.formats.paged_kv import DEFAULT_BLOCK_SIZE, PagedKV
 from trace_rl.kv import decode_attention as attn
+from trace_rl.kv import gluon
 from trace_rl.kv.causal import causal_attention
 from trace_rl.op_ranges import op_range
 
@@ -43,15 +47,18 @@ def default_page_size(kv_format: str) -> int:
     return PAGE_SIZE.get(kv_format, 16)
 
 
-ATTENTION_CHOICES = ("auto", "kernels", "flash_varlen", "efficient_varlen", "sdpa_masked", "sdpa_cudnn",
+ATTENTION_CHOICES = ("auto", "kernels", "gluon", "flash_varlen", "efficient_varlen", "sdpa_masked", "sdpa_cudnn",
                      "reference")
 # Paths that need slot-contiguous pages (row b's pages are b*P .. b*P+P-1, `KVStep.capacity` set).
 CONTIGUOUS_ONLY = ("torch.flash_varlen", "torch.efficient_varlen", "torch.sdpa_masked", "torch.sdpa_cudnn")
 # Paths that read a static span of every slot (the step's longest context, rounded up: `KVStep.span`).
 SPAN_PATHS = ("torch.sdpa_masked", "torch.sdpa_cudnn")
 KERNEL_PATH = "kernels.decode_attention"
-# Every path's name, from the choices that force it (attention="kernels": KERNEL_PATH; the others: torch.<choice>)
-PATHS = (KERNEL_PATH, *(f"torch.{c}" for c in ATTENTION_CHOICES if c not in ("auto", "kernels")))
+GLUON_PATH = gluon.GLUON_PATH
+# Every path's name, from the choices that force it (attention="kernels": KERNEL_PATH, "gluon": GLUON_PATH; the
+# others: torch.<choice>)
+PATHS = (KERNEL_PATH, GLUON_PATH,
+         *(f"torch.{c}" for c in ATTENTION_CHOICES if c not in ("auto", "kernels", "gluon")))
 SPLIT_MARK = ":s"                  # KERNEL_PATH + ":s3": the kernel with 3 splits of the step's span
 
 
@@ -95,11 +102,16 @@ def _kernels():
 class PagedKVCache:
     def __init__(self, kv_format: str, num_layers: int, num_blocks: int, block_size: int, kv_heads: int,
                  head_dim: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16,
-                 attention: str = "auto"):
+                 attention: str = "auto", query_heads: int | None = None):
+        """`query_heads`: the model's query heads (the Gluon path checks its GQA group; None: per call)."""
         if attention not in ATTENTION_CHOICES:
             raise ValueError(f"attention={attention!r}; choose one of {', '.join(ATTENTION_CHOICES)}")
         self.kv_format, self.block_size, self.dtype = kv_format, block_size, dtype
         self.device = torch.device(device)
+        self.heads, self.head_dim, self.query_heads = kv_heads, head_dim, query_heads
+        self._gluon_why: str | None = None          # `gluon_refusal`, worked out on first use
+        if attention == "gluon":       # before allocating: a refusal costs nothing
+            gluon.check(kv_format, block_size, head_dim, kv_heads, query_heads, self.device, dtype)
         self.k = [PagedKV.allocate(kv_format, num_blocks, block_size, kv_heads, head_dim, self.device, dtype)
                   for _ in range(num_layers)]
         self.v = [PagedKV.allocate(kv_format, num_blocks, block_size, kv_heads, head_dim, self.device, dtype,
@@ -116,10 +128,10 @@ class PagedKVCache:
         kernels, why = _kernels() if on_gpu else (None, "CPU")
         write = "kernels.kv_write" if kernels is not None else "torch.write_reference"
         self._kernels_ok = kernels is not None
-        if attention == "kernels":
+        if attention in ("kernels", "gluon"):
             if kernels is None:
-                raise RuntimeError(f"attention='kernels' requested but {why}")
-            return write, KERNEL_PATH, ""
+                raise RuntimeError(f"attention={attention!r} requested but {why}")
+            return write, KERNEL_PATH if attention == "kernels" else GLUON_PATH, ""
         if attention != "auto":
             if f"torch.{attention}" in CONTIGUOUS_ONLY and (not on_gpu or self.kv_format != "bf16"):
                 raise ValueError(f"attention={attention!r} needs a bf16 KV cache on a GPU")
@@ -150,10 +162,24 @@ class PagedKVCache:
             sms = torch.cuda.get_device_properties(self.device).multi_processor_count
             out += [split_path(s) for s in split_variants(self.k[0].kv_format, batch, self.k[0].heads, capacity,
                                                           span, sms)]
+        if out and gluon.GLUON_IN_AUTO and self.gluon_ok():
+            out.append(GLUON_PATH)
         if self.device.type == "cuda" and self.kv_format == "bf16" and contiguous:
             # efficient_varlen ran 1.5x slower than these at every measured shape (H200, docs/engine.md)
             out += ["torch.flash_varlen", "torch.sdpa_cudnn", "torch.sdpa_masked"]
         return out or [self.attention_path]
+
+    def gluon_refusal(self) -> str:
+        """Why `GLUON_PATH` cannot run on this cache ("" when it can; `trace_rl.kv.gluon`)."""
+        if self._gluon_why is None:
+            self._gluon_why = (gluon.refusal(self.kv_format, self.block_size, self.head_dim, self.heads,
+                                             self.query_heads) or gluon.runtime_refusal(self.device)
+                               or gluon.dtype_refusal(self.dtype)
+                               or ("" if self._kernels_ok else "no KV-cache kernels here (kv_write)"))
+        return self._gluon_why
+
+    def gluon_ok(self) -> bool:
+        return not self.gluon_refusal()
 
     # -- sizes --
     @property
@@ -190,6 +216,10 @@ class PagedKVCache:
                     raise ValueError(f"{path}{SPLIT_MARK}{splits} splits the step's span; pass span (KVStep.span)")
                 block_table = block_table[:, : -(-span // self.block_size)]
             return kernels.decode_attention(q, k, v, block_table, seq_lens, scale, splits=splits)
+        if path == GLUON_PATH:
+            from trace_rl import kernels
+
+            return kernels.decode_attention_gluon(q, k, v, block_table, seq_lens, scale)
         if path in CONTIGUOUS_ONLY and capacity is None:
             raise ValueError(f"{path} needs slot-contiguous pages (KVStep.capacity); this step's block tables "
                              f"are a shared pool")

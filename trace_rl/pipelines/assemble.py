@@ -63,9 +63,10 @@ def make_engine(cfg: PipelineConfig, model, tokenizer, device: torch.device):
     if engine == "native":
         from trace_rl.engine.native import NativeEngine
 
+        check_attention(cfg, model, device)
         return NativeEngine(model, cfg.precision, max_batch=cfg.rollout.max_batch,
                             max_seq_len=cfg.rollout.max_seq_len, device=device,
-                            pad_token_id=tokenizer.pad_token_id)
+                            pad_token_id=tokenizer.pad_token_id, attention=cfg.rollout.attention)
     if engine == "recompute":
         if cfg.precision.is_quantized:
             raise ConfigError("rollout.engine: 'recompute' re-runs the plain model and has no quantized KV "
@@ -95,6 +96,23 @@ def make_engine(cfg: PipelineConfig, model, tokenizer, device: torch.device):
                                      seed=cfg.seed, dtype="bfloat16" if device.type == "cuda" else None)
     raise ConfigError(f"rollout.engine: {engine!r} is not available in this build; use 'native'",
                       ("rollout.engine",))
+
+
+def check_attention(cfg: PipelineConfig, model, device: torch.device) -> None:
+    """rollout.attention='gluon' where the Gluon kernel cannot run (this model's heads, this machine): a
+    ConfigError naming the field and why, before any cache is allocated (config.py checked the KV format)."""
+    if cfg.rollout.attention != "gluon":
+        return
+    from trace_rl.kv import gluon
+    from trace_rl.kv.cache import default_page_size
+
+    c = model.config
+    dtype = torch.bfloat16 if device.type == "cuda" else next(model.parameters()).dtype   # the engine's dtype
+    try:
+        gluon.check(cfg.precision.kv_cache, default_page_size(cfg.precision.kv_cache), c.head_dim, c.num_kv_heads,
+                    c.num_heads, device, dtype)
+    except (ValueError, RuntimeError) as err:
+        raise ConfigError(f"rollout.attention: {err}", ("rollout.attention",)) from None
 
 
 def make_reference_engine(cfg: PipelineConfig, model, tokenizer, device: torch.device):

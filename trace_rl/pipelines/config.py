@@ -65,6 +65,12 @@ class RolloutSection(TraceConfig):
     sampling: SamplingSection = Field(default_factory=SamplingSection, description="Sampling parameters.")
     max_batch: int = Field(64, ge=1, description="Sequences decoded at once (native engine slots).")
     max_seq_len: int = Field(256, ge=8, description="Prompt + response tokens per sequence (KV-cache size).")
+    attention: Literal["auto", "kernels", "gluon", "reference"] = Field(
+        "auto", description="Native engine's decode attention: 'auto' (times the candidates per batch and context, "
+                            "picks the fastest), 'kernels' (the Triton paged kernel), 'gluon' (the opt-in Gluon "
+                            "kernel: precision.kv_cache 'nvfp4', head_dim 128, an sm_90 GPU with Triton 3.6; an "
+                            "error elsewhere, never a fallback), 'reference' (torch gather + dequantize: slow). "
+                            "The bf16 torch paths need slot-contiguous pages, which the run's page pool is not.")
 
 
 class ReferenceSection(TraceConfig):
@@ -238,6 +244,14 @@ class PipelineConfig(TraceConfig):
         if self.rollout.engine == "hf" and self.precision.is_quantized:
             raise ValueError(f"rollout.engine='hf' runs transformers' own bf16 model; precision "
                              f"{self.precision.label!r} needs engine 'native' (or 'vllm')")
+        if self.rollout.attention != "auto" and self.rollout.engine != "native":
+            raise ValueError(f"rollout.attention={self.rollout.attention!r} chooses the native engine's decode "
+                             f"attention; rollout.engine is {self.rollout.engine!r}: set rollout.attention='auto' "
+                             f"or rollout.engine='native'")
+        if self.rollout.attention == "gluon" and self.precision.kv_cache != "nvfp4":
+            raise ValueError(f"rollout.attention='gluon' reads nvfp4 KV caches only; precision.kv_cache is "
+                             f"{self.precision.kv_cache!r}: set precision.kv_cache='nvfp4' (e.g. --preset "
+                             f"w4a4-kv4) or rollout.attention='kernels'/'auto'")
         if self.loop.eval_reference and self.distributed.enabled:
             raise ValueError("loop.eval_reference: the bf16 reference evaluation needs the trainer's full weights "
                              "in this process, which a distributed run shards; set loop.eval_reference=false or "
