@@ -73,3 +73,30 @@ def test_bench_exits_1_when_a_measurement_fails(tmp_path, monkeypatch, capsys):
     assert code == 1
     assert "1 measurement(s) failed" in capsys.readouterr().err
     assert json.loads((tmp_path / "rollout.json").read_text())["errors"][0]["error"].endswith("failure of bf16")
+
+
+def test_bench_steps_part_tiny_cpu(tmp_path):
+    """`--parts steps` (not a default part): one row per (plan, batch, attention choice, context); a choice the
+    cache cannot take (gluon: tiny's head_dim 32, and no sm_90 here) is a skipped row saying why, never another
+    path; the summary keys every cell's step times by plan/attention."""
+    args = add_rollout_bench_args(argparse.ArgumentParser()).parse_args(
+        ["--parts", "steps", "--models", "tiny", "--step-plans", "w4a4-kv4,bf16", "--step-attention", "auto,gluon",
+         "--step-grid", "2:9,17", "--iters", "1", "--device", "cpu", "--out", str(tmp_path)])
+    report = run_rollout_bench(args)
+    assert not report["errors"], report["errors"]
+    ran = [(r["plan"], r["attention"], r["L"]) for r in report["steps"] if "step_ms" in r]
+    assert ran == [("w4a4-kv4", "auto", 9), ("w4a4-kv4", "auto", 17), ("bf16", "auto", 9), ("bf16", "auto", 17)]
+    skipped = [r for r in report["steps"] if "skipped" in r]
+    assert [(r["plan"], r["attention"]) for r in skipped] == [("w4a4-kv4", "gluon"), ("bf16", "gluon")]
+    assert "head_dim 128" in skipped[0]["skipped"] and "nvfp4 KV caches only" in skipped[1]["skipped"]
+    assert all(r["path"] == "torch.reference" and r["attention_times"] == {} for r in report["steps"] if "path" in r)
+    cells = [x["steps"] for x in report["summary"] if "steps" in x]
+    assert [(c["batch"], c["L"]) for c in cells] == [(2, 9), (2, 17)]
+    assert set(cells[0]["step_ms"]) == {"w4a4-kv4/auto", "bf16/auto"}
+
+
+def test_bench_steps_rejects_unknown_attention(tmp_path):
+    args = add_rollout_bench_args(argparse.ArgumentParser()).parse_args(
+        ["--parts", "steps", "--step-attention", "kernels,fast", "--out", str(tmp_path / "out")])
+    with pytest.raises(ValueError, match="--step-attention"):
+        run_rollout_bench(args)

@@ -8,7 +8,11 @@ Parts (`--parts`, each written to rollout.json as soon as it finishes, one failu
 - `fixed`: tokens/s on fixed-length responses with memory filled, per plan (`workloads.fixed_workload`);
 - `realistic`: tokens/s on long-tailed response lengths with stop tokens, GRPO groups sharing prompt
   pages, the page pool (`workloads.realistic_workload`);
-- `hf`: HF `generate` against the native engine on the same workload (`workloads.hf_vs_native`).
+- `hf`: HF `generate` against the native engine on the same workload (`workloads.hf_vs_native`);
+- `steps` (not run by default): the decode step per plan and decode-attention choice at fixed (B, context) cells,
+  e.g. attention forced to the Triton vs the Gluon kernel (`trace_rl.bench.steps`).
+The fixed workload's step rows also carry `attention_times`: ms per layer call of the engine's candidates and of
+the Gluon path where the cache can take it (`steps.attention_times`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from trace_rl.bench.measure import build_rollout_model, free  # noqa: F401  (use
 
 PLANS = ("bf16", "fp8", "w4a16", "w4a4-kv4", "w4a4-kv4-mx")
 PARTS = ("grid", "profile", "fixed", "realistic", "hf")
+EXTRA_PARTS = ("steps",)     # valid in --parts, not run unless named
 
 
 def add_rollout_bench_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -64,6 +69,11 @@ def add_rollout_bench_args(parser: argparse.ArgumentParser) -> argparse.Argument
     a("--hf-new-tokens", type=int, default=64, help="response length of the HF comparison")
     a("--hf-model", default="", help="model preset of the HF comparison (default: each of --models)")
     a("--hf-layers", type=int, default=0, help="layers of the HF comparison's model (0: all)")
+    a("--step-plans", default="w4a4-kv4,bf16", help="plans of the steps part")
+    a("--step-attention", default="kernels,gluon,auto",
+      help="decode-attention choices of the steps part, each forced per plan (auto: the engine's timed choice); one "
+           "a plan's cache or this machine cannot take is recorded as skipped")
+    a("--step-grid", default="100:8447;256:8447", help="cells 'B:L1,L2;B2:...' of the steps part")
     a("--reserve-gb", type=float, default=6.0, help="GPU memory kept free beside weights and KV cache")
     a("--device", default=None, help="cuda (default when present) or cpu")
     a("--out", default="runs/bench_rollout", help="folder for rollout.json and rollout.png")
@@ -78,10 +88,18 @@ def run_rollout_bench(args) -> dict:
     from trace_rl.bench.workloads import fixed_workload, hf_vs_native, realistic_workload
 
     parts = [p for p in args.parts.split(",") if p]
-    unknown = sorted(set(parts) - set(PARTS))
+    unknown = sorted(set(parts) - set(PARTS) - set(EXTRA_PARTS))
     if unknown:
-        raise ValueError(f"--parts: unknown {unknown}; choose from {', '.join(PARTS)}")
+        raise ValueError(f"--parts: unknown {unknown}; choose from {', '.join(PARTS + EXTRA_PARTS)}")
     parse_grid(args.grid)
+    from trace_rl.kv.cache import ATTENTION_CHOICES
+
+    if "steps" in parts:
+        parse_grid(args.step_grid)
+        bad = sorted(set(filter(None, args.step_attention.split(","))) - set(ATTENTION_CHOICES))
+        if bad or not args.step_attention.strip(","):
+            raise ValueError(f"--step-attention: {bad or args.step_attention!r}; choose from "
+                             f"{', '.join(ATTENTION_CHOICES)}")
     from trace_rl.bench.baseline import VARIANTS
 
     variants = [v for v in args.baseline_variants.split(",") if v]
@@ -95,7 +113,8 @@ def run_rollout_bench(args) -> dict:
               "torch": torch.__version__, "read_bandwidth_TBps": (bw["read"] or 0) / 1e12,
               "copy_bandwidth_TBps": (bw["copy"] or 0) / 1e12,
               "args": {k: v for k, v in vars(args).items() if not callable(v)},
-              "grid": [], "profile": [], "results": [], "realistic": [], "hf": [], "errors": [], "log": []}
+              "grid": [], "profile": [], "results": [], "realistic": [], "hf": [], "steps": [], "errors": [],
+              "log": []}
     t0 = time.perf_counter()
 
     def log(line: str) -> None:
@@ -121,6 +140,15 @@ def run_rollout_bench(args) -> dict:
 
             attempt(f"grid {name}", lambda n=name: run_grid(args, n, device, bw, log, sink=grid_row) and [],
                     "grid", many=True)
+        if "steps" in parts:
+            from trace_rl.bench.steps import run_steps
+
+            def steps_row(row: dict) -> None:
+                report["steps"].append(row)
+                _write(report, out_dir)
+
+            attempt(f"steps {name}", lambda n=name: run_steps(args, n, device, bw, log, sink=steps_row) and [],
+                    "steps", many=True)
         if "fixed" in parts:
             for r in [int(x) for x in args.response_lens.split(",") if x]:
                 for plan in filter(None, args.plans.split(",")):
@@ -181,7 +209,9 @@ def summary(report: dict) -> list[dict]:
                       "vs_bf16": x["tokens_per_s"] / bf16["tokens_per_s"] if bf16 else None})
     for hf in report["hf"]:
         lines.append({"model": hf["model"], "native_vs_hf_same_workload": hf["speedup"]})
-    return lines
+    from trace_rl.bench.steps import summary as steps_summary
+
+    return lines + steps_summary(report.get("steps", []))
 
 
 def _plot(report: dict, path: Path) -> None:

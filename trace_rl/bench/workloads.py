@@ -77,6 +77,7 @@ def kv_budget(args, model, device, layers_scale: float = 1.0) -> tuple[float, fl
 def fixed_workload(args, name: str, plan_name: str, response: int, device, bw, log) -> dict:
     from trace_rl.bench.decode_grid import prime_decode, time_step
     from trace_rl.bench.measure import build_rollout_model, free
+    from trace_rl.bench.steps import attention_times
     from trace_rl.engine.base import SamplingParams
     from trace_rl.engine.native import NativeEngine
     from trace_rl.plan import PrecisionPlan
@@ -106,7 +107,8 @@ def fixed_workload(args, name: str, plan_name: str, response: int, device, bw, l
         fwd = bm.median_ms(lambda n=length: engine.decode_logits(batch, n), device, args.iters)
         step = time_step(engine, batch, length, args.iters)
         steps.append({"L": length, "forward_ms": fwd, "step_ms": step,
-                      "path": engine.attention_path(batch, length)})
+                      "path": engine.attention_path(batch, length),
+                      "attention_times": attention_times(engine, batch, length)})   # + the Gluon path where it runs
         if base is not None:           # the plain step on the same weights, batch and cache memory
             from trace_rl.bench.decode_grid import best_baseline
 
