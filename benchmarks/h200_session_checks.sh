@@ -7,16 +7,21 @@
 # Checks (NAME: script, seconds it may take):
 #   wsync    benchmarks/weight_sync_h200.sh       the engine's fused weight sync, bit-exact on 252 weights + GPU tests
 #   presets  every preset's pipeline on the GPU (tests/pipelines/test_presets_gpu.py: 2 steps + bf16 evaluation)
-#   engine   the engine's GPU tests (tests/engine/test_native_gpu.py: graph-timed attention choice, split candidates)
+#   engine   the engine's GPU tests (tests/engine/test_native_gpu.py: graph-timed attention choice, split candidates;
+#            not its Gluon tests, which fp4engine runs)
 #   guided   benchmarks/guided_step_h200.sh       the guided trainer's step against aligned (records as one tensor)
 #   grid     benchmarks/engine_grid_h200.sh       issue 16's missed cells with the split candidates
 #   gemm     benchmarks/gemm_gluon_h200.sh        the Gluon W4A16 GEMM against the shipped kernel and cuBLAS, M = 1, 16
 #   gemmwide GLUON_M=64,256,512 benchmarks/gemm_gluon_h200.sh   the same at M = 64-512 (token tiles 32-128)
 #   attn     benchmarks/attention_gluon_h200.sh   the Gluon FP4-KV attention against the shipped kernel and SDPA
 #   trainattn benchmarks/trainer_attention_h200.sh the trainer's float32 GQA attention (expanded K/V, efficient kernel)
+#   fp4engine benchmarks/engine_fp4_gluon_h200.sh the FP4 engine's decode step with attention forced to the Triton
+#            kernel vs the Gluon kernel (Qwen3-8B shape, B = 100 / 256, 8k) and the bf16 engine, after the Gluon
+#            engine and kernel GPU tests (what GLUON_IN_AUTO waits for); not in the default list: name it
 # The default order puts first what the stability study's runs depend on (wsync presets engine guided trainattn: ~9 min),
 # then the speed checks (grid gemm gemmwide attn): a second call,
-# `BUDGET_S=... benchmarks/h200_session_checks.sh OUT grid gemm gemmwide attn`.
+# `BUDGET_S=... benchmarks/h200_session_checks.sh OUT grid gemm gemmwide attn`; fp4engine only when named
+# (`benchmarks/h200_session_checks.sh OUT fp4engine`).
 set -u
 OUT=${1:?usage: $0 OUT_DIR [NAME ...]}
 shift
@@ -48,7 +53,8 @@ for name in $NAMES; do
         attn) bash benchmarks/attention_gluon_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         trainattn) bash benchmarks/trainer_attention_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         presets) pytest_check "$d" 145 tests/pipelines/test_presets_gpu.py ;;
-        engine) pytest_check "$d" 85 tests/engine/test_native_gpu.py ;;
+        engine) pytest_check "$d" 85 tests/engine/test_native_gpu.py -k "not gluon" ;;
+        fp4engine) bash benchmarks/engine_fp4_gluon_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         *) echo "[$name] unknown check" ;;
     esac
     echo "[$name] rc $? in $(( $(date +%s) - t0 )) s"
