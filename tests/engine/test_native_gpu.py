@@ -209,19 +209,25 @@ def test_gluon_attention_equals_kernels_in_graphs(rng):
 
 
 @gluon_only
-def test_gluon_engine_generates_like_kernels(rng):
-    """A forced-Gluon engine generates (prefill, then captured decode steps over the page pool) what the kernel
-    engine does, up to bf16 rounding: greedy tokens agree on > 90% of positions, log-probs finite."""
+def test_gluon_engine_log_probs_match_trainer(rng):
+    """A forced-Gluon engine generates (prefill, then captured decode steps over the page pool) with log-probs the
+    trainer recomputes with the same nvfp4 K/V (fake-quantized per token and head): the bf16 tolerance of
+    test_sampled_log_probs_match_trainer_in_bf16, as for the kernel engine. (Token agreement between the two engines
+    is printed, not asserted: one bf16 flip changes the rest of a sample.)"""
     model = _gluon_model(seed=12)
     plan = PrecisionPlan(kv_cache="nvfp4")
     prompts = random_prompts([70, 5, 130], rng)
-    greedy = SamplingParams(n=2, temperature=0.0, max_new_tokens=60, ignore_stop=True)
+    sampling = SamplingParams(n=2, temperature=1.0, max_new_tokens=60, ignore_stop=True, seed=5)
     out = {}
     for a in ("kernels", "gluon"):
         engine = NativeEngine(model, plan, max_batch=6, max_seq_len=256, attention=a)
-        out[a] = engine.generate(prompts, greedy)
+        out[a] = engine.generate(prompts, sampling)
         assert engine.graphs.captured and not engine.report()["attention_chosen"]     # forced: nothing timed
-    assert out["gluon"][K.LOGP_ROLLOUT].isfinite().all()
+    for layer in model.model.layers:           # the trainer reads K/V as the cache stored them
+        layer.self_attn.kv_fake_fmt = "nvfp4"
+    for a, o in out.items():
+        diff = (o[K.LOGP_ROLLOUT] - trainer_log_probs(model, o, sampling)).abs()[o[K.MASK_RESPONSE]]
+        print(a, "|rollout - trainer log-prob| mean", diff.mean().item(), "max", diff.max().item())
+        assert diff.isfinite().all() and diff.mean() < 2e-2
     same = (out["gluon"][K.TOKENS_RESPONSE] == out["kernels"][K.TOKENS_RESPONSE]).float().mean()
-    print("token agreement", same.item())
-    assert same > 0.9
+    print("token agreement gluon vs kernels", same.item())
