@@ -70,7 +70,8 @@ class RolloutSection(TraceConfig):
                             "picks the fastest), 'kernels' (the Triton paged kernel), 'gluon' (the opt-in Gluon "
                             "kernel: precision.kv_cache 'nvfp4', head_dim 128, an sm_90 GPU with Triton 3.6; an "
                             "error elsewhere, never a fallback), 'reference' (torch gather + dequantize: slow). "
-                            "The bf16 torch paths need slot-contiguous pages, which the run's page pool is not.")
+                            "The bf16 torch paths need slot-contiguous pages, which the run's page pool is not. "
+                            "The bf16 evaluation engine (loop.eval_reference) keeps 'auto'.")
 
 
 class ReferenceSection(TraceConfig):
