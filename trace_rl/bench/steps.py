@@ -36,7 +36,10 @@ def attention_times(engine, batch: int, length: int) -> dict:
     why = engine.cache.gluon_refusal()
     if not why and GLUON_PATH not in paths:
         paths.append(GLUON_PATH)
-    record = engine._time_attention(batch, length, paths)
+    try:
+        record = engine._time_attention(batch, length, paths)
+    except RuntimeError as err:            # no path ran: keep the row's step times, say why
+        return {"error": f"{type(err).__name__}: {err}", "gluon": why or "timed"}
     record["gluon"] = why or "timed"
     return record
 
