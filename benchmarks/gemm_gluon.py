@@ -65,6 +65,12 @@ WIDE_VARIANTS = {   # M > 16: wgmma N = 32 / 64 / 128 (fp4_gemm_gluon.WIDE); all
 ALL_VARIANTS = {**VARIANTS, **WIDE_VARIANTS}
 
 
+def weight_copies(N: int, K: int) -> int:
+    """How many copies of an N x K FP4 weight one timed graph cycles through: > 200 MiB, so that replays read HBM,
+    not the 50 MB L2 (benchmarks/gemm_bound.py uses the same count)."""
+    return max(2, min(64, math.ceil((200 << 20) / (N * K // 2))))
+
+
 def variant_config(name: str, M: int) -> GluonConfig | None:
     """The config of variant `name` at M, or None where it does not apply (decode variants at M > 16, wide ones at
     M <= 16)."""
@@ -151,7 +157,7 @@ def main() -> None:
     fmts = sorted({ALL_VARIANTS[v][0] for v in args.variants.split(",")}, reverse=True)    # nvfp4 first
     setups = []
     for K, N in SHAPES:     # weights, cuBLAS and the shipped kernel first, for every shape, M and format
-        n_copies = max(2, min(64, math.ceil((200 << 20) / (N * K // 2))))
+        n_copies = weight_copies(N, K)
         w_bf16 = [torch.randn(N, K, device=DEV, dtype=torch.bfloat16) * 0.02 for _ in range(n_copies)]
         hws = {f: [hopper_weight(PackedWeight(f, N, K, q=quantize(w, f))) for w in w_bf16] for f in fmts}
         for M in Ms:

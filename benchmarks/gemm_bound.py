@@ -1,0 +1,251 @@
+"""What bounds the FP4 W4A16 GEMM at M <= 16 (every variant of benchmarks/gemm_gluon.py lands at 15.6-20.5 us,
+~1.7 TB/s, on 4096x12288 and 12288x4096): the read floor at this size and launch pattern, and the shipped kernel
+with its decode + MMA or its loads cut out (probe kernels: benchmarks/gemm_bound_kernels.py).
+
+    python benchmarks/gemm_bound.py --out gemm_bound.json [--M 1,16] [--fmts nvfp4,mxfp4] [--budget-s 60]
+    python benchmarks/gemm_bound.py --dry            # CPU: the plan (grids, programs, bytes), no GPU
+    python benchmarks/gemm_bound.py --ncu-target     # one eager shipped launch at M = 1, 4096x12288 nvfp4 (for ncu)
+
+Timing is gemm_gluon.py's (`graph_us`: every call captured over `weight_copies` weight copies > L2 in one CUDA graph,
+median replay, us per call). Per shape (K, N) and format (M-independent, "floor"):
+- `stream_grid<P>`: `_stream_kernel` XOR-reducing exactly the weight's bytes (values + scale words) into one word per
+  program (16 KB cp.async blocks, 3 stages), with P = the shipped config's program count, `stream_persistent<k>`
+  with P = k x SMs (k = 1, 2, 4), and `stream_persistent2_ldg` (plain 16-byte loads, no cp.async pipeline);
+- `torch_sum` (`.sum()` of a float32 buffer of the same bytes) and `torch_copy` (`copy_`: reads and writes them).
+Per shape, M and format: `cublas_bf16`, `shipped` (fp4_matmul), and the probe in `full` (the shipped body: should
+match `shipped`), `load_only` (same loads, XOR-accumulated, no decode / wgmma / epilogue) and `compute_only` (no
+weight loads: decode of register words + the wgmmas, same trip count and epilogue) modes, each with us, effective
+TB/s over the weight's bytes and, for the probe modes, the compiled kernel's registers / spills / shared memory, the
+CTAs per SM they allow and the waves of the grid. The "verdicts" say, per shape and M (nvfp4), which part is slow.
+The JSON is rewritten after every measurement; no new format starts past `--budget-s` ("skipped").
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import asdict
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import gemm_bound_kernels as gk  # noqa: E402
+import triton  # noqa: E402
+
+from trace_rl.kernels.fp4_gemm import default_config  # noqa: E402
+from trace_rl.kernels.hopper_fp4 import block_size, padded_shape  # noqa: E402
+
+SHAPES = [(4096, 12288), (12288, 4096)]   # (K, N), as gemm_gluon.SHAPES
+PERSISTENT = (1, 2, 4)                    # stream_persistent<k>: k x SMs programs
+REGS_PER_SM, SMEM_PER_SM, SMEM_PER_CTA_RESERVED, WARPS_PER_SM, CTAS_PER_SM = 65536, 233472, 1024, 64, 32
+
+
+def weight_bytes(fmt: str, N: int, K: int) -> tuple[int, int]:
+    """(value bytes, scale bytes) of the Hopper layout of an N x K weight (the row factor's 4 B per row aside)."""
+    np_, kp = padded_shape(N, K)
+    return np_ * kp // 2, np_ * kp // block_size(fmt)
+
+
+def grid_of(M: int, N: int, K: int, cfg) -> tuple[int, int, int]:
+    """The launcher's grid (n tiles, m tiles, split) for `cfg` (fp4_matmul's split normalisation)."""
+    np_, kp = padded_shape(N, K)
+    kb = kp // cfg.block_k
+    split = max(1, min(cfg.split_k, kb))
+    split = triton.cdiv(kb, triton.cdiv(kb, split))
+    return triton.cdiv(np_, cfg.block_n), triton.cdiv(M, cfg.block_m), split
+
+
+def occupancy(regs: int, shared: int, warps: int) -> dict:
+    """CTAs per SM that ptxas's registers and the kernel's shared memory allow on sm_90 (registers allocated per warp
+    in 256-register units), and which resource limits it."""
+    per_warp = -(-regs * 32 // 256) * 256
+    lim = {"registers": (REGS_PER_SM // max(per_warp, 1)) // warps,
+           "shared": SMEM_PER_SM // (shared + SMEM_PER_CTA_RESERVED), "warps": WARPS_PER_SM // warps,
+           "ctas": CTAS_PER_SM}
+    ctas = min(lim.values())
+    return {"ctas_per_sm": ctas, "limited_by": min(lim, key=lim.get)}
+
+
+def kernel_facts(kernel, programs: int, sms: int, nbytes: int) -> dict:
+    """Registers, spills, shared memory of a launched CompiledKernel; its occupancy, waves and bytes per program."""
+    warps = kernel.metadata.num_warps
+    f = {"registers": kernel.n_regs, "spills": kernel.n_spills, "shared_bytes": kernel.metadata.shared,
+         "num_warps": warps, **occupancy(kernel.n_regs, kernel.metadata.shared, warps)}
+    f["waves"] = round(programs / (sms * f["ctas_per_sm"]), 3)
+    f["bytes_per_program"] = nbytes // programs
+    return f
+
+
+def plan(Ms: list[int], fmts: list[str], sms: int = 132) -> list[dict]:
+    """The configurations measured: shipped config, grid, programs, weight bytes (CPU only)."""
+    rows = []
+    for K, N in SHAPES:
+        for fmt in fmts:
+            vb, sb = weight_bytes(fmt, N, K)
+            for M in Ms:
+                cfg = default_config(M, N, K, sms)
+                g = grid_of(M, N, K, cfg)
+                progs = g[0] * g[1] * g[2]
+                rows.append({"K": K, "N": N, "M": M, "fmt": fmt, "config": asdict(cfg), "grid": g, "programs": progs,
+                             "weight_bytes": vb + sb, "bytes_per_program": (vb + sb) // progs,
+                             "k_steps_per_program": padded_shape(N, K)[1] // cfg.block_k // g[2],
+                             "stream_programs": [progs] + [k * sms for k in PERSISTENT]})
+    return rows
+
+
+def verdict(row: dict, floor_us: float) -> str:
+    """One line: which of loads, decode + MMA, or their overlap explains the shipped kernel's time."""
+    full, load, comp = row["shipped"]["us"], row["load_only"]["us"], row["compute_only"]["us"]
+    head = (f"K {row['K']} N {row['N']} M {row['M']} {row['fmt']}: shipped {full:.1f} us, floor {floor_us:.1f}, "
+            f"load-only {load:.1f} ({load / floor_us:.2f}x floor), compute-only {comp:.1f}: ")
+    if load > 1.3 * floor_us:
+        return head + ("the memory stream itself is slow (the shipped tile/grid's loads alone are far above the "
+                       "floor)" + ("; and load-only ~ shipped: the loads are the whole cost" if load > 0.8 * full
+                               else ""))
+    if comp > 0.8 * full:
+        return head + "load-only near the floor, compute-only ~ shipped: decode + MMA issue/latency bound"
+    if max(load, comp) < 0.75 * full:
+        return head + "load-only near the floor and compute-only well under shipped: the overlap is the problem"
+    return head + "load-only near the floor; compute-only a large share of shipped: decode + MMA partly exposed"
+
+
+def measure(args) -> None:
+    import torch
+    import torch.nn.functional as F
+    from gemm_gluon import weight_copies
+    from kernel_baselines import graph_us, json_saver, run_env
+
+    from trace_rl.backends import PackedWeight
+    from trace_rl.kernels import quantize
+    from trace_rl.kernels.fp4_gemm import fp4_matmul
+    from trace_rl.kernels.linear import hopper_weight
+
+    start = time.time()
+    Ms, fmts = [int(m) for m in args.M.split(",")], args.fmts.split(",")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    res = {"env": run_env(torch.cuda.get_device_name(0), sms=sms), "floor": [], "rows": [], "verdicts": [],
+           "skipped": [], "errors": []}
+    save = json_saver(res, args.out)
+    dev = "cuda"
+    for K, N in SHAPES:
+        n_copies = weight_copies(N, K)
+        w_bf16 = [torch.randn(N, K, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(n_copies)]
+        for fmt in fmts:
+            if time.time() - start > args.budget_s:
+                res["skipped"].append({"K": K, "N": N, "fmt": fmt})
+                continue
+            hws = [hopper_weight(PackedWeight(fmt, N, K, q=quantize(w, fmt))) for w in w_bf16]
+            vb, sb = weight_bytes(fmt, N, K)
+            nbytes = vb + sb
+            assert hws[0].values.numel() * 4 == vb and hws[0].scales.numel() == sb, "layout bytes"
+            tbps = lambda us, b=nbytes: b / us / 1e6   # noqa: E731
+            fl = {"K": K, "N": N, "fmt": fmt, "copies": n_copies, "weight_bytes": nbytes}
+            g0 = grid_of(Ms[0], N, K, default_config(Ms[0], N, K, sms))    # the same for M = 1 .. 16 (BM 16)
+            ship_progs = g0[0] * g0[1] * g0[2]
+            sink = torch.empty(max(ship_progs, max(PERSISTENT) * sms) * 4, device=dev, dtype=torch.int32)
+            flats = [(h.values.view(-1), h.scales.view(torch.int32).view(-1)) for h in hws]
+            streams = [(f"stream_grid{ship_progs}", ship_progs, 3)] + \
+                [(f"stream_persistent{k}", k * sms, 3) for k in PERSISTENT] + [("stream_persistent2_ldg", 2 * sms, 1)]
+            for name, progs, stages in streams:
+                try:
+                    kern = gk.stream_words(*flats[0], sink, progs, stages=stages)
+                    us = graph_us([lambda a=a, b=b, p=progs, s=stages, o=sink: gk.stream_words(a, b, o, p, stages=s)
+                                   for a, b in flats])
+                    fl[name] = {"programs": progs, "stages": stages, "us": us, "TBps": tbps(us),
+                                **kernel_facts(kern, progs, sms, nbytes)}
+                except Exception as e:   # noqa: BLE001 -- one failing variant must not lose the run
+                    res["errors"].append(f"{fmt} {K}x{N} {name}: {e!r}"[:400])
+            bufs = [torch.randn(nbytes // 4, device=dev) for _ in range(n_copies)]
+            dst = torch.empty_like(bufs[0])
+            us = graph_us([lambda b=b: b.sum() for b in bufs])
+            fl["torch_sum"] = {"us": us, "TBps": tbps(us)}
+            us = graph_us([lambda b=b, d=dst: d.copy_(b) for b in bufs])
+            fl["torch_copy"] = {"us": us, "TBps_read": tbps(us), "TBps_read_write": 2 * tbps(us)}
+            del bufs, dst
+            reads = [v["us"] for k, v in fl.items() if k.startswith(("stream", "torch_sum"))]
+            fl["floor_us"] = min(reads)      # the fastest read-only pass over the weight's bytes
+            res["floor"].append(fl)
+            save()
+            for M in Ms:
+                x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
+                cfg = default_config(M, N, K, sms)
+                g = grid_of(M, N, K, cfg)
+                progs = g[0] * g[1] * g[2]
+                row = {"K": K, "N": N, "M": M, "fmt": fmt, "config": asdict(cfg), "grid": g, "programs": progs,
+                       "bytes_per_program": nbytes // progs}
+                try:
+                    us = graph_us([lambda w=w, x=x: F.linear(x, w) for w in w_bf16])
+                    row["cublas_bf16"] = {"us": us, "TBps_bf16_bytes": 2 * N * K / us / 1e6}
+                    ref = fp4_matmul(x, hws[0], config=cfg)
+                    us = graph_us([lambda h=h, x=x, c=cfg: fp4_matmul(x, h, config=c) for h in hws])
+                    row["shipped"] = {"us": us, "TBps": tbps(us)}
+                    for mode_name, mode in gk.MODES.items():
+                        out = torch.empty(M, N, device=dev, dtype=torch.bfloat16)
+                        kern = gk.probe_matmul(x, hws[0], mode, cfg, out, sink)
+                        torch.cuda.synchronize()
+                        same = bool(torch.equal(out, ref))
+                        us = graph_us([lambda h=h, x=x, m=mode, c=cfg, o=out, s=sink:
+                                       gk.probe_matmul(x, h, m, c, o, s) for h in hws])
+                        row[mode_name] = {"us": us, "TBps": tbps(us), **kernel_facts(kern, progs, sms, nbytes)}
+                        if mode == gk.FULL:
+                            row[mode_name]["bit_equal_shipped"] = same
+                    res["verdicts"].append(verdict(row, fl["floor_us"]))
+                except Exception as e:   # noqa: BLE001
+                    res["errors"].append(f"{fmt} {K}x{N} M {M}: {e!r}"[:400])
+                res["rows"].append(row)
+                save()
+                print({k: (round(v["us"], 2), round(v.get("TBps", 0), 2)) if isinstance(v, dict) and "us" in v
+                       else v for k, v in row.items() if k != "config"}, flush=True)
+            del hws, flats
+            torch.cuda.empty_cache()
+        del w_bf16
+    res["total_s"] = time.time() - start
+    save()
+
+
+def ncu_target() -> None:
+    """Two eager launches of the shipped kernel at M = 1 on 4096x12288 nvfp4 (ncu profiles the second:
+    `--launch-skip 1 --launch-count 1`; the first compiles)."""
+    import torch
+
+    from trace_rl.backends import PackedWeight
+    from trace_rl.kernels import quantize
+    from trace_rl.kernels.fp4_gemm import fp4_matmul
+    from trace_rl.kernels.linear import hopper_weight
+
+    K, N = SHAPES[0]
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.02
+    h = hopper_weight(PackedWeight("nvfp4", N, K, q=quantize(w, "nvfp4")))
+    x = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
+    cfg = default_config(1, N, K, torch.cuda.get_device_properties(0).multi_processor_count)
+    for _ in range(2):
+        fp4_matmul(x, h, config=cfg)
+    torch.cuda.synchronize()
+    print({"config": asdict(cfg), "grid": grid_of(1, N, K, cfg)})
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out")
+    ap.add_argument("--M", default="1,16")
+    ap.add_argument("--fmts", default="nvfp4,mxfp4", help="in order: past --budget-s the later ones are skipped")
+    ap.add_argument("--budget-s", type=float, default=60.0, help="start no new shape x format after this many s")
+    ap.add_argument("--dry", action="store_true", help="print the plan (CPU, no GPU)")
+    ap.add_argument("--ncu-target", action="store_true", help="the launch for ncu (see ncu_target)")
+    args = ap.parse_args()
+    if args.dry:
+        for r in plan([int(m) for m in args.M.split(",")], args.fmts.split(",")):
+            print(r)
+        return
+    if args.ncu_target:
+        ncu_target()
+        return
+    if not args.out:
+        ap.error("--out is required (unless --dry / --ncu-target)")
+    measure(args)
+
+
+if __name__ == "__main__":
+    main()
