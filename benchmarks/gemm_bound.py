@@ -17,7 +17,8 @@ match `shipped`), `load_only` (same loads, XOR-accumulated, no decode / wgmma / 
 weight loads: decode of register words + the wgmmas, same trip count and epilogue) modes, each with us, effective
 TB/s over the weight's bytes and, for the probe modes, the compiled kernel's registers / spills / shared memory, the
 CTAs per SM they allow and the waves of the grid. The "verdicts" say, per shape and M (nvfp4), which part is slow.
-The JSON is rewritten after every measurement; no new format starts past `--budget-s` ("skipped").
+The JSON is rewritten after every measurement; no new format x shape starts past `--budget-s` ("skipped"; formats
+outer, so nvfp4's two shapes come first).
 """
 
 from __future__ import annotations
@@ -95,20 +96,28 @@ def plan(Ms: list[int], fmts: list[str], sms: int = 132) -> list[dict]:
     return rows
 
 
-def verdict(row: dict, floor_us: float) -> str:
-    """One line: which of loads, decode + MMA, or their overlap explains the shipped kernel's time."""
+def verdict(row: dict, fl: dict) -> str:
+    """One line: which of the launch pattern, the loads, decode + MMA, or their overlap explains the shipped time.
+    `fl`: the shape's floor entry (floor_us = the fastest read-only pass; stream_grid* = the shipped grid's)."""
     full, load, comp = row["shipped"]["us"], row["load_only"]["us"], row["compute_only"]["us"]
-    head = (f"K {row['K']} N {row['N']} M {row['M']} {row['fmt']}: shipped {full:.1f} us, floor {floor_us:.1f}, "
-            f"load-only {load:.1f} ({load / floor_us:.2f}x floor), compute-only {comp:.1f}: ")
-    if load > 1.3 * floor_us:
-        return head + ("the memory stream itself is slow (the shipped tile/grid's loads alone are far above the "
-                       "floor)" + ("; and load-only ~ shipped: the loads are the whole cost" if load > 0.8 * full
-                               else ""))
-    if comp > 0.8 * full:
-        return head + "load-only near the floor, compute-only ~ shipped: decode + MMA issue/latency bound"
-    if max(load, comp) < 0.75 * full:
-        return head + "load-only near the floor and compute-only well under shipped: the overlap is the problem"
-    return head + "load-only near the floor; compute-only a large share of shipped: decode + MMA partly exposed"
+    floor = fl["floor_us"]
+    grid = next((v["us"] for k, v in fl.items() if k.startswith("stream_grid")), floor)
+    head = (f"K {row['K']} N {row['N']} M {row['M']} {row['fmt']}: shipped {full:.1f} us, floor {floor:.1f} "
+            f"(stream at the shipped grid {grid:.1f}), load-only {load:.1f} ({load / floor:.2f}x floor), "
+            f"compute-only {comp:.1f}: ")
+    notes = []
+    if grid > 1.2 * floor:
+        notes.append(f"the shipped grid's pattern alone costs {grid - floor:.1f} us over the best stream")
+    if load > 1.3 * max(grid, floor):
+        notes.append("the memory stream itself is slow (the shipped tile's loads alone are far above a plain "
+                     "stream)" + ("; load-only ~ shipped: the loads are the whole cost" if load > 0.8 * full else ""))
+    elif comp > 0.8 * full:
+        notes.append("load-only near the stream, compute-only ~ shipped: decode + MMA issue/latency bound")
+    elif max(load, comp) < 0.75 * full:
+        notes.append("load-only near the stream and compute-only well under shipped: the overlap is the problem")
+    else:
+        notes.append("load-only near the stream; compute-only a large share of shipped: decode + MMA partly exposed")
+    return head + "; ".join(notes)
 
 
 def measure(args) -> None:
@@ -129,13 +138,13 @@ def measure(args) -> None:
            "skipped": [], "errors": []}
     save = json_saver(res, args.out)
     dev = "cuda"
-    for K, N in SHAPES:
-        n_copies = weight_copies(N, K)
-        w_bf16 = [torch.randn(N, K, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(n_copies)]
-        for fmt in fmts:
+    for fmt in fmts:          # format outer: past the budget the later format is skipped, never the second shape
+        for K, N in SHAPES:
             if time.time() - start > args.budget_s:
                 res["skipped"].append({"K": K, "N": N, "fmt": fmt})
                 continue
+            n_copies = weight_copies(N, K)
+            w_bf16 = [torch.randn(N, K, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(n_copies)]
             hws = [hopper_weight(PackedWeight(fmt, N, K, q=quantize(w, fmt))) for w in w_bf16]
             vb, sb = weight_bytes(fmt, N, K)
             nbytes = vb + sb
@@ -191,16 +200,15 @@ def measure(args) -> None:
                         row[mode_name] = {"us": us, "TBps": tbps(us), **kernel_facts(kern, progs, sms, nbytes)}
                         if mode == gk.FULL:
                             row[mode_name]["bit_equal_shipped"] = same
-                    res["verdicts"].append(verdict(row, fl["floor_us"]))
+                    res["verdicts"].append(verdict(row, fl))
                 except Exception as e:   # noqa: BLE001
                     res["errors"].append(f"{fmt} {K}x{N} M {M}: {e!r}"[:400])
                 res["rows"].append(row)
                 save()
                 print({k: (round(v["us"], 2), round(v.get("TBps", 0), 2)) if isinstance(v, dict) and "us" in v
                        else v for k, v in row.items() if k != "config"}, flush=True)
-            del hws, flats
+            del hws, flats, w_bf16
             torch.cuda.empty_cache()
-        del w_bf16
     res["total_s"] = time.time() - start
     save()
 

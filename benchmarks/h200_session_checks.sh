@@ -15,17 +15,19 @@
 #   gemmwide GLUON_M=64,256,512 benchmarks/gemm_gluon_h200.sh   the same at M = 64-512 (token tiles 32-128)
 #   attn     benchmarks/attention_gluon_h200.sh   the Gluon FP4-KV attention against the shipped kernel and SDPA
 #   trainattn benchmarks/trainer_attention_h200.sh the trainer's float32 GQA attention (expanded K/V, efficient kernel)
+#   gemmbound benchmarks/gemm_bound_h200.sh       what bounds the W4A16 GEMM at M <= 16: read floor, load-only /
+#            compute-only probes of the shipped loop, occupancy, ncu of one launch
 #   fp4engine benchmarks/engine_fp4_gluon_h200.sh the FP4 engine's decode step with attention forced to the Triton
 #            kernel vs the Gluon kernel (Qwen3-8B shape, B = 100 / 256, 8k) and the bf16 engine, after the Gluon
 #            engine and kernel GPU tests (what GLUON_IN_AUTO waits for); not in the default list: name it
 # The default order puts first what the stability study's runs depend on (wsync presets engine guided trainattn: ~9 min),
-# then the speed checks (grid gemm gemmwide attn): a second call,
-# `BUDGET_S=... benchmarks/h200_session_checks.sh OUT grid gemm gemmwide attn`; fp4engine only when named
+# then the speed checks (grid gemm gemmwide attn gemmbound): a second call,
+# `BUDGET_S=... benchmarks/h200_session_checks.sh OUT grid gemm gemmwide attn gemmbound`; fp4engine only when named
 # (`benchmarks/h200_session_checks.sh OUT fp4engine`).
 set -u
 OUT=${1:?usage: $0 OUT_DIR [NAME ...]}
 shift
-NAMES=${*:-"wsync presets engine guided trainattn grid gemm gemmwide attn"}
+NAMES=${*:-"wsync presets engine guided trainattn grid gemm gemmwide attn gemmbound"}
 BUDGET_S=${BUDGET_S:-540}
 export PYTHON=${PYTHON:-python3}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -52,6 +54,7 @@ for name in $NAMES; do
         gemmwide) GLUON_M=64,256,512 bash benchmarks/gemm_gluon_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         attn) bash benchmarks/attention_gluon_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         trainattn) bash benchmarks/trainer_attention_h200.sh "$d" > "$d/run.log" 2>&1 ;;
+        gemmbound) bash benchmarks/gemm_bound_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         presets) pytest_check "$d" 145 tests/pipelines/test_presets_gpu.py ;;
         engine) pytest_check "$d" 85 tests/engine/test_native_gpu.py -k "not gluon" ;;
         fp4engine) bash benchmarks/engine_fp4_gluon_h200.sh "$d" > "$d/run.log" 2>&1 ;;
