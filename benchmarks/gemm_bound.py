@@ -16,7 +16,9 @@ Per shape, M and format: `cublas_bf16`, `shipped` (fp4_matmul), and the probe in
 match `shipped`), `load_only` (same loads, XOR-accumulated, no decode / wgmma / epilogue) and `compute_only` (no
 weight loads: decode of register words + the wgmmas, same trip count and epilogue) modes, each with us, effective
 TB/s over the weight's bytes and, for the probe modes, the compiled kernel's registers / spills / shared memory, the
-CTAs per SM they allow and the waves of the grid. The "verdicts" say, per shape and M (nvfp4), which part is slow.
+CTAs per SM they allow and the waves of the grid; then `gluon_ws` (fp4_gemm_gluon, gemm_gluon.py's "ws" / "mx_ws_s2"
+config at its auto split) and `gluon_load_only` (its TMA producer feeding a consumer that only drains the ring:
+benchmarks/gemm_bound_gluon.py). The "verdicts" say, per shape and M (nvfp4), which part is slow.
 The JSON is rewritten after every measurement; no new format x shape starts past `--budget-s` ("skipped"; formats
 outer, so nvfp4's two shapes come first).
 """
@@ -117,6 +119,9 @@ def verdict(row: dict, fl: dict) -> str:
         notes.append("load-only near the stream and compute-only well under shipped: the overlap is the problem")
     else:
         notes.append("load-only near the stream; compute-only a large share of shipped: decode + MMA partly exposed")
+    if "gluon_load_only" in row and "gluon_ws" in row:
+        gl_load, gl_full = row["gluon_load_only"]["us"], row["gluon_ws"]["us"]
+        notes.append(f"Gluon: load-only {gl_load:.1f} us ({gl_load / floor:.2f}x floor) vs full {gl_full:.1f}")
     return head + "; ".join(notes)
 
 
@@ -203,6 +208,10 @@ def measure(args) -> None:
                     res["verdicts"].append(verdict(row, fl))
                 except Exception as e:   # noqa: BLE001
                     res["errors"].append(f"{fmt} {K}x{N} M {M}: {e!r}"[:400])
+                try:
+                    gluon_rows(row, x, hws, sink, graph_us, tbps, sms)
+                except Exception as e:   # noqa: BLE001 -- Gluon needs Triton 3.6: the Triton rows stand alone
+                    res["errors"].append(f"{fmt} {K}x{N} M {M} gluon: {e!r}"[:400])
                 res["rows"].append(row)
                 save()
                 print({k: (round(v["us"], 2), round(v.get("TBps", 0), 2)) if isinstance(v, dict) and "us" in v
@@ -211,6 +220,25 @@ def measure(args) -> None:
             torch.cuda.empty_cache()
     res["total_s"] = time.time() - start
     save()
+
+
+def gluon_rows(row: dict, x, hws: list, sink, graph_us, tbps, sms: int) -> None:
+    """The Gluon warp-specialised kernel (gemm_gluon.py's first variant of the format, auto split) and its load-only
+    probe (benchmarks/gemm_bound_gluon.py: the same TMA producer, a consumer that only drains the ring) -> row."""
+    import gemm_bound_gluon as gbg
+
+    from trace_rl.kernels.fp4_gemm_gluon import GluonConfig, fp4_matmul_gluon
+
+    c = GluonConfig() if row["fmt"] == "nvfp4" else GluonConfig(stages=2)   # gemm_gluon's "ws" / "mx_ws_s2"
+    fp4_matmul_gluon(x, hws[0], c)
+    us = graph_us([lambda h=h, x=x: fp4_matmul_gluon(x, h, c) for h in hws])
+    row["gluon_ws"] = {"us": us, "TBps": tbps(us), "config": asdict(c)}
+    kern, progs = gbg.gluon_load_only(x, hws[0], c, sink)
+    us = graph_us([lambda h=h, x=x: gbg.gluon_load_only(x, h, c, sink) for h in hws])
+    ctas = c.ctas_per_sm(c.tile_m(x.shape[0]), row["fmt"])
+    row["gluon_load_only"] = {"us": us, "TBps": tbps(us), "programs": progs, "registers": kern.n_regs,
+                              "shared_bytes": kern.metadata.shared, "ctas_per_sm": ctas,
+                              "waves": round(progs / (sms * ctas), 3)}
 
 
 def ncu_target() -> None:
