@@ -54,7 +54,8 @@ s["bench_log_tail"] = tail("gemm_bound.log", 6)
 if ncu != "absent":
     try:   # --page raw --csv: a header of metric names, a row of units, one row per profiled kernel
         rows = [row for row in csv.reader(line for line in open(os.path.join(out, "ncu.csv")) if line.startswith('"'))]
-        head, unit, val = rows[0], rows[1], rows[2]
+        head, val = rows[0], rows[-1]                        # (a units row between them when ncu prints one)
+        unit = rows[1] if len(rows) > 2 else [""] * len(head)
         m = {h: (v, u) for h, u, v in zip(head, unit, val)}
         want = ("gpu__time_duration.sum", "dram__throughput.avg.pct_of_peak_sustained_elapsed",
                 "sm__throughput.avg.pct_of_peak_sustained_elapsed", "dram__bytes_read.sum",
