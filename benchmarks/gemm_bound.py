@@ -205,13 +205,14 @@ def measure(args) -> None:
                         row[mode_name] = {"us": us, "TBps": tbps(us), **kernel_facts(kern, progs, sms, nbytes)}
                         if mode == gk.FULL:
                             row[mode_name]["bit_equal_shipped"] = same
-                    res["verdicts"].append(verdict(row, fl))
                 except Exception as e:   # noqa: BLE001
                     res["errors"].append(f"{fmt} {K}x{N} M {M}: {e!r}"[:400])
                 try:
                     gluon_rows(row, x, hws, sink, graph_us, tbps, sms)
                 except Exception as e:   # noqa: BLE001 -- Gluon needs Triton 3.6: the Triton rows stand alone
                     res["errors"].append(f"{fmt} {K}x{N} M {M} gluon: {e!r}"[:400])
+                if all(k in row for k in ("shipped", "load_only", "compute_only")):
+                    res["verdicts"].append(verdict(row, fl))
                 res["rows"].append(row)
                 save()
                 print({k: (round(v["us"], 2), round(v.get("TBps", 0), 2)) if isinstance(v, dict) and "us" in v

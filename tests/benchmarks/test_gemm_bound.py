@@ -140,3 +140,16 @@ def test_probe_compiles_for_sm90_and_full_mode_is_the_shipped_loop():
         assert loads(comp) < loads(res[f"{fmt} 0"]["ops"])               # only the activation tile's loads left
         assert not res[f"{fmt} 2"]["violations"], res[f"{fmt} 2"]
         assert not res.get(f"gluon {fmt}", {}).get("violations"), res[f"gluon {fmt}"]   # TMA, mbarriers, setmaxnreg
+
+
+def test_verdicts_name_the_slow_part():
+    fl = {"floor_us": 7.0, "stream_grid384": {"us": 7.5}}
+    row = lambda full, load, comp: {"K": 4096, "N": 12288, "M": 1, "fmt": "nvfp4", "shipped": {"us": full},  # noqa: E731
+                                    "load_only": {"us": load}, "compute_only": {"us": comp}}
+    assert "memory stream itself is slow" in gb.verdict(row(17, 15, 6), fl)
+    assert "the loads are the whole cost" in gb.verdict(row(17, 15, 6), fl)
+    assert "decode + MMA issue/latency bound" in gb.verdict(row(17, 8, 15), fl)
+    assert "the overlap is the problem" in gb.verdict(row(17, 8, 9), fl)
+    assert "grid's pattern alone" in gb.verdict(row(17, 12, 9), {"floor_us": 7.0, "stream_grid384": {"us": 11.0}})
+    r = row(17, 8, 9) | {"gluon_load_only": {"us": 14.0}, "gluon_ws": {"us": 16.0}}
+    assert "Gluon: load-only 14.0 us (2.00x floor) vs full 16.0" in gb.verdict(r, fl)
