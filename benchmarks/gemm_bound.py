@@ -4,7 +4,7 @@ with its decode + MMA or its loads cut out (probe kernels: benchmarks/gemm_bound
 
     python benchmarks/gemm_bound.py --out gemm_bound.json [--M 1,16] [--fmts nvfp4,mxfp4] [--budget-s 60]
     python benchmarks/gemm_bound.py --dry            # CPU: the plan (grids, programs, bytes), no GPU
-    python benchmarks/gemm_bound.py --ncu-target     # one eager shipped launch at M = 1, 4096x12288 nvfp4 (for ncu)
+    python benchmarks/gemm_bound.py --ncu-target     # eager shipped + load-only launches, M = 1, 4096x12288 nvfp4
 
 Timing is gemm_gluon.py's (`graph_us`: every call captured over `weight_copies` weight copies > L2 in one CUDA graph,
 median replay, us per call). Per shape (K, N) and format (M-independent, "floor"):
@@ -243,8 +243,8 @@ def gluon_rows(row: dict, x, hws: list, sink, graph_us, tbps, sms: int) -> None:
 
 
 def ncu_target() -> None:
-    """Two eager launches of the shipped kernel at M = 1 on 4096x12288 nvfp4 (ncu profiles the second:
-    `--launch-skip 1 --launch-count 1`; the first compiles)."""
+    """Eager launches at M = 1 on 4096x12288 nvfp4: the shipped kernel, then the load-only probe, twice (ncu
+    profiles the second round: `--launch-skip 2 --launch-count 2`; the first compiles)."""
     import torch
 
     from trace_rl.backends import PackedWeight
@@ -257,8 +257,11 @@ def ncu_target() -> None:
     h = hopper_weight(PackedWeight("nvfp4", N, K, q=quantize(w, "nvfp4")))
     x = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
     cfg = default_config(1, N, K, torch.cuda.get_device_properties(0).multi_processor_count)
+    out = torch.empty(1, N, device="cuda", dtype=torch.bfloat16)
+    sink = torch.empty(4096, device="cuda", dtype=torch.int32)
     for _ in range(2):
         fp4_matmul(x, h, config=cfg)
+        gk.probe_matmul(x, h, gk.LOAD_ONLY, cfg, out, sink)
     torch.cuda.synchronize()
     print({"config": asdict(cfg), "grid": grid_of(1, N, K, cfg)})
 

@@ -11,9 +11,10 @@
 #      shipped K loop) as full (should equal shipped, bit-equal output), load-only (same loads XOR-reduced, no decode
 #      / wgmma) and compute-only (register words decoded + wgmma, no weight loads), with registers, shared memory,
 #      CTAs per SM, waves and bytes per program of each compiled kernel.
-# 2. if ncu exists: one eager launch of the shipped kernel at M = 1, 4096x12288 nvfp4 under
-#    `ncu --page raw --csv` (SpeedOfLight, MemoryWorkloadAnalysis, WarpStateStats, Occupancy, LaunchStats,
-#    SchedulerStats; clocks not locked) -> OUT/ncu.csv (+ ncu.log), time-boxed to 40 s; else "ncu": "absent".
+# 2. if ncu exists: one eager launch of the shipped kernel and one of the load-only probe at M = 1, 4096x12288 nvfp4
+#    under `ncu --page raw --csv` (SpeedOfLight, MemoryWorkloadAnalysis, WarpStateStats, Occupancy, LaunchStats,
+#    SchedulerStats; clocks not locked; caches flushed) -> OUT/ncu.csv (+ ncu.log), time-boxed to 40 s; else
+#    "ncu": "absent".
 # 3. OUT/summary.json: per config us and TB/s of every variant, the floor entries, one verdict per shape and M
 #    (nvfp4 and mxfp4), the ncu headline metrics and top stall reasons, rcs and errors.
 . "$(dirname "$0")/h200_check.sh"
@@ -24,9 +25,9 @@ ncu_rc=-1
 if [ -n "$NCU" ]; then
     left=$(( 112 - ($(date +%s) - start) ))
     timeout $(( left < 40 ? (left > 5 ? left : 5) : 40 )) "$NCU" --target-processes all --clock-control none \
-        --kernel-name regex:_fp4_gemm_kernel --launch-skip 1 --launch-count 1 --section SpeedOfLight \
-        --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
-        --section SchedulerStats --page raw --csv $PY benchmarks/gemm_bound.py --ncu-target \
+        --kernel-name "regex:_fp4_gemm_kernel|_probe_gemm_kernel" --launch-skip 2 --launch-count 2 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
+        --section LaunchStats --section SchedulerStats --page raw --csv $PY benchmarks/gemm_bound.py --ncu-target \
         > "$OUT/ncu.csv" 2> "$OUT/ncu.log"
     ncu_rc=$?
 fi
@@ -54,22 +55,26 @@ s["bench_log_tail"] = tail("gemm_bound.log", 6)
 if ncu != "absent":
     try:   # --page raw --csv: a header of metric names, a row of units, one row per profiled kernel
         rows = [row for row in csv.reader(line for line in open(os.path.join(out, "ncu.csv")) if line.startswith('"'))]
-        head, val = rows[0], rows[-1]                        # (a units row between them when ncu prints one)
-        unit = rows[1] if len(rows) > 2 else [""] * len(head)
-        m = {h: (v, u) for h, u, v in zip(head, unit, val)}
+        head = rows[0]       # then a units row (its "ID" cell empty) where ncu prints one, then a row per kernel
+        unit = rows[1] if len(rows) > 1 and not rows[1][0].strip() else [""] * len(head)
+        kernels = [r for r in rows[1:] if r[0].strip()]
         want = ("gpu__time_duration.sum", "dram__throughput.avg.pct_of_peak_sustained_elapsed",
                 "sm__throughput.avg.pct_of_peak_sustained_elapsed", "dram__bytes_read.sum",
-                "sm__warps_active.avg.pct_of_peak_sustained_active", "smsp__issue_active.avg.pct_of_peak_sustained_active",
-                "launch__registers_per_thread", "launch__occupancy_limit_registers", "launch__occupancy_limit_shared_mem",
-                "launch__grid_size", "smsp__average_warp_latency_per_inst_issued.ratio")
-        s["ncu_metrics"] = {k: " ".join(m[k]) for k in want if k in m}
+                "sm__warps_active.avg.pct_of_peak_sustained_active",
+                "smsp__issue_active.avg.pct_of_peak_sustained_active", "launch__registers_per_thread",
+                "launch__occupancy_limit_registers", "launch__occupancy_limit_shared_mem", "launch__grid_size", "smsp__average_warp_latency_per_inst_issued.ratio")
         def num(x):
             try:
                 return float(x.replace(",", ""))
             except ValueError:
                 return -1.0
-        stalls = [(k, num(v)) for k, (v, u) in m.items() if "issue_stalled" in k and "not_issued" not in k]
-        s["ncu_top_stalls"] = sorted(stalls, key=lambda kv: -kv[1])[:10]
+        s["ncu_kernels"] = []
+        for val in kernels:
+            m = {h: (v, u) for h, u, v in zip(head, unit, val)}
+            stalls = [(k, num(v)) for k, (v, u) in m.items() if "issue_stalled" in k and "not_issued" not in k]
+            s["ncu_kernels"].append({"kernel": m.get("Kernel Name", ("?", ""))[0],
+                                     "metrics": {k: " ".join(m[k]).strip() for k in want if k in m},
+                                     "top_stalls": sorted(stalls, key=lambda kv: -kv[1])[:10]})
     except Exception as e:   # noqa: BLE001
         s["ncu_error"] = repr(e)
     s["ncu_log_tail"] = tail("ncu.log", 6)
