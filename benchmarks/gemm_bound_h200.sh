@@ -62,7 +62,8 @@ if ncu != "absent":
                 "sm__throughput.avg.pct_of_peak_sustained_elapsed", "dram__bytes_read.sum",
                 "sm__warps_active.avg.pct_of_peak_sustained_active",
                 "smsp__issue_active.avg.pct_of_peak_sustained_active", "launch__registers_per_thread",
-                "launch__occupancy_limit_registers", "launch__occupancy_limit_shared_mem", "launch__grid_size", "smsp__average_warp_latency_per_inst_issued.ratio")
+                "launch__occupancy_limit_registers", "launch__occupancy_limit_shared_mem", "launch__grid_size",
+                "smsp__average_warp_latency_per_inst_issued.ratio")
         def num(x):
             try:
                 return float(x.replace(",", ""))
