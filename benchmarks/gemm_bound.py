@@ -3,7 +3,7 @@
 with its decode + MMA or its loads cut out (probe kernels: benchmarks/gemm_bound_kernels.py).
 
     python benchmarks/gemm_bound.py --out gemm_bound.json [--M 1,16] [--fmts nvfp4,mxfp4] [--budget-s 60]
-    python benchmarks/gemm_bound.py --dry            # CPU: the plan (grids, programs, bytes), no GPU
+    python benchmarks/gemm_bound.py --dry [--facts]  # CPU: the plan (grids, programs, bytes); --facts: sm_90 compile
     python benchmarks/gemm_bound.py --ncu-target     # eager shipped + load-only launches, M = 1, 4096x12288 nvfp4
 
 Timing is gemm_gluon.py's (`graph_us`: every call captured over `weight_copies` weight copies > L2 in one CUDA graph,
@@ -96,6 +96,36 @@ def plan(Ms: list[int], fmts: list[str], sms: int = 132) -> list[dict]:
                              "k_steps_per_program": padded_shape(N, K)[1] // cfg.block_k // g[2],
                              "stream_programs": [progs] + [k * sms for k in PERSISTENT]})
     return rows
+
+
+def compile_facts(fmt: str) -> dict:
+    """Registers, shared memory and CTAs per SM of every kernel the probe launches at M <= 16, compiled for sm_90
+    on this machine (no GPU; Triton as installed: the H200's is 3.6): the shipped kernel (SMALL_M), the probe's
+    modes, the streams, and with Triton 3.6 the Gluon kernel and its load-only probe."""
+    import gemm_bound_kernels as gk_
+
+    from trace_rl.kernels import sass_gate
+    from trace_rl.kernels.fp4_gemm import SMALL_M, gemm_gate_case
+
+    cases = {"shipped": (gemm_gate_case(SMALL_M, fmt), SMALL_M.num_warps)}
+    cases |= {m: (gk_.probe_gate_case(SMALL_M, fmt, v), SMALL_M.num_warps) for m, v in gk_.MODES.items()}
+    cases |= {f"stream_s{st}": (gk_.stream_gate_case(stages=st), 4) for st in (3, 1)}
+    out = {}
+    for name, (case, warps) in cases.items():
+        _, res = sass_gate.compile_sass(case)
+        out[name] = {"registers": res["REG"], "spills": res.get("LOCAL", 0) + res.get("STACK", 0),
+                     "shared_bytes": res["TRITON_SHARED"], **occupancy(res["REG"], res["TRITON_SHARED"], warps)}
+    if triton.__version__.startswith("3.6"):
+        import gemm_bound_gluon as gbg
+
+        from trace_rl.kernels.fp4_gemm_gluon import GluonConfig, gate_case
+
+        c = GluonConfig() if fmt == "nvfp4" else GluonConfig(stages=2)
+        for name, case in (("gluon_ws", gate_case(c, 16, 2.6, fmt)), ("gluon_load_only", gbg.gate_case(c, 16, fmt))):
+            _, res = sass_gate.compile_sass(case)
+            out[name] = {"registers": res["REG"], "shared_bytes": res["TRITON_SHARED"],
+                         "ctas_per_sm": c.ctas_per_sm(16, fmt), "limited_by": "GluonConfig.ctas_per_sm"}
+    return out
 
 
 def verdict(row: dict, fl: dict) -> str:
@@ -273,11 +303,17 @@ def main() -> None:
     ap.add_argument("--fmts", default="nvfp4,mxfp4", help="in order: past --budget-s the later ones are skipped")
     ap.add_argument("--budget-s", type=float, default=60.0, help="start no new shape x format after this many s")
     ap.add_argument("--dry", action="store_true", help="print the plan (CPU, no GPU)")
+    ap.add_argument("--facts", action="store_true", help="with --dry: compile the kernels for sm_90 (no GPU) and "
+                    "print their registers, shared memory and CTAs per SM")
     ap.add_argument("--ncu-target", action="store_true", help="the launch for ncu (see ncu_target)")
     args = ap.parse_args()
     if args.dry:
         for r in plan([int(m) for m in args.M.split(",")], args.fmts.split(",")):
             print(r)
+        if args.facts:
+            for fmt in args.fmts.split(","):
+                for name, f in compile_facts(fmt).items():
+                    print(fmt, name, f)
         return
     if args.ncu_target:
         ncu_target()

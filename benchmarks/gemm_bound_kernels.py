@@ -193,3 +193,13 @@ def probe_gate_case(cfg, fmt: str, mode: int):
                     cfg.num_warps, cfg.num_stages, cfg.block_n * cfg.block_k / (32 * cfg.num_warps), 99.0,
                     GEMM_DIVISIBLE + ("sink_ptr",), register_a=mode != LOAD_ONLY,
                     forbid=("STS", "STSM", "LDSM") if mode != LOAD_ONLY else ())
+
+
+def stream_gate_case(block: int = 4096, stages: int = 3, num_warps: int = 4):
+    """A sass_gate case for `_stream_kernel` (compile-only: its registers and shared memory)."""
+    from trace_rl.kernels.sass_gate import GateCase
+
+    sig = dict(a_ptr="*i32", b_ptr="*i32", sink_ptr="*i32", n_a="i32", n_b="i32", per_a="i32", per_b="i32")
+    return GateCase(f"probe stream {block} s{stages}", _stream_kernel, sig, dict(BLOCK=block, STAGES=stages), num_warps,
+                    stages, block / (32 * num_warps), 99.0, ("a_ptr", "b_ptr", "sink_ptr"), register_a=False,
+                    forbid=())

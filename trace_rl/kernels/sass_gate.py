@@ -88,7 +88,8 @@ class GateReport:
 
 
 def compile_sass(case: GateCase) -> tuple[str, dict]:
-    """(SASS text, resource usage) of `case` compiled for sm_90."""
+    """(SASS text, resource usage) of `case` compiled for sm_90: cuobjdump's REG / STACK / SHARED (static) / LOCAL and
+    TRITON_SHARED, the shared memory a launch requests (the pipeline's buffers included)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -111,6 +112,7 @@ def compile_sass(case: GateCase) -> tuple[str, dict]:
         sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
         usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
     res = {k: int(v) for k, v in re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", usage)}
+    res["TRITON_SHARED"] = kernel.metadata.shared     # static + dynamic bytes a launch asks for (occupancy)
     return sass, res
 
 
