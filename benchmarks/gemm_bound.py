@@ -17,8 +17,9 @@ match `shipped`), `load_only` (same loads, XOR-accumulated, no decode / wgmma / 
 weight loads: decode of register words + the wgmmas, same trip count and epilogue) modes, each with us, effective
 TB/s over the weight's bytes and, for the probe modes, the compiled kernel's registers / spills / shared memory, the
 CTAs per SM they allow and the waves of the grid; then `gluon_ws` (fp4_gemm_gluon, gemm_gluon.py's "ws" / "mx_ws_s2"
-config at its auto split) and `gluon_load_only` (its TMA producer feeding a consumer that only drains the ring:
-benchmarks/gemm_bound_gluon.py). The "verdicts" say, per shape and M (nvfp4), which part is slow.
+config at its auto split), `gluon_load_only` (its TMA producer feeding a consumer that only drains the ring) and
+`gluon_compute_only` (only activations through the ring; decode of register words + wgmma):
+benchmarks/gemm_bound_gluon.py. The "verdicts" say, per shape, M and format, which part is slow.
 The JSON is rewritten after every measurement; no new format x shape starts past `--budget-s` ("skipped"; formats
 outer, so nvfp4's two shapes come first).
 """
@@ -121,7 +122,8 @@ def compile_facts(fmt: str) -> dict:
         from trace_rl.kernels.fp4_gemm_gluon import GluonConfig, gate_case
 
         c = GluonConfig() if fmt == "nvfp4" else GluonConfig(stages=2)
-        for name, case in (("gluon_ws", gate_case(c, 16, 2.6, fmt)), ("gluon_load_only", gbg.gate_case(c, 16, fmt))):
+        for name, case in (("gluon_ws", gate_case(c, 16, 2.6, fmt)), ("gluon_load_only", gbg.gate_case(c, 16, fmt)),
+                           ("gluon_compute_only", gbg.gate_case(c, 16, fmt, "compute_only"))):
             _, res = sass_gate.compile_sass(case)
             out[name] = {"registers": res["REG"], "shared_bytes": res["TRITON_SHARED"],
                          "ctas_per_sm": c.ctas_per_sm(16, fmt), "limited_by": "GluonConfig.ctas_per_sm"}
@@ -151,7 +153,8 @@ def verdict(row: dict, fl: dict) -> str:
         notes.append("load-only near the stream; compute-only a large share of shipped: decode + MMA partly exposed")
     if "gluon_load_only" in row and "gluon_ws" in row:
         gl_load, gl_full = row["gluon_load_only"]["us"], row["gluon_ws"]["us"]
-        notes.append(f"Gluon: load-only {gl_load:.1f} us ({gl_load / floor:.2f}x floor) vs full {gl_full:.1f}")
+        notes.append(f"Gluon: load-only {gl_load:.1f} us ({gl_load / floor:.2f}x floor) vs full {gl_full:.1f}" +
+                     (f", compute-only {row['gluon_compute_only']['us']:.1f}" if "gluon_compute_only" in row else ""))
     return head + "; ".join(notes)
 
 
@@ -254,9 +257,11 @@ def measure(args) -> None:
 
 
 def gluon_rows(row: dict, x, hws: list, sink, graph_us, tbps, sms: int) -> None:
-    """The Gluon warp-specialised kernel (gemm_gluon.py's first variant of the format, auto split) and its load-only
-    probe (benchmarks/gemm_bound_gluon.py: the same TMA producer, a consumer that only drains the ring) -> row."""
+    """The Gluon warp-specialised kernel (gemm_gluon.py's first variant of the format, auto split) and its probes
+    (benchmarks/gemm_bound_gluon.py): load-only (the same TMA producer, a consumer that only drains the ring) and
+    compute-only (activations only through the ring, decode of register words + wgmma) -> row."""
     import gemm_bound_gluon as gbg
+    import torch
 
     from trace_rl.kernels.fp4_gemm_gluon import GluonConfig, fp4_matmul_gluon
 
@@ -270,6 +275,11 @@ def gluon_rows(row: dict, x, hws: list, sink, graph_us, tbps, sms: int) -> None:
     row["gluon_load_only"] = {"us": us, "TBps": tbps(us), "programs": progs, "registers": kern.n_regs,
                               "shared_bytes": kern.metadata.shared, "ctas_per_sm": ctas,
                               "waves": round(progs / (sms * ctas), 3)}
+    out = torch.empty(x.shape[0], hws[0].n, device=x.device, dtype=torch.bfloat16)
+    kern, progs = gbg.gluon_compute_only(x, hws[0], c, out)
+    us = graph_us([lambda h=h, x=x: gbg.gluon_compute_only(x, h, c, out) for h in hws])
+    row["gluon_compute_only"] = {"us": us, "TBps": tbps(us), "programs": progs, "registers": kern.n_regs,
+                                 "shared_bytes": kern.metadata.shared}
 
 
 def ncu_target() -> None:

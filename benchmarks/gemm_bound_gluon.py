@@ -1,9 +1,13 @@
-"""Load-only probe of the Gluon warp-specialised GEMM (trace_rl/kernels/fp4_gemm_gluon.py) for benchmarks/gemm_bound.py:
-the shipped TMA producer partition (`_producer`, unchanged: the same boxes, ring and mbarriers) feeding a consumer
-that only waits for each slot, loads its layout words from shared memory as the real consumer does (LDS.128 in the
-A-fragment layout) and XORs them, then releases the slot: no decode, no wgmma, no split-K epilogue; one int32 per
-program. Same grid, split and descriptors as `fp4_matmul_gluon`. Needs Triton 3.6 (Gluon) and an sm_90 GPU to run;
-compiles for sm_90 on any machine (tests/benchmarks/test_gemm_bound.py).
+"""Probes of the Gluon warp-specialised GEMM (trace_rl/kernels/fp4_gemm_gluon.py) for benchmarks/gemm_bound.py, with
+the same grid, split and descriptors as `fp4_matmul_gluon`:
+- load-only: the shipped TMA producer partition (`_producer`, unchanged: the same boxes, ring and mbarriers) feeding
+  a consumer that only waits for each slot, loads its layout words from shared memory as the real consumer does
+  (LDS.128 in the A-fragment layout) and XORs them, then releases the slot: no decode, no wgmma, no split-K
+  epilogue; one int32 per program;
+- compute-only: a producer that brings only the activation tiles, and the shipped consumer (no overlap) decoding
+  words held in registers (changed every step) and running the same wgmmas and split-K epilogue.
+Needs Triton 3.6 (Gluon) and an sm_90 GPU to run; compiles for sm_90 on any machine
+(tests/benchmarks/test_gemm_bound.py).
 """
 
 from __future__ import annotations
@@ -11,9 +15,24 @@ from __future__ import annotations
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
-from trace_rl.kernels.fp4_gemm_gluon import GluonConfig, _descriptors, _producer, _shared_layouts, auto_split, step_k
+from trace_rl.kernels.fp4_gemm_gluon import (
+    GluonConfig,
+    _decode_chunk,
+    _descriptors,
+    _finish,
+    _producer,
+    _shared_layouts,
+    auto_split,
+    step_k,
+)
 from trace_rl.kernels.hopper_fp4 import COLS, ROWS
 
 
@@ -63,9 +82,118 @@ def _load_only_ws_kernel(w_desc, s_desc, x_desc, sink_ptr, KB, SPLIT_K, BN: gl.c
     gl.store(sink_ptr + pid, word)
 
 
-def gluon_load_only(x2, w, c: GluonConfig, sink, split: int = 0):
-    """`fp4_matmul_gluon(x2, w, c)`'s launch (grid, split: `split` or the config's or auto, descriptors) with the
-    load-only consumer; one int32 per program into `sink`. Returns (CompiledKernel, programs)."""
+@gluon.jit
+def _x_producer(x_desc, x_bufs, ready, empty, m0, kb_lo, n_iters, BK: gl.constexpr, STAGES: gl.constexpr):
+    """`_producer` without the weight: only the activation tile of each step (the wgmma's B operand)."""
+    for it in range(n_iters):
+        slot = it % STAGES
+        mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)
+        bar = ready.index(slot)
+        mbarrier.expect(bar, x_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(x_desc, [m0, (kb_lo + it) * BK], bar, x_bufs.index(slot))
+
+
+@gluon.jit
+def _compute_consumer(w_bufs, s_bufs, x_bufs, ready, empty, n_iters, BN: gl.constexpr, BK: gl.constexpr,
+                      BM: gl.constexpr, STAGES: gl.constexpr, MX: gl.constexpr):
+    """`_consumer` (no overlap) with the words and scale words of each step taken from registers: slot 0's
+    contents (never written: values the compiler cannot know) loaded once, XORed with the step, so the decode
+    cannot be hoisted; same decode, wgmmas, waits and slot releases."""
+    NW: gl.constexpr = gl.num_warps()
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
+    A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    W_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 2, 2], [1, 1, 8, 4, 1, 1], [NW, 1, 1, 1, 1, 1],
+                                              [5, 4, 3, 2, 1, 0])
+    RAW6: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [5, 4, 3, 2, 1, 0])
+    KC: gl.constexpr = BK // 128
+    w_raw = w_bufs._reinterpret(gl.int32, [STAGES * KC, BN // 16, 2, 8, 4, 2, 2], RAW6)
+    if MX:
+        S_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1], [1, 1, 8, 4], [NW, 1, 1, 1], [3, 2, 1, 0])
+        s_raw = s_bufs._reinterpret(gl.int32, [STAGES, BN // 16, 2, 8, KC],
+                                    gl.SwizzledSharedLayout(1, 1, 1, [3, 2, 1, 0]))
+    else:
+        S_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 2], [1, 1, 8, 4, 1], [NW, 1, 1, 1, 1],
+                                                  [4, 3, 2, 1, 0])
+        s_raw = s_bufs._reinterpret(gl.int32, [STAGES, BN // 16, 2, 8, KC, 2],
+                                    gl.SwizzledSharedLayout(1, 1, 1, [4, 3, 2, 1, 0]))
+    w_a = w_raw.index(0).load(W_LAYOUT)
+    w_b = w_raw.index(1).load(W_LAYOUT)
+    s_a = s_raw.index(0).slice(0, 1, dim=3).load(S_LAYOUT)
+    s_b = s_raw.index(0).slice(1, 1, dim=3).load(S_LAYOUT)
+    acc = gl.zeros([BN, BM], gl.float32, mma)
+    for it in range(n_iters):
+        slot = it % STAGES
+        mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
+        x_s = x_bufs.index(slot)
+        for kp in gl.static_range(KC // 2):
+            w0 = w_a ^ (it + 2 * kp)
+            w1 = w_b ^ (it + 2 * kp + 1)
+            s0 = s_a ^ (it & 3)
+            s1 = s_b ^ (it & 3)
+            for kk in gl.static_range(2):
+                if kk == 0:
+                    a = _decode_chunk(w0, s0, W_LAYOUT, A_LAYOUT, BN, MX)
+                else:
+                    a = _decode_chunk(w1, s1, W_LAYOUT, A_LAYOUT, BN, MX)
+                acc = warpgroup_mma(a, x_s.slice((2 * kp + kk) * 128, 128, dim=1).permute((1, 0)), acc,
+                                    is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        fence_async_shared()
+        mbarrier.arrive(empty.index(slot), count=1)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    return (acc, )
+
+
+@gluon.jit(do_not_specialize=["M", "N", "KB", "SPLIT_K"])
+def _compute_only_ws_kernel(w_desc, s_desc, x_desc, rf_ptr, out_ptr, part_ptr, count_ptr, M, N, KB, SPLIT_K,
+                            stride_om, BN: gl.constexpr, BK: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr,
+                            MX: gl.constexpr):
+    """`_fp4_gemm_ws_kernel` (no overlap) with `_compute_consumer` and `_x_producer`: same ring, decode, wgmmas and
+    split-K epilogue, no weight bytes read."""
+    pid_n = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    pid_m = gl.program_id(2)
+    tile = pid_m * gl.num_programs(0) + pid_n
+    per_split = gl.cdiv(KB, SPLIT_K)
+    kb_lo = pid_k * per_split
+    n_iters = gl.minimum(kb_lo + per_split, KB) - kb_lo
+    w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES] + w_desc.block_type.shape, w_desc.layout)
+    s_bufs = gl.allocate_shared_memory(gl.int32, [STAGES] + s_desc.block_type.shape, s_desc.layout)
+    x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES] + x_desc.block_type.shape, x_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    (acc, ) = gl.warp_specialize([
+        (_compute_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, n_iters, BN, BK, BM, STAGES, MX)),
+        (_x_producer, (x_desc, x_bufs, ready, empty, pid_m * BM, kb_lo, n_iters, BK, STAGES)),
+    ], [1], [24])
+    _finish(acc, pid_n, pid_m, tile, pid_k, SPLIT_K, M, N, rf_ptr, out_ptr, part_ptr, count_ptr, stride_om, BN, BM)
+
+
+def gluon_compute_only(x2, w, c: GluonConfig, out, split: int = 0):
+    """`fp4_matmul_gluon(x2, w, c, out)`'s launch with `_compute_only_ws_kernel` (c.overlap is ignored: the
+    non-overlapped consumer). Returns (CompiledKernel, programs)."""
+    import torch
+
+    from trace_rl.kernels.fp4_gemm import tile_counters
+
+    bm, bk, (n_tiles, m_tiles, kb, split) = _grid(x2, w, c, split)
+    if split > 1:
+        part = torch.empty(n_tiles * m_tiles * split * c.block_n * bm, device=x2.device, dtype=torch.float32)
+        counters = tile_counters(x2.device, n_tiles * m_tiles)
+    else:
+        part = counters = w.row_factor
+    w_desc, s_desc, x_desc = _descriptors(x2, w, c, bm)
+    kern = _compute_only_ws_kernel[(n_tiles, split, m_tiles)](
+        w_desc, s_desc, x_desc, w.row_factor, out, part, counters, x2.shape[0], w.n, kb, split, out.stride(0),
+        BN=c.block_n, BK=bk, BM=bm, STAGES=c.stages, MX=w.fmt == "mxfp4", num_warps=c.num_warps, maxnreg=c.maxnreg)
+    return kern, n_tiles * split * m_tiles
+
+
+def _grid(x2, w, c: GluonConfig, split: int):
+    """(BM, BK, (n tiles, m tiles, K steps, split)) as `fp4_matmul_gluon` computes them."""
     import torch
 
     bm = c.tile_m(x2.shape[0])
@@ -74,7 +202,13 @@ def gluon_load_only(x2, w, c: GluonConfig, sink, split: int = 0):
     n_tiles, m_tiles, kb = triton.cdiv(np_, c.block_n), triton.cdiv(x2.shape[0], bm), kp // bk
     sms = torch.cuda.get_device_properties(x2.device).multi_processor_count
     split = split or c.split_k or auto_split(n_tiles * m_tiles, kb, sms * c.ctas_per_sm(bm, w.fmt))
-    split = triton.cdiv(kb, triton.cdiv(kb, max(1, min(split, kb))))
+    return bm, bk, (n_tiles, m_tiles, kb, triton.cdiv(kb, triton.cdiv(kb, max(1, min(split, kb)))))
+
+
+def gluon_load_only(x2, w, c: GluonConfig, sink, split: int = 0):
+    """`fp4_matmul_gluon(x2, w, c)`'s launch (grid, split: `split` or the config's or auto, descriptors) with the
+    load-only consumer; one int32 per program into `sink`. Returns (CompiledKernel, programs)."""
+    bm, bk, (n_tiles, m_tiles, kb, split) = _grid(x2, w, c, split)
     w_desc, s_desc, x_desc = _descriptors(x2, w, c, bm)
     kern = _load_only_ws_kernel[(n_tiles, split, m_tiles)](w_desc, s_desc, x_desc, sink, kb, split, BN=c.block_n,
                                                             BK=bk, BM=bm, STAGES=c.stages, num_warps=c.num_warps,
@@ -82,17 +216,26 @@ def gluon_load_only(x2, w, c: GluonConfig, sink, split: int = 0):
     return kern, n_tiles * split * m_tiles
 
 
-def gate_case(c: GluonConfig, block_m: int, fmt: str = "nvfp4"):
-    """A sass_gate case (compile-only: TMA loads, mbarriers, setmaxnreg present; nothing budgeted)."""
+def gate_case(c: GluonConfig, block_m: int, fmt: str = "nvfp4", mode: str = "load_only"):
+    """A sass_gate case for the load-only or compute-only probe (compile-only: TMA loads, mbarriers, setmaxnreg
+    present; compute-only: register-A HGMMA, no spills; nothing budgeted)."""
     from trace_rl.kernels.sass_gate import GateCase
 
     bk = step_k(fmt)
     wl, sl, xl = _shared_layouts(block_m, bk)
-    sig = dict(w_desc=f"tensordesc<i32[{bk // COLS}, {c.block_n // ROWS}, 256],{wl!r}>",
-               s_desc=f"tensordesc<i32[{c.block_n}, 4],{sl!r}>",
-               x_desc=f"tensordesc<bf16[{block_m}, {bk}],{xl!r}>", sink_ptr="*i32", KB="i32", SPLIT_K="i32")
+    descs = dict(w_desc=f"tensordesc<i32[{bk // COLS}, {c.block_n // ROWS}, 256],{wl!r}>",
+                 s_desc=f"tensordesc<i32[{c.block_n}, 4],{sl!r}>",
+                 x_desc=f"tensordesc<bf16[{block_m}, {bk}],{xl!r}>")
     consts = dict(BN=c.block_n, BK=bk, BM=block_m, STAGES=c.stages)
-    return GateCase(f"probe gluon load-only {fmt} {block_m}x{c.block_n}x{bk} s{c.stages}", _load_only_ws_kernel, sig,
-                    consts, c.num_warps, 1, c.block_n * bk / (32 * c.num_warps), 99.0, ("sink_ptr",),
-                    register_a=False, forbid=(), max_full_waits=99, options=(("maxnreg", c.maxnreg), ),
+    if mode == "load_only":
+        kernel, sig, divisible = _load_only_ws_kernel, descs | dict(sink_ptr="*i32", KB="i32", SPLIT_K="i32"), \
+            ("sink_ptr", )
+    else:
+        kernel, divisible = _compute_only_ws_kernel, ("rf_ptr", "out_ptr", "part_ptr", "count_ptr", "stride_om")
+        sig = descs | dict(rf_ptr="*fp32", out_ptr="*bf16", part_ptr="*fp32", count_ptr="*i32", M="i32", N="i32",
+                           KB="i32", SPLIT_K="i32", stride_om="i32")
+        consts["MX"] = fmt == "mxfp4"
+    return GateCase(f"probe gluon {mode} {fmt} {block_m}x{c.block_n}x{bk} s{c.stages}", kernel, sig, consts,
+                    c.num_warps, 1, c.block_n * bk / (32 * c.num_warps), 99.0, divisible,
+                    register_a=mode != "load_only", forbid=(), max_full_waits=99, options=(("maxnreg", c.maxnreg), ),
                     require=("USETMAXREG", "SYNCS.PHASECHK", "UTMALDG", "SYNCS.ARRIVE"))

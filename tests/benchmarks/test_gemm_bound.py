@@ -1,8 +1,8 @@
 """benchmarks/gemm_bound.py's probe kernels (benchmarks/gemm_bound_kernels.py) through Triton's CPU interpreter at
 tiny shapes (load-only reduces to the XOR of what the shipped loop loads; full is the shipped kernel; compute-only
 runs; the stream kernel XORs every word once), the probes' sm_90 compile (the full mode's K loop is the shipped
-kernel's, instruction for instruction; with Triton 3.6 also the Gluon load-only probe), and the plan's grid /
-occupancy arithmetic."""
+kernel's, instruction for instruction; with Triton 3.6 also the Gluon load- and compute-only probes), the plan's
+grid / occupancy arithmetic and the verdicts."""
 
 from __future__ import annotations
 
@@ -114,8 +114,9 @@ if triton.__version__.startswith("3.6"):    # the Gluon probe (Gluon's API is pi
     import gemm_bound_gluon as gbg
     from trace_rl.kernels.fp4_gemm_gluon import GluonConfig
     for fmt, c in (("nvfp4", GluonConfig()), ("mxfp4", GluonConfig(stages=2))):
-        case = gbg.gate_case(c, 16, fmt)
-        res[f"gluon {fmt}"] = dict(violations=sass_gate.inspect(case, *sass_gate.compile_sass(case)).violations)
+        for mode in ("load_only", "compute_only"):
+            case = gbg.gate_case(c, 16, fmt, mode)
+            res[f"gluon {mode} {fmt}"] = sass_gate.inspect(case, *sass_gate.compile_sass(case)).violations
 print(json.dumps(res))
 """
 
@@ -139,7 +140,8 @@ def test_probe_compiles_for_sm90_and_full_mode_is_the_shipped_loop():
         assert any(op.startswith("HGMMA") for op in comp)
         assert loads(comp) < loads(res[f"{fmt} 0"]["ops"])               # only the activation tile's loads left
         assert not res[f"{fmt} 2"]["violations"], res[f"{fmt} 2"]
-        assert not res.get(f"gluon {fmt}", {}).get("violations"), res[f"gluon {fmt}"]   # TMA, mbarriers, setmaxnreg
+        for mode in ("load_only", "compute_only"):   # TMA, mbarriers, setmaxnreg; compute-only: register-A HGMMA
+            assert not res.get(f"gluon {mode} {fmt}"), res[f"gluon {mode} {fmt}"]
 
 
 def test_verdicts_name_the_slow_part():
