@@ -12,7 +12,8 @@ via `fp4_tile_mma`, `decode_w`, `finish_tile`), so its K loop is the shipped one
   step (so nothing is hoisted or folded) and runs the same wgmmas on the loaded activation tile, same trip count,
   same split-K epilogue.
 
-`_stream_kernel` is the read floor: programs stream contiguous chunks of two int32 regions (the weight's values
+The load- and compute-only loops load the activation tile unmasked along K (K a multiple of BK: the probe's
+shapes). `_stream_kernel` is the read floor: programs stream contiguous chunks of two int32 regions (the weight's values
 and scale words) with 16-byte cp.async loads (STAGES deep) and reduce them to one XOR word each.
 """
 
