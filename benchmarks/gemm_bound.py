@@ -30,7 +30,7 @@ import argparse
 import os
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -42,6 +42,10 @@ from trace_rl.kernels.fp4_gemm import default_config  # noqa: E402
 from trace_rl.kernels.hopper_fp4 import block_size, padded_shape  # noqa: E402
 
 SHAPES = [(4096, 12288), (12288, 4096)]   # (K, N), as gemm_gluon.SHAPES
+# The layout's 16-row blocks sit 2 Kp words apart (32 KB at K = 4096), the shipped programs 8 blocks (256 KB)
+# apart: power-of-two strides over every concurrently streaming program. The padded variant moves each block by
+# PAD_WORDS more (the kernel takes the values' row stride), to see whether DRAM channel/bank aliasing is the bound.
+PAD_WORDS = 64
 PERSISTENT = (1, 2, 4)                    # stream_persistent<k>: k x SMs programs
 REGS_PER_SM, SMEM_PER_SM, SMEM_PER_CTA_RESERVED, WARPS_PER_SM, CTAS_PER_SM = 65536, 233472, 1024, 64, 32
 
@@ -151,6 +155,10 @@ def verdict(row: dict, fl: dict) -> str:
         notes.append("load-only near the stream and compute-only well under shipped: the overlap is the problem")
     else:
         notes.append("load-only near the stream; compute-only a large share of shipped: decode + MMA partly exposed")
+    if "shipped_padded_stride" in row:
+        pad = row["shipped_padded_stride"]["us"]
+        notes.append(f"block stride padded: {pad:.1f} us" + (" (faster: DRAM address aliasing is part of it)"
+                                                            if pad < 0.9 * full else ""))
     if "gluon_load_only" in row and "gluon_ws" in row:
         gl_load, gl_full = row["gluon_load_only"]["us"], row["gluon_ws"]["us"]
         notes.append(f"Gluon: load-only {gl_load:.1f} us ({gl_load / floor:.2f}x floor) vs full {gl_full:.1f}" +
@@ -228,6 +236,12 @@ def measure(args) -> None:
                     ref = fp4_matmul(x, hws[0], config=cfg)
                     us = graph_us([lambda h=h, x=x, c=cfg: fp4_matmul(x, h, config=c) for h in hws])
                     row["shipped"] = {"us": us, "TBps": tbps(us)}
+                    padded = [replace(h, values=padded_rows(h.values, PAD_WORDS)) for h in hws]
+                    same = bool(torch.equal(fp4_matmul(x, padded[0], config=cfg), ref))
+                    us = graph_us([lambda h=h, x=x, c=cfg: fp4_matmul(x, h, config=c) for h in padded])
+                    row["shipped_padded_stride"] = {"us": us, "TBps": tbps(us), "pad_words": PAD_WORDS,
+                                                    "bit_equal_shipped": same}
+                    del padded
                     for mode_name, mode in gk.MODES.items():
                         out = torch.empty(M, N, device=dev, dtype=torch.bfloat16)
                         kern = gk.probe_matmul(x, hws[0], mode, cfg, out, sink)
@@ -254,6 +268,16 @@ def measure(args) -> None:
             torch.cuda.empty_cache()
     res["total_s"] = time.time() - start
     save()
+
+
+def padded_rows(values, pad: int):
+    """The same int32 [rows, cols] values in storage whose rows are `pad` words longer (a strided view)."""
+    import torch
+
+    buf = torch.empty(values.shape[0], values.shape[1] + pad, dtype=values.dtype, device=values.device)
+    view = buf[:, :values.shape[1]]
+    view.copy_(values)
+    return view
 
 
 def gluon_rows(row: dict, x, hws: list, sink, graph_us, tbps, sms: int) -> None:

@@ -77,6 +77,17 @@ def test_full_is_the_shipped_kernel_and_compute_only_runs():
 
 
 @interp
+def test_padded_block_stride_is_the_same_product():
+    """The padded-stride variant: the layout's rows in longer storage rows (a strided view) give the same bits."""
+    from dataclasses import replace
+
+    h, x = _setup("nvfp4")
+    padded = replace(h, values=gb.padded_rows(h.values, gb.PAD_WORDS))
+    assert padded.values.stride(0) == h.values.shape[1] + gb.PAD_WORDS and torch.equal(padded.values, h.values)
+    assert torch.equal(fp4_matmul(x, padded, config=CFG), fp4_matmul(x, h, config=CFG))
+
+
+@interp
 def test_stream_words_xors_each_word_once():
     g = torch.Generator().manual_seed(2)
     a = torch.randint(-2**31, 2**31 - 1, (5000,), generator=g, dtype=torch.int32)
@@ -155,3 +166,5 @@ def test_verdicts_name_the_slow_part():
     assert "grid's pattern alone" in gb.verdict(row(17, 12, 9), {"floor_us": 7.0, "stream_grid384": {"us": 11.0}})
     r = row(17, 8, 9) | {"gluon_load_only": {"us": 14.0}, "gluon_ws": {"us": 16.0}}
     assert "Gluon: load-only 14.0 us (2.00x floor) vs full 16.0" in gb.verdict(r, fl)
+    assert "DRAM address aliasing" in gb.verdict(row(17, 8, 9) | {"shipped_padded_stride": {"us": 12.0}}, fl)
+    assert "aliasing" not in gb.verdict(row(17, 8, 9) | {"shipped_padded_stride": {"us": 16.8}}, fl)
