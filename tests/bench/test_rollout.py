@@ -100,3 +100,51 @@ def test_bench_steps_rejects_unknown_attention(tmp_path):
         ["--parts", "steps", "--step-attention", "kernels,fast", "--out", str(tmp_path / "out")])
     with pytest.raises(ValueError, match="--step-attention"):
         run_rollout_bench(args)
+
+
+def test_bench_engine_attention_reaches_the_fixed_and_realistic_engines(tmp_path, monkeypatch):
+    """`--engine-attention`: each plan's engine is built with its choice where the cache takes it (CPU: 'reference'
+    is forced; 'gluon' is refused: tiny's head_dim 32, no sm_90), a refused one runs on auto and its row says why;
+    a plan named twice runs once per choice; every row and summary line records what was asked and what ran."""
+    from trace_rl.engine import native
+
+    built = []
+
+    class Recording(native.NativeEngine):
+        def __init__(self, *a, **kw):
+            built.append(kw.get("attention", "auto"))
+            super().__init__(*a, **kw)
+
+    monkeypatch.setattr(native, "NativeEngine", Recording)
+    args = add_rollout_bench_args(argparse.ArgumentParser()).parse_args(
+        ["--parts", "fixed,realistic", "--models", "tiny", "--plans", "bf16,w4a4-kv4", "--engine-attention",
+         "w4a4-kv4=reference,w4a4-kv4=gluon", "--fixed-baseline", "0", "--prompts", "2", "--group", "2",
+         "--prompt-len", "5", "--response-lens", "8", "--iters", "1", "--e2e-tokens", "2",
+         "--realistic-plans", "w4a4-kv4", "--realistic-prompts", "1", "--realistic-max", "8",
+         "--realistic-median", "4", "--device", "cpu", "--out", str(tmp_path)])
+    report = run_rollout_bench(args)
+    assert not report["errors"], report["errors"]
+    assert built == ["auto", "reference", "auto", "reference", "auto"]      # fixed x3, then realistic x2
+    rows = [(r["plan"], r["attention_requested"], r["attention_forced"]) for r in report["results"]]
+    assert rows == [("bf16", "auto", None), ("w4a4-kv4", "reference", "reference"), ("w4a4-kv4", "gluon", None)]
+    for r in report["results"] + report["realistic"]:
+        assert r["attention_used"] == ["torch.reference"]
+        assert (r["attention_refused"] is not None) == (r["attention_requested"] == "gluon")
+    assert "head_dim 128" in report["results"][2]["attention_refused"]
+    assert any("attention='gluon' not forced" in line for line in report["log"])
+    assert [(r["attention_forced"], r["attention_requested"]) for r in report["realistic"]] == [
+        ("reference", "reference"), (None, "gluon")]
+    fixed = [x for x in report["summary"] if x.get("plan") == "w4a4-kv4"]
+    assert [x["attention_requested"] for x in fixed] == ["reference", "gluon"]
+    assert all(x["vs_bf16_tokens_per_s"] > 0 and x["bf16_attention_used"] == ["torch.reference"] for x in fixed)
+    assert [x["attention_forced"] for x in report["summary"] if "realistic" in x] == ["reference", None]
+    assert json.loads((tmp_path / "rollout.json").read_text())["args"]["engine_attention"].endswith("=gluon")
+
+
+def test_bench_rejects_unknown_engine_attention(tmp_path):
+    for spec in ("fast", "w4a4-kv4=fast", "nope=gluon"):
+        args = add_rollout_bench_args(argparse.ArgumentParser()).parse_args(
+            ["--parts", "fixed", "--engine-attention", spec, "--out", str(tmp_path / "out")])
+        with pytest.raises(ValueError, match="--engine-attention"):
+            run_rollout_bench(args)
+    assert not (tmp_path / "out").exists()          # rejected before anything is written

@@ -11,8 +11,10 @@ Parts (`--parts`, each written to rollout.json as soon as it finishes, one failu
 - `hf`: HF `generate` against the native engine on the same workload (`workloads.hf_vs_native`);
 - `steps` (not run by default): the decode step per plan and decode-attention choice at fixed (B, context) cells,
   e.g. attention forced to the Triton vs the Gluon kernel (`trace_rl.bench.steps`).
-The fixed workload's step rows also carry `attention_times`: ms per layer call of the engine's candidates and of
-the Gluon path where the cache can take it (`steps.attention_times`).
+`--engine-attention` forces the decode attention of the fixed and realistic parts' engines, per plan where wanted
+(`trace_rl.bench.engine_attention`; default auto; rows and summary lines say what was asked and what ran). The
+fixed workload's step rows also carry `attention_times`: ms per layer call of the engine's candidates and of the
+Gluon path where the cache can take it (`steps.attention_times`).
 """
 
 from __future__ import annotations
@@ -69,6 +71,10 @@ def add_rollout_bench_args(parser: argparse.ArgumentParser) -> argparse.Argument
     a("--hf-new-tokens", type=int, default=64, help="response length of the HF comparison")
     a("--hf-model", default="", help="model preset of the HF comparison (default: each of --models)")
     a("--hf-layers", type=int, default=0, help="layers of the HF comparison's model (0: all)")
+    a("--engine-attention", default="auto",
+      help="decode attention of the fixed and realistic parts' engines: CHOICE (every plan) and/or PLAN=CHOICE "
+           "entries, comma-separated; a plan named twice runs once per choice (e.g. w4a4-kv4=kernels,w4a4-kv4=gluon). "
+           "A choice a plan's cache or this machine cannot take runs on auto, said in its row (attention_refused)")
     a("--step-plans", default="w4a4-kv4,bf16", help="plans of the steps part")
     a("--step-attention", default="kernels,gluon,auto",
       help="decode-attention choices of the steps part, each forced per plan (auto: the engine's timed choice); one "
@@ -100,6 +106,10 @@ def run_rollout_bench(args) -> dict:
         if bad or not args.step_attention.strip(","):
             raise ValueError(f"--step-attention: {bad or args.step_attention!r}; choose from "
                              f"{', '.join(ATTENTION_CHOICES)}")
+    from trace_rl.bench import engine_attention
+
+    known = tuple(dict.fromkeys(p for p in f"{args.plans},{args.realistic_plans}".split(",") if p))
+    attention = engine_attention.parse(args.engine_attention, known)
     from trace_rl.bench.baseline import VARIANTS
 
     variants = [v for v in args.baseline_variants.split(",") if v]
@@ -152,14 +162,18 @@ def run_rollout_bench(args) -> dict:
         if "fixed" in parts:
             for r in [int(x) for x in args.response_lens.split(",") if x]:
                 for plan in filter(None, args.plans.split(",")):
-                    attempt(f"fixed {name} {plan} R={r}",
-                            lambda n=name, p=plan, r=r: fixed_workload(args, n, p, r, device, bw, log), "results")
+                    for choice in engine_attention.choices_for(attention, plan):
+                        attempt(f"fixed {name} {plan} R={r} attention={choice}",
+                                lambda n=name, p=plan, r=r, c=choice: fixed_workload(args, n, p, r, device, bw, log,
+                                                                                     attention=c), "results")
         if "profile" in parts:
             attempt(f"profile {name}", lambda n=name: run_profiles(args, n, device, log), "profile", many=True)
         if "realistic" in parts:
             for plan in filter(None, args.realistic_plans.split(",")):
-                attempt(f"realistic {name} {plan}", lambda n=name, p=plan: realistic_workload(args, n, p, device, log),
-                        "realistic")
+                for choice in engine_attention.choices_for(attention, plan):
+                    attempt(f"realistic {name} {plan} attention={choice}",
+                            lambda n=name, p=plan, c=choice: realistic_workload(args, n, p, device, log, attention=c),
+                            "realistic")
         if "hf" in parts and args.hf_batch:
             attempt(f"hf {name}", lambda n=name: hf_vs_native(args, n, device, log), "hf")
     report["summary"] = summary(report)
@@ -193,20 +207,25 @@ def summary(report: dict) -> list[dict]:
                                     for g in report["grid"] if "ratio" in g},
                       "baseline_compile_s": {f"B{g['batch']}": g["baseline_compile_s"] for g in report["grid"]
                                              if g.get("baseline_compile_s") is not None}})
+    attention = ("attention_requested", "attention_forced", "attention_refused", "attention_used")
     for r in sorted({(x["model"], x["response_len"]) for x in report["results"]}):
         bf16 = _best(report["results"], model=r[0], response_len=r[1], plan="bf16")
         for plan in ("w4a4-kv4", "w4a4-kv4-mx", "fp8", "w4a16"):
-            other = _best(report["results"], model=r[0], response_len=r[1], plan=plan)
-            if bf16 and other:
+            # one line per run of the plan (several when --engine-attention names it with several choices)
+            for other in [x for x in report["results"] if bf16 and (x["model"], x["response_len"], x["plan"])
+                          == (*r, plan)]:
                 plain = bf16.get("plain_baseline")
                 lines.append({"model": r[0], "response_len": r[1], "plan": plan,
                               "vs_bf16_tokens_per_s": other["tokens_per_s"] / bf16["tokens_per_s"],
                               "vs_plain_step_decode_tokens_per_s": other["tokens_per_s"] / plain["decode_tokens_per_s"]
-                              if plain else None})
+                              if plain else None,
+                              "tokens_per_s": other["tokens_per_s"], **{k: other.get(k) for k in attention},
+                              "bf16_attention_used": bf16.get("attention_used")})
     bf16 = next((x for x in report["realistic"] if x["plan"] == "bf16"), None)
     for x in report["realistic"]:
         lines.append({"realistic": x["plan"], "tokens_per_s": x["tokens_per_s"],
-                      "vs_bf16": x["tokens_per_s"] / bf16["tokens_per_s"] if bf16 else None})
+                      "vs_bf16": x["tokens_per_s"] / bf16["tokens_per_s"] if bf16 else None,
+                      **{k: x.get(k) for k in attention}})
     for hf in report["hf"]:
         lines.append({"model": hf["model"], "native_vs_hf_same_workload": hf["speedup"]})
     from trace_rl.bench.steps import summary as steps_summary
@@ -216,6 +235,8 @@ def summary(report: dict) -> list[dict]:
 
 def _plot(report: dict, path: Path) -> None:
     import matplotlib
+
+    from trace_rl.bench.engine_attention import label
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -238,7 +259,7 @@ def _plot(report: dict, path: Path) -> None:
                             (axes[2], report["realistic"], "realistic (long-tailed, stops)")):
         if rows:
             ax.bar(range(len(rows)), [x["tokens_per_s"] for x in rows])
-            ax.set_xticks(range(len(rows)), [x["plan"] for x in rows], fontsize=7)
+            ax.set_xticks(range(len(rows)), [label(x) for x in rows], fontsize=7)
             ax.set_ylabel("tokens / s")
             ax.set_title(title, fontsize=9)
     fig.suptitle(f"rollout, {report['device']}")

@@ -14,6 +14,9 @@ sample reaches its drawn length, and masks it before: random weights never choos
 is what the GPU holds beside the weights; with `--realistic-layers` < the model's layers (a cheaper run
 of the same shapes), the pool is scaled to hold as many tokens as the whole model's would. Reported: tokens/s (graph
 captures excluded and included), preemptions, mean decode batch, prefill tokens, shared prompt pages.
+
+Both build their engine with the decode attention `--engine-attention` gives the plan (`engine_attention`: forced
+where the cache can take it, else auto and the row says why); every row records the paths it ran (`attention_used`).
 """
 
 from __future__ import annotations
@@ -74,8 +77,11 @@ def kv_budget(args, model, device, layers_scale: float = 1.0) -> tuple[float, fl
     return max(free, 0.0), total
 
 
-def fixed_workload(args, name: str, plan_name: str, response: int, device, bw, log) -> dict:
+def fixed_workload(args, name: str, plan_name: str, response: int, device, bw, log,
+                   attention: str = "auto") -> dict:
+    """`attention`: the engine's decode attention where its cache can take it, else auto (`engine_attention`)."""
     from trace_rl.bench.decode_grid import prime_decode, time_step
+    from trace_rl.bench.engine_attention import label, resolve, used_paths
     from trace_rl.bench.measure import build_rollout_model, free
     from trace_rl.bench.steps import attention_times
     from trace_rl.engine.base import SamplingParams
@@ -93,8 +99,11 @@ def fixed_workload(args, name: str, plan_name: str, response: int, device, bw, l
     block = args.block_size or _page(plan)
     capacity = math.ceil((p + r) / block) * block
     batch, fit = fit_batch(args, model, plan, capacity, device)
+    engine_attention, attention_fields = resolve(attention, plan, model.config, block, layout, device, dtype, log,
+                                                 f"fixed {name} {plan_name} R={r}")
     engine = NativeEngine(model, plan, max_batch=batch, max_seq_len=p + r, block_size=block, device=device,
-                          graph_buckets=[batch], prefill_tokens=args.prefill_tokens, kv_layout=layout)
+                          graph_buckets=[batch], prefill_tokens=args.prefill_tokens, kv_layout=layout,
+                          attention=engine_attention)
     bm.fill_random(engine.cache, torch.Generator(device=device).manual_seed(args.seed))
     steps = []
     base = None
@@ -157,13 +166,15 @@ def fixed_workload(args, name: str, plan_name: str, response: int, device, bw, l
         "prefill_s": prefill_s, "wave_s": wave_s, "tokens_per_s": batch * r / wave_s,
         "e2e": {"rows": e2e_prompts * group, "new_tokens": e2e_new, "seconds": e2e_s, "predicted_s": predicted,
                 "ratio": e2e_s / predicted},
-        "paths": engine.report(),
+        "paths": engine.report(), **attention_fields,
+        "attention_used": used_paths(engine, [s["path"] for s in steps]),
         "plain_baseline": baseline if base is not None else None,
         "peak_memory_GB": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
     }
     st = " ".join(f"L{s['L']}:{s['forward_ms']:.2f}/{s['step_ms']:.2f}ms({s['roofline_frac']:.0%})" for s in steps)
-    log(f"fixed {name} R={r} {plan_name:<12} {layout:<10} B={batch:<4} tok/s={result['tokens_per_s']:9.0f} {st} "
-        f"prefill={prefill_s:.2f}s e2e/pred={result['e2e']['ratio']:.2f}")
+    log(f"fixed {name} R={r} {label(result):<12} {layout:<10} B={batch:<4} tok/s={result['tokens_per_s']:9.0f} {st} "
+        f"prefill={prefill_s:.2f}s e2e/pred={result['e2e']['ratio']:.2f} "
+        f"attention {','.join(result['attention_used'])}")
     free(engine, model)
     return result
 
@@ -204,7 +215,9 @@ def draw_lengths(rows: int, median: float, sigma: float, low: int, high: int, se
     return lengths.round().clamp(low, high).long()
 
 
-def realistic_workload(args, name: str, plan_name: str, device, log) -> dict:
+def realistic_workload(args, name: str, plan_name: str, device, log, attention: str = "auto") -> dict:
+    """`attention`: the engine's decode attention where its cache can take it, else auto (`engine_attention`)."""
+    from trace_rl.bench.engine_attention import label, resolve, used_paths
     from trace_rl.bench.measure import build_rollout_model, free
     from trace_rl.data import schema as K
     from trace_rl.engine.base import SamplingParams
@@ -235,9 +248,11 @@ def realistic_workload(args, name: str, plan_name: str, device, log) -> dict:
     engine_ref: list = []
     stop_id = 3
     model.lm_head = ForcedStop(model.lm_head, engine_ref, targets, stop_id)
+    engine_attention, attention_fields = resolve(attention, plan, c, block, "pool", device, dtype, log,
+                                                 f"realistic {name} {plan_name}")
     engine = NativeEngine(model, plan, max_batch=min(rows, args.realistic_max_batch), max_seq_len=p + r,
                           block_size=block, device=device, prefill_tokens=args.prefill_tokens, kv_layout="pool",
-                          num_pages=num_pages)
+                          num_pages=num_pages, attention=engine_attention)
     engine_ref.append(engine)
     prompts = random_prompts(args.realistic_prompts, p, c.vocab_size, device, args.seed + 5)
     sampling = SamplingParams(n=args.group, temperature=1.0, max_new_tokens=r, stop_token_ids=(stop_id,),
@@ -261,10 +276,12 @@ def realistic_workload(args, name: str, plan_name: str, device, log) -> dict:
            "preemptions": rep["preemptions"], "mean_decode_batch": rep["decode_rows"] / max(rep["decode_steps"], 1),
            "decode_steps": rep["decode_steps"], "prefill_tokens": rep["prefill_tokens"],
            "shared_prompt_pages": rep["shared_prompt_pages"], "peak_pages": rep["peak_pages"],
-           "attention": rep["attention_chosen"], "linear": rep["linear"]}
-    log(f"realistic {name}[{layers}/{full_layers} layers] {plan_name:<10} {rows} rows: {tokens} tokens in "
+           "attention": rep["attention_chosen"], "linear": rep["linear"], **attention_fields,
+           "attention_used": used_paths(engine)}
+    log(f"realistic {name}[{layers}/{full_layers} layers] {label(res):<10} {rows} rows: {tokens} tokens in "
         f"{seconds:.1f}s ({res['tokens_per_s']:.0f} tok/s w/o {setup_s:.1f}s capture), preemptions "
-        f"{res['preemptions']}, mean batch {res['mean_decode_batch']:.0f}, pool {res['kv_pool_GB']:.1f} GB")
+        f"{res['preemptions']}, mean batch {res['mean_decode_batch']:.0f}, pool {res['kv_pool_GB']:.1f} GB, attention "
+        f"{','.join(res['attention_used'])}")
     free(engine, model)
     return res
 
