@@ -165,14 +165,14 @@ def run_rollout_bench(args) -> dict:
                     for choice in engine_attention.choices_for(attention, plan):
                         attempt(f"fixed {name} {plan} R={r} attention={choice}",
                                 lambda n=name, p=plan, r=r, c=choice: fixed_workload(args, n, p, r, device, bw, log,
-                                                                                     attention=c), "results")
+                                                                                     c), "results")
         if "profile" in parts:
             attempt(f"profile {name}", lambda n=name: run_profiles(args, n, device, log), "profile", many=True)
         if "realistic" in parts:
             for plan in filter(None, args.realistic_plans.split(",")):
                 for choice in engine_attention.choices_for(attention, plan):
                     attempt(f"realistic {name} {plan} attention={choice}",
-                            lambda n=name, p=plan, c=choice: realistic_workload(args, n, p, device, log, attention=c),
+                            lambda n=name, p=plan, c=choice: realistic_workload(args, n, p, device, log, c),
                             "realistic")
         if "hf" in parts and args.hf_batch:
             attempt(f"hf {name}", lambda n=name: hf_vs_native(args, n, device, log), "hf")
