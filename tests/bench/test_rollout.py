@@ -104,7 +104,8 @@ def test_bench_steps_rejects_unknown_attention(tmp_path):
 
 def test_bench_engine_attention_reaches_the_fixed_and_realistic_engines(tmp_path, monkeypatch):
     """`--engine-attention`: each plan's engine is built with its choice where the cache takes it (CPU: 'reference'
-    is forced; 'gluon' is refused: tiny's head_dim 32, no sm_90), a refused one runs on auto and its row says why;
+    is forced; 'gluon' is refused: bf16 cache, tiny's head_dim 32, no sm_90), a refused one runs on auto and its
+    row says why;
     a plan named twice runs once per choice; every row and summary line records what was asked and what ran."""
     from trace_rl.engine import native
 
@@ -118,7 +119,7 @@ def test_bench_engine_attention_reaches_the_fixed_and_realistic_engines(tmp_path
     monkeypatch.setattr(native, "NativeEngine", Recording)
     args = add_rollout_bench_args(argparse.ArgumentParser()).parse_args(
         ["--parts", "fixed,realistic", "--models", "tiny", "--plans", "bf16,w4a4-kv4", "--engine-attention",
-         "w4a4-kv4=reference,w4a4-kv4=gluon", "--fixed-baseline", "0", "--prompts", "2", "--group", "2",
+         "gluon,w4a4-kv4=reference,w4a4-kv4=gluon", "--fixed-baseline", "0", "--prompts", "2", "--group", "2",
          "--prompt-len", "5", "--response-lens", "8", "--iters", "1", "--e2e-tokens", "2",
          "--realistic-plans", "w4a4-kv4", "--realistic-prompts", "1", "--realistic-max", "8",
          "--realistic-median", "4", "--device", "cpu", "--out", str(tmp_path)])
@@ -126,7 +127,8 @@ def test_bench_engine_attention_reaches_the_fixed_and_realistic_engines(tmp_path
     assert not report["errors"], report["errors"]
     assert built == ["auto", "reference", "auto", "reference", "auto"]      # fixed x3, then realistic x2
     rows = [(r["plan"], r["attention_requested"], r["attention_forced"]) for r in report["results"]]
-    assert rows == [("bf16", "auto", None), ("w4a4-kv4", "reference", "reference"), ("w4a4-kv4", "gluon", None)]
+    assert rows == [("bf16", "gluon", None), ("w4a4-kv4", "reference", "reference"), ("w4a4-kv4", "gluon", None)]
+    assert "nvfp4 KV caches only" in report["results"][0]["attention_refused"]     # the default entry, on bf16
     for r in report["results"] + report["realistic"]:
         assert r["attention_used"] == ["torch.reference"]
         assert (r["attention_refused"] is not None) == (r["attention_requested"] == "gluon")
