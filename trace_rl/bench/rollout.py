@@ -142,22 +142,21 @@ def run_rollout_bench(args) -> dict:
             free()
         _write(report, out_dir)
 
+    def sink(part: str):
+        """A row of `part` goes into the report, written at once (a cut run keeps what it measured)."""
+        def add(row: dict) -> None:
+            report[part].append(row)
+            _write(report, out_dir)
+        return add
+
     for name in filter(None, args.models.split(",")):
         if "grid" in parts:
-            def grid_row(row: dict) -> None:
-                report["grid"].append(row)
-                _write(report, out_dir)
-
-            attempt(f"grid {name}", lambda n=name: run_grid(args, n, device, bw, log, sink=grid_row) and [],
+            attempt(f"grid {name}", lambda n=name: run_grid(args, n, device, bw, log, sink=sink("grid")) and [],
                     "grid", many=True)
         if "steps" in parts:
             from trace_rl.bench.steps import run_steps
 
-            def steps_row(row: dict) -> None:
-                report["steps"].append(row)
-                _write(report, out_dir)
-
-            attempt(f"steps {name}", lambda n=name: run_steps(args, n, device, bw, log, sink=steps_row) and [],
+            attempt(f"steps {name}", lambda n=name: run_steps(args, n, device, bw, log, sink=sink("steps")) and [],
                     "steps", many=True)
         if "fixed" in parts:
             for r in [int(x) for x in args.response_lens.split(",") if x]:
