@@ -15,6 +15,10 @@ Paths (reported in `paths`, never silent):
   at most `DEQUANT_CUBLAS_MAX_WEIGHT` elements (`use_dequant_cublas(M, N, K)`): the weight
   dequantized to a bf16 scratch, one cuBLAS GEMM (float32 output), the FP4 GEMM's epilogue
   (TRACE_RL_FP4_DEQUANT_CUBLAS=0 disables it).
+- `fp4.operand_cache_cublas`: a dense weight holding a persistent operand cache (`kernels.operand_cache`, opt-in:
+  `NativeEngine(operand_cache=True)`), from the same M on and for every weight size: cuBLAS on the cached bf16
+  operand (refreshed in place at every weight sync) + the same epilogue, the dequant path's bits without its
+  per-call dequantization.
 """
 
 from __future__ import annotations
@@ -155,10 +159,14 @@ class FP4Backend(Backend):
         if x.is_cuda and _kernels_available()[0]:
             from trace_rl.kernels import fp4_linear
             from trace_rl.kernels.fp4_dequant import use_dequant_cublas
+            from trace_rl.kernels.operand_cache import use_operand_cache
 
             rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-            large = use_dequant_cublas(rows, packed.out_features, packed.in_features)
-            self.paths.record("fp4.dequant_cublas" if large else "fp4.triton")
+            if use_operand_cache(rows, packed):
+                self.paths.record("fp4.operand_cache_cublas")
+            else:
+                large = use_dequant_cublas(rows, packed.out_features, packed.in_features)
+                self.paths.record("fp4.dequant_cublas" if large else "fp4.triton")
             return fp4_linear(x, packed, act_fmt, bias)
         self.paths.record("fp4.emulated")
         return emulated_linear(x, packed, act_fmt, bias)

@@ -165,11 +165,19 @@ def dequant_matmul(x2: torch.Tensor, q, h: HopperFP4, row_scale: torch.Tensor | 
                    bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """x2 [M, K] bf16 @ W^T -> [M, N] `out_dtype`, the same math as `fp4_matmul(x2, h, row_scale, bias, out_dtype)`
     up to float32 accumulation order: W dequantized to the scratch, cuBLAS (float32 output), the FP4 epilogue."""
+    if x2.shape[1] != h.k:
+        raise ValueError(f"dequant_matmul: x has {x2.shape[1]} columns, the weight {h.k}")
+    return operand_matmul(x2, dequantize_to(q, h, scratch(x2.device, h.n, h.k)), h, row_scale, bias, out_dtype)
+
+
+def operand_matmul(x2: torch.Tensor, w: torch.Tensor, h: HopperFP4, row_scale: torch.Tensor | None = None,
+                   bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """x2 [M, K] bf16 @ w^T with `w` [N, K] = operand(h) already written (the scratch above, or a persistent
+    operand cache: kernels/operand_cache.py): cuBLAS with float32 output, then the FP4 epilogue of `h`."""
     M, K = x2.shape
     N = h.n
-    if K != h.k:
-        raise ValueError(f"dequant_matmul: x has {K} columns, the weight {h.k}")
-    w = dequantize_to(q, h, scratch(x2.device, N, K))
+    if K != h.k or tuple(w.shape) != (N, K):
+        raise ValueError(f"operand_matmul: x {tuple(x2.shape)} and operand {tuple(w.shape)} for a {N}x{h.k} weight")
     if x2.is_cuda:
         y = torch.mm(x2, w.t(), out_dtype=torch.float32)
     else:   # CPU has no mm.dtype: bf16 x bf16 products are exact in float32, accumulated in float32
@@ -191,7 +199,7 @@ def dequant_matmul(x2: torch.Tensor, q, h: HopperFP4, row_scale: torch.Tensor | 
 
 
 __all__ = ["DEQUANT_CUBLAS_MAX_WEIGHT", "DEQUANT_CUBLAS_MIN_M", "ENABLED", "dequant_matmul", "dequant_reference",
-           "dequantize_to", "scratch", "use_dequant_cublas"]
+           "dequantize_to", "operand_matmul", "scratch", "use_dequant_cublas"]
 
 
 def sass_gate_cases():

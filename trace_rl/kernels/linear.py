@@ -6,7 +6,8 @@ CUDA graph that captured the GEMM stays valid.
 
 From `fp4_dequant.DEQUANT_CUBLAS_MIN_M` rows on (weights up to `DEQUANT_CUBLAS_MAX_WEIGHT` elements), both linears
 dequantize the weight to a bf16 scratch and call cuBLAS instead (fp4_dequant.py: same math up to float32
-accumulation order; `use_dequant_cublas(M, N, K)` says which).
+accumulation order; `use_dequant_cublas(M, N, K)` says which). A weight with a persistent operand cache
+(operand_cache.py, opt-in) takes cuBLAS on that cache instead from the same M on, whatever its size (same bits).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from trace_rl.formats import per_token
 from trace_rl.kernels.fp4_dequant import dequant_matmul, use_dequant_cublas
 from trace_rl.kernels.fp4_gemm import GemmConfig, fp4_matmul
 from trace_rl.kernels.hopper_fp4 import HopperFP4, to_hopper
+from trace_rl.kernels.operand_cache import operand_cache_matmul, use_operand_cache
 from trace_rl.kernels.row_quantize import quantize_dequant_bf16
 
 LAYOUT_KEY = "hopper_fp4"
@@ -54,7 +56,9 @@ def hopper_weight(packed) -> HopperFP4:
 
 
 def _dense_matmul(x2, packed, row_scale, bias, out_dtype, config):
-    """The FP4 GEMM, or at large M (and no explicit config) dequantize + cuBLAS."""
+    """The FP4 GEMM, or at large M (and no explicit config) cuBLAS on the operand cache or dequantize + cuBLAS."""
+    if config is None and use_operand_cache(x2.shape[0], packed):
+        return operand_cache_matmul(x2, packed, row_scale, bias, out_dtype)
     if config is None and use_dequant_cublas(x2.shape[0], packed.out_features, packed.in_features):
         return dequant_matmul(x2, packed.q, hopper_weight(packed), row_scale, bias, out_dtype)
     return fp4_matmul(x2, hopper_weight(packed), row_scale, bias, out_dtype=out_dtype, config=config)
