@@ -77,3 +77,24 @@ def test_gluon_attention_refused_at_build_where_it_cannot_run(tmp_path):
     assert err.value.fields == ("rollout.attention",)
     ok = cfg.with_overrides({"rollout.attention": "auto"})
     assert build(ok, run_dir=tmp_path / "run").engine.cache.attention_path != "kernels.decode_attention_gluon"
+
+
+@pytest.mark.parametrize("data,match", [
+    ({"rollout": {"operand_cache": True}}, r"rollout.operand_cache holds the bf16 operand of FP4 weights; "
+                                           r"precision.rollout_weights is 'bf16'"),
+    ({"rollout": {"operand_cache": True}, "precision": {"rollout_weights": "fp8_e4m3:row"}}, "is 'fp8_e4m3:row'"),
+    ({"rollout": {"operand_cache": True, "engine": "vllm"}, "precision": {"rollout_weights": "nvfp4"}},
+     "rollout.operand_cache is the native engine's"),
+])
+def test_bad_operand_cache_is_refused_naming_the_field(data, match):
+    with pytest.raises(ConfigError, match=match):
+        PipelineConfig.parse(data)
+
+
+def test_operand_cache_refused_at_build_without_a_gpu(tmp_path):
+    """FP4 weights on CPU (emulated: the cache would never be read): a ConfigError naming rollout.operand_cache."""
+    cfg = PipelineConfig.parse({"rollout": {"operand_cache": True}, "precision": {"rollout_weights": "nvfp4"},
+                                "model": {"preset": "tiny"}, "loop": {"eval_prompts": 4}})
+    with pytest.raises(ConfigError, match="rollout.operand_cache: the operand cache feeds") as err:
+        build(cfg, run_dir=tmp_path / "run")
+    assert err.value.fields == ("rollout.operand_cache",)

@@ -71,7 +71,8 @@ class ScaleOut:
         return RayRolloutEngine(
             model, cfg.precision, workers=d.rollout_workers, gpus_per_worker=gpus,
             engine_kwargs={"max_batch": cfg.rollout.max_batch, "max_seq_len": cfg.rollout.max_seq_len,
-                           "pad_token_id": tokenizer.pad_token_id, "attention": cfg.rollout.attention},
+                           "pad_token_id": tokenizer.pad_token_id, "attention": cfg.rollout.attention,
+                           "operand_cache": cfg.rollout.operand_cache},
             max_lag=d.max_staleness if d.asynchronous else 0, weight_sync=d.weight_sync,
             packer_device=self.device, ray_address=d.ray_address)
 

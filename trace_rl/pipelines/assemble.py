@@ -64,9 +64,11 @@ def make_engine(cfg: PipelineConfig, model, tokenizer, device: torch.device):
         from trace_rl.engine.native import NativeEngine
 
         check_attention(cfg, model, device)
+        check_operand_cache(cfg, device)
         return NativeEngine(model, cfg.precision, max_batch=cfg.rollout.max_batch,
                             max_seq_len=cfg.rollout.max_seq_len, device=device,
-                            pad_token_id=tokenizer.pad_token_id, attention=cfg.rollout.attention)
+                            pad_token_id=tokenizer.pad_token_id, attention=cfg.rollout.attention,
+                            operand_cache=cfg.rollout.operand_cache)
     if engine == "recompute":
         if cfg.precision.is_quantized:
             raise ConfigError("rollout.engine: 'recompute' re-runs the plain model and has no quantized KV "
@@ -113,6 +115,18 @@ def check_attention(cfg: PipelineConfig, model, device: torch.device) -> None:
                     c.num_heads, device, dtype)
     except (ValueError, RuntimeError) as err:
         raise ConfigError(f"rollout.attention: {err}", ("rollout.attention",)) from None
+
+
+def check_operand_cache(cfg: PipelineConfig, device: torch.device) -> None:
+    """rollout.operand_cache where it cannot work (no CUDA GPU, no Triton fp4 path): a ConfigError naming the field
+    before the model's caches are allocated (config.py checked the engine and the weight format)."""
+    if not cfg.rollout.operand_cache:
+        return
+    from trace_rl.engine.operand_cache import why_not
+
+    why = why_not(cfg.precision, device)
+    if why:
+        raise ConfigError(f"rollout.operand_cache: {why}", ("rollout.operand_cache",))
 
 
 def make_reference_engine(cfg: PipelineConfig, model, tokenizer, device: torch.device):

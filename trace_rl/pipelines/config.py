@@ -72,6 +72,11 @@ class RolloutSection(TraceConfig):
                             "error elsewhere, never a fallback), 'reference' (torch gather + dequantize: slow). "
                             "The bf16 torch paths need slot-contiguous pages, which the run's page pool is not. "
                             "The bf16 evaluation engine (loop.eval_reference) keeps 'auto'.")
+    operand_cache: bool = Field(
+        False, description="Native engine, FP4 weights, a CUDA GPU: keep each dense FP4 linear's bf16 operand "
+                           "(refreshed at every weight sync) so decode steps of >= 128 rows run cuBLAS on it without "
+                           "dequantizing; costs 2 bytes per weight element (Qwen3-8B: ~14 GB) on top of the FP4 "
+                           "weights. Same results as without it.")
 
 
 class ReferenceSection(TraceConfig):
@@ -253,6 +258,16 @@ class PipelineConfig(TraceConfig):
             raise ValueError(f"rollout.attention='gluon' reads nvfp4 KV caches only; precision.kv_cache is "
                              f"{self.precision.kv_cache!r}: set precision.kv_cache='nvfp4' (e.g. --preset "
                              f"w4a4-kv4) or rollout.attention='kernels'/'auto'")
+        if self.rollout.operand_cache:
+            from trace_rl.plan import format_family
+
+            if self.rollout.engine != "native":
+                raise ValueError(f"rollout.operand_cache is the native engine's; rollout.engine is "
+                                 f"{self.rollout.engine!r}: set rollout.operand_cache=false or rollout.engine='native'")
+            if format_family(self.precision.rollout_weights) != "fp4":
+                raise ValueError(f"rollout.operand_cache holds the bf16 operand of FP4 weights; "
+                                 f"precision.rollout_weights is {self.precision.rollout_weights!r}: use an nvfp4/mxfp4 "
+                                 f"plan (e.g. --preset w4a4-kv4) or set rollout.operand_cache=false")
         if self.loop.eval_reference and self.distributed.enabled:
             raise ValueError("loop.eval_reference: the bf16 reference evaluation needs the trainer's full weights "
                              "in this process, which a distributed run shards; set loop.eval_reference=false or "

@@ -1,0 +1,74 @@
+"""The engine's operand cache (engine/operand_cache.py): refused with a clear error where it cannot work (bf16/fp8
+plans, CPU); attached before the KV cache and counted in `report()`; every weight-sync path of the engine
+(`load_weights`' batched `load_linear_weights`, `weight_sync.load_packed`) refreshes each cache in place. On CPU the
+fp4 backend emulates (the cache is never read), so `why_not` is patched to let the engine attach it here; the
+refresh runs the dequantization kernel in Triton's interpreter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trace_rl.engine import operand_cache as engine_oc
+from trace_rl.engine.native import NativeEngine
+from trace_rl.models import tiny_model
+from trace_rl.plan import PrecisionPlan
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.mark.parametrize("preset,match", [("bf16", "plan 'bf16' has 'bf16' rollout weights"),
+                                          ("fp8", "has 'fp8_e4m3"),
+                                          ("w4a4-kv4", "on cpu the fp4 backend emulates")])
+def test_refused_where_it_cannot_work(preset, match):
+    model, _ = tiny_model("tiny", seed=0)
+    with pytest.raises(ValueError, match=f"operand_cache: .*{match}"):
+        NativeEngine(model, PrecisionPlan.preset(preset), max_batch=2, max_seq_len=32, operand_cache=True)
+
+
+def _check_caches(engine, ptrs=None):
+    from trace_rl.kernels.hopper_fp4 import operand
+    from trace_rl.kernels.operand_cache import cached
+
+    out = {}
+    for q in engine_oc.fp4_dense(engine.model):
+        oc = cached(q.packed)
+        assert oc is not None
+        ref = operand(q.packed.layout["hopper_fp4"])
+        nan = ref.isnan()
+        assert torch.equal(nan, oc.buf.isnan()) and torch.equal(oc.buf[~nan].view(torch.int16),
+                                                                 ref[~nan].view(torch.int16))
+        out[id(q)] = oc.buf.data_ptr()
+    if ptrs is not None:
+        assert out == ptrs            # refreshed in place: no buffer reallocated
+    return out
+
+
+@pytest.mark.parametrize("preset", ["w4a4-kv4", "w4a4-kv4-mx"])
+def test_every_sync_path_refreshes_in_place(preset, monkeypatch):
+    pytest.importorskip("triton")
+    monkeypatch.setattr(engine_oc, "why_not", lambda plan, device: "")
+    model, _ = tiny_model("tiny", seed=1)
+    engine = NativeEngine(model, PrecisionPlan.preset(preset), max_batch=2, max_seq_len=32, operand_cache=True)
+    dense = engine_oc.fp4_dense(engine.model)
+    assert dense
+    rep = engine.report()
+    assert rep["operand_cache"] and rep["operand_cache_bytes"] == sum(2 * q.out_features * q.in_features
+                                                                       for q in dense)
+    ptrs = _check_caches(engine)
+    before = [q.packed.layout["operand_cache"].buf.clone() for q in dense]
+    state = {k: -2 * v if v.is_floating_point() else v for k, v in model.state_dict().items()}
+    engine.load_weights(state, 1)                       # the batched sync (load_linear_weights)
+    _check_caches(engine, ptrs)
+    assert any(not torch.equal(b, q.packed.layout["operand_cache"].buf) for b, q in zip(before, dense))
+    from trace_rl.distributed.weight_sync import load_packed, unique_state_keys
+
+    live = engine.model.state_dict()
+    payload = {k: live[k].clone() for k in unique_state_keys(engine.model)}
+    codes = [k for k in payload if k.endswith("w_codes")]
+    for k in codes:
+        payload[k] = payload[k] ^ 0x21                  # other codes, same layout
+    before = [q.packed.layout["operand_cache"].buf.clone() for q in dense]
+    load_packed(engine, payload, 2)                     # the distributed workers' packed sync
+    _check_caches(engine, ptrs)
+    assert all(not torch.equal(b, q.packed.layout["operand_cache"].buf) for b, q in zip(before, dense))

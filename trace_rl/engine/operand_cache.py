@@ -1,0 +1,57 @@
+"""The engine's opt-in persistent operand cache (`NativeEngine(operand_cache=True)`, `rollout.operand_cache`).
+
+Every dense FP4 linear of the rollout model gets a bf16 copy of its operand (`kernels.operand_cache`), so decode steps
+of >= `DEQUANT_CUBLAS_MIN_M` rows run cuBLAS on it (path `fp4.operand_cache_cublas`) instead of the FP4 GEMM or the
+per-call dequantization. 2 bytes per weight element more; the caches are allocated when the engine is built, before
+its KV cache, so anything sizing the page pool from free memory after building the model (the bench's
+`workloads.fit_batch` / `kv_budget`, which call `attach_model` first) sees them. Experts (MoE grouped linears) keep
+their grouped kernel: the cache is for dense linears.
+"""
+
+from __future__ import annotations
+
+import torch
+
+FIELD = "operand_cache"
+
+
+def why_not(plan, device: torch.device | str) -> str:
+    """Why an engine of `plan` on `device` cannot use the operand cache ('' when it can)."""
+    from trace_rl.plan import format_family
+
+    device = torch.device(device)
+    if format_family(plan.rollout_weights) != "fp4":
+        return (f"the operand cache holds the bf16 operand of FP4 weights; plan {plan.label!r} has "
+                f"{plan.rollout_weights!r} rollout weights (use an nvfp4/mxfp4 plan, e.g. w4a4-kv4, or turn it off)")
+    if device.type != "cuda":
+        return (f"the operand cache feeds the FP4 linears' cuBLAS path on a CUDA GPU; on {device.type} the fp4 "
+                f"backend emulates in float32 and would never read it (turn it off)")
+    from trace_rl.backends import get_backend
+
+    avail = get_backend("fp4").available(device)
+    if avail.path != "fp4.triton":
+        return f"the fp4 backend runs {avail.path} here ({avail.reason}); the operand cache needs its Triton path"
+    return ""
+
+
+def fp4_dense(model) -> list:
+    """The model's dense FP4 QuantLinears."""
+    return [lin.quant for lin in model.linears().values()
+            if getattr(lin, "quant", None) is not None and lin.quant.weight_fmt in ("nvfp4", "mxfp4")]
+
+
+def attach_model(model, plan, device) -> int:
+    """Attach (idempotent) the operand cache of every dense FP4 linear of `model`; its bytes. ValueError naming the
+    option where it cannot work (`why_not`)."""
+    why = why_not(plan, device)
+    if why:
+        raise ValueError(f"{FIELD}: {why}")
+    from trace_rl.kernels.operand_cache import attach
+
+    return sum(attach(q.packed).nbytes for q in fp4_dense(model))
+
+
+def model_bytes(model) -> int:
+    """Bytes of the operand caches `model` holds (0 without)."""
+    key = "operand_cache"      # kernels.operand_cache.KEY (not imported: triton may be absent)
+    return sum(q.packed.layout[key].nbytes for q in fp4_dense(model) if key in q.packed.layout)
