@@ -90,6 +90,7 @@ def used_paths(engine, step_paths=()) -> list[str]:
 
 
 def label(row: dict) -> str:
-    """'plan' or 'plan/choice' for a row forced to a choice (the summary's and the log's key)."""
+    """'plan' or 'plan/choice' for a row forced to a choice (the summary's and the log's key); '+oc' for a row run
+    with the operand cache (`--operand-cache`)."""
     forced = row.get("attention_forced")
-    return f"{row['plan']}/{forced}" if forced else row["plan"]
+    return (f"{row['plan']}/{forced}" if forced else row["plan"]) + ("+oc" if row.get("operand_cache") else "")

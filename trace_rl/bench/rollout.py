@@ -14,7 +14,8 @@ Parts (`--parts`, each written to rollout.json as soon as it finishes, one failu
 `--engine-attention` forces the decode attention of the fixed and realistic parts' engines, per plan where wanted
 (`trace_rl.bench.engine_attention`; default auto; rows and summary lines say what was asked and what ran). The
 fixed workload's step rows also carry `attention_times`: ms per layer call of the engine's candidates and of the
-Gluon path where the cache can take it (`steps.attention_times`).
+Gluon path where the cache can take it (`steps.attention_times`). `--operand-cache` repeats fixed-workload runs of FP4
+plans with the engine's persistent operand cache (`trace_rl.bench.operand_cache`).
 """
 
 from __future__ import annotations
@@ -75,6 +76,10 @@ def add_rollout_bench_args(parser: argparse.ArgumentParser) -> argparse.Argument
       help="decode attention of the fixed and realistic parts' engines: CHOICE (every plan) and/or PLAN=CHOICE "
            "entries, comma-separated; a plan named twice runs once per choice (e.g. w4a4-kv4=kernels,w4a4-kv4=gluon). "
            "A choice a plan's cache or this machine cannot take runs on auto, said in its row (attention_refused)")
+    a("--operand-cache", default="",
+      help="fixed workload: PLAN (each of its attention choices) and/or PLAN=CHOICE entries, comma-separated, that run "
+           "once more with the engine's persistent operand cache (FP4 plans; +2 bytes per weight element, allocated "
+           "before B is fitted; rows record operand_cache, operand_cache_GB, batch)")
     a("--step-plans", default="w4a4-kv4,bf16", help="plans of the steps part")
     a("--step-attention", default="kernels,gluon,auto",
       help="decode-attention choices of the steps part, each forced per plan (auto: the engine's timed choice); one "
@@ -110,6 +115,9 @@ def run_rollout_bench(args) -> dict:
 
     known = tuple(dict.fromkeys(p for p in f"{args.plans},{args.realistic_plans}".split(",") if p))
     attention = engine_attention.parse(args.engine_attention, known)
+    from trace_rl.bench import operand_cache
+
+    oc = operand_cache.parse(args.operand_cache, tuple(p for p in args.plans.split(",") if p))
     from trace_rl.bench.baseline import VARIANTS
 
     variants = [v for v in args.baseline_variants.split(",") if v]
@@ -162,9 +170,10 @@ def run_rollout_bench(args) -> dict:
             for r in [int(x) for x in args.response_lens.split(",") if x]:
                 for plan in filter(None, args.plans.split(",")):
                     for choice in engine_attention.choices_for(attention, plan):
-                        attempt(f"fixed {name} {plan} R={r} attention={choice}",
-                                lambda n=name, p=plan, r=r, c=choice: fixed_workload(args, n, p, r, device, bw, log,
-                                                                                     c), "results")
+                        for cached in operand_cache.runs_for(oc, plan, choice):
+                            attempt(f"fixed {name} {plan} R={r} attention={choice}" + " operand_cache" * cached,
+                                    lambda n=name, p=plan, r=r, c=choice, o=cached: fixed_workload(
+                                        args, n, p, r, device, bw, log, c, o), "results")
         if "profile" in parts:
             attempt(f"profile {name}", lambda n=name: run_profiles(args, n, device, log), "profile", many=True)
         if "realistic" in parts:
@@ -219,6 +228,8 @@ def summary(report: dict) -> list[dict]:
                               "vs_plain_step_decode_tokens_per_s": other["tokens_per_s"] / plain["decode_tokens_per_s"]
                               if plain else None,
                               "tokens_per_s": other["tokens_per_s"], **{k: other.get(k) for k in attention},
+                              "batch": other.get("batch"), "operand_cache": other.get("operand_cache", False),
+                              "operand_cache_GB": other.get("operand_cache_GB", 0.0),
                               "bf16_attention_used": bf16.get("attention_used")})
     bf16 = next((x for x in report["realistic"] if x["plan"] == "bf16"), None)
     for x in report["realistic"]:

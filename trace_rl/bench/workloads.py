@@ -78,8 +78,10 @@ def kv_budget(args, model, device, layers_scale: float = 1.0) -> tuple[float, fl
 
 
 def fixed_workload(args, name: str, plan_name: str, response: int, device, bw, log,
-                   attention: str = "auto") -> dict:
-    """`attention`: the engine's decode attention where its cache can take it, else auto (`engine_attention`)."""
+                   attention: str = "auto", operand_cache: bool = False) -> dict:
+    """`attention`: the engine's decode attention where its cache can take it, else auto (`engine_attention`).
+    `operand_cache`: the engine's persistent operand cache (`--operand-cache`), attached before B is fitted to the
+    free memory, so B is what fits beside it."""
     from trace_rl.bench.decode_grid import prime_decode, time_step
     from trace_rl.bench.engine_attention import label, resolve, used_paths
     from trace_rl.bench.measure import build_rollout_model, free
@@ -98,12 +100,17 @@ def fixed_workload(args, name: str, plan_name: str, response: int, device, bw, l
     layout = "contiguous" if plan.kv_cache == "bf16" else "pool"
     block = args.block_size or _page(plan)
     capacity = math.ceil((p + r) / block) * block
+    oc_bytes = 0
+    if operand_cache:     # before fit_batch: the caches' memory is not the KV pool's
+        from trace_rl.engine.operand_cache import attach_model
+
+        oc_bytes = attach_model(model, plan, device)
     batch, fit = fit_batch(args, model, plan, capacity, device)
     engine_attention, attention_fields = resolve(attention, plan, model.config, block, layout, device, dtype, log,
                                                  f"fixed {name} {plan_name} R={r}")
     engine = NativeEngine(model, plan, max_batch=batch, max_seq_len=p + r, block_size=block, device=device,
                           graph_buckets=[batch], prefill_tokens=args.prefill_tokens, kv_layout=layout,
-                          attention=engine_attention)
+                          attention=engine_attention, operand_cache=operand_cache)
     bm.fill_random(engine.cache, torch.Generator(device=device).manual_seed(args.seed))
     steps = []
     base = None
@@ -161,7 +168,8 @@ def fixed_workload(args, name: str, plan_name: str, response: int, device, bw, l
     result = {
         "model": name, "plan": plan_name, "plan_label": plan.label, "layout": layout, "response_len": r,
         "prompt_len": p, "batch": batch, "waves": math.ceil(args.prompts * args.group / batch), **fit,
-        "weight_GB": wbytes / 1e9, "kv_bytes_per_token": per_token, "steps": steps,
+        "weight_GB": wbytes / 1e9, "operand_cache": operand_cache, "operand_cache_GB": oc_bytes / 1e9,
+        "kv_bytes_per_token": per_token, "steps": steps,
         "forward_ms_mean": fwd_mean, "step_ms_mean": step_mean, "decode_tokens_per_s": batch / (step_mean * 1e-3),
         "prefill_s": prefill_s, "wave_s": wave_s, "tokens_per_s": batch * r / wave_s,
         "e2e": {"rows": e2e_prompts * group, "new_tokens": e2e_new, "seconds": e2e_s, "predicted_s": predicted,
