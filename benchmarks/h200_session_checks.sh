@@ -23,7 +23,9 @@
 #   fixedgluon benchmarks/engine_fixed_gluon_h200.sh issue 16's fixed 8k workload (Qwen3-8B, memory filled): bf16,
 #            w4a4-kv4 with attention gluon and kernels, w4a4-kv4-mx; NOT a < 120 s check: a whole call (~3-5 min,
 #            starts only with >= 300 s left, gets what is left); named only, alone: `... h200_session_checks.sh OUT
-#            fixedgluon` (or the script itself)
+#            fixedgluon` (or the script itself); its run includes w4a4-kv4 on gluon with the operand cache
+#   opcache  the operand cache's GPU tests (tests/kernels/test_operand_cache.py -m gpu: cached == dequant path bit for
+#            bit on 4096x12288 at M = 128/359/512, CUDA-graph replay after an in-place reload); named only
 # The default order puts first what the stability study's runs depend on (wsync presets engine guided trainattn: ~9 min),
 # then the speed checks (grid gemm gemmwide attn gemmbound): a second call,
 # `BUDGET_S=... benchmarks/h200_session_checks.sh OUT grid gemm gemmwide attn gemmbound`; fp4engine only when named
@@ -62,6 +64,7 @@ for name in $NAMES; do
         gemmbound) bash benchmarks/gemm_bound_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         presets) pytest_check "$d" 145 tests/pipelines/test_presets_gpu.py ;;
         engine) pytest_check "$d" 85 tests/engine/test_native_gpu.py -k "not gluon" ;;
+        opcache) pytest_check "$d" 115 tests/kernels/test_operand_cache.py -m gpu ;;
         fp4engine) bash benchmarks/engine_fp4_gluon_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         fixedgluon) BUDGET_S=$(( left - 10 )) bash benchmarks/engine_fixed_gluon_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         *) echo "[$name] unknown check" ;;
