@@ -24,8 +24,8 @@
 #            w4a4-kv4 with attention gluon and kernels, w4a4-kv4-mx; NOT a < 120 s check: a whole call (~3-5 min,
 #            starts only with >= 300 s left, gets what is left); named only, alone: `... h200_session_checks.sh OUT
 #            fixedgluon` (or the script itself); its run includes w4a4-kv4 on gluon with the operand cache
-#   opcache  the operand cache's GPU tests (tests/kernels/test_operand_cache.py -m gpu: cached == dequant path bit for
-#            bit on 4096x12288 at M = 128/359/512, CUDA-graph replay after an in-place reload); named only
+#   opcache  the operand cache's GPU tests (tests/kernels/test_operand_cache.py -m gpu: cached == dequant path
+#            bit for bit on 4096x12288 at M = 128/359/512, CUDA-graph replay after an in-place reload); named only
 # The default order puts first what the stability study's runs depend on (wsync presets engine guided trainattn: ~9 min),
 # then the speed checks (grid gemm gemmwide attn gemmbound): a second call,
 # `BUDGET_S=... benchmarks/h200_session_checks.sh OUT grid gemm gemmwide attn gemmbound`; fp4engine only when named

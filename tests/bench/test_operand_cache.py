@@ -51,7 +51,8 @@ def test_fixed_rows_with_and_without_the_cache(tmp_path, monkeypatch):
     rows = [(r["plan"], r["operand_cache"], r["operand_cache_GB"] > 0) for r in report["results"]]
     assert rows == [("bf16", False, False), ("w4a4-kv4", False, False), ("w4a4-kv4", True, True)]
     cached = report["results"][2]
-    assert cached["paths"]["operand_cache"] and cached["paths"]["operand_cache_bytes"] == cached["operand_cache_GB"] * 1e9
+    assert cached["paths"]["operand_cache"]
+    assert cached["paths"]["operand_cache_bytes"] == cached["operand_cache_GB"] * 1e9
     assert any("w4a4-kv4/reference+oc" in line for line in report["log"])
     lines = [x for x in report["summary"] if x.get("plan") == "w4a4-kv4"]
     assert [(x["operand_cache"], x["batch"]) for x in lines] == [(False, 4), (True, 4)]
