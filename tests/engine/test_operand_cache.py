@@ -72,3 +72,17 @@ def test_every_sync_path_refreshes_in_place(preset, monkeypatch):
     load_packed(engine, payload, 2)                     # the distributed workers' packed sync
     _check_caches(engine, ptrs)
     assert all(not torch.equal(b, q.packed.layout["operand_cache"].buf) for b, q in zip(before, dense))
+
+
+def test_a_lost_cache_is_an_error_not_a_silent_fallback(monkeypatch):
+    """A packed weight rebuilt after the engine attached its cache (e.g. the model moved) would run the per-call paths
+    unannounced: the next weight load says so instead."""
+    pytest.importorskip("triton")
+    monkeypatch.setattr(engine_oc, "why_not", lambda plan, device: "")
+    model, _ = tiny_model("tiny", seed=2)
+    engine = NativeEngine(model, PrecisionPlan.preset("w4a4-kv4"), max_batch=2, max_seq_len=32, operand_cache=True)
+    state = dict(model.state_dict())
+    engine.load_weights(state, 1)                       # caches present: fine
+    del engine_oc.fp4_dense(engine.model)[0].packed.layout["operand_cache"]
+    with pytest.raises(RuntimeError, match="operand_cache: 1 dense FP4 linear"):
+        engine.load_weights(state, 2)

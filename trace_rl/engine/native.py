@@ -246,6 +246,9 @@ class NativeEngine(RolloutEngine):
             raise KeyError(f"load_weights: unexpected tensors {unexpected[:8]}")
         if self.recapture_after_load and self.graphs is not None:
             self.graphs.invalidate()   # emulated linears cache dequantized weights outside the buffers
+        if self.operand_cache:         # refreshed in place above (refresh_layouts); never silently lost
+            from trace_rl.engine.operand_cache import check_model
+            check_model(self.model)
         self.policy_version = int(version)
 
     # -- the decode step over slots [0, n): what a CUDA graph captures --

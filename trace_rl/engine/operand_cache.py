@@ -55,3 +55,14 @@ def model_bytes(model) -> int:
     """Bytes of the operand caches `model` holds (0 without)."""
     key = "operand_cache"      # kernels.operand_cache.KEY (not imported: triton may be absent)
     return sum(q.packed.layout[key].nbytes for q in fp4_dense(model) if key in q.packed.layout)
+
+
+def check_model(model) -> None:
+    """RuntimeError if a dense FP4 linear lost its operand cache (its packed weight rebuilt, e.g. by `.to()`): the
+    linear would then run the per-call paths without saying so, and the engine's memory report would be wrong."""
+    key = "operand_cache"
+    missing = [q for q in fp4_dense(model) if key not in q.packed.layout]
+    if missing:
+        raise RuntimeError(f"{FIELD}: {len(missing)} dense FP4 linear(s) have no operand cache any more (their packed "
+                           f"weights were rebuilt after the engine attached it, e.g. by moving the model); build the "
+                           f"engine again on the model's final device")
