@@ -38,7 +38,10 @@ def test_bench_rollout_tiny_cpu(tmp_path):
     assert any(x.get("vs_plain_step_decode_tokens_per_s") for x in report["summary"])
     real = report["realistic"][0]
     assert real["lengths"]["honoured"] and real["rows"] == 4 and real["tokens"] > 0   # every drawn length met
-    assert report["hf"][0]["hf_tokens_per_s"] > 0
+    hf = report["hf"][0]
+    assert hf["hf_tokens_per_s"] > 0 and not hf["hf_truncated"] and hf["hf_tokens_reached"] == 4   # no limit
+    assert hf["speedup"] > 0 and hf["native_vs_hf_decode_same_tokens"] > 0
+    assert hf["native_same_tokens_s"] == hf["native_s"]       # HF ran the whole workload: the same run
     assert json.loads((tmp_path / "rollout.json").read_text())["grid"]
     assert (tmp_path / "rollout.png").stat().st_size > 1000
 

@@ -8,7 +8,8 @@ Parts (`--parts`, each written to rollout.json as soon as it finishes, one failu
 - `fixed`: tokens/s on fixed-length responses with memory filled, per plan (`workloads.fixed_workload`);
 - `realistic`: tokens/s on long-tailed response lengths with stop tokens, GRPO groups sharing prompt
   pages, the page pool (`workloads.realistic_workload`);
-- `hf`: HF `generate` against the native engine on the same workload (`workloads.hf_vs_native`);
+- `hf`: HF `generate` against the native engine on the same workload, decode rates over the same tokens, HF
+  optionally stopped after `--hf-time-limit` s (`trace_rl.bench.hf`);
 - `steps` (not run by default): the decode step per plan and decode-attention choice at fixed (B, context) cells,
   e.g. attention forced to the Triton vs the Gluon kernel (`trace_rl.bench.steps`).
 `--engine-attention` forces the decode attention of the fixed and realistic parts' engines, per plan where wanted
@@ -72,6 +73,9 @@ def add_rollout_bench_args(parser: argparse.ArgumentParser) -> argparse.Argument
     a("--hf-new-tokens", type=int, default=64, help="response length of the HF comparison")
     a("--hf-model", default="", help="model preset of the HF comparison (default: each of --models)")
     a("--hf-layers", type=int, default=0, help="layers of the HF comparison's model (0: all)")
+    a("--hf-time-limit", type=float, default=0.0,
+      help="stop HF generate after this many seconds (0: never); the row says hf_truncated and the tokens reached, "
+           "and the native engine is timed over the same tokens")
     a("--engine-attention", default="auto",
       help="decode attention of the fixed and realistic parts' engines: CHOICE (every plan) and/or PLAN=CHOICE "
            "entries, comma-separated; a plan named twice runs once per choice (e.g. w4a4-kv4=kernels,w4a4-kv4=gluon). "
@@ -95,8 +99,9 @@ def add_rollout_bench_args(parser: argparse.ArgumentParser) -> argparse.Argument
 def run_rollout_bench(args) -> dict:
     """Run the bench described by `args` (see `add_rollout_bench_args`); writes JSON + PNG, returns the dict."""
     from trace_rl.bench.decode_grid import parse_grid, run_grid
+    from trace_rl.bench.hf import hf_vs_native
     from trace_rl.bench.profile import run_profiles
-    from trace_rl.bench.workloads import fixed_workload, hf_vs_native, realistic_workload
+    from trace_rl.bench.workloads import fixed_workload, realistic_workload
 
     parts = [p for p in args.parts.split(",") if p]
     unknown = sorted(set(parts) - set(PARTS) - set(EXTRA_PARTS))
@@ -237,7 +242,12 @@ def summary(report: dict) -> list[dict]:
                       "vs_bf16": x["tokens_per_s"] / bf16["tokens_per_s"] if bf16 else None,
                       **{k: x.get(k) for k in attention}})
     for hf in report["hf"]:
-        lines.append({"model": hf["model"], "native_vs_hf_same_workload": hf["speedup"]})
+        lines.append({"model": hf["model"], "native_vs_hf_decode_same_tokens": hf["native_vs_hf_decode_same_tokens"],
+                      "hf_truncated": hf["hf_truncated"], "hf_tokens_reached": hf["hf_tokens_reached"],
+                      "new_tokens": hf["new_tokens"], "hf_s": hf["hf_s"],
+                      "hf_decode_tokens_per_s": hf["hf_decode_tokens_per_s"],
+                      "native_decode_tokens_per_s_same_tokens": hf["native_decode_tokens_per_s_same_tokens"],
+                      "native_vs_hf_whole_run": hf["speedup"]})
     from trace_rl.bench.steps import summary as steps_summary
 
     return lines + steps_summary(report.get("steps", []))

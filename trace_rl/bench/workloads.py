@@ -1,5 +1,5 @@
-"""The rollout bench's workloads: fixed-length responses (per plan, memory filled), the realistic RL workload
-(long-tailed response lengths, stop tokens, GRPO groups), and HF `generate` against the native engine.
+"""The rollout bench's workloads: fixed-length responses (per plan, memory filled) and the realistic RL workload
+(long-tailed response lengths, stop tokens, GRPO groups). HF `generate` against the native engine: `bench.hf`.
 
 **Fixed** (`fixed_workload`): N prompts x G samples, P prompt tokens, exactly R response tokens. B = the
 sequences that fit in memory beside the weights. Decode steps are timed at contexts P+1, P+R/2, P+R-1
@@ -296,89 +296,3 @@ def realistic_workload(args, name: str, plan_name: str, device, log, attention: 
 
 def _generate_into(engine, prompts, sampling, holder: dict) -> None:
     holder["out"] = engine.generate(prompts, sampling)
-
-
-def hf_vs_native(args, name: str, device, log) -> dict:
-    """HF `generate` and our engine (bf16) on the same workload: `--hf-batch` prompts of `--prompt-len`
-    tokens, `--hf-new-tokens` sampled tokens each (stops ignored), on `--hf-model` (default: the bench's
-    model) cut to `--hf-layers` layers (0: all), random weights. Each side is warmed up first (HF: a
-    2-token generate; ours: the same workload once, which captures its graphs and tunes its attention,
-    as a long-lived RL engine would have), then one timed run each."""
-    from dataclasses import replace
-
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from trace_rl.bench.measure import build_rollout_model, free
-    from trace_rl.engine.base import SamplingParams
-    from trace_rl.engine.hf import HFEngine
-    from trace_rl.engine.native import NativeEngine
-    from trace_rl.models import preset
-    from trace_rl.plan import PrecisionPlan
-
-    free()
-    model_name = args.hf_model or name
-    config = preset(model_name)
-    if args.hf_layers:
-        config = replace(config, num_layers=args.hf_layers)
-    batch, new, p = args.hf_batch, args.hf_new_tokens, args.prompt_len
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    prompts = random_prompts(batch, p, config.vocab_size, device, args.seed)
-    sampling = SamplingParams(temperature=1.0, max_new_tokens=new, ignore_stop=True, seed=args.seed)
-    short = sampling.model_copy(update={"max_new_tokens": 2})
-    # ours first: a failure of the HF side then still leaves the native number in the log
-    model = build_rollout_model(model_name, PrecisionPlan(), device, dtype, args.seed, args.hf_layers)
-    ours = NativeEngine(model, PrecisionPlan(), max_batch=batch, max_seq_len=p + new, device=device,
-                        graph_buckets=[batch])
-    warm_s = bm.wall_s(lambda: ours.generate(prompts, sampling), device)
-    ours_s = bm.wall_s(lambda: ours.generate(prompts, sampling), device)
-    capture_s = ours.report()["graph_capture_s"]
-    log(f"HF-vs-native {model_name}[{config.num_layers} layers] B={batch} new={new}: native "
-        f"{batch * new / ours_s:.0f} tok/s ({ours_s:.2f} s; first run {warm_s:.2f} s with captures)")
-    free(ours, model)
-    cfg = AutoConfig.for_model(**config.to_hf_dict("bfloat16"))
-    with torch.device(device):
-        hf = AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
-    engine = HFEngine(hf, return_log_probs=False)
-    engine.generate(prompts, short)
-    progress = _ForwardProgress(hf, batch, device, log, every=max(1, new // 8))
-    hf_s = bm.wall_s(lambda: engine.generate(prompts, sampling), device)
-    progress.remove()
-    hf_attention = getattr(hf.config, "_attn_implementation", None)
-    free(engine, hf)
-    res = {"model": model_name, "layers": config.num_layers, "batch": batch, "prompt_len": p, "new_tokens": new,
-           "hf_s": hf_s, "native_s": ours_s, "native_first_run_s": warm_s, "native_graph_capture_s": capture_s,
-           "hf_tokens_per_s": batch * new / hf_s, "native_tokens_per_s": batch * new / ours_s,
-           "speedup": hf_s / ours_s, "speedup_vs_native_first_run": hf_s / warm_s,
-           "hf_attention": hf_attention, "hf_progress": progress.points}
-    log(f"HF {model_name} B={batch} new={new}: HF {res['hf_tokens_per_s']:.0f} tok/s, native "
-        f"{res['native_tokens_per_s']:.0f} tok/s ({res['speedup']:.1f}x; {res['speedup_vs_native_first_run']:.1f}x "
-        f"against our first run, captures included)")
-    return res
-
-
-class _ForwardProgress:
-    """Logs how many forward calls (one per generated token after the prefill) HF's `generate` has made and
-    when, every `every` calls: a run cut short by its time limit still leaves HF's rate in the log."""
-
-    def __init__(self, model: nn.Module, batch: int, device, log, every: int):
-        import time
-
-        self.batch, self.device, self.log, self.every, self.calls = batch, device, log, every, 0
-        self.points: list[tuple[int, float]] = []
-        self.start = time.perf_counter()
-        self.handle = model.register_forward_hook(self)
-
-    def __call__(self, module, args, output) -> None:
-        import time
-
-        self.calls += 1
-        if self.calls % self.every == 0:
-            if self.device.type == "cuda":
-                torch.cuda.synchronize()
-            seconds = time.perf_counter() - self.start
-            self.points.append((self.calls, seconds))
-            self.log(f"HF generate: {self.calls} forwards in {seconds:.1f} s "
-                     f"({self.batch * self.calls / seconds:.0f} tok/s so far)")
-
-    def remove(self) -> None:
-        self.handle.remove()

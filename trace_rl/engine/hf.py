@@ -8,6 +8,8 @@ baseline users would otherwise pick.
   log-softmax of HF's processed scores at the sampled token: the distribution HF actually sampled from
   (HF's top-p keeps the same set as ours except on exact probability ties); 0 for greedy.
 - `seed` seeds torch's global RNG inside a forked RNG state (HF samples with the global generator).
+- `stopping_criteria` (a transformers `StoppingCriteriaList`, default None) is passed to every `generate`: the
+  rollout bench stops a long HF run on wall time with it (`trace_rl.bench.hf.DecodeClock`).
 - transformers is imported lazily: `import trace_rl` never needs it.
 """
 
@@ -24,8 +26,9 @@ from trace_rl.engine.base import RolloutEngine, SamplingParams, rollout_output
 
 class HFEngine(RolloutEngine):
     def __init__(self, model, pad_token_id: int = K.PAD_TOKEN_ID_DEFAULT, return_log_probs: bool = True,
-                 policy_version: int = 0):
+                 policy_version: int = 0, stopping_criteria=None):
         self.model = model.eval()
+        self.stopping_criteria = stopping_criteria
         self.pad_token_id = pad_token_id
         self.return_log_probs = return_log_probs
         self.policy_version = policy_version
@@ -79,7 +82,8 @@ class HFEngine(RolloutEngine):
             if sampling.seed is not None:
                 torch.manual_seed(sampling.seed)
             out = self.model.generate(input_ids=left, attention_mask=left_mask.long(),
-                                      generation_config=self._generation_config(sampling))
+                                      generation_config=self._generation_config(sampling),
+                                      stopping_criteria=self.stopping_criteria)
         rows = num_prompts * sampling.n
         resp = out.sequences[:, width:]
         new = resp.shape[1]
