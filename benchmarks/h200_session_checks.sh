@@ -26,6 +26,11 @@
 #            fixedgluon` (or the script itself); its run includes w4a4-kv4 on gluon with the operand cache
 #   opcache  the operand cache's GPU tests (tests/kernels/test_operand_cache.py -m gpu: cached == dequant path
 #            bit for bit on 4096x12288 at M = 128/359/512, CUDA-graph replay after an in-place reload); named only
+#   engremain benchmarks/engine_remaining_h200.sh issue 16's two missing rollout measurements: native vs HF generate
+#            (Qwen3-1.7B, 16 x 256, 1024 new tokens, HF stopped at 120 s, decode rates over the same tokens), then
+#            the realistic workload at 64 prompts x 8 (bf16, w4a4-kv4, w4a16, fp8; 2 of Qwen3-8B's layers); NOT a
+#            < 120 s check: a whole call (~330-420 s, starts only with >= 360 s left, gets what is left); named
+#            only, alone: `... h200_session_checks.sh OUT engremain` (or the script itself)
 # The default order puts first what the stability study's runs depend on (wsync presets engine guided trainattn: ~9 min),
 # then the speed checks (grid gemm gemmwide attn gemmbound): a second call,
 # `BUDGET_S=... benchmarks/h200_session_checks.sh OUT grid gemm gemmwide attn gemmbound`; fp4engine only when named
@@ -41,7 +46,7 @@ W=/tmp/h200_checks
 mkdir -p "$OUT" "$W"
 start=$(date +%s)
 need() { case $1 in presets) echo 150;; trainattn) echo 62;; engine) echo 90;; fixedgluon) echo 300;;
-          *) echo 122;; esac; }
+          engremain) echo 360;; *) echo 122;; esac; }
 pytest_check() {   # DIR TIMEOUT_S ARGS...: pytest into DIR/pytest.log, its rc into DIR/summary.json
     local d=$1 t=$2; shift 2
     timeout "$t" $PYTHON -m pytest -v -p no:cacheprovider -rs "$@" > "$d/pytest.log" 2>&1
@@ -67,6 +72,7 @@ for name in $NAMES; do
         opcache) pytest_check "$d" 115 tests/kernels/test_operand_cache.py -m gpu ;;
         fp4engine) bash benchmarks/engine_fp4_gluon_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         fixedgluon) BUDGET_S=$(( left - 10 )) bash benchmarks/engine_fixed_gluon_h200.sh "$d" > "$d/run.log" 2>&1 ;;
+        engremain) BUDGET_S=$(( left - 10 )) bash benchmarks/engine_remaining_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         *) echo "[$name] unknown check" ;;
     esac
     echo "[$name] rc $? in $(( $(date +%s) - t0 )) s"
