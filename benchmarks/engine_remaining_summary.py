@@ -60,6 +60,13 @@ def summarize(out: str, hf_rc: int, real_rc: int) -> dict:
         asked = [p for p in real["args"]["realistic_plans"].split(",") if p]
         s["realistic_plans_missing"] = [p for p in asked if p not in {x["plan"] for x in rows}]
         s["device"], s["read_TBps"] = real.get("device"), real.get("read_bandwidth_TBps")
+    # first in the file: what the session-checks script's `head -c 3000` must show
+    h = s["hf"]
+    brief = ("tokens_per_s", "vs_bf16", "preemptions", "shared_prompt_pages", "mean_decode_batch")
+    s = {"headline": {"native_vs_hf_decode_same_tokens": h.get("native_vs_hf_decode_same_tokens"),
+                      "hf_truncated": h.get("hf_truncated"), "hf_tokens_reached": h.get("hf_tokens_reached"),
+                      "hf_s": h.get("hf_s"),
+                      "realistic": {x["plan"]: {k: x[k] for k in brief} for x in s["realistic"]}}, **s}
     s["errors"] = (hf or {}).get("errors", []) + (real or {}).get("errors", [])
     s["log_tail"] = {"hf": _tail(os.path.join(out, "hf.log"), 8), "realistic": _tail(os.path.join(out, "realistic.log"),
                                                                                         8)}

@@ -28,6 +28,8 @@ def test_script_tiny_cpu(tmp_path):
     assert not hf["hf_truncated"] and hf["hf_tokens_reached"] == 4 and hf["native_vs_hf_decode_same_tokens"] > 0
     assert hf["issue16_bar_20x"] in (True, False) and "hf_decode_tokens_per_s" in hf["rate_definitions"]
     assert [r["plan"] for r in s["realistic"]] == ["bf16", "w4a4-kv4"] and not s["realistic_plans_missing"]
+    assert s["headline"]["native_vs_hf_decode_same_tokens"] == hf["native_vs_hf_decode_same_tokens"]
+    assert list(s["headline"]["realistic"]) == ["bf16", "w4a4-kv4"]
     for r in s["realistic"]:
         assert r["rows"] == 8 and r["lengths_honoured"] and r["tokens_per_s"] > 0 and r["vs_bf16"] > 0
         assert r["preemptions"] >= 0 and r["shared_prompt_pages"] >= 0 and r["mean_decode_batch"] > 0
@@ -48,3 +50,4 @@ def test_summary_of_a_cut_run(tmp_path):
     assert "missing" in s["hf"] and any("token 128" in x for x in s["hf"]["log_tail"])
     assert s["realistic"][0]["vs_bf16"] == 1.0 and s["realistic"][0]["preemptions"] == 3
     assert s["realistic_plans_missing"] == ["w4a4-kv4"]
+    assert list(s)[0] == "headline" and s["headline"]["realistic"]["bf16"]["preemptions"] == 3
