@@ -153,3 +153,26 @@ def test_bench_rejects_unknown_engine_attention(tmp_path):
         with pytest.raises(ValueError, match="--engine-attention"):
             run_rollout_bench(args)
     assert not (tmp_path / "out").exists()          # rejected before anything is written
+
+
+def test_forced_stop_head_never_draws_the_stop_token_before_its_length():
+    """The realistic workload's head: the stop token's logit is -inf in the prefill (a sample's first token: every
+    drawn length is >= 16; a small vocabulary drew it there at 512 samples) and in a step before the sample's drawn
+    length, 1e4 at it."""
+    import types
+
+    import torch
+
+    from trace_rl.bench.workloads import ForcedStop
+
+    head = torch.nn.Linear(4, 8)
+    engine = types.SimpleNamespace(ngen=torch.tensor([0, 4, 9]), slot_row=torch.tensor([2, 0, 1]))
+    targets = torch.tensor([5, 10, 2, 1 << 40])
+    ref: list = []
+    forced = ForcedStop(head, ref, targets, stop_id=3)
+    with torch.no_grad():
+        assert (forced(torch.randn(6, 4))[:, 3] == float("-inf")).all()           # prefill: packed tokens
+        ref.append(engine)
+        step = forced(torch.randn(3, 1, 4))[:, 0, 3]
+    # slot 0: row 2, 1 token, due at 2; slot 1: row 0, 5th token due at 5; slot 2: row 1, 10th token due at 10
+    assert step.tolist() == [float("-inf"), 1e4, 1e4]

@@ -196,7 +196,8 @@ def _page(plan) -> int:
 class ForcedStop(nn.Module):
     """The realistic workload's head: the model's lm_head, with the stop token's logit set to 1e4 for the
     slots whose sample has reached its drawn length and to -inf before (read from the engine's slot state
-    inside the captured step)."""
+    inside the captured step); -inf in the prefill too (its token is the first, and every drawn length is >= 16:
+    with a small vocabulary, 512 samples drew the stop token there about once per vocab size / 512)."""
 
     def __init__(self, head: nn.Module, engine_ref: list, targets: torch.Tensor, stop_id: int):
         super().__init__()
@@ -208,7 +209,8 @@ class ForcedStop(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = self.head(x)
-        if x.dim() != 3 or not self.engine_ref:                     # prefill (first token): never forced
+        if x.dim() != 3 or not self.engine_ref:                     # prefill (first token): never the stop
+            logits[..., self.stop_id] = float("-inf")
             return logits
         e, n = self.engine_ref[0], x.shape[0]
         due = e.ngen[:n] + 1 >= self.targets[e.slot_row[:n]]
