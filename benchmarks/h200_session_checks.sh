@@ -57,7 +57,9 @@ pytest_check() {   # DIR TIMEOUT_S ARGS...: pytest into DIR/pytest.log, its rc i
 for name in $NAMES; do
     left=$(( BUDGET_S - ($(date +%s) - start) ))
     if [ "$left" -lt "$(need "$name")" ]; then echo "[$name] skipped: ${left} s left"; continue; fi
-    d="$W/$name"; mkdir -p "$d"; t0=$(date +%s)
+    # a fresh folder: a warm machine keeps /tmp between calls, and a check that fails before writing its
+    # summary.json must not show (and tar) an earlier call's; pytest_check appends to run.log
+    d="$W/$name"; rm -rf "$d"; mkdir -p "$d"; t0=$(date +%s)
     case $name in
         wsync) bash benchmarks/weight_sync_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         guided) bash benchmarks/guided_step_h200.sh "$d" > "$d/run.log" 2>&1 ;;
