@@ -48,7 +48,8 @@ try:
     bf16 = next((r for r in rows if r["plan"] == "bf16"), None)
     plain = (bf16 or {}).get("plain_baseline") or {}
     compiled = None
-    if bf16 and all(st.get("baseline_compiled") for st in bf16["steps"]):
+    # a variant that failed is {"error": ...} (decode_grid.best_baseline): no compiled number, not a KeyError
+    if bf16 and all("ms" in (st.get("baseline_compiled") or {}) for st in bf16["steps"]):
         compiled = bf16["batch"] / (simpson([st["baseline_compiled"]["ms"] for st in bf16["steps"]]) * 1e-3)
     s["plain_step_decode_tokens_per_s"] = {"best": plain.get("decode_tokens_per_s"), "compiled": compiled}
     s["rows"] = []
