@@ -33,6 +33,16 @@ def test_parse_errors_name_the_flag(spec, match):
         flag.parse(spec, PLANS)
 
 
+def test_a_choice_the_plan_does_not_run_is_an_error():
+    """`w4a4-kv4=glon` (or a choice outside the plan's --engine-attention list) would add no row: said, not skipped."""
+    runs = {"w4a4-kv4": ["gluon", "kernels"]}
+    choices_of = lambda plan: runs.get(plan, ["auto"])    # noqa: E731
+    assert flag.parse("w4a4-kv4=kernels", PLANS, choices_of) == {"w4a4-kv4": ["kernels"]}
+    with pytest.raises(ValueError, match="--operand-cache: 'w4a4-kv4=glon': w4a4-kv4 runs with attention gluon, "
+                                         "kernels"):
+        flag.parse("w4a4-kv4=glon", PLANS, choices_of)
+
+
 def _args(tmp_path, spec):
     return add_rollout_bench_args(argparse.ArgumentParser()).parse_args(
         ["--parts", "fixed", "--models", "tiny", "--plans", "bf16,w4a4-kv4", "--engine-attention",

@@ -13,8 +13,9 @@ from __future__ import annotations
 FLAG = "--operand-cache"
 
 
-def parse(spec: str, plans: tuple[str, ...]) -> dict[str, list[str] | None]:
-    """{plan: the attention choices that also run with the cache, None for all}; ValueError naming the flag."""
+def parse(spec: str, plans: tuple[str, ...], choices_of=None) -> dict[str, list[str] | None]:
+    """{plan: the attention choices that also run with the cache, None for all}; ValueError naming the flag.
+    `choices_of(plan)`: the plan's --engine-attention choices; a `PLAN=CHOICE` naming another would add no row."""
     from trace_rl.plan import PrecisionPlan, format_family
 
     out: dict[str, list[str] | None] = {}
@@ -30,6 +31,9 @@ def parse(spec: str, plans: tuple[str, ...]) -> dict[str, list[str] | None]:
         if format_family(weights) != "fp4":
             raise ValueError(f"{FLAG}: plan {plan!r} has {weights!r} weights; the operand cache holds the bf16 "
                              f"operand of FP4 weights (name an nvfp4/mxfp4 plan, e.g. w4a4-kv4)")
+        if sep and choices_of is not None and choice not in choices_of(plan):
+            raise ValueError(f"{FLAG}: {entry!r}: {plan} runs with attention {', '.join(choices_of(plan))} "
+                             f"(--engine-attention), so {choice!r} would add no row; name one of those")
         if not sep:
             out[plan] = None
         elif out.get(plan, []) is not None:

@@ -122,7 +122,8 @@ def run_rollout_bench(args) -> dict:
     attention = engine_attention.parse(args.engine_attention, known)
     from trace_rl.bench import operand_cache
 
-    oc = operand_cache.parse(args.operand_cache, tuple(p for p in args.plans.split(",") if p))
+    oc = operand_cache.parse(args.operand_cache, tuple(p for p in args.plans.split(",") if p),
+                             lambda plan: engine_attention.choices_for(attention, plan))
     from trace_rl.bench.baseline import VARIANTS
 
     variants = [v for v in args.baseline_variants.split(",") if v]
