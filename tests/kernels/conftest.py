@@ -28,3 +28,20 @@ def gen() -> torch.Generator:
     g = torch.Generator()
     g.seed()
     return g
+
+
+@pytest.fixture
+def capture():
+    """capture(fn) -> (graph, output): `fn` warmed up once on a side stream (allocations and compiles happen
+    outside the capture, as in the engine), then captured in a CUDA graph."""
+    def run(fn):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = fn()
+        return g, out
+    return run

@@ -192,7 +192,7 @@ def test_dequant_cublas_gpu(fmt, N, K, gen):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_dequant_cublas_backend_path_and_graph_gpu(gen):
+def test_dequant_cublas_backend_path_and_graph_gpu(gen, capture):
     """The backend reports fp4.dequant_cublas at M >= the threshold; a captured CUDA graph (scratch allocated
     in the warm-up) replays the eager result and follows an in-place weight sync."""
     from trace_rl.backends import QuantLinear
@@ -206,14 +206,7 @@ def test_dequant_cublas_backend_path_and_graph_gpu(gen):
     assert backend.paths.last == "fp4.dequant_cublas"
     layer(x[:M - 1])
     assert backend.paths.last == "fp4.triton"
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        layer(x)
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = layer(x)
+    g, out = capture(lambda: layer(x))
     g.replay()
     torch.cuda.synchronize()
     assert _rel(out, y) < 1e-3          # cuBLAS may pick another algorithm under capture

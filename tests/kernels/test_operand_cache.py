@@ -146,21 +146,14 @@ def test_operand_cache_equals_dequant_gpu(fmt, gen):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_operand_cache_graph_replay_after_reload_gpu(gen):
+def test_operand_cache_graph_replay_after_reload_gpu(gen, capture):
     """A captured graph reads the cache; load_weight (fused sync) rewrites it in place; replay gives the new result."""
     w = torch.randn(4096, 12288, generator=gen).to(torch.bfloat16).cuda()
     layer = QuantLinear(w, "nvfp4", act_fmt="nvfp4")
     oc = operand_cache.attach(layer.packed)
     ptr = oc.buf.data_ptr()
     x = torch.randn(359, 12288, generator=gen).to(torch.bfloat16).cuda()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        layer(x)
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = layer(x)
+    g, out = capture(lambda: layer(x))
     layer.load_weight(-2 * w)
     assert oc.buf.data_ptr() == ptr and get_backend("fp4").paths.counts["fp4.sync.fused"]
     _same_bits(oc.buf, operand(hopper_weight(layer.packed)))
