@@ -19,9 +19,10 @@ timeout $(( left > 20 ? left : 20 )) $PY benchmarks/attention_gluon.py --out "$O
 bench_rc=$?
 $PY - "$OUT" "$test_rc" "$bench_rc" <<'PY'
 import json, os, sys
+sys.path.insert(0, "benchmarks")
+from h200_summary import tail, write
 out, test_rc, bench_rc = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-tail = lambda f, n: open(os.path.join(out, f)).read().strip().splitlines()[-n:]
-s = {"pytest_rc": test_rc, "bench_rc": bench_rc, "pytest_tail": tail("pytest.log", 14)}
+s = {"pytest_rc": test_rc, "bench_rc": bench_rc, "pytest_tail": tail(out, "pytest.log", 14)}
 try:
     r = json.load(open(os.path.join(out, "attention_gluon.json")))
     s["read_TBps"] = r["ceilings"]["read_TBps"]
@@ -35,7 +36,6 @@ try:
     s["skipped"] = r.get("skipped", [])
 except Exception as e:   # noqa: BLE001
     s["bench_error"] = repr(e)
-    s["bench_log_tail"] = tail("attention_gluon.log", 20)
-json.dump(s, open(os.path.join(out, "summary.json"), "w"), indent=1)
-print(json.dumps(s, indent=1)[:6000])
+    s["bench_log_tail"] = tail(out, "attention_gluon.log", 20)
+write(out, s, 6000)
 PY

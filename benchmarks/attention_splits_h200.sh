@@ -14,9 +14,10 @@ run_pytest 112 tests/kv/test_cache.py tests/kernels/test_decode_attention.py tes
     -k "(split or path_names or candidates) and not nan"
 $PY - "$OUT" "$bench_rc" "$test_rc" <<'PY'
 import json, os, sys
+sys.path.insert(0, "benchmarks")
+from h200_summary import tail, write
 out, bench_rc, test_rc = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-s = {"bench_rc": bench_rc, "pytest_rc": test_rc,
-     "pytest_tail": open(os.path.join(out, "pytest.log")).read().strip().splitlines()[-3:]}
+s = {"bench_rc": bench_rc, "pytest_rc": test_rc, "pytest_tail": tail(out, "pytest.log", 3)}
 try:
     res = json.load(open(os.path.join(out, "attention_splits.json")))
     s["read_ceiling_TBps"] = res["ceilings"]["read_TBps"]
@@ -33,7 +34,6 @@ try:
             "error": r.get("error")}
 except Exception as e:
     s["bench_error"] = repr(e)
-json.dump(s, open(os.path.join(out, "summary.json"), "w"), indent=1)
-print(json.dumps(s, indent=1))
+write(out, s)
 PY
 echo "total $(( $(date +%s) - start )) s"

@@ -37,8 +37,9 @@ timeout "$left" $PY -m trace_rl bench rollout --parts fixed --models "${MODEL:-q
 bench_rc=$?
 $PY - "$OUT" "$bench_rc" <<'PY'
 import json, os, sys
+sys.path.insert(0, "benchmarks")
+from h200_summary import tail, write
 out, bench_rc = sys.argv[1], int(sys.argv[2])
-tail = lambda f, n: open(os.path.join(out, f)).read().strip().splitlines()[-n:]
 s = {"bench_rc": bench_rc, "timed_out": bench_rc in (124, 137)}
 try:
     rep = json.load(open(os.path.join(out, "fixed", "rollout.json")))
@@ -85,8 +86,7 @@ try:
     s["bench_summary"] = rep.get("summary")
 except Exception as e:   # noqa: BLE001 - a cut or failed run: say why, keep the log's tail
     s["summary_error"] = repr(e)
-s["log_tail"] = [x for x in tail("fixed.log", 40) if "Warning" not in x and "o = F." not in x][-14:]
-json.dump(s, open(os.path.join(out, "summary.json"), "w"), indent=1)
-print(json.dumps(s, indent=1)[:8000])
+s["log_tail"] = [x for x in tail(out, "fixed.log", 40) if "Warning" not in x and "o = F." not in x][-14:]
+write(out, s, 8000)
 PY
 echo "total $(( $(date +%s) - start )) s"

@@ -33,10 +33,11 @@ steps 116 steps_bf16 bf16 auto
 bf16_rc=$?
 $PY - "$OUT" "$test_rc" "$fp4_rc" "$bf16_rc" <<'PY'
 import json, os, sys
+sys.path.insert(0, "benchmarks")
+from h200_summary import tail, write
 out, test_rc, fp4_rc, bf16_rc = sys.argv[1], *map(int, sys.argv[2:5])
 sys.path.insert(0, os.getcwd())
-tail = lambda f, n: open(os.path.join(out, f)).read().strip().splitlines()[-n:]
-s = {"pytest_rc": test_rc, "fp4_bench_rc": fp4_rc, "bf16_bench_rc": bf16_rc, "pytest_tail": tail("pytest.log", 12)}
+s = {"pytest_rc": test_rc, "fp4_bench_rc": fp4_rc, "bf16_bench_rc": bf16_rc, "pytest_tail": tail(out, "pytest.log", 12)}
 try:
     rows = []
     for d in ("steps_fp4", "steps_bf16"):
@@ -61,8 +62,7 @@ try:
     s["cells"] = [x["steps"] for x in summary(rows)]
 except Exception as e:   # noqa: BLE001
     s["bench_error"] = repr(e)
-    s["bench_log_tail"] = tail("steps.log", 20)
-json.dump(s, open(os.path.join(out, "summary.json"), "w"), indent=1)
-print(json.dumps(s, indent=1)[:6000])
+    s["bench_log_tail"] = tail(out, "steps.log", 20)
+write(out, s, 6000)
 PY
 echo "total $(( $(date +%s) - start )) s"

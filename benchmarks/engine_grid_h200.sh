@@ -14,6 +14,8 @@ timeout 110 $PY -m trace_rl bench rollout --parts grid --models "${MODEL:-qwen3-
 bench_rc=$?
 $PY - "$OUT" "$bench_rc" <<'PY'
 import json, os, sys
+sys.path.insert(0, "benchmarks")
+from h200_summary import tail, write
 out, rc = sys.argv[1], int(sys.argv[2])
 s = {"bench_rc": rc}
 try:
@@ -29,8 +31,7 @@ try:
             "autotune": r.get("attention_autotune")}   # the choice: ms per layer call of each candidate, how timed
 except Exception as e:   # noqa: BLE001
     s["error"] = repr(e)
-    s["log_tail"] = open(os.path.join(out, "grid.log")).read().strip().splitlines()[-15:]
-json.dump(s, open(os.path.join(out, "summary.json"), "w"), indent=1)
-print(json.dumps(s, indent=1))
+    s["log_tail"] = tail(out, "grid.log", 15)
+write(out, s)
 PY
 echo "total $(( $(date +%s) - start )) s"

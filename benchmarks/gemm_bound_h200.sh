@@ -33,10 +33,9 @@ if [ -n "$NCU" ]; then
 fi
 $PY - "$OUT" "$bench_rc" "$ncu_rc" "${NCU:-absent}" <<'PY'
 import csv, json, os, sys
+sys.path.insert(0, "benchmarks")
+from h200_summary import tail, write
 out, bench_rc, ncu_rc, ncu = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-def tail(f, n):
-    p = os.path.join(out, f)
-    return open(p).read().strip().splitlines()[-n:] if os.path.exists(p) else []
 s = {"bench_rc": bench_rc, "ncu": ncu, "ncu_rc": ncu_rc}
 try:
     r = json.load(open(os.path.join(out, "gemm_bound.json")))
@@ -51,7 +50,7 @@ try:
     s["errors"], s["skipped"] = r.get("errors", [])[:6], r.get("skipped", [])
 except Exception as e:   # noqa: BLE001
     s["bench_error"] = repr(e)
-s["bench_log_tail"] = tail("gemm_bound.log", 6)
+s["bench_log_tail"] = tail(out, "gemm_bound.log", 6)
 if ncu != "absent":
     try:   # --page raw --csv: a header of metric names, a row of units, one row per profiled kernel
         rows = [row for row in csv.reader(line for line in open(os.path.join(out, "ncu.csv")) if line.startswith('"'))]
@@ -78,7 +77,6 @@ if ncu != "absent":
                                      "top_stalls": sorted(stalls, key=lambda kv: -kv[1])[:10]})
     except Exception as e:   # noqa: BLE001
         s["ncu_error"] = repr(e)
-    s["ncu_log_tail"] = tail("ncu.log", 6)
-json.dump(s, open(os.path.join(out, "summary.json"), "w"), indent=1)
-print(json.dumps(s, indent=1)[:8000])
+    s["ncu_log_tail"] = tail(out, "ncu.log", 6)
+write(out, s, 8000)
 PY

@@ -29,10 +29,11 @@ bench_rc=$?
 run_pytest 114 -k "$TESTS" tests/kernels/test_fp4_gemm_gluon.py
 $PY - "$OUT" "$pre_rc" "$bench_rc" "$test_rc" <<'PY'
 import json, os, sys
+sys.path.insert(0, "benchmarks")
+from h200_summary import tail, write
 out, pre_rc, bench_rc, test_rc = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-tail = lambda f, n: open(os.path.join(out, f)).read().strip().splitlines()[-n:]
-s = {"precompile_rc": pre_rc, "bench_rc": bench_rc, "pytest_rc": test_rc, "precompile_tail": tail("precompile.log", 3),
-     "pytest_tail": tail("pytest.log", 14)}
+s = {"precompile_rc": pre_rc, "bench_rc": bench_rc, "pytest_rc": test_rc,
+     "precompile_tail": tail(out, "precompile.log", 3), "pytest_tail": tail(out, "pytest.log", 14)}
 try:
     r = json.load(open(os.path.join(out, "gemm_gluon.json")))
     s["rows"] = [{k: (v if not isinstance(v, dict) else {kk: vv for kk, vv in v.items() if kk != "config"})
@@ -41,7 +42,6 @@ try:
     s["skipped"] = len(r.get("skipped", []))
 except Exception as e:   # noqa: BLE001
     s["bench_error"] = repr(e)
-    s["bench_log_tail"] = tail("gemm_gluon.log", 15)
-json.dump(s, open(os.path.join(out, "summary.json"), "w"), indent=1)
-print(json.dumps(s, indent=1)[:6000])
+    s["bench_log_tail"] = tail(out, "gemm_gluon.log", 15)
+write(out, s, 6000)
 PY

@@ -20,9 +20,10 @@ run_pytest 116 tests/data/test_padding.py::test_densify_keeps_pinned_entries_pin
 # (the fp4-guided preset's pipeline is the presets check's; here it ran past the 116 s, 2026-12-02)
 $PY - "$OUT" "$bench_rc" "$test_rc" <<'PY'
 import json, os, sys
+sys.path.insert(0, "benchmarks")
+from h200_summary import tail, write
 out, bench_rc, test_rc = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-s = {"bench_rc": bench_rc, "pytest_rc": test_rc,
-     "pytest_tail": open(os.path.join(out, "pytest.log")).read().strip().splitlines()[-6:]}
+s = {"bench_rc": bench_rc, "pytest_rc": test_rc, "pytest_tail": tail(out, "pytest.log", 6)}
 try:
     r = json.load(open(os.path.join(out, "guided_step.json")))
     s["min_seconds"] = r.get("summary_min_seconds")
@@ -39,7 +40,6 @@ try:
 except Exception as e:   # noqa: BLE001
     s["bench_error"] = repr(e)
 if bench_rc or "min_seconds" not in s:
-    s["bench_log_tail"] = open(os.path.join(out, "guided_step.log")).read().strip().splitlines()[-15:]
-json.dump(s, open(os.path.join(out, "summary.json"), "w"), indent=1)
-print(json.dumps(s, indent=1))
+    s["bench_log_tail"] = tail(out, "guided_step.log", 15)
+write(out, s)
 PY

@@ -15,9 +15,10 @@ bench_rc=$?
 run_pytest 55 tests/kv/test_causal.py
 $PY - "$OUT" "$bench_rc" "$test_rc" <<'PY'
 import json, os, sys
+sys.path.insert(0, "benchmarks")
+from h200_summary import tail, write
 out, bench_rc, test_rc = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-tail = lambda f, n: open(os.path.join(out, f)).read().strip().splitlines()[-n:]
-s = {"bench_rc": bench_rc, "pytest_rc": test_rc, "pytest_tail": tail("pytest.log", 6)}
+s = {"bench_rc": bench_rc, "pytest_rc": test_rc, "pytest_tail": tail(out, "pytest.log", 6)}
 try:
     r = json.load(open(os.path.join(out, "trainer_attention.json")))
     keep = ("torch", "plan", "efficient_takes_gqa", "summary", "after_vs_before", "before_vs_float64",
@@ -26,7 +27,6 @@ try:
     s["dispatch_ok"] = {k: v["ok"] for k, v in r.get("dispatch", {}).items()}
 except Exception as e:   # noqa: BLE001
     s["bench_error"] = repr(e)
-    s["bench_log_tail"] = tail("trainer_attention.log", 15)
-json.dump(s, open(os.path.join(out, "summary.json"), "w"), indent=1)
-print(json.dumps(s, indent=1)[:6000])
+    s["bench_log_tail"] = tail(out, "trainer_attention.log", 15)
+write(out, s, 6000)
 PY

@@ -27,9 +27,10 @@ run_pytest 114 tests/backends/test_quant_linear_sync.py tests/kernels/test_quant
     -k "not (large_weight_gpu and (1024 or 4096)) and not (relayout_large_gpu and 1024)"
 $PY - "$OUT" "$bench_rc" "$test_rc" <<'PY'
 import json, os, sys
+sys.path.insert(0, "benchmarks")
+from h200_summary import tail, write
 out, bench_rc, test_rc = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-s = {"bench_rc": bench_rc, "pytest_rc": test_rc,
-     "pytest_tail": open(os.path.join(out, "pytest.log")).read().strip().splitlines()[-3:]}
+s = {"bench_rc": bench_rc, "pytest_rc": test_rc, "pytest_tail": tail(out, "pytest.log", 3)}
 try:
     log = open(os.path.join(out, "pytest.log")).read().splitlines()
     s["pytest_failed"] = [l for l in log if l.startswith("FAILED") or " FAILED" in l][:12]
@@ -41,7 +42,6 @@ try:
 except Exception as e:   # noqa: BLE001
     s["bench_error"] = repr(e)
 if "sync" not in s or not any("engine_graph" in k for k in s["sync"]):   # timed out / failed: what the log has
-    s["bench_log_tail"] = open(os.path.join(out, "kernels_quant.log")).read().strip().splitlines()[-15:]
-json.dump(s, open(os.path.join(out, "summary.json"), "w"), indent=1)
-print(json.dumps(s, indent=1))
+    s["bench_log_tail"] = tail(out, "kernels_quant.log", 15)
+write(out, s)
 PY
