@@ -36,7 +36,6 @@ import json, os, sys
 sys.path.insert(0, "benchmarks")
 from h200_summary import tail, write
 out, test_rc, fp4_rc, bf16_rc = sys.argv[1], *map(int, sys.argv[2:5])
-sys.path.insert(0, os.getcwd())
 s = {"pytest_rc": test_rc, "fp4_bench_rc": fp4_rc, "bf16_bench_rc": bf16_rc, "pytest_tail": tail(out, "pytest.log", 12)}
 try:
     rows = []
