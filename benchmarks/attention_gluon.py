@@ -23,6 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import attention as A  # noqa: E402
 import torch  # noqa: E402
+from kernel_baselines import json_saver  # noqa: E402
 
 SHAPES = ((32, 8192), (256, 8192), (32, 32768))
 VARIANTS = {"gluon_s3": dict(stages=3), "gluon_s2": dict(stages=2), "gluon_s4": dict(stages=4)}
@@ -89,9 +90,7 @@ def main() -> None:
     def log(obj):
         print(json.dumps(obj), flush=True)
 
-    def save():
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=1)
+    save = json_saver(res, args.out)
 
     res["ceilings"] = A.ceilings()
     log(res["ceilings"])
