@@ -21,6 +21,15 @@ QWEN3_8B_LINEARS = [(4096, 4096), (1024, 4096), (1024, 4096), (4096, 4096), (122
                     (4096, 12288)]   # (N, K) of q, k, v, o, gate, up, down; 36 layers
 
 
+def _same_bits(codes, scales, global_scale, h, q, lay) -> bool:
+    """Quantized weight buffers (`codes`, `scales`, `global_scale`) and Hopper layout `h` bit for bit equal to the
+    default path's QTensor `q` and layout `lay` (scales and row factors compared as integers: NaN-safe)."""
+    return (torch.equal(codes, q.codes) and torch.equal(scales.view(torch.uint8), q.scales.view(torch.uint8))
+            and (q.global_scale is None or torch.equal(global_scale, q.global_scale))
+            and torch.equal(h.values, lay.values) and torch.equal(h.scales, lay.scales)
+            and torch.equal(h.row_factor.view(torch.int32), lay.row_factor.view(torch.int32)))
+
+
 def _bench_fused(fmt: str, weights: list, qs: list, lays: list, res: dict) -> None:
     """`quantize_relayout` (quantize with the Hopper re-layout fused into its store) over the 252 weights: first
     checked bit for bit against the default path's QTensors `qs` and layouts `lays` (`quantize(w, fmt,
@@ -33,11 +42,7 @@ def _bench_fused(fmt: str, weights: list, qs: list, lays: list, res: dict) -> No
         same, bad = True, []
         for i, (w, q, lay) in enumerate(zip(weights, qs, lays)):
             fq, fh = quantize_relayout(w, fmt)
-            ok = (torch.equal(fq.codes, q.codes)
-                  and torch.equal(fq.scales.view(torch.uint8), q.scales.view(torch.uint8))
-                  and (q.global_scale is None or torch.equal(fq.global_scale, q.global_scale))
-                  and torch.equal(fh.values, lay.values) and torch.equal(fh.scales, lay.scales)
-                  and torch.equal(fh.row_factor.view(torch.int32), lay.row_factor.view(torch.int32)))
+            ok = _same_bits(fq.codes, fq.scales, fq.global_scale, fh, q, lay)
             if not ok and len(bad) < 4:
                 bad.append([i, *w.shape])
             same &= ok
@@ -59,11 +64,7 @@ def _bench_fused(fmt: str, weights: list, qs: list, lays: list, res: dict) -> No
 def _sync_bad(layers: list, hs: list, qs: list, lays: list) -> list:
     """Indices of the linears whose buffers and layout differ from the default path's `qs` / `lays`."""
     return [i for i, (layer, h, q, lay) in enumerate(zip(layers, hs, qs, lays))
-            if not (torch.equal(layer.w_codes, q.codes)
-                    and torch.equal(layer.w_scales.view(torch.uint8), q.scales.view(torch.uint8))
-                    and (q.global_scale is None or torch.equal(layer.w_global_scale, q.global_scale))
-                    and torch.equal(h.values, lay.values) and torch.equal(h.scales, lay.scales)
-                    and torch.equal(h.row_factor.view(torch.int32), lay.row_factor.view(torch.int32)))]
+            if not _same_bits(layer.w_codes, layer.w_scales, layer.w_global_scale, h, q, lay)]
 
 
 def _garbage(layers: list, hs: list) -> None:
