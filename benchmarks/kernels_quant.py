@@ -34,7 +34,7 @@ def _bench_fused(fmt: str, weights: list, qs: list, lays: list, res: dict) -> No
     """`quantize_relayout` (quantize with the Hopper re-layout fused into its store) over the 252 weights: first
     checked bit for bit against the default path's QTensors `qs` and layouts `lays` (`quantize(w, fmt,
     fast=False)`, `relayout`) on every weight (codes, scales, global scale, layout words, scales, row factors),
-    then timed into those buffers in place, one CUDA graph. nvfp4: also the flat weight amax alone."""
+    then timed into those buffers in place, one CUDA graph. (The amax pass alone: `_bench_engine_sync`.)"""
     from trace_rl.kernels.quantize_relayout import quantize_relayout
 
     key = f"requant_8b_{fmt}_fused"
@@ -53,10 +53,6 @@ def _bench_fused(fmt: str, weights: list, qs: list, lays: list, res: dict) -> No
         res[f"{key}_graph_ms"] = graph_us(
             [lambda: [quantize_relayout(w, fmt, out=lay, q=q) for w, lay, q in zip(weights, lays, qs)]],
             reps=3) / 1e3
-        if fmt == "nvfp4":
-            from trace_rl.kernels.weight_quantize import weight_amax_bits
-
-            res["amax_8b_flat_graph_ms"] = graph_us([lambda: [weight_amax_bits(w) for w in weights]], reps=3) / 1e3
     except Exception as e:   # noqa: BLE001
         res[f"{key}_error"] = repr(e)[:300]
 
