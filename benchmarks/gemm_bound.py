@@ -169,8 +169,7 @@ def verdict(row: dict, fl: dict) -> str:
 def measure(args) -> None:
     import torch
     import torch.nn.functional as F
-    from gemm_gluon import weight_copies
-    from kernel_baselines import graph_us, json_saver, run_env
+    from kernel_baselines import graph_us, json_saver, run_env, weight_copies
 
     from trace_rl.backends import PackedWeight
     from trace_rl.kernels import quantize
@@ -189,7 +188,7 @@ def measure(args) -> None:
             if time.time() - start > args.budget_s:
                 res["skipped"].append({"K": K, "N": N, "fmt": fmt})
                 continue
-            n_copies = weight_copies(N, K)
+            n_copies = weight_copies(N * K // 2)
             w_bf16 = [torch.randn(N, K, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(n_copies)]
             hws = [hopper_weight(PackedWeight(fmt, N, K, q=quantize(w, fmt))) for w in w_bf16]
             vb, sb = weight_bytes(fmt, N, K)

@@ -21,7 +21,6 @@ once `--budget-s` has passed (listed in "skipped"), so a timeout keeps what was 
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time
@@ -33,7 +32,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from kernel_baselines import graph_us, json_saver, run_env  # noqa: E402
+from kernel_baselines import graph_us, json_saver, run_env, weight_copies  # noqa: E402
 
 from trace_rl.backends import PackedWeight  # noqa: E402
 from trace_rl.kernels import fp4_gemm_gluon as gg  # noqa: E402
@@ -63,12 +62,6 @@ WIDE_VARIANTS = {   # M > 16: wgmma N = 32 / 64 / 128 (fp4_gemm_gluon.WIDE); all
     "wide_bm32": ("nvfp4", gg.WIDE["nvfp4"][32]),                         # 2 CTAs per SM, 32-token tiles
 }
 ALL_VARIANTS = {**VARIANTS, **WIDE_VARIANTS}
-
-
-def weight_copies(N: int, K: int) -> int:
-    """How many copies of an N x K FP4 weight one timed graph cycles through: > 200 MiB, so that replays read HBM,
-    not the 50 MB L2 (benchmarks/gemm_bound.py uses the same count)."""
-    return max(2, min(64, math.ceil((200 << 20) / (N * K // 2))))
 
 
 def variant_config(name: str, M: int) -> GluonConfig | None:
@@ -157,7 +150,7 @@ def main() -> None:
     fmts = sorted({ALL_VARIANTS[v][0] for v in args.variants.split(",")}, reverse=True)    # nvfp4 first
     setups = []
     for K, N in SHAPES:     # weights, cuBLAS and the shipped kernel first, for every shape, M and format
-        n_copies = weight_copies(N, K)
+        n_copies = weight_copies(N * K // 2)
         w_bf16 = [torch.randn(N, K, device=DEV, dtype=torch.bfloat16) * 0.02 for _ in range(n_copies)]
         hws = {f: [hopper_weight(PackedWeight(f, N, K, q=quantize(w, f))) for w in w_bf16] for f in fmts}
         for M in Ms:

@@ -15,7 +15,6 @@ measured.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time
@@ -27,7 +26,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from kernel_baselines import graph_us, json_saver, precompile, run_env  # noqa: E402
+from kernel_baselines import graph_us, json_saver, precompile, run_env, weight_copies  # noqa: E402
 
 from trace_rl.backends import PackedWeight  # noqa: E402
 from trace_rl.kernels import quantize  # noqa: E402
@@ -71,7 +70,7 @@ def main() -> None:
         save()
 
     for K, N in SHAPES:
-        n_copies = max(2, min(64, math.ceil((200 << 20) / (N * K // 2))))
+        n_copies = weight_copies(N * K // 2)
         w_bf16 = [torch.randn(N, K, device=DEV, dtype=torch.bfloat16) * 0.02 for _ in range(n_copies)]
         packed = {f: [PackedWeight(f, N, K, q=quantize(w, f)) for w in w_bf16] for f in ("nvfp4", "mxfp4")}
         for f in packed:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import subprocess
 import sys
@@ -24,6 +25,12 @@ DEV = "cuda"
 def graph_us(calls: list, reps: int = 15) -> float:
     """Median microseconds per call: all `calls` captured once in a CUDA graph, replayed `reps` times."""
     return graph_median_us(calls, reps)
+
+
+def weight_copies(nbytes: int, target: int = 200 << 20, cap: int = 64) -> int:
+    """How many copies of an `nbytes` weight one timed graph cycles through: > `target` (200 MiB) in all, so that
+    replays read HBM, not the 50 MB L2; at least 2, at most `cap`."""
+    return max(2, min(cap, math.ceil(target / nbytes)))
 
 
 def ceilings() -> dict:

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import os
 import sys
 import traceback
@@ -54,6 +53,7 @@ from kernel_baselines import (  # noqa: E402
     precompile,
     run_env,
     start_pytest,
+    weight_copies,
 )
 from kernels_moe import sweep_grouped  # noqa: E402
 from kernels_quant import bench_quant  # noqa: E402
@@ -78,10 +78,6 @@ def loop_ms(fn, reps: int = 3) -> float:
 
 def num_sms() -> int:
     return torch.cuda.get_device_properties(0).multi_processor_count
-
-
-def _copies(nbytes: int, target: int = 200 << 20, cap: int = 64) -> int:
-    return max(2, min(cap, math.ceil(target / nbytes)))
 
 
 def sweep_candidates(M: int) -> list:
@@ -148,7 +144,7 @@ def bench_gemm(read_bw: float, sweep: bool, log) -> list:
 
     sms, rows = num_sms(), []
     for K, N in GEMM_SHAPES:
-        n_copies = _copies(N * K // 2)
+        n_copies = weight_copies(N * K // 2)
         w_bf16 = [torch.randn(N, K, device=DEV, dtype=torch.bfloat16) * 0.02 for _ in range(n_copies)]
         packed = {f: [PackedWeight(f, N, K, q=quantize(w, f)) for w in w_bf16] for f in ("nvfp4", "mxfp4")}
         layout_bytes = {f: [hopper_weight(p) for p in packed[f]][0].nbytes for f in packed}   # derive all now
@@ -195,7 +191,7 @@ def bench_gemlite(read_bw: float, gemm_rows: list, log) -> list:
     rows = []
     cublas = {(r["K"], r["N"], r["M"]): r["cublas_bf16_us"] for r in gemm_rows}
     for K, N in SWEEP_SHAPES:
-        n_copies = _copies(N * K // 2)
+        n_copies = weight_copies(N * K // 2)
         try:
             layers = [gemlite_int4_linear(torch.randn(N, K, device=DEV, dtype=torch.bfloat16) * 0.02)
                       for _ in range(n_copies)]
