@@ -28,6 +28,7 @@ from dataclasses import asdict, replace
 
 import torch
 import torch.nn.functional as F
+import triton
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -179,7 +180,7 @@ def main() -> None:
                 res["skipped"].append({"K": row["K"], "N": row["N"], "M": M, "variant": name})
                 continue
             bm = cfg.tile_m(M)
-            auto = auto_split(triton_cdiv(hw[0].padded[0], cfg.block_n) * triton_cdiv(M, bm),
+            auto = auto_split(triton.cdiv(hw[0].padded[0], cfg.block_n) * triton.cdiv(M, bm),
                               hw[0].padded[1] // step_k(fmt),
                               sms * cfg.ctas_per_sm(bm, fmt))
             for split in sorted({auto, 2 * auto, max(1, auto // 2)}):
@@ -205,10 +206,6 @@ def main() -> None:
                    for k, v in row.items() if k not in ("shipped_config", "copies")}, flush=True)
     res["total_s"] = time.time() - start
     save()
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 if __name__ == "__main__":
