@@ -175,7 +175,7 @@ def main() -> None:
                 entry["steps"].append(step)
                 print(plan, json.dumps(step), flush=True)
                 save()
-            if K.GUIDANCE in batch.keys() and not late():
+            if batch is not None and K.GUIDANCE in batch.keys() and not late():   # None: no step before the deadline
                 entry["former_layout"] = per_site_stack_seconds(pipe, batch, args.old_rows)
                 print(plan, "former per-site stack", json.dumps(entry["former_layout"]), flush=True)
             entry["fake_quant_paths"] = {k: v for k, v in get_backend("fp4").paths.counts.items() if "fake" in k}
