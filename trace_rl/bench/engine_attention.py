@@ -55,8 +55,8 @@ def refusal(choice: str, plan, config, block: int, layout: str, device: torch.de
     if choice in ("auto", "reference"):
         return ""
     if choice == "gluon":
-        why = (gluon.refusal(plan.kv_cache, block, config.head_dim, config.num_kv_heads, config.num_heads)
-               or gluon.runtime_refusal(device) or gluon.dtype_refusal(dtype))
+        why = gluon.why_not(plan.kv_cache, block, config.head_dim, config.num_kv_heads, config.num_heads, device,
+                            dtype)
         if why:
             return why
     if choice in ("kernels", "gluon"):

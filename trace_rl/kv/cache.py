@@ -172,9 +172,8 @@ class PagedKVCache:
     def gluon_refusal(self) -> str:
         """Why `GLUON_PATH` cannot run on this cache ("" when it can; `trace_rl.kv.gluon`)."""
         if self._gluon_why is None:
-            self._gluon_why = (gluon.refusal(self.kv_format, self.block_size, self.head_dim, self.heads,
-                                             self.query_heads) or gluon.runtime_refusal(self.device)
-                               or gluon.dtype_refusal(self.dtype)
+            self._gluon_why = (gluon.why_not(self.kv_format, self.block_size, self.head_dim, self.heads,
+                                             self.query_heads, self.device, self.dtype)
                                or ("" if self._kernels_ok else "no KV-cache kernels here (kv_write)"))
         return self._gluon_why
 

@@ -81,6 +81,14 @@ def runtime_refusal(device: torch.device) -> str:
     return ""
 
 
+def why_not(kv_format: str, block_size: int, head_dim: int, kv_heads: int, query_heads: int | None,
+            device: torch.device, dtype: torch.dtype = torch.bfloat16) -> str:
+    """Why attention='gluon' cannot run on this cache here ("" when it can): `refusal`, then `runtime_refusal`,
+    then `dtype_refusal`, the first that says why (what `check` raises)."""
+    return (refusal(kv_format, block_size, head_dim, kv_heads, query_heads)
+            or runtime_refusal(torch.device(device)) or dtype_refusal(dtype))
+
+
 def check(kv_format: str, block_size: int, head_dim: int, kv_heads: int, query_heads: int | None,
           device: torch.device, dtype: torch.dtype = torch.bfloat16) -> None:
     """Raise (ValueError: the cache's shape; RuntimeError: the machine) where attention='gluon' cannot run."""
