@@ -13,8 +13,9 @@ random values), and per context L (every row at L):
   cache can take it), each graph-timed over 8 layers' caches as the engine's own choice is (`attention_times`);
 - `floor_ms`: (weight bytes + B x L x KV bytes per token) / measured read bandwidth, `roofline_frac` = floor / forward.
 
-A choice the plan's cache or the machine cannot take (gluon with a bf16 cache, or off sm_90 / Triton 3.6), or a
-batch whose cache does not fit beside the weights, is a row with `skipped` and why: never another path instead.
+A choice the plan's cache or the machine cannot take (`engine_attention.refusal`: gluon with a bf16 cache, or off
+sm_90 / Triton 3.6; the Triton kernels on a CPU), or a batch whose cache does not fit beside the weights, is a row
+with `skipped` and why: never another path instead.
 """
 
 from __future__ import annotations
@@ -44,15 +45,6 @@ def attention_times(engine, batch: int, length: int) -> dict:
     return record
 
 
-def _refusal(choice: str, plan, config, block: int, device) -> str:
-    if choice != "gluon":
-        return ""
-    from trace_rl.kv import gluon
-
-    return (gluon.refusal(plan.kv_cache, block, config.head_dim, config.num_kv_heads, config.num_heads)
-            or gluon.runtime_refusal(device))
-
-
 def parse_cells(spec: str) -> dict[int, list[int]]:
     from trace_rl.bench.decode_grid import parse_grid
 
@@ -61,6 +53,7 @@ def parse_cells(spec: str) -> dict[int, list[int]]:
 
 def run_steps(args, name: str, device, bw, log, sink=None) -> list[dict]:
     """The rows of every (plan, batch, choice, context); each also goes to `sink(row)` as soon as it is measured."""
+    from trace_rl.bench import engine_attention
     from trace_rl.bench.decode_grid import prime_decode, time_step
     from trace_rl.bench.measure import build_rollout_model, free
     from trace_rl.bench.workloads import kv_budget
@@ -101,7 +94,7 @@ def run_steps(args, name: str, device, bw, log, sink=None) -> list[dict]:
                     log(f"steps {name} {plan_name} B={batch}: skipped, {fits} sequences fit")
                     continue
             for choice in choices:
-                why = _refusal(choice, plan, c, block, device)
+                why = engine_attention.refusal(choice, plan, c, block, layout, device, dtype)
                 if why:
                     emit({**head, "attention": choice, "skipped": why})
                     log(f"steps {name} {plan_name} B={batch} attention={choice}: skipped ({why})")
