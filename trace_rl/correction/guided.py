@@ -40,11 +40,6 @@ class GuidanceRecord:
     bits: torch.Tensor
     valid: torch.Tensor | None = None   # [...] bool over rows: False rows (not recorded) round to nearest
 
-    def to(self, device, non_blocking: bool = True) -> GuidanceRecord:
-        """The record on `device` (asynchronous from pinned host memory)."""
-        move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
-        return GuidanceRecord(move(self.scales), move(self.global_scale), move(self.bits), move(self.valid))
-
     def bytes_per_row(self) -> int:
         per = lambda t: 0 if t is None else t.shape[-1] * t.element_size()  # noqa: E731
         return per(self.scales) + per(self.global_scale) + per(self.bits)
