@@ -56,7 +56,7 @@ def run_steps(args, name: str, device, bw, log, sink=None) -> list[dict]:
     from trace_rl.bench import engine_attention
     from trace_rl.bench.decode_grid import prime_decode, time_step
     from trace_rl.bench.measure import build_rollout_model, free
-    from trace_rl.bench.workloads import kv_budget
+    from trace_rl.bench.workloads import fit_batch
     from trace_rl.engine.native import NativeEngine
     from trace_rl.kv.cache import default_page_size
     from trace_rl.plan import PrecisionPlan
@@ -85,8 +85,7 @@ def run_steps(args, name: str, device, bw, log, sink=None) -> list[dict]:
             capacity = -(-(max(lengths) + 1) // block) * block
             head = {"model": name, "plan": plan_name, "layout": layout, "batch": batch, "page_size": block}
             if device.type == "cuda":
-                budget, _ = kv_budget(args, model, device)
-                fits = int(budget // (capacity * per_token + 40 * c.vocab_size))
+                fits = fit_batch(args, model, plan, capacity, device)[1]["fit"]   # the fixed workload's sizing
                 if fits < batch:
                     for choice in choices:
                         emit({**head, "attention": choice, "skipped": f"{fits} sequences of {capacity} tokens fit "
