@@ -110,11 +110,10 @@ def check_attention(cfg: PipelineConfig, model, device: torch.device) -> None:
 
     c = model.config
     dtype = torch.bfloat16 if device.type == "cuda" else next(model.parameters()).dtype   # the engine's dtype
-    try:
-        gluon.check(cfg.precision.kv_cache, default_page_size(cfg.precision.kv_cache), c.head_dim, c.num_kv_heads,
-                    c.num_heads, device, dtype)
-    except (ValueError, RuntimeError) as err:
-        raise ConfigError(f"rollout.attention: {err}", ("rollout.attention",)) from None
+    why = gluon.why_not(cfg.precision.kv_cache, default_page_size(cfg.precision.kv_cache), c.head_dim,
+                        c.num_kv_heads, c.num_heads, device, dtype)
+    if why:
+        raise ConfigError(f"rollout.attention: attention='gluon': {why}", ("rollout.attention",))
 
 
 def check_operand_cache(cfg: PipelineConfig, device: torch.device) -> None:
