@@ -108,7 +108,7 @@ class PagedKVCache:
             raise ValueError(f"attention={attention!r}; choose one of {', '.join(ATTENTION_CHOICES)}")
         self.kv_format, self.block_size, self.dtype = kv_format, block_size, dtype
         self.device = torch.device(device)
-        self.heads, self.head_dim, self.query_heads = kv_heads, head_dim, query_heads
+        self.query_heads = query_heads
         self._gluon_why: str | None = None          # `gluon_refusal`, worked out on first use
         if attention == "gluon":       # before allocating: a refusal costs nothing
             gluon.check(kv_format, block_size, head_dim, kv_heads, query_heads, self.device, dtype)
@@ -172,8 +172,9 @@ class PagedKVCache:
     def gluon_refusal(self) -> str:
         """Why `GLUON_PATH` cannot run on this cache ("" when it can; `trace_rl.kv.gluon`)."""
         if self._gluon_why is None:
-            self._gluon_why = (gluon.why_not(self.kv_format, self.block_size, self.head_dim, self.heads,
-                                             self.query_heads, self.device, self.dtype)
+            k = self.k[0]
+            self._gluon_why = (gluon.why_not(self.kv_format, self.block_size, k.head_dim, k.heads, self.query_heads,
+                                             self.device, self.dtype)
                                or ("" if self._kernels_ok else "no KV-cache kernels here (kv_write)"))
         return self._gluon_why
 
