@@ -86,3 +86,9 @@ def test_a_lost_cache_is_an_error_not_a_silent_fallback(monkeypatch):
     del engine_oc.fp4_dense(engine.model)[0].packed.layout["operand_cache"]
     with pytest.raises(RuntimeError, match="operand_cache: 1 dense FP4 linear"):
         engine.load_weights(state, 2)
+
+
+def test_layout_key_is_the_kernels():
+    """engine/operand_cache.py names the packed layout's entry without importing Triton; it must be the kernel's."""
+    kernel = pytest.importorskip("trace_rl.kernels.operand_cache")
+    assert engine_oc.KEY == kernel.KEY

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 FIELD = "operand_cache"
+KEY = "operand_cache"      # kernels.operand_cache.KEY, the packed layout's entry (not imported: triton may be absent)
 
 
 def why_not(plan, device: torch.device | str) -> str:
@@ -53,15 +54,13 @@ def attach_model(model, plan, device) -> int:
 
 def model_bytes(model) -> int:
     """Bytes of the operand caches `model` holds (0 without)."""
-    key = "operand_cache"      # kernels.operand_cache.KEY (not imported: triton may be absent)
-    return sum(q.packed.layout[key].nbytes for q in fp4_dense(model) if key in q.packed.layout)
+    return sum(q.packed.layout[KEY].nbytes for q in fp4_dense(model) if KEY in q.packed.layout)
 
 
 def check_model(model) -> None:
     """RuntimeError if a dense FP4 linear lost its operand cache (its packed weight rebuilt, e.g. by `.to()`): the
     linear would then run the per-call paths without saying so, and the engine's memory report would be wrong."""
-    key = "operand_cache"
-    missing = [q for q in fp4_dense(model) if key not in q.packed.layout]
+    missing = [q for q in fp4_dense(model) if KEY not in q.packed.layout]
     if missing:
         raise RuntimeError(f"{FIELD}: {len(missing)} dense FP4 linear(s) have no operand cache any more (their packed "
                            f"weights were rebuilt after the engine attached it, e.g. by moving the model); build the "
