@@ -139,7 +139,7 @@ class FP4Backend(Backend):
             return ()
         q, h = packed.q, packed.layout["hopper_fp4"]
         experts = len(q.shape) == 3
-        from trace_rl.kernels.hopper_fp4 import HopperFP4
+        from trace_rl.kernels.hopper_fp4 import HopperFP4, expert_q
         from trace_rl.kernels.quantize_relayout import quantize_relayout
 
         w = weight.detach().to(q.codes.device)
@@ -147,9 +147,7 @@ class FP4Backend(Backend):
             quantize_relayout(w, packed.fmt, out=h, q=q, amax_bits=amax_bits)
         else:   # expert by expert into views of the stacked buffers and layout
             for e in range(q.shape[0]):
-                g = None if q.global_scale is None else q.global_scale[e].reshape(())
-                qe = QTensor(q.codes[e], q.scales[e], g, tuple(q.shape[1:]), q.dtype, q.format)
-                quantize_relayout(w[e], packed.fmt, q=qe,
+                quantize_relayout(w[e], packed.fmt, q=expert_q(q, e),
                                   out=HopperFP4(h.fmt, h.n, h.k, h.values[e], h.scales[e], h.row_factor[e]))
         self.paths.record("fp4.sync.fused")
         return ("hopper_fp4",)
