@@ -16,6 +16,8 @@ static; against the general kernel): nvfp4:row 471 x 2048 99.5 -> 63 (54 on the 
 
 from __future__ import annotations
 
+import functools
+
 import triton
 import triton.language as tl
 
@@ -164,10 +166,10 @@ def _quantize_dequant_rows_kernel(x_ptr, out_ptr, gscale_ptr, n_rows, K, stride_
                       stride_out, ROWS, NB, G)
 
 
-def _dequant_tiles(n_rows: int, K: int, G: int) -> tuple[int, int, int, int] | None:
-    """(ROWS, NB, NCH, num_warps) for `_quantize_dequant_rows_kernel`, or None when a row does not fit in
-    registers (K > 16384: the general kernel walks K). A row is NCH <= 4 chunks of NB blocks (NB a power of
-    two) with as little masked padding as possible: K = 768 -> 3 x 256, 2048 -> 1 x 2048, 1536 -> 3 x 512."""
+@functools.cache
+def _row_chunks(K: int, G: int) -> tuple[int, int] | None:
+    """(NB, NCH) of `_dequant_tiles` for rows of K (G-element blocks), or None; cached: the search is a Python
+    loop, and the W4A4 linears launch with a handful of widths on every call."""
     nblocks = K // G
     best = None
     for nch in (1, 2, 3, 4):
@@ -177,7 +179,18 @@ def _dequant_tiles(n_rows: int, K: int, G: int) -> tuple[int, int, int, int] | N
             best = (key, nb, nch)
     if best is None or best[0][0] * G > 16384:
         return None
-    _, nb, nch = best
+    return best[1], best[2]
+
+
+def _dequant_tiles(n_rows: int, K: int, G: int) -> tuple[int, int, int, int] | None:
+    """(ROWS, NB, NCH, num_warps) for `_quantize_dequant_rows_kernel`, or None when a row does not fit in
+    registers (K > 16384: the general kernel walks K). A row is NCH <= 4 chunks of NB blocks (NB a power of
+    two) with as little masked padding as possible: K = 768 -> 3 x 256, 2048 -> 1 x 2048, 1536 -> 3 x 512."""
+    chunks = _row_chunks(K, G)
+    if chunks is None:
+        return None
+    nb, nch = chunks
+
     def pow2_floor(n: int) -> int:
         return 1 << max(0, n.bit_length() - 1)
 
