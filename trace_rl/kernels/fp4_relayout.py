@@ -41,33 +41,6 @@ def _rotl(v, r: tl.constexpr):
 
 
 @triton.jit
-def _place(code, ROT: tl.constexpr, E: tl.constexpr):
-    """Code (int32 0..15) of slot A, B or C in half E: sign -> bit 15, index -> bits 8..6, rotated into place."""
-    return _rotl(((code & 8) << 12) | ((code & 7) << 6), ROT + 16 * E)
-
-
-@triton.jit
-def _place_d(code, E: tl.constexpr):
-    """Slot D: sign, e1, e0 rotated by 6, the mantissa bit by 14 (hopper_fp4.SLOT_ROTATIONS)."""
-    return _rotl(((code & 8) << 12) | ((code & 6) << 6), 6 + 16 * E) | _rotl((code & 1) << 6, 14 + 16 * E)
-
-
-@triton.jit
-def _pack_word(c):
-    """[..., 8] codes in slot order (r, c, e) -> int32 words (hopper_fp4._place_bits)."""
-    lo, hi = tl.split(tl.reshape(c, [c.shape[0], c.shape[1], c.shape[2], c.shape[3], 4, 2]))   # e
-    a0, b0 = tl.split(tl.reshape(lo, [lo.shape[0], lo.shape[1], lo.shape[2], lo.shape[3], 2, 2]))   # c
-    a1, b1 = tl.split(tl.reshape(hi, [hi.shape[0], hi.shape[1], hi.shape[2], hi.shape[3], 2, 2]))
-    A0, C0 = tl.split(a0)    # r: slots A (r=0, c=0) and C (r=1, c=0), half 0
-    B0, D0 = tl.split(b0)
-    A1, C1 = tl.split(a1)
-    B1, D1 = tl.split(b1)
-    w = _place(A0, 0, 0) | _place(A1, 0, 1) | _place(B0, 4, 0) | _place(B1, 4, 1)
-    w = w | _place(C0, 10, 0) | _place(C1, 10, 1) | _place_d(D0, 0) | _place_d(D1, 1)
-    return w
-
-
-@triton.jit
 def _nv_encode(sb):
     """E4M3 scale bytes (int32) -> (pre-biased byte, code sign flip 0/8, zero scale)."""
     mag = sb & 0x7F
@@ -89,7 +62,7 @@ def _nv_encode(sb):
 @triton.jit
 def _slot_pair(byt):
     """Bytes [M, 4] of one quarter (byte t: code e = 0 low nibble, e = 1 high) -> the slot's two codes of each
-    layout word before the slot's rotation (`_place` with ROT 0): e = 0 sign -> bit 15, index -> bits 8..6, e = 1
+    layout word before the slot's rotation (hopper_fp4._place_bits): e = 0 sign -> bit 15, index -> bits 8..6, e = 1
     the same + 16. By two multiplies: (b & 0x77) * (2**6 + 2**18) puts index 0 at 6..8 and index 1 at 22..24,
     (b & 0x88) * (2**12 + 2**24) the signs at 15 and 31; the other copies land on bits the mask drops, and none
     overlap (no carries). 5 instructions per code pair; from separate codes (two shifts, a LOP3 per code and a
@@ -100,7 +73,7 @@ def _slot_pair(byt):
 @triton.jit
 def _words(b00, b01, b10, b11):
     """Layout words [M, 4] (t) from the bytes of the four quarters: slots A (0, 0), B (0, 1), C (1, 0),
-    D (1, 1) rotated into place (hopper_fp4.SLOT_ROTATIONS; D's mantissa bit by 14). = `_pack_word`."""
+    D (1, 1) rotated into place (hopper_fp4.SLOT_ROTATIONS; D's mantissa bit by 14). = hopper_fp4._place_bits."""
     d = _slot_pair(b11)
     w = _slot_pair(b00) | _rotl(_slot_pair(b01), 4) | _rotl(_slot_pair(b10), 10)
     return w | _rotl(d & -2122284672, 6) | _rotl(d & 0x00400040, 14)       # -2122284672 == 0x81808180
