@@ -1,6 +1,6 @@
-"""Weight quantization with the Hopper re-layout fused into its store (opt-in, the weight sync's
-`quantize_relayout(w, fmt, out=layout, q=qtensor)`, nvfp4 and mxfp4): one pass over the weight writes the
-QTensor's codes and scales and the Hopper layout's words (hopper_fp4.py), instead of
+"""Weight quantization with the Hopper re-layout fused into its store (the weight sync's path once a layer's layout
+exists, `FP4Backend.quantize_into`: `quantize_relayout(w, fmt, out=layout, q=qtensor)`, nvfp4 and mxfp4): one pass
+over the weight writes the QTensor's codes and scales and the Hopper layout's words (hopper_fp4.py), instead of
 `relayout(quantize(w, fmt, fast=True), out=layout)`, which reads the codes and scales back. Same bits as that
 pair, and so as the default path (tests/kernels/test_quantize_relayout.py).
 
