@@ -120,8 +120,10 @@ class FP4Backend(Backend):
 
     def fused_sync_ready(self, weight: torch.Tensor, packed: PackedWeight) -> bool:
         """`quantize_into` will take the fused path for this weight and packed weight."""
+        from trace_rl.kernels.hopper_fp4 import LAYOUT_KEY  # no Triton in it (it may be absent)
+
         q = packed.q
-        h = packed.layout.get("hopper_fp4")     # kernels.linear.LAYOUT_KEY (not imported: triton may be absent)
+        h = packed.layout.get(LAYOUT_KEY)
         if packed.fmt not in self.weight_formats or q is None or h is None:
             return False
         experts = len(q.shape) == 3
@@ -137,11 +139,11 @@ class FP4Backend(Backend):
         if not self.fused_sync_ready(weight, packed):
             self.paths.record("fp4.sync.requantize")
             return ()
-        q, h = packed.q, packed.layout["hopper_fp4"]
-        experts = len(q.shape) == 3
-        from trace_rl.kernels.hopper_fp4 import HopperFP4, expert_q
+        from trace_rl.kernels.hopper_fp4 import LAYOUT_KEY, HopperFP4, expert_q
         from trace_rl.kernels.quantize_relayout import quantize_relayout
 
+        q, h = packed.q, packed.layout[LAYOUT_KEY]
+        experts = len(q.shape) == 3
         w = weight.detach().to(q.codes.device)
         if not experts:
             quantize_relayout(w, packed.fmt, out=h, q=q, amax_bits=amax_bits)
@@ -150,7 +152,7 @@ class FP4Backend(Backend):
                 quantize_relayout(w[e], packed.fmt, q=expert_q(q, e),
                                   out=HopperFP4(h.fmt, h.n, h.k, h.values[e], h.scales[e], h.row_factor[e]))
         self.paths.record("fp4.sync.fused")
-        return ("hopper_fp4",)
+        return (LAYOUT_KEY,)
 
     def linear(self, x, packed, act_fmt="bf16", bias=None):
         _check_act(act_fmt, packed)

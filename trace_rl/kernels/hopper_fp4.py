@@ -45,6 +45,7 @@ import torch
 
 from trace_rl.formats import QTensor
 
+LAYOUT_KEY = "hopper_fp4"   # the layout's key in PackedWeight.layout (this module needs no Triton: backends import it)
 ROWS = 16            # rows per layout block (one warp's wgmma rows: lanes g and g + 8)
 COLS = 128           # columns per layout block (8 wgmma K-slices)
 WORDS = ROWS * COLS // 8

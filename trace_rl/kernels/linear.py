@@ -17,11 +17,9 @@ import torch
 from trace_rl.formats import per_token
 from trace_rl.kernels.fp4_dequant import dequant_matmul, use_dequant_cublas
 from trace_rl.kernels.fp4_gemm import GemmConfig, fp4_matmul
-from trace_rl.kernels.hopper_fp4 import HopperFP4, to_hopper
+from trace_rl.kernels.hopper_fp4 import LAYOUT_KEY, HopperFP4, to_hopper
 from trace_rl.kernels.operand_cache import operand_cache_matmul, use_operand_cache
 from trace_rl.kernels.row_quantize import quantize_dequant_bf16
-
-LAYOUT_KEY = "hopper_fp4"
 
 
 def derive_layout(q, out: HopperFP4 | None = None) -> HopperFP4:

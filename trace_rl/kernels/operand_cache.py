@@ -20,9 +20,9 @@ from __future__ import annotations
 import torch
 
 from trace_rl.kernels import fp4_dequant
+from trace_rl.kernels.hopper_fp4 import LAYOUT_KEY
 
 KEY = "operand_cache"
-LAYOUT_KEY = "hopper_fp4"     # linear.LAYOUT_KEY (linear.py imports this module)
 
 
 class OperandCache:
