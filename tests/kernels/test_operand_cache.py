@@ -154,8 +154,10 @@ def test_operand_cache_graph_replay_after_reload_gpu(gen, capture):
     ptr = oc.buf.data_ptr()
     x = torch.randn(359, 12288, generator=gen).to(torch.bfloat16).cuda()
     g, out = capture(lambda: layer(x))
+    paths = get_backend("fp4").paths
+    fused = paths.counts["fp4.sync.fused"]      # a session count: this reload must add one, not find an earlier one
     layer.load_weight(-2 * w)
-    assert oc.buf.data_ptr() == ptr and get_backend("fp4").paths.counts["fp4.sync.fused"]
+    assert oc.buf.data_ptr() == ptr and paths.counts["fp4.sync.fused"] == fused + 1
     _same_bits(oc.buf, operand(hopper_weight(layer.packed)))
     g.replay()
     torch.cuda.synchronize()
