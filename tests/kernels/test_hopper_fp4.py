@@ -145,3 +145,27 @@ def test_relayout_kernel_splits_k(fmt, device, gen):
         s[4, :] = 255                       # an all-NaN row
         q = QTensor(q.codes, s, None, q.shape, q.dtype, fmt)
     _check_relayout(q, device)
+
+
+def test_relayout_copies_misaligned_codes(monkeypatch, device, gen):
+    """Contiguous codes at an odd byte offset (a view into a flat buffer): the kernel's 4-byte code loads
+    (`tl.multiple_of(..., 4)`, not checked at launch) get an aligned copy, and the layout is unchanged."""
+    import trace_rl.kernels.fp4_relayout as fr
+
+    q = _quantized("nvfp4", 19, 160, gen)
+    codes = torch.empty(q.codes.numel() + 1, dtype=torch.uint8, device=device)[1:].view(q.codes.shape)
+    codes.copy_(q.codes)
+    assert codes.is_contiguous() and codes.data_ptr() % 4
+    seen, kernel = [], fr._relayout_kernel
+
+    class Launch:   # the real kernel, recording where its codes are
+        def __getitem__(self, grid):
+            return lambda *a, **kw: seen.append(a[0].data_ptr() % 4) or kernel[grid](*a, **kw)
+
+    monkeypatch.setattr(fr, "_relayout_kernel", Launch())
+    q_dev = q.to(device)
+    got = fr.relayout(QTensor(codes, q_dev.scales, q_dev.global_scale, q.shape, q.dtype, q.format))
+    ref = to_hopper(q)
+    assert seen == [0]
+    assert torch.equal(got.values.cpu(), ref.values) and torch.equal(got.scales.cpu(), ref.scales)
+    assert torch.equal(got.row_factor.cpu().view(torch.int32), ref.row_factor.view(torch.int32))

@@ -202,7 +202,8 @@ def relayout(q, out: HopperFP4 | None = None) -> HopperFP4:
     np_, kp = out.padded
     codes = q.codes.reshape(e, n, k // 2)
     if codes.data_ptr() % 4 or codes.stride(0) % 4 or codes.stride(1) % 4:   # the kernel loads 4-byte words
-        codes = codes.contiguous()
+        # a fresh, aligned copy (contiguous() would hand back a contiguous view at an odd offset as it is)
+        codes = codes.clone(memory_format=torch.contiguous_format)
     scales = q.scales.reshape(e, n, k // G).view(torch.uint8)
     if q.global_scale is not None:
         glob = q.global_scale.reshape(-1).float()
