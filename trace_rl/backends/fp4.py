@@ -148,9 +148,16 @@ class FP4Backend(Backend):
         if not experts:
             quantize_relayout(w, packed.fmt, out=h, q=q, amax_bits=amax_bits)
         else:   # expert by expert into views of the stacked buffers and layout
+            amax = None
+            if packed.fmt == "nvfp4":   # every expert's tensor amax in one launch, not one launch per expert
+                from trace_rl.kernels.weight_quantize import weights_amax_bits, weights_amax_ok
+
+                ws = list(w)
+                amax = weights_amax_bits(ws) if weights_amax_ok(ws) else None
             for e in range(q.shape[0]):
                 quantize_relayout(w[e], packed.fmt, q=expert_q(q, e),
-                                  out=HopperFP4(h.fmt, h.n, h.k, h.values[e], h.scales[e], h.row_factor[e]))
+                                  out=HopperFP4(h.fmt, h.n, h.k, h.values[e], h.scales[e], h.row_factor[e]),
+                                  amax_bits=None if amax is None else amax[e:e + 1])
         self.paths.record("fp4.sync.fused")
         return (LAYOUT_KEY,)
 
