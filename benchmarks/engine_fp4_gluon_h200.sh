@@ -7,7 +7,8 @@
 #    lengths and block tables change under the captured graphs; per layer against the reference; sampled log-probs
 #    within the bf16 tolerance of the trainer's recomputation with nvfp4 K/V) and
 #    tests/kernels/test_paged_attention_gluon.py (the kernel alone) -> OUT/pytest.*.
-#    Both passing is what GLUON_IN_AUTO (trace_rl/kv/gluon.py) waits for. It also compiles the kernel (Triton cache).
+#    Both passed (2026-12-02), so GLUON_IN_AUTO (trace_rl/kv/gluon.py) is set; they also run an "auto" engine that
+#    times the Gluon path beside the kernel. It also compiles the kernel (Triton cache).
 # 2. `trace-rl bench rollout --parts steps` (trace_rl/bench/steps.py), Qwen3-8B shape (36 layers, random weights),
 #    cells B = 100 and 256 at context 8447 (CELLS overrides, 'B:L;B2:L'): the w4a4-kv4 engine (page pool, 64-token
 #    pages) with attention forced to "kernels" (the shipped Triton kernel) and to "gluon" -> OUT/steps_fp4/; then, in

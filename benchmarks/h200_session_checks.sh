@@ -19,7 +19,7 @@
 #            compute-only probes of the shipped loop, occupancy, ncu of one launch
 #   fp4engine benchmarks/engine_fp4_gluon_h200.sh the FP4 engine's decode step with attention forced to the Triton
 #            kernel vs the Gluon kernel (Qwen3-8B shape, B = 100 / 256, 8k) and the bf16 engine, after the Gluon
-#            engine and kernel GPU tests (what GLUON_IN_AUTO waits for); not in the default list: name it
+#            engine and kernel GPU tests (which GLUON_IN_AUTO rests on); not in the default list: name it
 #   fixedgluon benchmarks/engine_fixed_gluon_h200.sh issue 16's fixed 8k workload (Qwen3-8B, memory filled): bf16,
 #            w4a4-kv4 with attention gluon and kernels, w4a4-kv4-mx; NOT a < 120 s check: a whole call (~3-5 min,
 #            starts only with >= 300 s left, gets what is left); named only, alone: `... h200_session_checks.sh OUT

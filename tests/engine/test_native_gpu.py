@@ -209,6 +209,38 @@ def test_gluon_attention_equals_kernels_in_graphs(rng):
 
 
 @gluon_only
+def test_auto_times_gluon_beside_the_kernel():
+    """attention='auto' over an nvfp4 cache the Gluon kernel reads (GLUON_IN_AUTO): the Gluon path is timed beside the
+    Triton kernel (graph of layer calls), the faster one is chosen and runs in the captured step, whose logits match
+    a forced-kernels engine's over the same cache contents within 2e-2."""
+    from trace_rl.bench.decode_grid import prime_decode
+    from trace_rl.bench.measure import fill_random
+    from trace_rl.kv.cache import GLUON_PATH, KERNEL_PATH
+
+    model = _gluon_model(seed=13)
+    plan = PrecisionPlan(kv_cache="nvfp4")
+    n, cap, length = 4, 1024, 700
+    engines = {a: NativeEngine(model, plan, max_batch=n, max_seq_len=cap, graph_buckets=[n], attention=a)
+               for a in ("auto", "kernels")}
+    auto = engines["auto"]
+    assert {KERNEL_PATH, GLUON_PATH} <= set(auto.attention_candidates(n, length))
+    for e in engines.values():
+        fill_random(e.cache, torch.Generator(device="cuda").manual_seed(3))
+        prime_decode(e, n, length, 3)
+    path = auto.attention_path(n, length)
+    choice = auto.attention_choice[(n, auto.context_bucket(length))]
+    print(choice)
+    assert choice["timed"].startswith("cuda graph") and choice["ms"][GLUON_PATH] and choice["ms"][KERNEL_PATH]
+    ok = {p: t for p, t in choice["ms"].items() if t is not None}
+    assert path == min(ok, key=ok.get)
+    got = {a: e.decode_logits(n, length).float().clone() for a, e in engines.items()}
+    scale = got["kernels"].abs().max().item()
+    torch.testing.assert_close(got["auto"], got["kernels"], rtol=2e-2, atol=2e-2 * max(1.0, scale))
+    auto.decode_step(n, length, (1.0, 0, 1.0))
+    assert any(key[2] == path for key in auto.graphs.graphs)
+
+
+@gluon_only
 def test_gluon_engine_log_probs_match_trainer(rng):
     """A forced-Gluon engine generates (prefill, then captured decode steps over the page pool) with log-probs the
     trainer recomputes with the same nvfp4 K/V (fake-quantized per token and head): the bf16 tolerance of

@@ -1,5 +1,6 @@
 """The Gluon decode attention as a KV-cache path (trace_rl/kv/gluon.py), on CPU: forcing it where it cannot run is
-an error naming why and the fix (never a fallback), "auto" leaves it out unless GLUON_IN_AUTO, the path name parses,
+an error naming why and the fix (never a fallback), "auto" times it where it can run (GLUON_IN_AUTO) and leaves it
+out, without an error, where it cannot (CPU, shape, flag cleared), the path name parses,
 and decode dispatches to the kernel. The numbers: tests/engine/test_native_gpu.py (sm_90, Triton 3.6)."""
 
 from __future__ import annotations
@@ -51,15 +52,45 @@ def _runnable(cache: PagedKVCache) -> PagedKVCache:
     return cache
 
 
-def test_auto_times_gluon_only_behind_the_flag(monkeypatch):
-    assert gluon.GLUON_IN_AUTO is False                     # until the GPU tests pass on the H200
+def test_auto_times_gluon_where_it_can_run(monkeypatch):
+    assert gluon.GLUON_IN_AUTO is True                      # its GPU tests passed on the H200 (results/*_1202b*)
     cache = _runnable(PagedKVCache("nvfp4", 1, 4, 64, 2, 128, query_heads=8))
-    assert cache.candidates(False) == [KERNEL_PATH]
-    monkeypatch.setattr(gluon, "GLUON_IN_AUTO", True)
     assert cache.candidates(False) == [KERNEL_PATH, GLUON_PATH]
     refused = _runnable(PagedKVCache("nvfp4", 1, 4, 64, 2, 128, query_heads=8))
     refused._gluon_why = "not here"
     assert refused.candidates(False) == [KERNEL_PATH]
+    monkeypatch.setattr(gluon, "GLUON_IN_AUTO", False)      # the flag still takes it out
+    assert cache.candidates(False) == [KERNEL_PATH]
+
+
+@pytest.mark.parametrize("fmt,block,d,hq", [("nvfp4", 64, 128, 8), ("nvfp4", 16, 128, 8), ("bf16", 16, 128, 8),
+                                            ("nvfp4", 64, 64, 8), ("nvfp4", 64, 128, 40)])
+def test_auto_leaves_gluon_out_where_it_cannot_run(fmt, block, d, hq):
+    """As it is here (CPU, no sm_90): "auto" builds, lists no Gluon path and raises nothing, whatever the cache."""
+    assert gluon.GLUON_IN_AUTO
+    cache = PagedKVCache(fmt, 1, 4, block, 2, d, query_heads=hq)
+    assert cache.gluon_refusal()
+    assert GLUON_PATH not in cache.candidates(False) and GLUON_PATH not in cache.candidates(True, 4, 128, 256)
+    assert cache.attention_path != GLUON_PATH
+    cache._kernels_ok = True                                 # kernels but no sm_90 GPU: still left out
+    assert GLUON_PATH not in cache.candidates(False)
+
+
+def test_auto_engine_on_cpu_never_times_gluon():
+    """A native engine with attention="auto" over an nvfp4 cache of the Gluon kernel's shape, on CPU: builds, decodes
+    on the torch reference, no Gluon path among its candidates."""
+    from dataclasses import replace
+
+    from trace_rl.engine.native import NativeEngine
+    from trace_rl.models import build, preset
+    from trace_rl.plan import PrecisionPlan
+
+    config = replace(preset("tiny"), hidden_size=256, num_heads=4, num_kv_heads=2, head_dim=128, num_layers=1)
+    model = build(config)
+    model.init_random(generator=torch.Generator().manual_seed(0))
+    engine = NativeEngine(model, PrecisionPlan(kv_cache="nvfp4"), max_batch=2, max_seq_len=64)
+    assert engine.attention_candidates(2, 64) == ["torch.reference"]
+    assert engine.attention_path(2, 40) == "torch.reference"
 
 
 def test_decode_dispatches_to_the_gluon_kernel(monkeypatch):

@@ -27,8 +27,9 @@ from trace_rl.bench import measure as bm
 
 def attention_times(engine, batch: int, length: int) -> dict:
     """ms per layer call of the engine's candidates at (batch, length), plus the Gluon path where the cache can take
-    it (whatever `GLUON_IN_AUTO` says), graph-timed as `NativeEngine._time_attention` times its choice. On CPU, or
-    where only one path could run: {} (nothing worth a timing). `gluon` says why the Gluon path was left out."""
+    it (a candidate already unless `GLUON_IN_AUTO` is cleared, or the engine's attention is forced), graph-timed as
+    `NativeEngine._time_attention` times its choice. On CPU, or where only one path could run: {} (nothing worth a
+    timing). `gluon` says why the Gluon path was left out."""
     from trace_rl.kv.cache import GLUON_PATH
 
     if engine.device.type != "cuda":

@@ -18,8 +18,9 @@
 - Attention (`attention="auto"`): where several paths can run (bf16 cache on a GPU: the kernel's split-count
   variants; contiguous layout: the torch paths), each is timed once per (batch bucket, context bucket) and the
   fastest used (with CUDA graphs: as a graph of calls over several layers, as the captured step runs it);
-  `report()` says which. `attention="gluon"` forces the opt-in Gluon kernel over an nvfp4 cache (sm_90, Triton 3.6;
-  `trace_rl.kv.gluon`: an error naming why where it cannot run); "auto" times it only when `GLUON_IN_AUTO`.
+  `report()` says which. `attention="gluon"` forces the Gluon kernel over an nvfp4 cache (sm_90, Triton 3.6;
+  `trace_rl.kv.gluon`: an error naming why where it cannot run); "auto" times it beside the kernel where it can
+  run (`GLUON_IN_AUTO`) and leaves it out, silently, where it cannot.
 - `operand_cache=True` (opt-in): every dense FP4 linear keeps its bf16 operand, refreshed in place at weight sync,
   and decode steps of >= `DEQUANT_CUBLAS_MIN_M` rows run cuBLAS on it (`engine/operand_cache.py`); 2 bytes per
   weight element, allocated here before the KV cache (`report()["operand_cache_bytes"]`).

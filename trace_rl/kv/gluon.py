@@ -1,13 +1,15 @@
 """The Gluon nvfp4-KV decode attention as an engine path (`attention="gluon"` -> `GLUON_PATH`).
 
-`trace_rl.kernels.paged_attention_gluon` (issue 15) is an opt-in, warp-specialised Gluon kernel: Triton 3.6's
+`trace_rl.kernels.paged_attention_gluon` (issue 15) is a warp-specialised Gluon kernel: Triton 3.6's
 experimental Gluon API, sm_90 only (wgmma, TMA, setmaxnreg), no interpreter. It reads the same pages the shipped
 kernel (`kernels.decode_attention`) reads, but only one shape of them: nvfp4 K/V, head_dim 128, pages of 64 tokens
 (its 128-token tiles are two pages) and a GQA group of 1..16 query heads per KV head. Here, without importing
 Triton: what the path needs (`refusal`: the cache's shape, `runtime_refusal`: the machine), so that forcing it
 where it cannot run is an error that says why and what to change, never a silent fallback to another path.
 
-Under `attention="auto"` the engine times it beside the other candidates only when `GLUON_IN_AUTO` is set.
+Under `attention="auto"` the engine times it beside the other candidates where it can run (`GLUON_IN_AUTO`, set) and
+keeps it only where it is the fastest; where it cannot (`why_not`: the cache's shape, a CPU, another GPU or Triton)
+"auto" leaves it out, without an error.
 
 CUDA graphs: the launcher builds host-side `TensorDescriptor`s over the cache's tensors on every call and Triton's
 launcher encodes each into a CUtensorMap on the host (cuTensorMapEncodeTiled, no device allocation) passed by value
@@ -23,10 +25,11 @@ import importlib.util
 import torch
 
 GLUON_PATH = "kernels.decode_attention_gluon"
-# Flip after tests/kernels/test_paged_attention_gluon.py and tests/engine/test_native_gpu.py's gluon test pass on
-# the H200 (both: `benchmarks/engine_fp4_gluon_h200.sh`, check `fp4engine`): until then attention="auto" never
-# times (so never chooses) the Gluon kernel; attention="gluon" forces it.
-GLUON_IN_AUTO = False
+# attention="auto" times the Gluon kernel beside the others (where `why_not` is ""). Set once its GPU tests passed on
+# the H200 (benchmarks/results/*_1202b_pytest.log: tests/kernels/test_paged_attention_gluon.py and
+# tests/engine/test_native_gpu.py -k gluon, `benchmarks/engine_fp4_gluon_h200.sh`), where the engine's step ran
+# 1.04x faster with it (Qwen3-8B w4a4-kv4, B=100, L=8447). False: "auto" never times it; "gluon" still forces it.
+GLUON_IN_AUTO = True
 
 # The kernel's scope (paged_attention_gluon: KV format, PAGE, HEAD_DIM, N_PAD); tests/kv check they agree.
 KV_FORMAT, PAGE, HEAD_DIM, MAX_GROUP = "nvfp4", 64, 128, 16

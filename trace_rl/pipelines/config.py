@@ -67,9 +67,10 @@ class RolloutSection(TraceConfig):
     max_seq_len: int = Field(256, ge=8, description="Prompt + response tokens per sequence (KV-cache size).")
     attention: Literal["auto", "kernels", "gluon", "reference"] = Field(
         "auto", description="Native engine's decode attention: 'auto' (times the candidates per batch and context, "
-                            "picks the fastest), 'kernels' (the Triton paged kernel), 'gluon' (the opt-in Gluon "
-                            "kernel: precision.kv_cache 'nvfp4', head_dim 128, an sm_90 GPU with Triton 3.6; an "
-                            "error elsewhere, never a fallback), 'reference' (torch gather + dequantize: slow). "
+                            "picks the fastest), 'kernels' (the Triton paged kernel), 'gluon' (the Gluon "
+                            "kernel, which 'auto' also times where it can run: precision.kv_cache 'nvfp4', "
+                            "head_dim 128, an sm_90 GPU with Triton 3.6; forced, an error elsewhere, never a "
+                            "fallback), 'reference' (torch gather + dequantize: slow). "
                             "The bf16 torch paths need slot-contiguous pages, which the run's page pool is not. "
                             "The bf16 evaluation engine (loop.eval_reference) keeps 'auto'.")
     operand_cache: bool = Field(
