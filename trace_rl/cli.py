@@ -170,7 +170,7 @@ def _check_writable_file(path: str, flag: str) -> None:
 
 
 def _cmd_bench(args) -> int:
-    from trace_rl.bench.rollout import run_rollout_bench
+    from trace_rl.bench.rollout import run_rollout_bench, unmeasured
 
     try:
         report = run_rollout_bench(args)    # each measurement's own failure is caught and recorded inside
@@ -181,9 +181,9 @@ def _cmd_bench(args) -> int:
         print(f"trace-rl: bench: {len(failed)} measurement(s) failed (listed above as FAILED/error, and under "
               f"\"errors\" in the JSON); exit 1", file=sys.stderr)
         return 1
-    if not any(report.get(k) for k in ("grid", "profile", "results", "realistic", "hf")):
-        print("trace-rl: bench: nothing was measured (no model, part, plan or length selected); exit 1",
-              file=sys.stderr)
+    why = unmeasured(report)
+    if why:
+        print(f"trace-rl: bench: {why}; exit 1", file=sys.stderr)
         return 1
     return 0
 

@@ -98,6 +98,72 @@ def test_bench_steps_part_tiny_cpu(tmp_path):
     assert set(cells[0]["step_ms"]) == {"w4a4-kv4/auto", "bf16/auto"}
 
 
+STEPS_CLI = ["bench", "rollout", "--parts", "steps", "--models", "tiny", "--step-plans", "w4a4-kv4",
+             "--step-grid", "2:9", "--iters", "1", "--device", "cpu"]
+
+
+def test_bench_cli_steps_part_exits_0(tmp_path, capsys):
+    """A run of the steps part alone that measured its cells exits 0 (it said "nothing was measured" and exited 1:
+    the check did not count steps rows); the skipped choice beside them (gluon on CPU) does not make it 1."""
+    from trace_rl.cli import main
+
+    code = main(STEPS_CLI + ["--step-attention", "auto,gluon", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "nothing was measured" not in err
+    rows = json.loads((tmp_path / "rollout.json").read_text())["steps"]
+    assert [("step_ms" in r, "skipped" in r) for r in rows] == [(True, False), (False, True)]
+
+
+def test_bench_cli_steps_part_all_skipped_exits_1(tmp_path, capsys):
+    """Every steps cell skipped (gluon on CPU) is nothing measured: exit 1, saying the cells were skipped and why."""
+    from trace_rl.cli import main
+
+    assert main(STEPS_CLI + ["--step-attention", "gluon", "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "nothing was measured: every steps cell was skipped (1" in err and "head_dim 128" in err
+
+
+def test_bench_cli_steps_engine_failure_exits_1(tmp_path, monkeypatch, capsys):
+    """An engine of the steps part failing is caught in its row (the other cells still run) and listed under
+    "errors": the command exits 1, though another cell was measured."""
+    from trace_rl.cli import main
+    from trace_rl.engine import native
+
+    real = native.NativeEngine
+
+    def engine(*a, **kw):
+        if kw.get("attention") == "reference":
+            raise RuntimeError("simulated engine failure")
+        return real(*a, **kw)
+
+    monkeypatch.setattr(native, "NativeEngine", engine)
+    assert main(STEPS_CLI + ["--step-attention", "reference,auto", "--out", str(tmp_path)]) == 1
+    assert "1 measurement(s) failed" in capsys.readouterr().err
+    report = json.loads((tmp_path / "rollout.json").read_text())
+    assert [("step_ms" in r, "error" in r) for r in report["steps"]] == [(False, True), (True, False)]
+    assert report["errors"] == [{"part": "steps model=tiny plan=w4a4-kv4 batch=2 attention=reference",
+                                 "error": "RuntimeError: simulated engine failure"}]
+
+
+def test_unmeasured():
+    """What the CLI calls "nothing measured": no rows of any part, or steps rows that are all skipped (a batch that
+    does not fit, as B=256 beside Qwen3-8B on the H200); a skip beside measured cells is not."""
+    from trace_rl.bench.rollout import unmeasured
+
+    empty = {k: [] for k in ("grid", "profile", "results", "realistic", "hf", "steps", "errors")}
+    assert unmeasured(empty) == "nothing was measured (no model, part, plan or length selected)"
+    measured = {"plan": "w4a4-kv4", "attention": "gluon", "batch": 100, "L": 8447, "step_ms": 22.9, "forward_ms": 22.7}
+    skip = {"plan": "w4a4-kv4", "attention": "gluon", "batch": 256,
+            "skipped": "253 sequences of 8448 tokens fit beside the weights, not 256"}
+    assert unmeasured({**empty, "steps": [measured, skip]}) == ""
+    assert unmeasured({**empty, "steps": [measured]}) == ""
+    why = unmeasured({**empty, "steps": [skip]})
+    assert why.startswith("nothing was measured: every steps cell was skipped (1") and "253 sequences" in why
+    assert unmeasured({**empty, "grid": [{"batch": 1, "L": 9}]}) == ""
+    assert unmeasured({**empty, "results": [{"tokens_per_s": 1.0}], "steps": [skip]}) == ""
+
+
 def test_bench_steps_rejects_unknown_attention(tmp_path):
     args = add_rollout_bench_args(argparse.ArgumentParser()).parse_args(
         ["--parts", "steps", "--step-attention", "kernels,fast", "--out", str(tmp_path / "out")])

@@ -34,6 +34,8 @@ from trace_rl.bench.measure import build_rollout_model, free  # noqa: F401  (use
 PLANS = ("bf16", "fp8", "w4a16", "w4a4-kv4", "w4a4-kv4-mx")
 PARTS = ("grid", "profile", "fixed", "realistic", "hf")
 EXTRA_PARTS = ("steps",)     # valid in --parts, not run unless named
+ROW_KEYS = ("model", "plan", "batch", "attention")   # name a failed steps row under "errors"
+MEASURED = ("grid", "profile", "results", "realistic", "hf")  # report keys whose every row counts as measured
 
 
 def add_rollout_bench_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -157,9 +159,14 @@ def run_rollout_bench(args) -> dict:
         _write(report, out_dir)
 
     def sink(part: str):
-        """A row of `part` goes into the report, written at once (a cut run keeps what it measured)."""
+        """A row of `part` goes into the report, written at once (a cut run keeps what it measured). A steps row
+        that failed (`error`: run_steps catches one engine's failure to keep the others) also goes under "errors",
+        so that the CLI exits 1 on it (a grid row's error stays in its row, as it always did)."""
         def add(row: dict) -> None:
             report[part].append(row)
+            if part == "steps" and "error" in row:
+                report["errors"].append({"part": "steps " + " ".join(f"{k}={row[k]}" for k in ROW_KEYS if k in row),
+                                         "error": row["error"]})
             _write(report, out_dir)
         return add
 
@@ -201,6 +208,20 @@ def run_rollout_bench(args) -> dict:
     for e in report["errors"]:
         print("error:", json.dumps(e))
     return report
+
+
+def unmeasured(report: dict) -> str:
+    """Why the run measured nothing ("" when it measured something; the CLI then exits 1 with this). A steps row
+    counts when it has step times: a skipped one (a choice the cache or machine cannot take, a batch that does not
+    fit beside the weights) is no measurement, but does not hide the rows that are."""
+    steps = report.get("steps", [])
+    if any(report.get(k) for k in MEASURED) or any("step_ms" in r for r in steps):
+        return ""
+    skipped = [r for r in steps if "skipped" in r]
+    if skipped:
+        return (f"nothing was measured: every steps cell was skipped ({len(skipped)}, \"skipped\" in their rows; "
+                f"e.g. B={skipped[0].get('batch')} {skipped[0].get('attention')}: {skipped[0]['skipped']})")
+    return "nothing was measured (no model, part, plan or length selected)"
 
 
 def _write(report: dict, out_dir: Path) -> None:
