@@ -115,6 +115,10 @@ def cmd_report(args) -> int:
             d = study.run_dir(plan, seed)
             if (d / "metrics.jsonl").is_file():
                 shutil.copy(d / "metrics.jsonl", raw / f"{plan}-seed{seed}.jsonl")
+            # the config file each run's command names: it lives only in the bundle's tarball otherwise
+            config = study.work / "configs" / f"{plan}-seed{seed}.yaml"
+            if config.is_file():
+                shutil.copy(config, raw / f"{plan}-seed{seed}.yaml")
             if (study.runs / plan / "preflight.json").is_file():
                 shutil.copy(study.runs / plan / "preflight.json", raw / f"{plan}-preflight.json")
         for name in ("calls.jsonl", "sft/sft.jsonl", "study.json"):

@@ -112,6 +112,7 @@ def test_the_study_across_device_calls(tmp_path, capsys, monkeypatch):
     report = (tmp_path / "docs" / "report.md").read_text()
     for plan in ("bf16", "fp8", "fp4", "fp4-tis", "fp4-geo", "fp4-aligned", "fp4-guided"):
         assert f"| {plan} | 1 |" in report and (tmp_path / "raw" / f"{plan}-seed0.jsonl").is_file(), plan
+        assert (tmp_path / "raw" / f"{plan}-seed0.yaml").is_file(), plan          # the config its command names
     assert "| 2 (entropy) |" in report and "python -m trace_rl run" in report
     assert "| at bf16: start → final | best at bf16 |" in report
     assert "| fp4 | 0 | finished | 2/2 | 0.000 → 0.000 | 0.000 | – → – | – |" in report       # begun without it
