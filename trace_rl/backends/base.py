@@ -131,6 +131,16 @@ class Backend(ABC):
                bias: torch.Tensor | None = None) -> torch.Tensor:
         """y = quant_act(x) @ W^T (+ bias) in x's dtype; activations quantized per token unless bf16."""
 
+    def quantize_input(self, x: torch.Tensor, packed: PackedWeight, act_fmt: str):
+        """Rollout layers that share an input (q/k/v, gate/up of an unfused nvfp4 model): `x` quantized per token
+        once, as `linear(x, packed, act_fmt)` would, an opaque handle for `linear_quantized` on every layer of that
+        weight format and `act_fmt`; None where this backend does not share (the caller runs `linear` per layer)."""
+        return None
+
+    def linear_quantized(self, xq, packed: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """`linear(x, packed, act_fmt, bias)` from `quantize_input(x, ...)`'s handle: the same bits."""
+        raise NotImplementedError(f"backend {self.name!r} does not share quantized inputs")
+
     def fake_quantize(self, x: torch.Tensor, fmt: str, guidance=None) -> torch.Tensor:
         """Trainer-side quantize-dequantize of activations (per token) with a straight-through gradient;
         with `guidance` (a `correction.guided.GuidanceRecord`), TRACE's rollout-guided rounding. Fused

@@ -23,6 +23,8 @@ Paths (reported in `paths`, never silent):
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from trace_rl.backends.base import Availability, Backend, PackedWeight, default_device
@@ -163,7 +165,7 @@ class FP4Backend(Backend):
 
     def linear(self, x, packed, act_fmt="bf16", bias=None):
         _check_act(act_fmt, packed)
-        if x.is_cuda and _kernels_available()[0]:
+        if _on_kernels(x):
             from trace_rl.kernels import fp4_linear
             from trace_rl.kernels.fp4_dequant import use_dequant_cublas
             from trace_rl.kernels.operand_cache import use_operand_cache
@@ -177,6 +179,63 @@ class FP4Backend(Backend):
             return fp4_linear(x, packed, act_fmt, bias)
         self.paths.record("fp4.emulated")
         return emulated_linear(x, packed, act_fmt, bias)
+
+    def quantize_input(self, x, packed, act_fmt):
+        """W4A4 `x` quantized per token once for the layers sharing it (`SharedInput`; models.linear.shared_input):
+        on the kernels the quantize kernel's bf16 operand and row scale `fp4_linear` would compute, emulated the
+        float32 quantize-dequantize `emulated_linear` would. None for W4A16 and for no rows."""
+        _check_act(act_fmt, packed)
+        K = x.shape[-1]
+        if act_fmt == "bf16" or x.numel() == 0:
+            return None
+        if _on_kernels(x):
+            from trace_rl.kernels.row_quantize import quantize_dequant_bf16
+
+            x2 = x.reshape(-1, K)
+            xq, row_scale = quantize_dequant_bf16(x2 if x2.stride(-1) == 1 else x2.contiguous(), per_token(act_fmt))
+            return SharedInput(act_fmt, x.shape, x.dtype, xq, row_scale, kernels=True)
+        compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+        xf = get_format(per_token(act_fmt)).fake_quantize(x.to(compute))
+        return SharedInput(act_fmt, x.shape, x.dtype, xf, None, kernels=False)
+
+    def linear_quantized(self, xq, packed, bias=None):
+        _check_act(xq.act_fmt, packed)
+        if xq.kernels:
+            from trace_rl.kernels import fp4_linear_prequantized
+            from trace_rl.kernels.fp4_dequant import use_dequant_cublas
+            from trace_rl.kernels.operand_cache import use_operand_cache
+
+            rows = xq.x.shape[0]
+            if use_operand_cache(rows, packed):
+                self.paths.record("fp4.operand_cache_cublas")
+            else:
+                large = use_dequant_cublas(rows, packed.out_features, packed.in_features)
+                self.paths.record("fp4.dequant_cublas" if large else "fp4.triton")
+            y = fp4_linear_prequantized(xq.x, xq.row_scale, packed, bias, xq.dtype)
+            return y.reshape(*xq.shape[:-1], packed.out_features)
+        self.paths.record("fp4.emulated")
+        y = xq.x @ packed.dequantized().to(xq.x.dtype).T          # emulated_linear after its quantization
+        if bias is not None:
+            y = y + bias.to(xq.x.dtype)
+        return y.to(xq.dtype)
+
+
+class SharedInput(NamedTuple):
+    """`FP4Backend.quantize_input`'s handle: `x` the quantized input (kernels: bf16 [rows, K] code x block scale,
+    `row_scale` float32 [rows] or None for mxfp4; emulated: the float32/64 quantize-dequantize in x's shape),
+    `shape` / `dtype` those of the input (the output's leading dims and dtype)."""
+
+    act_fmt: str
+    shape: torch.Size
+    dtype: torch.dtype
+    x: torch.Tensor
+    row_scale: torch.Tensor | None
+    kernels: bool
+
+
+def _on_kernels(x: torch.Tensor) -> bool:
+    """Whether the linear on `x` runs the Triton kernels (CUDA tensors, kernels available) or emulates."""
+    return x.is_cuda and _kernels_available()[0]
 
 
 def _kernels_available() -> tuple[bool, str]:

@@ -23,7 +23,7 @@ from torch import nn
 from trace_rl.backends import backend_for_format
 from trace_rl.kv.causal import causal_attention
 from trace_rl.models.config import ModelConfig
-from trace_rl.models.linear import Linear
+from trace_rl.models.linear import Linear, shared_input
 from trace_rl.models.norm import RMSNorm
 from trace_rl.models.rope import apply_rope
 from trace_rl.op_ranges import op_range
@@ -60,7 +60,7 @@ class Attention(nn.Module):
         if self.qkv_proj is not None:
             q, k, v = self.qkv_proj(x).split([hq * d, hkv * d, hkv * d], dim=-1)
         else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            q, k, v = shared_input([self.q_proj, self.k_proj, self.v_proj], x)
         q, k, v = q.view(b, t, hq, d), k.view(b, t, hkv, d), v.view(b, t, hkv, d)
         if kv is not None and self.kv_hook is None and getattr(kv, "fuses_prologue", None) and kv.fuses_prologue(q):
             qn = self.q_norm.weight if self.q_norm is not None else None

@@ -23,7 +23,7 @@ from torch import nn
 
 from trace_rl.models.attention import Attention, KVAttend
 from trace_rl.models.config import ModelConfig
-from trace_rl.models.linear import Linear
+from trace_rl.models.linear import Linear, shared_input
 from trace_rl.models.moe import Experts, MoEBlock, Router
 from trace_rl.models.norm import RMSNorm
 from trace_rl.models.rope import inverse_frequencies, rope_cos_sin
@@ -52,7 +52,7 @@ class MLP(nn.Module):
                 return self.down_proj(h)
             gate, up = gate_up.chunk(2, dim=-1)
         else:
-            gate, up = self.gate_proj(x), self.up_proj(x)
+            gate, up = shared_input([self.gate_proj, self.up_proj], x)
         return self.down_proj(F.silu(gate) * up)
 
 

@@ -33,6 +33,9 @@ ActivationHook = Callable[["Linear", torch.Tensor], object]
 # layers that share an input (q/k/v, gate/up) and quantizing the stack gives the same codes and scales as
 # quantizing each part. nvfp4 is left out: its per-tensor global scale would change.
 FUSABLE_WEIGHT_FORMATS = ("bf16", "fp8_e4m3:row", "fp8_e5m2:row", "mxfp4")
+# Rollout layers left unfused (nvfp4's per-tensor scale) that share an input quantize it once (`shared_input`);
+# False: each quantizes it itself (the A/B switch of benchmarks/engine_step_profile.py; the same bits either way).
+SHARE_ROLLOUT_INPUTS = True
 
 
 class Linear(nn.Module):
@@ -111,3 +114,25 @@ class Linear(nn.Module):
     def extra_repr(self) -> str:
         stage = "rollout" if self.quant is not None else f"trainer={self.trainer_mode}"
         return f"in={self.in_features}, out={self.out_features}, weight={self.weight_fmt}, act={self.act_fmt}, {stage}"
+
+
+def shared_input(parts: list[Linear], x: torch.Tensor) -> list[torch.Tensor]:
+    """`[p(x) for p in parts]` for layers that read the same input (q/k/v, gate/up when `Linear.fuse` cannot stack
+    them, i.e. nvfp4). In the rollout stage, when all parts have one backend and W4A4 activation format, x is
+    quantized once (`Backend.quantize_input`) and each part multiplies that (`linear_quantized`): per-token
+    quantization depends on x alone, so the outputs are the same bits with 1 quantize launch instead of len(parts).
+    Activation hooks are called for every part, before the matmuls, as `forward` calls them."""
+    first = parts[0].quant
+    if (not SHARE_ROLLOUT_INPUTS or len(parts) < 2 or first is None or first.act_fmt == "bf16"
+            or any(p.quant is None or p.quant.backend is not first.backend or p.quant.act_fmt != first.act_fmt
+                   or p.quant.weight_fmt != first.weight_fmt for p in parts)):
+        return [p(x) for p in parts]
+    with op_range("linear"):
+        xq = first.backend.quantize_input(x, first.packed, first.act_fmt)
+    if xq is None:
+        return [p(x) for p in parts]
+    for p in parts:
+        if p.activation_hook is not None:
+            p.activation_hook(p, x)
+    with op_range("linear"):
+        return [p.quant.backend.linear_quantized(xq, p.quant.packed, p.quant.bias) for p in parts]
