@@ -6,7 +6,7 @@ from types import SimpleNamespace as NS
 
 from torch.autograd import DeviceType
 
-from trace_rl.bench.profile import classify
+from trace_rl.bench.profile import classify, layer_kernels
 from trace_rl.op_ranges import PREFIX
 
 
@@ -37,3 +37,15 @@ def test_classify_by_range_then_by_name():
     assert per_class == {"rope": 1.0, "linear": 5.0, "quantization": 0.5, "kv_write": 0.25, "attention": 4.0,
                          "sampling": 0.1}
     assert per_kernel["_quantize_rows_kernel"] == 0.75
+
+
+def test_layer_kernels_cut_at_the_second_layers_norms():
+    """Layer 1 runs from its input norm (the 3rd residual-add RMSNorm launch) to layer 2's (the 5th)."""
+    rows = []
+    for layer in range(3):
+        rows += [("_add_rms_norm_kernel", "norm", 0.01), (f"_quantize_dequant_rows_kernel{layer}", "quantization", 0.02),
+                 ("nvjet_gemm", "linear", 0.1), ("_add_rms_norm_kernel", "norm", 0.01), ("nvjet_gemm", "linear", 0.2)]
+    rows.append(("_add_rms_norm_kernel", "norm", 0.01))                   # the final norm
+    layer1 = layer_kernels(rows, 1)
+    assert len(layer1) == 5 and layer1[1][0] == "_quantize_dequant_rows_kernel1"
+    assert layer_kernels(rows[:10], 1) == []                              # no third layer: no end found

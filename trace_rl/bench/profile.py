@@ -44,23 +44,40 @@ def _named(name: str, following: str) -> str:
     return next((cls for key, cls in NAMED if key in low), "other")
 
 
-def classify(prof) -> tuple[dict[str, float], dict[str, float], int]:
-    """(ms per class, ms per kernel name, kernel count) of a finished profiler: every GPU kernel, attributed
-    to the op range that launched it, or by its name when no CPU op of the trace launched it."""
+def kernel_rows(prof) -> list[tuple[str, str, float]]:
+    """(kernel name, op class, ms) of every GPU kernel of a finished profiler, in launch order: attributed to the
+    op range that launched it, or by its name when no CPU op of the trace launched it."""
     from torch.autograd import DeviceType
 
     events = list(prof.events())
     cpu_by_id = {e.id: e for e in events if e.device_type == DeviceType.CPU}
     kernels = sorted((e for e in events if e.device_type == DeviceType.CUDA), key=lambda e: e.time_range.start)
-    per_class, per_kernel = defaultdict(float), defaultdict(float)
+    rows = []
     for i, k in enumerate(kernels):
         label = _range_of(cpu_by_id.get(getattr(k, "linked_correlation_id", 0)))
         if label is None or (label == "linear" and "quant" in k.name.lower()):
             label = _named(k.name, kernels[i + 1].name if i + 1 < len(kernels) else "")
-        ms = (k.time_range.end - k.time_range.start) / 1e3
-        per_class[label if label in CLASSES else "other"] += ms
-        per_kernel[k.name[:80]] += ms
-    return dict(per_class), dict(per_kernel), len(kernels)
+        rows.append((k.name, label if label in CLASSES else "other", (k.time_range.end - k.time_range.start) / 1e3))
+    return rows
+
+
+def classify(prof) -> tuple[dict[str, float], dict[str, float], int]:
+    """(ms per class, ms per kernel name, kernel count) of a finished profiler (`kernel_rows`)."""
+    per_class, per_kernel = defaultdict(float), defaultdict(float)
+    rows = kernel_rows(prof)
+    for name, cls, ms in rows:
+        per_class[cls] += ms
+        per_kernel[name[:80]] += ms
+    return dict(per_class), dict(per_kernel), len(rows)
+
+
+def layer_kernels(rows: list[tuple[str, str, float]], layer: int = 1) -> list[tuple[str, str, float]]:
+    """The kernels of decoder layer `layer` (from its input norm to the next layer's): a layer launches two
+    residual-add RMSNorm kernels, the input and the post-attention norm. [] when the trace has fewer layers."""
+    norms = [i for i, (name, _, _) in enumerate(rows) if "_add_rms_norm" in name]
+    if len(norms) < 2 * layer + 3:
+        return []
+    return rows[norms[2 * layer]:norms[2 * layer + 2]]
 
 
 def profile_step(engine, batch: int, length: int, iters: int, sampling=(1.0, 0, 1.0)) -> dict:
@@ -81,10 +98,17 @@ def profile_step(engine, batch: int, length: int, iters: int, sampling=(1.0, 0, 
     per_class, per_kernel, count = classify(prof)
     total = sum(per_class.values())
     top = sorted(per_kernel.items(), key=lambda kv: -kv[1])[:15]
+    layer = layer_kernels(kernel_rows(prof))
+    layer_cls = defaultdict(float)
+    for _, cls, ms in layer:
+        layer_cls[cls] += ms
     return {"batch": batch, "L": length, "attention_path": path, "graph_step_ms": graph_ms,
             "kernel_sum_ms": total, "gaps_ms": graph_ms - total, "kernels": count,
             "classes_ms": {c: round(per_class.get(c, 0.0), 4) for c in CLASSES},
-            "top_kernels_ms": [(n, round(ms, 4)) for n, ms in top]}
+            "top_kernels_ms": [(n, round(ms, 4)) for n, ms in top],
+            # one decoder layer (the second) as launched: what each layer costs, kernel by kernel
+            "layer_kernels": [(n[:70], c, round(ms, 4)) for n, c, ms in layer],
+            "layer_classes_ms": {c: round(ms, 4) for c, ms in layer_cls.items()}}
 
 
 def run_profiles(args, name: str, device, log) -> list[dict]:
