@@ -6,8 +6,8 @@
 # 1. benchmarks/engine_step_profile.py -> OUT/profile.json (+ .log): Qwen3-8B shape, random weights, the FIRST 8 OF
 #    ITS 36 LAYERS (LAYERS=...; the per-layer numbers do not depend on depth; each row also estimates the 36-layer
 #    step as graph step + 28 x layer 1's kernel sum), contexts 257 and 8447 (KV filled with random values):
-#    - w4a4-kv4 (nvfp4 W4A4 + nvfp4 KV, page pool), attention forced to Gluon, operand cache on, B = 313; at each
-#      context with the shared input quantization (models.linear.SHARE_ROLLOUT_INPUTS, this branch) and without
+#    - w4a4-kv4 (nvfp4 W4A4 + nvfp4 KV, page pool), attention forced to Gluon, operand cache on, B = 313; at L = 257
+#      also with the shared input quantization (models.linear.SHARE_ROLLOUT_INPUTS, this branch) and without
 #      it (the code before), graphs re-captured in between, and the two forwards' logits compared bit for bit;
 #    - bf16, B = 101, contiguous cache, auto attention.
 #    Per row: the CUDA-graph step median (10 replays), then ONE EAGER step under torch.profiler: GPU kernel ms per op
