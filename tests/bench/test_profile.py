@@ -44,7 +44,8 @@ def test_layer_kernels_cut_at_the_second_layers_norms():
     rows = []
     for layer in range(3):
         rows += [("_add_rms_norm_kernel", "norm", 0.01),
-                 (f"_quantize_dequant_rows_kernel{layer}", "quantization", 0.02), ("nvjet_gemm", "linear", 0.1), ("_add_rms_norm_kernel", "norm", 0.01), ("nvjet_gemm", "linear", 0.2)]
+                 (f"_quantize_dequant_rows_kernel{layer}", "quantization", 0.02), ("nvjet_gemm", "linear", 0.1),
+                 ("_add_rms_norm_kernel", "norm", 0.01), ("nvjet_gemm", "linear", 0.2)]
     rows.append(("_add_rms_norm_kernel", "norm", 0.01))                   # the final norm
     layer1 = layer_kernels(rows, 1)
     assert len(layer1) == 5 and layer1[1][0] == "_quantize_dequant_rows_kernel1"
