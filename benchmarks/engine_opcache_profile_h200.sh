@@ -10,6 +10,9 @@
 #      also with the shared input quantization (models.linear.SHARE_ROLLOUT_INPUTS, this branch) and without
 #      it (the code before), graphs re-captured in between, and the two forwards' logits compared bit for bit;
 #    - bf16, B = 101, contiguous cache, auto attention.
+#    - then (if time is left) a cuBLAS probe at M = 313 over one layer's Qwen3-8B linear shapes (random bf16
+#      weights, graph-timed over copies > L2): float32 output (what the operand-cache path runs, before its epilogue
+#      kernel) vs bf16 output, q/k/v and gate/up as separate GEMMs (now: nvfp4 is not stacked) vs stacked.
 #    Per row: the CUDA-graph step median (10 replays), then ONE EAGER step under torch.profiler: GPU kernel ms per op
 #    class (linear = cuBLAS / FP4 GEMM + the operand-cache float32 epilogue; quantization = W4A4 activation
 #    quantize; attention; prologue = q/k-norm + RoPE + nvfp4 KV write fused; norm; rope = the step's cos/sin;
@@ -18,7 +21,7 @@
 # DRY=1: the CPU dry path (tiny preset, no profiler classes; checks the plumbing, the A/B logits, this summary).
 # 2. OUT/summary.json: rc, per row the step, classes, layer classes, 36-layer estimate; A/B per context (step ms,
 #    quantization ms, logits identical); estimated w4a4 / bf16 tokens/s per context at 36 layers; the first
-#    w4a4 and bf16 rows' per-layer kernel lists.
+#    w4a4 and bf16 rows' per-layer kernel lists and top kernels; the cuBLAS probe (us per layer).
 . "$(dirname "$0")/h200_check.sh"
 timeout 112 $PY benchmarks/engine_step_profile.py "$OUT/profile.json" --layers "${LAYERS:-8}" --budget-s 88 ${DRY:+--dry} \
     > "$OUT/profile.log" 2>&1
@@ -54,6 +57,7 @@ try:
         if on and bf and on.get("step_ms_at_36_layers_est") and bf.get("step_ms_at_36_layers_est"):
             s["w4a4_vs_bf16_tokens_per_s_est36"][L] = round(
                 (on["batch"] / on["step_ms_at_36_layers_est"]) / (bf["batch"] / bf["step_ms_at_36_layers_est"]), 3)
+    s["gemm_probe_M313"] = r.get("gemm_probe")
     for plan in ("w4a4-kv4", "bf16"):
         first = next((x for x in rows if x["plan"] == plan and x["share_inputs"]), None)
         if first:

@@ -66,6 +66,44 @@ def dry_step(engine, batch: int, length: int) -> dict:
             "kernels": count, "classes_ms": per_class}
 
 
+def gemm_probe(m: int, hidden: int = 4096, kv: int = 1024, inter: int = 12288, device="cuda", timer=None) -> dict:
+    """What the operand-cache linears of one Qwen3-8B layer cost in cuBLAS alone at M = `m` rows (us per layer,
+    graph-timed over weight copies > L2): as run now (float32 output for the FP4 epilogue, q/k/v and gate/up as
+    separate GEMMs: nvfp4 is not stacked), stacked (one q|k|v and one gate|up GEMM: the operand caches would have
+    to be one buffer), and with bf16 output (no float32 round trip; not the FP4 epilogue's rounding)."""
+    from trace_rl.engine.timing import graph_median_us
+
+    timer = timer or graph_median_us
+    dev = torch.device(device)
+    g = torch.Generator(device=dev).manual_seed(0)
+    xh = torch.randn(m, hidden, device=dev, generator=g).to(torch.bfloat16)
+    xi = torch.randn(m, inter, device=dev, generator=g).to(torch.bfloat16)
+    w = lambda n, k, c: [torch.randn(n, k, device=dev, generator=g).to(torch.bfloat16) for _ in range(c)]  # noqa: E731
+    qkv, gu = w(hidden + 2 * kv, hidden, 4), w(2 * inter, hidden, 2)
+    o, down = w(hidden, hidden, 6), w(hidden, inter, 2)
+    f32 = dict(out_dtype=torch.float32)
+
+    def t(groups, x, kw, cut=None):
+        calls = []
+        for wt in groups:
+            parts = [wt] if cut is None else list(torch.split(wt, cut))
+            calls += [lambda p=p: torch.mm(x, p.t(), **kw) for p in parts]
+        return round(timer(calls) * len(calls) / len(groups), 2)
+
+    qkv_cut, gu_cut = [hidden, kv, kv], [inter, inter]
+    res = {"M": m, "us_per_layer": {
+        "qkv_fp32_separate": t(qkv, xh, f32, qkv_cut), "qkv_fp32_stacked": t(qkv, xh, f32),
+        "qkv_bf16_separate": t(qkv, xh, {}, qkv_cut), "qkv_bf16_stacked": t(qkv, xh, {}),
+        "gate_up_fp32_separate": t(gu, xh, f32, gu_cut), "gate_up_fp32_stacked": t(gu, xh, f32),
+        "gate_up_bf16_stacked": t(gu, xh, {}),
+        "o_fp32": t(o, xh, f32), "o_bf16": t(o, xh, {}), "down_fp32": t(down, xi, f32), "down_bf16": t(down, xi, {})}}
+    u = res["us_per_layer"]
+    res["now_us"] = u["qkv_fp32_separate"] + u["gate_up_fp32_separate"] + u["o_fp32"] + u["down_fp32"]
+    res["stacked_fp32_us"] = u["qkv_fp32_stacked"] + u["gate_up_fp32_stacked"] + u["o_fp32"] + u["down_fp32"]
+    res["stacked_bf16_us"] = u["qkv_bf16_stacked"] + u["gate_up_bf16_stacked"] + u["o_bf16"] + u["down_bf16"]
+    return res
+
+
 def run_case(case: dict, args, device, log, sink) -> None:
     from trace_rl.bench import measure as bm
     from trace_rl.bench.profile import profile_step
@@ -156,6 +194,12 @@ def main() -> None:
 
     for case in cases(args.dry):
         run_case(case, args, device, log, sink)
+    if not args.dry and time.perf_counter() - args.t0 < args.budget_s + 8:
+        try:
+            rep["gemm_probe"] = gemm_probe(313)
+            log(f"gemm probe M=313 (us per layer): {rep['gemm_probe']}")
+        except Exception as err:   # noqa: BLE001
+            rep["gemm_probe"] = {"error": f"{type(err).__name__}: {str(err)[:300]}"}
     rep["seconds"] = round(time.perf_counter() - args.t0, 1)
     with open(args.out, "w") as f:
         json.dump(rep, f, indent=1)
