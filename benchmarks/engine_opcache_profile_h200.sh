@@ -3,6 +3,8 @@
 # input quantization (q/k/v and gate/up quantize their input once) before/after. Usage:
 # benchmarks/engine_opcache_profile_h200.sh OUT_DIR (from the repo root; python3, torch, Triton 3.6, one H200, device
 # wheels on PYTHONPATH). < 120 s. Registered in benchmarks/h200_session_checks.sh as `opprof`.
+# 0. pytest tests/kernels/test_shared_input.py (GPU: the shared W4A4 input quantization equals each linear's own, bit
+#    for bit, on the FP4 GEMM, dequant + cuBLAS and operand-cache paths; nvfp4 / mxfp4) -> OUT/pytest.{log,xml}.
 # 1. benchmarks/engine_step_profile.py -> OUT/profile.json (+ .log): Qwen3-8B shape, random weights, the FIRST 8 OF
 #    ITS 36 LAYERS (LAYERS=...; the per-layer numbers do not depend on depth; each row also estimates the 36-layer
 #    step as graph step + 28 x layer 1's kernel sum), contexts 257 and 8447 (KV filled with random values):
@@ -19,19 +21,26 @@
 #    activation; embedding; sampling; bookkeeping; other), graph - kernel sum = gaps inside the graph, top kernels,
 #    and layer 1's kernels in launch order (name, class, ms).
 # DRY=1: the CPU dry path (tiny preset, no profiler classes; checks the plumbing, the A/B logits, this summary).
-# 2. OUT/summary.json: rc, per row the step, classes, layer classes, 36-layer estimate; A/B per context (step ms,
+# 2. OUT/summary.json: rcs, pytest tail, per row the step, classes, layer classes, 36-layer estimate; A/B per context (step ms,
 #    quantization ms, logits identical); estimated w4a4 / bf16 tokens/s per context at 36 layers; the first
 #    w4a4 and bf16 rows' per-layer kernel lists and top kernels; the cuBLAS probe (us per layer).
 . "$(dirname "$0")/h200_check.sh"
-timeout 112 $PY benchmarks/engine_step_profile.py "$OUT/profile.json" --layers "${LAYERS:-8}" --budget-s 88 ${DRY:+--dry} \
-    > "$OUT/profile.log" 2>&1
+if [ -z "${DRY:-}" ]; then   # the shared quantization's bits on the GPU kernels first (also warms Triton's cache)
+    run_pytest 25 -x tests/kernels/test_shared_input.py
+else
+    test_rc=-1
+fi
+left=$(( 112 - ($(date +%s) - start) ))
+timeout "$left" $PY benchmarks/engine_step_profile.py "$OUT/profile.json" --layers "${LAYERS:-8}" \
+    --budget-s $(( left - 24 )) ${DRY:+--dry} > "$OUT/profile.log" 2>&1
 bench_rc=$?
-$PY - "$OUT" "$bench_rc" <<'PY'
+$PY - "$OUT" "$bench_rc" "$test_rc" <<'PY'
 import json, os, sys
 sys.path.insert(0, "benchmarks")
 from h200_summary import tail, write
-out, bench_rc = sys.argv[1], int(sys.argv[2])
-s = {"bench_rc": bench_rc, "timed_out": bench_rc in (124, 137)}
+out, bench_rc, test_rc = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+s = {"bench_rc": bench_rc, "timed_out": bench_rc in (124, 137), "pytest_rc": test_rc,
+     "pytest_tail": tail(out, "pytest.log", 4)}
 try:
     r = json.load(open(os.path.join(out, "profile.json")))
     s["device"], s["layers_run"] = r["device"], r["layers_run"]
