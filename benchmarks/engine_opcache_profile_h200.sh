@@ -3,8 +3,6 @@
 # input quantization (q/k/v and gate/up quantize their input once) before/after. Usage:
 # benchmarks/engine_opcache_profile_h200.sh OUT_DIR (from the repo root; python3, torch, Triton 3.6, one H200, device
 # wheels on PYTHONPATH). < 120 s. Registered in benchmarks/h200_session_checks.sh as `opprof`.
-# 0. pytest tests/kernels/test_shared_input.py (GPU: the shared W4A4 input quantization equals each linear's own, bit
-#    for bit, on the FP4 GEMM, dequant + cuBLAS and operand-cache paths; nvfp4 / mxfp4) -> OUT/pytest.{log,xml}.
 # 1. benchmarks/engine_step_profile.py -> OUT/profile.json (+ .log): Qwen3-8B shape, random weights, the FIRST 8 OF
 #    ITS 36 LAYERS (LAYERS=...; the per-layer numbers do not depend on depth; each row also estimates the 36-layer
 #    step as graph step + 28 x layer 1's kernel sum), contexts 257 and 8447 (KV filled with random values):
@@ -20,20 +18,20 @@
 #    quantize; attention; prologue = q/k-norm + RoPE + nvfp4 KV write fused; norm; rope = the step's cos/sin;
 #    activation; embedding; sampling; bookkeeping; other), graph - kernel sum = gaps inside the graph, top kernels,
 #    and layer 1's kernels in launch order (name, class, ms).
+# 2. if >= 12 s are left: pytest -k nvfp4 tests/kernels/test_shared_input.py (GPU: the shared W4A4 input quantization
+#    equals each linear's own, bit for bit, on the FP4 GEMM, dequant + cuBLAS and operand-cache paths) -> OUT/pytest.*
+# 3. OUT/summary.json: rcs, pytest tail, per row the step, classes, layer classes, 36-layer estimate; A/B at L = 257
+#    (step ms, quantization ms, logits identical); estimated w4a4 / bf16 tokens/s per context at 36 layers; the
+#    first w4a4 and bf16 rows' per-layer kernel lists and top kernels; the cuBLAS probe (us per layer).
 # DRY=1: the CPU dry path (tiny preset, no profiler classes; checks the plumbing, the A/B logits, this summary).
-# 2. OUT/summary.json: rcs, pytest tail, per row the step, classes, layer classes, 36-layer estimate; A/B per context (step ms,
-#    quantization ms, logits identical); estimated w4a4 / bf16 tokens/s per context at 36 layers; the first
-#    w4a4 and bf16 rows' per-layer kernel lists and top kernels; the cuBLAS probe (us per layer).
 . "$(dirname "$0")/h200_check.sh"
-if [ -z "${DRY:-}" ]; then   # the shared quantization's bits on the GPU kernels first (also warms Triton's cache)
-    run_pytest 25 -x tests/kernels/test_shared_input.py
-else
-    test_rc=-1
-fi
-left=$(( 112 - ($(date +%s) - start) ))
-timeout "$left" $PY benchmarks/engine_step_profile.py "$OUT/profile.json" --layers "${LAYERS:-8}" \
-    --budget-s $(( left - 24 )) ${DRY:+--dry} > "$OUT/profile.log" 2>&1
+timeout 98 $PY benchmarks/engine_step_profile.py "$OUT/profile.json" --layers "${LAYERS:-8}" --budget-s 74 \
+    ${DRY:+--dry} > "$OUT/profile.log" 2>&1
 bench_rc=$?
+test_rc=-1   # then, with what is left (>= 12 s; Triton's cache is warm), the shared quantization's bits on the GPU kernels
+if [ -z "${DRY:-}" ] && [ $(( $(date +%s) - start )) -le 103 ]; then
+    run_pytest 115 -x -k nvfp4 tests/kernels/test_shared_input.py
+fi
 $PY - "$OUT" "$bench_rc" "$test_rc" <<'PY'
 import json, os, sys
 sys.path.insert(0, "benchmarks")
