@@ -28,7 +28,8 @@
 timeout 98 $PY benchmarks/engine_step_profile.py "$OUT/profile.json" --layers "${LAYERS:-8}" --budget-s 74 \
     ${DRY:+--dry} > "$OUT/profile.log" 2>&1
 bench_rc=$?
-test_rc=-1   # then, with what is left (>= 12 s; Triton's cache is warm), the shared quantization's bits on the GPU kernels
+# then, with what is left (>= 12 s; Triton's cache is warm), the shared quantization's bits on the GPU kernels
+test_rc=-1
 if [ -z "${DRY:-}" ] && [ $(( $(date +%s) - start )) -le 103 ]; then
     run_pytest 115 -x -k nvfp4 tests/kernels/test_shared_input.py
 fi
