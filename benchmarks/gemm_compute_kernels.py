@@ -1,0 +1,325 @@
+"""Variants of the Gluon warp-specialised FP4 GEMM (trace_rl/kernels/fp4_gemm_gluon.py) aimed at its compute part at
+M <= 16, each as a full launch and a compute-only probe (benchmarks/gemm_compute.py times them; issue 15).
+
+Why (benchmarks/results/gemm_bound_h200_1202b*: compute-only 11.9-16.8 us against a 9.3 us read floor; the consumer's
+K step compiled for sm_90 by Triton 3.6, per 256 nvfp4 columns and thread):
+- the integer pipe: LOP3 160 + SHF 128 + PRMT 64 + LEA 64 = 416 INT ops for 256 weights (mxfp4: 640 per 512). sm_90
+  runs INT ops on 16 lanes per SM sub-partition, half a warp instruction per cycle, so a warp needs >= 832 cycles
+  per nvfp4 step whatever else happens (HMUL2 128 and the HGMMAs issue elsewhere); the whole 4096x12288 weight is
+  >= 4.9 us of INT pipe at 1.98 GHz with a perfectly balanced grid;
+- the grid is not balanced: nvfp4 4096x12288 runs 192 CTAs (split 2) on 132 SMs with room for 2: 60 SMs do two CTAs
+  (16 K steps of 128 rows) while the mean is 11.6, x1.37; mxfp4 4096x12288 runs 96 one-per-SM CTAs (36 SMs idle);
+- latency each step: a named barrier at the top, the ready wait, LDS of the words, then (no overlap) a full
+  `WARPGROUP.DEPBAR.LE gsb0, 0x0` after each pair of chunks, the second chunk's 16 HGMMAs issued back to back and
+  drained with nothing to do, then MEMBAR.ALL.CTA + fence + a second named barrier before the slot is released. With
+  1-2 consumer warps per sub-partition (2 CTAs of one warpgroup; 1 for mxfp4's 4-stage ring) nothing covers it.
+
+Variants (`VARIANTS`; all run the shipped `_fp4_gemm_ws_kernel` unchanged, with a config and K step chosen here):
+- `overlap`: the launcher's own config (`config_for`) with `overlap=True`: one wgmma group stays in flight under the
+  next chunk's decode (one full wait per step at most); same split, so bit-identical to the shipped launch;
+- `w8_overlap`: two consumer warpgroups (64 rows each), overlap, 80 registers: 2 CTAs per SM = 4 consumer warps per
+  sub-partition to hide the waits (mxfp4: 2-slot ring so two CTAs fit);
+- `n64_k512`: 64-row tiles, 512-column K steps for nvfp4 too (four chunks per step: the per-step barriers, waits and
+  slot release amortised over twice the weights; the scale box is 32 bytes), 2-slot ring, 80 registers, overlap:
+  3 CTAs per SM and twice the tiles, so the auto split makes 384 CTAs of 4 steps (max 12 64x512 units per SM
+  against 16 128x256 = 32 for the shipped nvfp4 4096x12288 launch at equal bytes: x0.75 of the busiest SM's work).
+
+The compute-only probe (`compute_only`) is gemm_bound_gluon's (activations through the TMA ring, words decoded from
+registers, the same wgmmas and split-K epilogue) with the variant's K step, tile and `overlap` schedule. Gluon has no
+interpreter: everything here runs on an sm_90 GPU only; `gate_cases` compiles it for sm_90 on any machine
+(benchmarks/gemm_compute.py --dry).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from trace_rl.kernels.fp4_gemm_gluon import (
+    GluonConfig,
+    _decode_chunk,
+    _finish,
+    _fp4_gemm_ws_kernel,
+    _shared_layouts,
+    auto_split,
+    config_for,
+)
+from trace_rl.kernels.hopper_fp4 import COLS, ROWS
+
+SMEM_PER_SM = 228 * 1024
+SMEM_LIMIT = 227 * 1024
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A Gluon config and K step per format (None: the launcher's `config_for(M, fmt)` and `step_k(fmt)`)."""
+
+    name: str
+    nv: GluonConfig | None
+    mx: GluonConfig | None
+    bk_nv: int = 256
+    bk_mx: int = 512
+    overlap_default: bool = False      # with config None: config_for(M, fmt) with overlap=True
+
+    def config(self, M: int, fmt: str) -> GluonConfig:
+        c = self.nv if fmt == "nvfp4" else self.mx
+        if c is None:
+            c = config_for(M, fmt)
+            if self.overlap_default:
+                c = replace(c, overlap=True)
+        return c
+
+    def bk(self, fmt: str) -> int:
+        return self.bk_nv if fmt == "nvfp4" else self.bk_mx
+
+
+SHIPPED = Variant("shipped", None, None)
+VARIANTS = (
+    Variant("overlap", None, None, overlap_default=True),
+    Variant("w8_overlap", GluonConfig(num_warps=8, maxnreg=80, overlap=True),
+            GluonConfig(num_warps=8, maxnreg=80, overlap=True, stages=2)),
+    Variant("n64_k512", GluonConfig(block_n=64, stages=2, maxnreg=80, overlap=True),
+            GluonConfig(block_n=64, stages=2, maxnreg=80, overlap=True), bk_nv=512),
+)
+
+
+def scale_words(fmt: str, bk: int) -> int:
+    """int32 scale words per weight row and K step: a byte per 16 nvfp4 / 32 mxfp4 columns."""
+    return bk // (64 if fmt == "nvfp4" else 128)
+
+
+def smem_bytes(c: GluonConfig, bm: int, bk: int, fmt: str) -> int:
+    return c.stages * (c.block_n * bk // 2 + c.block_n * scale_words(fmt, bk) * 4 + bm * bk * 2) + 1024
+
+
+def ctas_per_sm(c: GluonConfig, bm: int, bk: int, fmt: str) -> int:
+    by_smem = SMEM_PER_SM // (smem_bytes(c, bm, bk, fmt) + 1024)
+    by_regs = 65536 // (c.maxnreg * (c.num_warps + 4) * 32)
+    return max(1, min(by_smem, by_regs))
+
+
+def plan(M: int, N: int, K: int, fmt: str, v: Variant, sms: int = 132) -> dict:
+    """The launch `full` / `compute_only` make (pure Python, as fp4_matmul_gluon computes it with the variant's K
+    step): config, bm, bk, grid (n tiles, split, m tiles), K steps per program, CTAs per SM, waves, and the busiest
+    SM's weight elements (programs placed round-robin, as the resident grid is)."""
+    from trace_rl.kernels.hopper_fp4 import padded_shape
+
+    c = v.config(M, fmt)
+    c.check()
+    bk = v.bk(fmt)
+    bm = c.tile_m(M)
+    np_, kp = padded_shape(N, K)
+    if kp % bk:
+        raise ValueError(f"{v.name}: K = {K} pads to {kp}, not a multiple of the {bk}-column step")
+    if smem_bytes(c, bm, bk, fmt) > SMEM_LIMIT:
+        raise ValueError(f"{v.name}: {smem_bytes(c, bm, bk, fmt)} bytes of shared memory")
+    n_tiles, m_tiles, kb = triton.cdiv(np_, c.block_n), triton.cdiv(M, bm), kp // bk
+    ctas = ctas_per_sm(c, bm, bk, fmt)
+    split = c.split_k or auto_split(n_tiles * m_tiles, kb, sms * ctas)
+    split = triton.cdiv(kb, triton.cdiv(kb, max(1, min(split, kb))))
+    per = triton.cdiv(kb, split)
+    programs = n_tiles * split * m_tiles
+    busiest = triton.cdiv(programs, sms) * per * c.block_n * bk
+    return dict(config=c, bm=bm, bk=bk, grid=(n_tiles, split, m_tiles), kb=kb, steps_per_program=per,
+                programs=programs, ctas_per_sm=ctas, waves=round(programs / (sms * ctas), 3),
+                busiest_sm_elements=busiest, mean_sm_elements=np_ * kp * m_tiles // sms,
+                smem_bytes=smem_bytes(c, bm, bk, fmt))
+
+
+def _descriptors(x2, w, c: GluonConfig, bm: int, bk: int):
+    """fp4_gemm_gluon._descriptors with the K step `bk` (its scale box: bk / 64 or bk / 128 words per row)."""
+    import torch
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    np_, kp = w.padded
+    wl, sl, xl = _shared_layouts(bm, bk)
+    w_desc = TensorDescriptor(w.values, [kp // COLS, np_ // ROWS, 256], [256, w.values.stride(0), 1],
+                              [bk // COLS, c.block_n // ROWS, 256], wl)
+    scales = w.scales.view(torch.int32)
+    s_desc = TensorDescriptor(scales, list(scales.shape), list(scales.stride()),
+                              [c.block_n, scale_words(w.fmt, bk)], sl)
+    x_desc = TensorDescriptor(x2, list(x2.shape), list(x2.stride()), [bm, bk], xl)
+    return w_desc, s_desc, x_desc
+
+
+def _launch_args(x2, w, v: Variant, out):
+    import torch
+
+    from trace_rl.kernels.fp4_gemm import tile_counters
+
+    M, K = x2.shape
+    if x2.dtype != torch.bfloat16 or x2.stride(1) != 1 or x2.data_ptr() % 16 or (x2.stride(0) * 2) % 16:
+        raise ValueError("x must be a contiguous, 16-byte aligned bf16 [M, K]")
+    if out.shape != (M, w.n) or out.dtype != torch.bfloat16 or out.stride(1) != 1:
+        raise ValueError(f"out must be a bf16 [{M}, {w.n}] tensor with unit column stride")
+    sms = torch.cuda.get_device_properties(x2.device).multi_processor_count
+    p = plan(M, w.n, K, w.fmt, v, sms)
+    c, bm, bk = p["config"], p["bm"], p["bk"]
+    n_tiles, split, m_tiles = p["grid"]
+    if split > 1:
+        part = torch.empty(n_tiles * m_tiles * split * c.block_n * bm, device=x2.device, dtype=torch.float32)
+        counters = tile_counters(x2.device, n_tiles * m_tiles)
+    else:
+        part = counters = w.row_factor
+    return p, _descriptors(x2, w, c, bm, bk), part, counters
+
+
+def full(x2, w, v: Variant, out):
+    """out = x2 @ W^T with the shipped kernel under the variant's config and K step. Returns (kernel, plan)."""
+    p, (w_desc, s_desc, x_desc), part, counters = _launch_args(x2, w, v, out)
+    c = p["config"]
+    kern = _fp4_gemm_ws_kernel[p["grid"]](
+        w_desc, s_desc, x_desc, w.row_factor, out, part, counters, x2.shape[0], w.n, p["kb"], p["grid"][1],
+        out.stride(0), BN=c.block_n, BK=p["bk"], BM=p["bm"], STAGES=c.stages, OVERLAP=c.overlap,
+        MX=w.fmt == "mxfp4", num_warps=c.num_warps, maxnreg=c.maxnreg)
+    return kern, p
+
+
+def compute_only(x2, w, v: Variant, out):
+    """The compute-only probe under the variant's launch (no weight bytes read; `out` gets garbage). Returns
+    (kernel, plan)."""
+    p, (w_desc, s_desc, x_desc), part, counters = _launch_args(x2, w, v, out)
+    c = p["config"]
+    kern = _compute_ws_kernel[p["grid"]](
+        w_desc, s_desc, x_desc, w.row_factor, out, part, counters, x2.shape[0], w.n, p["kb"], p["grid"][1],
+        out.stride(0), BN=c.block_n, BK=p["bk"], BM=p["bm"], STAGES=c.stages, OVERLAP=c.overlap,
+        MX=w.fmt == "mxfp4", num_warps=c.num_warps, maxnreg=c.maxnreg)
+    return kern, p
+
+
+@gluon.jit
+def _x_producer(x_desc, x_bufs, ready, empty, m0, kb_lo, n_iters, BK: gl.constexpr, STAGES: gl.constexpr):
+    """The shipped `_producer` without the weight: only each step's activation tile."""
+    for it in range(n_iters):
+        slot = it % STAGES
+        mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)
+        bar = ready.index(slot)
+        mbarrier.expect(bar, x_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(x_desc, [m0, (kb_lo + it) * BK], bar, x_bufs.index(slot))
+
+
+@gluon.jit
+def _compute_consumer(w_bufs, s_bufs, x_bufs, ready, empty, n_iters, BN: gl.constexpr, BK: gl.constexpr,
+                      BM: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr, MX: gl.constexpr):
+    """The shipped `_consumer` (both schedules: OVERLAP keeps one wgmma group in flight and releases a slot one
+    chunk later) with each chunk's words and scale words taken from registers (slot 0's never-written contents,
+    XORed with the step and chunk so nothing is hoisted)."""
+    NW: gl.constexpr = gl.num_warps()
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
+    A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    W_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 2, 2], [1, 1, 8, 4, 1, 1], [NW, 1, 1, 1, 1, 1],
+                                              [5, 4, 3, 2, 1, 0])
+    RAW6: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [5, 4, 3, 2, 1, 0])
+    KC: gl.constexpr = BK // 128
+    w_raw = w_bufs._reinterpret(gl.int32, [STAGES * KC, BN // 16, 2, 8, 4, 2, 2], RAW6)
+    if MX:
+        S_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1], [1, 1, 8, 4], [NW, 1, 1, 1], [3, 2, 1, 0])
+        s_raw = s_bufs._reinterpret(gl.int32, [STAGES, BN // 16, 2, 8, KC],
+                                    gl.SwizzledSharedLayout(1, 1, 1, [3, 2, 1, 0]))
+    else:
+        S_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 2], [1, 1, 8, 4, 1], [NW, 1, 1, 1, 1],
+                                                  [4, 3, 2, 1, 0])
+        s_raw = s_bufs._reinterpret(gl.int32, [STAGES, BN // 16, 2, 8, KC, 2],
+                                    gl.SwizzledSharedLayout(1, 1, 1, [4, 3, 2, 1, 0]))
+    w_a = w_raw.index(0).load(W_LAYOUT)
+    w_b = w_raw.index(1).load(W_LAYOUT)
+    s_a = s_raw.index(0).slice(0, 1, dim=3).load(S_LAYOUT)
+    s_b = s_raw.index(0).slice(1, 1, dim=3).load(S_LAYOUT)
+    acc = gl.zeros([BN, BM], gl.float32, mma)
+    a_prev = gl.zeros([BN, 128], gl.bfloat16, A_LAYOUT)
+    for it in range(n_iters):
+        slot = it % STAGES
+        mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
+        x_s = x_bufs.index(slot)
+        for kp in gl.static_range(KC // 2):
+            w0 = w_a ^ (it + 2 * kp)
+            w1 = w_b ^ (it + 2 * kp + 1)
+            s0 = s_a ^ ((it + kp) & 3)
+            s1 = s_b ^ ((it + kp) & 3)
+            for kk in gl.static_range(2):
+                if kk == 0:
+                    a = _decode_chunk(w0, s0, W_LAYOUT, A_LAYOUT, BN, MX)
+                else:
+                    a = _decode_chunk(w1, s1, W_LAYOUT, A_LAYOUT, BN, MX)
+                acc = warpgroup_mma(a, x_s.slice((2 * kp + kk) * 128, 128, dim=1).permute((1, 0)), acc,
+                                    is_async=True)
+                if OVERLAP:
+                    acc, a_prev = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_prev))
+                    a_prev = a
+                    if kp + kk == 0:
+                        fence_async_shared()
+                        mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), count=1, pred=it > 0)
+                else:
+                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        if not OVERLAP:
+            fence_async_shared()
+            mbarrier.arrive(empty.index(slot), count=1)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    return (acc, )
+
+
+@gluon.jit(do_not_specialize=["M", "N", "KB", "SPLIT_K"])
+def _compute_ws_kernel(w_desc, s_desc, x_desc, rf_ptr, out_ptr, part_ptr, count_ptr, M, N, KB, SPLIT_K, stride_om,
+                       BN: gl.constexpr, BK: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr,
+                       OVERLAP: gl.constexpr, MX: gl.constexpr):
+    """`_fp4_gemm_ws_kernel` with `_compute_consumer` and `_x_producer`: same ring (weight slots allocated, never
+    filled), decode schedule, wgmmas and split-K epilogue; no weight bytes read."""
+    pid_n = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    pid_m = gl.program_id(2)
+    tile = pid_m * gl.num_programs(0) + pid_n
+    per_split = gl.cdiv(KB, SPLIT_K)
+    kb_lo = pid_k * per_split
+    n_iters = gl.minimum(kb_lo + per_split, KB) - kb_lo
+    w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES] + w_desc.block_type.shape, w_desc.layout)
+    s_bufs = gl.allocate_shared_memory(gl.int32, [STAGES] + s_desc.block_type.shape, s_desc.layout)
+    x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES] + x_desc.block_type.shape, x_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    (acc, ) = gl.warp_specialize([
+        (_compute_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, n_iters, BN, BK, BM, STAGES, OVERLAP, MX)),
+        (_x_producer, (x_desc, x_bufs, ready, empty, pid_m * BM, kb_lo, n_iters, BK, STAGES)),
+    ], [1], [24])
+    _finish(acc, pid_n, pid_m, tile, pid_k, SPLIT_K, M, N, rf_ptr, out_ptr, part_ptr, count_ptr, stride_om, BN, BM)
+
+
+def gate_case(v: Variant, fmt: str, bm: int, mode: str = "full"):
+    """A sass_gate case compiling what `full` / `compute_only` launch for (variant, format, token tile): SASS per
+    weight element of the consumer's K step (elements: block_n x bk / consumer threads), registers, spills, full
+    wgmma waits; budgets loose (a probe: the numbers are reported, not gated)."""
+    from trace_rl.kernels.sass_gate import GateCase
+
+    c = v.config(bm, fmt)
+    bk = v.bk(fmt)
+    wl, sl, xl = _shared_layouts(bm, bk)
+    sig = dict(w_desc=f"tensordesc<i32[{bk // COLS}, {c.block_n // ROWS}, 256],{wl!r}>",
+               s_desc=f"tensordesc<i32[{c.block_n}, {scale_words(fmt, bk)}],{sl!r}>",
+               x_desc=f"tensordesc<bf16[{bm}, {bk}],{xl!r}>", rf_ptr="*fp32", out_ptr="*bf16",
+               part_ptr="*fp32", count_ptr="*i32", M="i32", N="i32", KB="i32", SPLIT_K="i32", stride_om="i32")
+    consts = dict(BN=c.block_n, BK=bk, BM=bm, STAGES=c.stages, OVERLAP=c.overlap, MX=fmt == "mxfp4")
+    kernel = _fp4_gemm_ws_kernel if mode == "full" else _compute_ws_kernel
+    return GateCase(f"gemmcomp {v.name} {mode} {fmt} bm{bm} {c.block_n}x{bk} w{c.num_warps}s{c.stages}"
+                    f"{' overlap' if c.overlap else ''} r{c.maxnreg}", kernel, sig, consts, c.num_warps, 1,
+                    c.block_n * bk / (32 * c.num_warps), 99.0,
+                    ("rf_ptr", "out_ptr", "part_ptr", "count_ptr", "stride_om"), max_full_waits=99,
+                    options=(("maxnreg", c.maxnreg), ), require=("USETMAXREG", "SYNCS.PHASECHK", "UTMALDG"))
+
+
+def all_cases():
+    """(variant, fmt, bm, mode) of every kernel the benchmark launches (M = 1 -> bm 8, M = 16 -> bm 16)."""
+    return [(v, fmt, bm, mode) for v in (SHIPPED, ) + VARIANTS for fmt in ("nvfp4", "mxfp4") for bm in (8, 16)
+            for mode in ("full", "compute")]
+
