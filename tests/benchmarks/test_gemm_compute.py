@@ -72,8 +72,8 @@ def test_emulated_k512_data_path(fmt, M, N, K, BN, bk):
     for pid_n, pid_m in [(n, m) for m in range(-(-M // BM)) for n in range(-(-np_ // BN))]:
         acc = torch.zeros(BN, BM, dtype=torch.float64)
         for kb in range(kp // bk):
-            w_s = _box(v3, [kc_n * kb, pid_n * BN // 16, 0], [kc_n, BN // 16, 256]).reshape(kc_n, BN // 16, 2, 8, 4,
-                                                                                           2, 2)
+            w_s = _box(v3, [kc_n * kb, pid_n * BN // 16, 0], [kc_n, BN // 16, 256])
+            w_s = w_s.reshape(kc_n, BN // 16, 2, 8, 4, 2, 2)
             s_s = _box(sc, [pid_n * BN, sw_n * kb], [BN, sw_n])
             s_s = s_s.reshape(BN // 16, 2, 8, kc_n) if mx else s_s.reshape(BN // 16, 2, 8, kc_n, 2)
             x_s = _box(x, [pid_m * BM, bk * kb], [BM, bk])
@@ -101,8 +101,8 @@ def test_emulated_k512_data_path(fmt, M, N, K, BN, bk):
                 acc += v @ x_s[:, 128 * kc:128 * (kc + 1)].double().T
         rows = torch.arange(pid_n * BN, min((pid_n + 1) * BN, N))
         toks = torch.arange(pid_m * BM, min((pid_m + 1) * BM, M))
-        out[toks[:, None], rows[None, :]] = (acc[rows - pid_n * BN] * h.row_factor[rows, None].double())[:,
-                                                                                                         toks - pid_m * BM].T
+        part = acc[rows - pid_n * BN] * h.row_factor[rows, None].double()
+        out[toks[:, None], rows[None, :]] = part[:, toks - pid_m * BM].T
     ref = x.double() @ (operand(h).double() * h.row_factor[:N, None].double()).T
     assert torch.allclose(out, ref, rtol=1e-9, atol=1e-9 * ref.abs().max().item())
 
