@@ -55,7 +55,7 @@ def dry(out: str) -> int:
     for fmt in FMTS:
         for K, N in SHAPES:
             for M in MS:
-                for v in (gc.SHIPPED, ) + gc.VARIANTS:
+                for v in [v for v in (gc.SHIPPED, ) + gc.VARIANTS if fmt in v.fmts]:
                     try:
                         res["plans"].append({"fmt": fmt, "K": K, "N": N, "M": M, "variant": v.name,
                                              **plan_facts(M, N, K, fmt, v)})
@@ -116,7 +116,7 @@ def precompile(workers: int = 16) -> list[str]:
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
-    jobs = [(v.name, fmt, M, mode) for v in (gc.SHIPPED, ) + gc.VARIANTS for fmt in FMTS for M in MS
+    jobs = [(v.name, fmt, M, mode) for v in (gc.SHIPPED, ) + gc.VARIANTS for fmt in v.fmts for M in MS
             for mode in ("full", "compute")]
     with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=get_context("spawn")) as pool:
         return [e for e in pool.map(_compile_job, jobs) if e]
@@ -174,7 +174,7 @@ def measure(args) -> None:
                 except Exception as e:   # noqa: BLE001
                     res["errors"].append(f"{fmt} {K}x{N} M {M} cublas: {e!r}"[:400])
                 y_ship = None
-                for v in (gc.SHIPPED, ) + gc.VARIANTS:
+                for v in [v for v in (gc.SHIPPED, ) + gc.VARIANTS if fmt in v.fmts]:
                     r = {}
                     try:
                         r["plan"] = plan_facts(M, N, K, fmt, v, sms)

@@ -45,15 +45,19 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from trace_rl.kernels.fp4_decode import _DECODE_BODY, _NV_SCALE
 from trace_rl.kernels.fp4_gemm_gluon import (
+    MX_SCALE_ASM,
+    NV_SCALE_ASM,
     GluonConfig,
-    _decode_chunk,
     _finish,
     _fp4_gemm_ws_kernel,
+    _producer,
     _shared_layouts,
     auto_split,
     config_for,
 )
+from trace_rl.kernels.fp_bits import bf16_halves
 from trace_rl.kernels.hopper_fp4 import COLS, ROWS
 
 SMEM_PER_SM = 228 * 1024
@@ -70,6 +74,8 @@ class Variant:
     bk_nv: int = 256
     bk_mx: int = 512
     overlap_default: bool = False      # with config None: config_for(M, fmt) with overlap=True
+    imad: bool = False                 # nvfp4 scale pairs by IMAD (FMA pipe) instead of LEA (INT pipe)
+    fmts: tuple = ("nvfp4", "mxfp4")
 
     def config(self, M: int, fmt: str) -> GluonConfig:
         c = self.nv if fmt == "nvfp4" else self.mx
@@ -90,7 +96,15 @@ VARIANTS = (
             GluonConfig(num_warps=8, maxnreg=80, overlap=True, stages=2)),
     Variant("n64_k512", GluonConfig(block_n=64, stages=2, maxnreg=80, overlap=True),
             GluonConfig(block_n=64, stages=2, maxnreg=80, overlap=True), bk_nv=512),
+    Variant("imad_overlap", None, None, overlap_default=True, imad=True, fmts=("nvfp4", )),
 )
+# The shipped decode's nvfp4 scale pair is `mad.lo.u32 t, byte x 0x10001, 16, 0x70007000`: ptxas makes it a LEA (INT
+# pipe, 64 of the 416 INT ops of a 256-column step). With the multiplier in a register it cannot fold (a kernel
+# argument, 16 at run time), ptxas must emit IMAD, which issues on the FMA pipe: 352 INT ops per step (-15%). Same
+# bits. If compute-only time drops with it, the INT pipe bounds the decode.
+NV_SCALE_IMAD = gl.constexpr(_NV_SCALE.replace(", 16, 0x70007000", ", $5, 0x70007000"))
+DECODE_ASM = gl.constexpr(_DECODE_BODY)
+assert NV_SCALE_IMAD.value.count("$5") == 4
 
 
 def scale_words(fmt: str, bk: int) -> int:
@@ -178,6 +192,12 @@ def full(x2, w, v: Variant, out):
     """out = x2 @ W^T with the shipped kernel under the variant's config and K step. Returns (kernel, plan)."""
     p, (w_desc, s_desc, x_desc), part, counters = _launch_args(x2, w, v, out)
     c = p["config"]
+    if v.imad:
+        kern = _fp4_gemm_ws_v_kernel[p["grid"]](
+            w_desc, s_desc, x_desc, w.row_factor, out, part, counters, x2.shape[0], w.n, p["kb"], p["grid"][1],
+            out.stride(0), 16, BN=c.block_n, BK=p["bk"], BM=p["bm"], STAGES=c.stages, OVERLAP=c.overlap,
+            MX=w.fmt == "mxfp4", IMAD=True, num_warps=c.num_warps, maxnreg=c.maxnreg)
+        return kern, p
     kern = _fp4_gemm_ws_kernel[p["grid"]](
         w_desc, s_desc, x_desc, w.row_factor, out, part, counters, x2.shape[0], w.n, p["kb"], p["grid"][1],
         out.stride(0), BN=c.block_n, BK=p["bk"], BM=p["bm"], STAGES=c.stages, OVERLAP=c.overlap,
@@ -192,9 +212,133 @@ def compute_only(x2, w, v: Variant, out):
     c = p["config"]
     kern = _compute_ws_kernel[p["grid"]](
         w_desc, s_desc, x_desc, w.row_factor, out, part, counters, x2.shape[0], w.n, p["kb"], p["grid"][1],
-        out.stride(0), BN=c.block_n, BK=p["bk"], BM=p["bm"], STAGES=c.stages, OVERLAP=c.overlap,
-        MX=w.fmt == "mxfp4", num_warps=c.num_warps, maxnreg=c.maxnreg)
+        out.stride(0), 16, BN=c.block_n, BK=p["bk"], BM=p["bm"], STAGES=c.stages, OVERLAP=c.overlap,
+        MX=w.fmt == "mxfp4", IMAD=v.imad, num_warps=c.num_warps, maxnreg=c.maxnreg)
     return kern, p
+
+
+@gluon.jit
+def _decode_chunk_v(w, sw, mult, W_LAYOUT: gl.constexpr, A_LAYOUT: gl.constexpr, BN: gl.constexpr,
+                    MX: gl.constexpr, IMAD: gl.constexpr):
+    """fp4_gemm_gluon._decode_chunk; IMAD (nvfp4): the scale pairs' multiplier from the register tensor `mult`."""
+    if MX:
+        p0, p1, p2, p3 = gl.inline_asm_elementwise(MX_SCALE_ASM, "=r,=r,=r,=r,r", [sw],
+                                                   dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True,
+                                                   pack=1)
+        se = gl.convert_layout(gl.join(gl.join(p0, p2), gl.join(p1, p3)), W_LAYOUT, assert_trivial=True)
+        so = se
+    else:
+        if IMAD:
+            p0, p1, p2, p3 = gl.inline_asm_elementwise(NV_SCALE_IMAD, "=r,=r,=r,=r,r,r", [sw, mult],
+                                                       dtype=(gl.int32, gl.int32, gl.int32, gl.int32),
+                                                       is_pure=True, pack=1)
+        else:
+            p0, p1, p2, p3 = gl.inline_asm_elementwise(NV_SCALE_ASM, "=r,=r,=r,=r,r", [sw],
+                                                       dtype=(gl.int32, gl.int32, gl.int32, gl.int32),
+                                                       is_pure=True, pack=1)
+        se = gl.convert_layout(gl.join(p0, p2), W_LAYOUT, assert_trivial=True)
+        so = gl.convert_layout(gl.join(p1, p3), W_LAYOUT, assert_trivial=True)
+    se = gl.broadcast(se, w)[0]
+    so = gl.broadcast(so, w)[0]
+    a, b, c, d = gl.inline_asm_elementwise(DECODE_ASM, "=r,=r,=r,=r,r,r,r", [w, se, so],
+                                           dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1)
+    a0, a1 = bf16_halves(a)
+    b0, b1 = bf16_halves(b)
+    c0, c1 = bf16_halves(c)
+    d0, d1 = bf16_halves(d)
+    r0 = gl.join(gl.join(a0, a1), gl.join(b0, b1))
+    r1 = gl.join(gl.join(c0, c1), gl.join(d0, d1))
+    v = gl.join(r0, r1)
+    v = gl.permute(v, (0, 1, 2, 4, 5, 8, 7, 3, 6))
+    v = gl.reshape(v, [BN, 128])
+    return gl.convert_layout(v, A_LAYOUT, assert_trivial=True)
+
+
+@gluon.jit
+def _consumer_v(w_bufs, s_bufs, x_bufs, ready, empty, n_iters, sixteen, BN: gl.constexpr, BK: gl.constexpr,
+                BM: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr, MX: gl.constexpr,
+                IMAD: gl.constexpr):
+    """fp4_gemm_gluon._consumer line for line, decoding with `_decode_chunk_v` (`sixteen`: the run-time 16)."""
+    NW: gl.constexpr = gl.num_warps()
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
+    A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    W_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 2, 2], [1, 1, 8, 4, 1, 1], [NW, 1, 1, 1, 1, 1],
+                                              [5, 4, 3, 2, 1, 0])
+    RAW6: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [5, 4, 3, 2, 1, 0])
+    KC: gl.constexpr = BK // 128
+    w_raw = w_bufs._reinterpret(gl.int32, [STAGES * KC, BN // 16, 2, 8, 4, 2, 2], RAW6)
+    if MX:
+        S_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1], [1, 1, 8, 4], [NW, 1, 1, 1], [3, 2, 1, 0])
+        s_raw = s_bufs._reinterpret(gl.int32, [STAGES, BN // 16, 2, 8, KC],
+                                    gl.SwizzledSharedLayout(1, 1, 1, [3, 2, 1, 0]))
+        mult = gl.full([BN // 16, 2, 8, 1], 0, gl.int32, S_LAYOUT) + sixteen
+    else:
+        S_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 2], [1, 1, 8, 4, 1], [NW, 1, 1, 1, 1],
+                                                  [4, 3, 2, 1, 0])
+        s_raw = s_bufs._reinterpret(gl.int32, [STAGES, BN // 16, 2, 8, KC, 2],
+                                    gl.SwizzledSharedLayout(1, 1, 1, [4, 3, 2, 1, 0]))
+        mult = gl.full([BN // 16, 2, 8, 1, 2], 0, gl.int32, S_LAYOUT) + sixteen
+    acc = gl.zeros([BN, BM], gl.float32, mma)
+    a_prev = gl.zeros([BN, 128], gl.bfloat16, A_LAYOUT)
+    for it in range(n_iters):
+        slot = it % STAGES
+        mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
+        s_s = s_raw.index(slot)
+        x_s = x_bufs.index(slot)
+        for kp in gl.static_range(KC // 2):
+            w0 = w_raw.index(slot * KC + 2 * kp).load(W_LAYOUT)
+            w1 = w_raw.index(slot * KC + 2 * kp + 1).load(W_LAYOUT)
+            s0 = s_s.slice(2 * kp, 1, dim=3).load(S_LAYOUT)
+            s1 = s_s.slice(2 * kp + 1, 1, dim=3).load(S_LAYOUT)
+            for kk in gl.static_range(2):
+                if kk == 0:
+                    a = _decode_chunk_v(w0, s0, mult, W_LAYOUT, A_LAYOUT, BN, MX, IMAD)
+                else:
+                    a = _decode_chunk_v(w1, s1, mult, W_LAYOUT, A_LAYOUT, BN, MX, IMAD)
+                acc = warpgroup_mma(a, x_s.slice((2 * kp + kk) * 128, 128, dim=1).permute((1, 0)), acc,
+                                    is_async=True)
+                if OVERLAP:
+                    acc, a_prev = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_prev))
+                    a_prev = a
+                    if kp + kk == 0:
+                        fence_async_shared()
+                        mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), count=1, pred=it > 0)
+                else:
+                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        if not OVERLAP:
+            fence_async_shared()
+            mbarrier.arrive(empty.index(slot), count=1)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    return (acc, )
+
+
+@gluon.jit(do_not_specialize=["M", "N", "KB", "SPLIT_K", "sixteen"])
+def _fp4_gemm_ws_v_kernel(w_desc, s_desc, x_desc, rf_ptr, out_ptr, part_ptr, count_ptr, M, N, KB, SPLIT_K,
+                          stride_om, sixteen, BN: gl.constexpr, BK: gl.constexpr, BM: gl.constexpr,
+                          STAGES: gl.constexpr, OVERLAP: gl.constexpr, MX: gl.constexpr, IMAD: gl.constexpr):
+    """fp4_gemm_gluon._fp4_gemm_ws_kernel with `_consumer_v`."""
+    pid_n = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    pid_m = gl.program_id(2)
+    tile = pid_m * gl.num_programs(0) + pid_n
+    per_split = gl.cdiv(KB, SPLIT_K)
+    kb_lo = pid_k * per_split
+    n_iters = gl.minimum(kb_lo + per_split, KB) - kb_lo
+    w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES] + w_desc.block_type.shape, w_desc.layout)
+    s_bufs = gl.allocate_shared_memory(gl.int32, [STAGES] + s_desc.block_type.shape, s_desc.layout)
+    x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES] + x_desc.block_type.shape, x_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    (acc, ) = gl.warp_specialize([
+        (_consumer_v, (w_bufs, s_bufs, x_bufs, ready, empty, n_iters, sixteen, BN, BK, BM, STAGES, OVERLAP, MX,
+                       IMAD)),
+        (_producer, (w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, pid_n * (BN // 16), pid_n * BN,
+                     pid_m * BM, kb_lo, n_iters, BK, STAGES)),
+    ], [1], [24])
+    _finish(acc, pid_n, pid_m, tile, pid_k, SPLIT_K, M, N, rf_ptr, out_ptr, part_ptr, count_ptr, stride_om, BN, BM)
 
 
 @gluon.jit
@@ -209,8 +353,9 @@ def _x_producer(x_desc, x_bufs, ready, empty, m0, kb_lo, n_iters, BK: gl.constex
 
 
 @gluon.jit
-def _compute_consumer(w_bufs, s_bufs, x_bufs, ready, empty, n_iters, BN: gl.constexpr, BK: gl.constexpr,
-                      BM: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr, MX: gl.constexpr):
+def _compute_consumer(w_bufs, s_bufs, x_bufs, ready, empty, n_iters, sixteen, BN: gl.constexpr, BK: gl.constexpr,
+                      BM: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr, MX: gl.constexpr,
+                      IMAD: gl.constexpr):
     """The shipped `_consumer` (both schedules: OVERLAP keeps one wgmma group in flight and releases a slot one
     chunk later) with each chunk's words and scale words taken from registers (slot 0's never-written contents,
     XORed with the step and chunk so nothing is hoisted)."""
@@ -235,6 +380,7 @@ def _compute_consumer(w_bufs, s_bufs, x_bufs, ready, empty, n_iters, BN: gl.cons
     w_b = w_raw.index(1).load(W_LAYOUT)
     s_a = s_raw.index(0).slice(0, 1, dim=3).load(S_LAYOUT)
     s_b = s_raw.index(0).slice(1, 1, dim=3).load(S_LAYOUT)
+    mult = gl.full(s_a.shape, 0, gl.int32, S_LAYOUT) + sixteen
     acc = gl.zeros([BN, BM], gl.float32, mma)
     a_prev = gl.zeros([BN, 128], gl.bfloat16, A_LAYOUT)
     for it in range(n_iters):
@@ -248,9 +394,9 @@ def _compute_consumer(w_bufs, s_bufs, x_bufs, ready, empty, n_iters, BN: gl.cons
             s1 = s_b ^ ((it + kp) & 3)
             for kk in gl.static_range(2):
                 if kk == 0:
-                    a = _decode_chunk(w0, s0, W_LAYOUT, A_LAYOUT, BN, MX)
+                    a = _decode_chunk_v(w0, s0, mult, W_LAYOUT, A_LAYOUT, BN, MX, IMAD)
                 else:
-                    a = _decode_chunk(w1, s1, W_LAYOUT, A_LAYOUT, BN, MX)
+                    a = _decode_chunk_v(w1, s1, mult, W_LAYOUT, A_LAYOUT, BN, MX, IMAD)
                 acc = warpgroup_mma(a, x_s.slice((2 * kp + kk) * 128, 128, dim=1).permute((1, 0)), acc,
                                     is_async=True)
                 if OVERLAP:
@@ -268,10 +414,10 @@ def _compute_consumer(w_bufs, s_bufs, x_bufs, ready, empty, n_iters, BN: gl.cons
     return (acc, )
 
 
-@gluon.jit(do_not_specialize=["M", "N", "KB", "SPLIT_K"])
+@gluon.jit(do_not_specialize=["M", "N", "KB", "SPLIT_K", "sixteen"])
 def _compute_ws_kernel(w_desc, s_desc, x_desc, rf_ptr, out_ptr, part_ptr, count_ptr, M, N, KB, SPLIT_K, stride_om,
-                       BN: gl.constexpr, BK: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr,
-                       OVERLAP: gl.constexpr, MX: gl.constexpr):
+                       sixteen, BN: gl.constexpr, BK: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr,
+                       OVERLAP: gl.constexpr, MX: gl.constexpr, IMAD: gl.constexpr):
     """`_fp4_gemm_ws_kernel` with `_compute_consumer` and `_x_producer`: same ring (weight slots allocated, never
     filled), decode schedule, wgmmas and split-K epilogue; no weight bytes read."""
     pid_n = gl.program_id(0)
@@ -290,7 +436,8 @@ def _compute_ws_kernel(w_desc, s_desc, x_desc, rf_ptr, out_ptr, part_ptr, count_
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
     (acc, ) = gl.warp_specialize([
-        (_compute_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, n_iters, BN, BK, BM, STAGES, OVERLAP, MX)),
+        (_compute_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, n_iters, sixteen, BN, BK, BM, STAGES, OVERLAP,
+                             MX, IMAD)),
         (_x_producer, (x_desc, x_bufs, ready, empty, pid_m * BM, kb_lo, n_iters, BK, STAGES)),
     ], [1], [24])
     _finish(acc, pid_n, pid_m, tile, pid_k, SPLIT_K, M, N, rf_ptr, out_ptr, part_ptr, count_ptr, stride_om, BN, BM)
@@ -310,7 +457,12 @@ def gate_case(v: Variant, fmt: str, bm: int, mode: str = "full"):
                x_desc=f"tensordesc<bf16[{bm}, {bk}],{xl!r}>", rf_ptr="*fp32", out_ptr="*bf16",
                part_ptr="*fp32", count_ptr="*i32", M="i32", N="i32", KB="i32", SPLIT_K="i32", stride_om="i32")
     consts = dict(BN=c.block_n, BK=bk, BM=bm, STAGES=c.stages, OVERLAP=c.overlap, MX=fmt == "mxfp4")
-    kernel = _fp4_gemm_ws_kernel if mode == "full" else _compute_ws_kernel
+    if mode == "full" and not v.imad:
+        kernel = _fp4_gemm_ws_kernel
+    else:
+        kernel = _fp4_gemm_ws_v_kernel if mode == "full" else _compute_ws_kernel
+        sig["sixteen"] = "i32"
+        consts["IMAD"] = v.imad
     return GateCase(f"gemmcomp {v.name} {mode} {fmt} bm{bm} {c.block_n}x{bk} w{c.num_warps}s{c.stages}"
                     f"{' overlap' if c.overlap else ''} r{c.maxnreg}", kernel, sig, consts, c.num_warps, 1,
                     c.block_n * bk / (32 * c.num_warps), 99.0,
@@ -320,6 +472,6 @@ def gate_case(v: Variant, fmt: str, bm: int, mode: str = "full"):
 
 def all_cases():
     """(variant, fmt, bm, mode) of every kernel the benchmark launches (M = 1 -> bm 8, M = 16 -> bm 16)."""
-    return [(v, fmt, bm, mode) for v in (SHIPPED, ) + VARIANTS for fmt in ("nvfp4", "mxfp4") for bm in (8, 16)
+    return [(v, fmt, bm, mode) for v in (SHIPPED, ) + VARIANTS for fmt in v.fmts for bm in (8, 16)
             for mode in ("full", "compute")]
 
