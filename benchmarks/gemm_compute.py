@@ -88,9 +88,11 @@ def dry(out: str) -> int:
 
 
 def _compile_job(job: tuple) -> str:
-    """Worker (spawn): run one (variant, fmt, M, mode) launch on a small weight, filling Triton's on-disk cache (the
-    binary depends on the variant's config and K step, the format, BM and mode; N, M, K steps and split are not
-    specialised, and N = 512 keeps out's row stride a multiple of 16 like the benchmark's)."""
+    """Worker (spawn): run one (variant, fmt, M, mode) launch on small weights, filling Triton's on-disk cache (the
+    binary depends on the variant's config and K step, the format, BM and mode, and on whether the launch splits K:
+    split 1 passes the row factors as the unused float32 partials / counters; N, M, K steps and the split itself are
+    not specialised). 512x1024 does not split mxfp4 (2 K steps; as mxfp4 4096x12288's shipped launch), 128x4096
+    splits every variant; N is a multiple of 16 like the benchmark's (out's row stride)."""
     name, fmt, M, mode = job
     try:
         import torch
@@ -101,11 +103,12 @@ def _compile_job(job: tuple) -> str:
 
         v = {x.name: x for x in (gc.SHIPPED, ) + gc.VARIANTS}[name]
         g = torch.Generator(device="cuda").manual_seed(0)
-        w = torch.randn(512, 1024, device="cuda", generator=g).to(torch.bfloat16)
-        h = hopper_weight(PackedWeight(fmt, 512, 1024, q=quantize(w, fmt)))
-        x = torch.randn(M, 1024, device="cuda", generator=g).to(torch.bfloat16)
-        out = torch.empty(M, 512, device="cuda", dtype=torch.bfloat16)
-        (gc.full if mode == "full" else gc.compute_only)(x, h, v, out)
+        for N, K in ((512, 1024), (128, 4096)):
+            w = torch.randn(N, K, device="cuda", generator=g).to(torch.bfloat16)
+            h = hopper_weight(PackedWeight(fmt, N, K, q=quantize(w, fmt)))
+            x = torch.randn(M, K, device="cuda", generator=g).to(torch.bfloat16)
+            out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+            (gc.full if mode == "full" else gc.compute_only)(x, h, v, out)
         torch.cuda.synchronize()
         return ""
     except Exception as e:   # noqa: BLE001
