@@ -14,7 +14,8 @@ K step compiled for sm_90 by Triton 3.6, per 256 nvfp4 columns and thread):
   drained with nothing to do, then MEMBAR.ALL.CTA + fence + a second named barrier before the slot is released. With
   1-2 consumer warps per sub-partition (2 CTAs of one warpgroup; 1 for mxfp4's 4-stage ring) nothing covers it.
 
-Variants (`VARIANTS`; all run the shipped `_fp4_gemm_ws_kernel` unchanged, with a config and K step chosen here):
+Variants (`VARIANTS`; the first three run the shipped `_fp4_gemm_ws_kernel` unchanged, with a config and K step
+chosen here):
 - `overlap`: the launcher's own config (`config_for`) with `overlap=True`: one wgmma group stays in flight under the
   next chunk's decode (one full wait per step at most); same split, so bit-identical to the shipped launch;
 - `w8_overlap`: two consumer warpgroups (64 rows each), overlap, 80 registers: 2 CTAs per SM = 4 consumer warps per
@@ -22,7 +23,10 @@ Variants (`VARIANTS`; all run the shipped `_fp4_gemm_ws_kernel` unchanged, with 
 - `n64_k512`: 64-row tiles, 512-column K steps for nvfp4 too (four chunks per step: the per-step barriers, waits and
   slot release amortised over twice the weights; the scale box is 32 bytes), 2-slot ring, 80 registers, overlap:
   3 CTAs per SM and twice the tiles, so the auto split makes 384 CTAs of 4 steps (max 12 64x512 units per SM
-  against 16 128x256 = 32 for the shipped nvfp4 4096x12288 launch at equal bytes: x0.75 of the busiest SM's work).
+  against 16 128x256 = 32 for the shipped nvfp4 4096x12288 launch at equal bytes: x0.75 of the busiest SM's work);
+- `imad_overlap` (nvfp4): `overlap` with the scale pairs' multiply-add by IMAD (FMA pipe) instead of LEA (INT pipe):
+  its own copy of the consumer and kernel (`_consumer_v`, `_fp4_gemm_ws_v_kernel`), same bits; INT ops per weight
+  1.62 -> 1.38. A test of the INT-pipe bound: if its compute-only time drops against `overlap`, the pipe binds.
 
 The compute-only probe (`compute_only`) is gemm_bound_gluon's (activations through the TMA ring, words decoded from
 registers, the same wgmmas and split-K epilogue) with the variant's K step, tile and `overlap` schedule. Gluon has no
