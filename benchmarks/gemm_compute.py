@@ -115,14 +115,26 @@ def _compile_job(job: tuple) -> str:
         return f"{job}: {e!r}"[:300]
 
 
-def precompile(workers: int = 16) -> list[str]:
-    from concurrent.futures import ProcessPoolExecutor
+def precompile(workers: int = 16, timeout_s: float = 50.0, jobs: list | None = None, job_fn=None, ctx: str = "spawn"):
+    """Every (variant, fmt, M, mode) launch in `workers` processes (`_compile_job`). A job still running after
+    `timeout_s` (a kernel that never finishes would hang the run) has its workers killed. Returns (errors, hung
+    (variant, fmt) pairs: the benchmark skips those)."""
+    from concurrent.futures import ProcessPoolExecutor, wait
     from multiprocessing import get_context
 
-    jobs = [(v.name, fmt, M, mode) for v in (gc.SHIPPED, ) + gc.VARIANTS for fmt in v.fmts for M in MS
-            for mode in ("full", "compute")]
-    with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=get_context("spawn")) as pool:
-        return [e for e in pool.map(_compile_job, jobs) if e]
+    if jobs is None:
+        jobs = [(v.name, fmt, M, mode) for v in (gc.SHIPPED, ) + gc.VARIANTS for fmt in v.fmts for M in MS
+                for mode in ("full", "compute")]
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=get_context(ctx))
+    futs = {pool.submit(job_fn or _compile_job, j): j for j in jobs}
+    done, pending = wait(futs, timeout=timeout_s)
+    errors = [e for e in (f.result() for f in done) if e]
+    hung = sorted({(futs[f][0], futs[f][1]) for f in pending})
+    if pending:
+        for proc in list(getattr(pool, "_processes", {}).values()):
+            proc.kill()
+    pool.shutdown(wait=False, cancel_futures=True)
+    return errors, hung
 
 
 def _rel(a, b) -> float:
@@ -149,13 +161,15 @@ def measure(args) -> None:
     res = {"env": run_env(torch.cuda.get_device_name(0), sms=sms), "rows": [], "skipped": [], "errors": []}
     # (the CPU test of this bookkeeping replaces the launches, the timing and these torch.cuda calls)
     save = json_saver(res, args.out)
+    hung = []
     if not args.no_precompile:
         t0 = time.time()
         try:
-            res["precompile_errors"] = precompile()
+            res["precompile_errors"], hung = precompile()
         except Exception as e:   # noqa: BLE001 -- compiling in the timed loop instead is slower, not wrong
             res["precompile_errors"] = [repr(e)[:300]]
         res["precompile_s"] = round(time.time() - t0, 1)
+        res["precompile_hung"] = hung
         save()
     dev = DEV
     for fmt in FMTS:
@@ -179,6 +193,9 @@ def measure(args) -> None:
                 y_ship = None
                 for v in [v for v in (gc.SHIPPED, ) + gc.VARIANTS if fmt in v.fmts]:
                     r = {}
+                    if [v.name, fmt] in [list(h) for h in hung]:
+                        row[v.name] = {"skipped": "its precompile job did not finish in time"}
+                        continue
                     try:
                         r["plan"] = plan_facts(M, N, K, fmt, v, sms)
                         out = torch.empty(M, N, device=dev, dtype=torch.bfloat16)

@@ -24,6 +24,7 @@ s = {"bench_rc": bench_rc}
 try:
     r = json.load(open(os.path.join(out, "gemm_compute.json")))
     s["precompile_s"], s["precompile_errors"] = r.get("precompile_s"), r.get("precompile_errors", [])[:4]
+    s["precompile_hung"] = r.get("precompile_hung", [])
     s["rows"] = []
     for row in r["rows"]:
         o = {k: row[k] for k in ("fmt", "K", "N", "M")}

@@ -168,6 +168,26 @@ def test_measure_bookkeeping(tmp_path, monkeypatch):
     assert s["rows"][0]["shipped"]["full_us"] > 0 and s["rows"][0]["n64_k512"]["per_sm"] == 3
 
 
+def _sleepy_job(job):
+    import time
+
+    if job[0] == "hangs":
+        time.sleep(30)
+    return "" if job[0] != "fails" else f"{job}: boom"
+
+
+def test_precompile_hung_job_is_killed():
+    """A job that never finishes (a kernel that hangs) is reported by (variant, fmt) and its worker killed within
+    the timeout; failures are errors; the rest completes."""
+    import time
+
+    jobs = [("ok", "nvfp4", 1, "full"), ("fails", "mxfp4", 1, "full"), ("hangs", "nvfp4", 16, "compute")]
+    t0 = time.time()
+    errors, hung = gcb.precompile(workers=3, timeout_s=3.0, jobs=jobs, job_fn=_sleepy_job, ctx="fork")
+    assert time.time() - t0 < 15
+    assert hung == [("hangs", "nvfp4")] and len(errors) == 1 and "boom" in errors[0]
+
+
 @pytest.mark.skipif(not __import__("triton").__version__.startswith("3.6"), reason="Gluon is Triton 3.6 here")
 def test_compile_sm90(tmp_path):
     """Every kernel the benchmark launches compiles for sm_90: no spills, register-A HGMMA, TMA / mbarrier /
