@@ -9,7 +9,8 @@ Per format (nvfp4, mxfp4), shape (K x N = 4096x12288, 12288x4096) and M (1, 16):
 each variant: the full launch's output against the torch reference (x @ dequantize(W)^T in float32: `rel_ref`,
 relative Frobenius error, must be < 1e-2 before it is timed) and against the shipped output (`rel_shipped`,
 `bit_equal_shipped`: equal where the split and the wgmma k16 order are the same), then the full and the compute-only
-launch timed as benchmarks/gemm_gluon.py times (every call captured over weight copies larger than L2 in one CUDA
+launch, and the compute-only launch with no K step (`no_k_steps_us`: launch, setup and the split-K epilogue, the
+fixed cost), timed as benchmarks/gemm_gluon.py times (every call captured over weight copies larger than L2 in one CUDA
 graph, median of 15 replays after 3 warm-up replays, microseconds per call); `speedup` = cuBLAS us / us. With each:
 the plan (grid, K steps per program, CTAs per SM, waves, the busiest SM's weight elements over the mean) and the
 compiled kernel's registers / spills / shared bytes. All kernels compile first in worker processes. The JSON is
@@ -225,6 +226,8 @@ def measure(args) -> None:
                         r["compute_kernel"] = _facts(kern)
                         r["compute_only_us"] = graph_us([lambda h=h, x=x, v=v, o=oc: gc.compute_only(x, h, v, o)
                                                          for h in hws])
+                        r["no_k_steps_us"] = graph_us([lambda h=h, x=x, v=v, o=oc: gc.compute_only(x, h, v, o, 0)
+                                                       for h in hws])
                     except Exception as e:   # noqa: BLE001 -- one failing variant must not lose the run
                         res["errors"].append(f"{fmt} {K}x{N} M {M} {v.name}: {e!r}"[:400])
                     row[v.name] = r

@@ -8,7 +8,8 @@
 # 1. benchmarks/gemm_compute.py -> OUT/gemm_compute.json (+ .log): compiles every kernel first (16 worker processes),
 #    then per format (nvfp4, mxfp4), K x N (4096x12288, 12288x4096) and M (1, 16): cuBLAS BF16; shipped and each
 #    variant: the full output against the torch reference (rel error < 1e-2, else not timed) and the shipped output
-#    (rel difference, bit-equal), then full and compute-only us (CUDA graph over weight copies > L2, median of 15
+#    (rel difference, bit-equal), then full, compute-only and no-K-step (compute-only binary, 0 K steps: launch +
+#    setup + split-K epilogue) us (CUDA graph over weight copies > L2, median of 15
 #    replays after 3 warm-up), speedups, the launch plan (grid, steps per program, CTAs per SM, waves, busiest SM's
 #    work over the mean) and each compiled kernel's registers / spills / shared bytes.
 # 2. OUT/summary.json: rc, per row and variant full us / speedup / compute-only us / errors, errors, log tail.
@@ -35,6 +36,7 @@ try:
             p = v.get("plan", {})
             o[name] = {"full_us": round(v.get("full_us", -1), 2), "speedup": round(v.get("full_speedup", -1), 3),
                        "compute_us": round(v.get("compute_only_us", -1), 2),
+                       "no_k_us": round(v.get("no_k_steps_us", -1), 2),
                        "rel_ref": v.get("rel_ref"), "bit_equal_shipped": v.get("bit_equal_shipped",
                                                                               v.get("bit_equal_fp4_matmul_gluon")),
                        "ctas": p.get("programs"), "per_sm": p.get("ctas_per_sm"),

@@ -209,13 +209,15 @@ def full(x2, w, v: Variant, out):
     return kern, p
 
 
-def compute_only(x2, w, v: Variant, out):
-    """The compute-only probe under the variant's launch (no weight bytes read; `out` gets garbage). Returns
-    (kernel, plan)."""
+def compute_only(x2, w, v: Variant, out, k_steps: int | None = None):
+    """The compute-only probe under the variant's launch (no weight bytes read; `out` gets garbage). `k_steps=0`:
+    the same binary and grid with no K step at all (launch, barrier setup, warp specialisation, split-K partials,
+    tickets and the fixed-order reduction: the fixed cost the K loop adds to). Returns (kernel, plan)."""
     p, (w_desc, s_desc, x_desc), part, counters = _launch_args(x2, w, v, out)
     c = p["config"]
     kern = _compute_ws_kernel[p["grid"]](
-        w_desc, s_desc, x_desc, w.row_factor, out, part, counters, x2.shape[0], w.n, p["kb"], p["grid"][1],
+        w_desc, s_desc, x_desc, w.row_factor, out, part, counters, x2.shape[0], w.n,
+        p["kb"] if k_steps is None else k_steps, p["grid"][1],
         out.stride(0), 16, BN=c.block_n, BK=p["bk"], BM=p["bm"], STAGES=c.stages, OVERLAP=c.overlap,
         MX=w.fmt == "mxfp4", IMAD=v.imad, num_warps=c.num_warps, maxnreg=c.maxnreg)
     return kern, p
