@@ -35,7 +35,7 @@ def test_refusal_on_cpu():
     nvfp4, bf16 = PrecisionPlan.preset("w4a4-kv4"), PrecisionPlan.preset("bf16")
     assert ea.refusal("auto", nvfp4, config, 64, "pool", cpu, torch.bfloat16) == ""
     assert ea.refusal("reference", bf16, config, 16, "contiguous", cpu, torch.float32) == ""
-    assert "nvfp4 KV caches only" in ea.refusal("gluon", bf16, config, 16, "contiguous", cpu, torch.bfloat16)
+    assert "nvfp4 or mxfp4 KV caches only" in ea.refusal("gluon", bf16, config, 16, "contiguous", cpu, torch.bfloat16)
     assert "pages of 64" in ea.refusal("gluon", nvfp4, config, 16, "pool", cpu, torch.bfloat16)
     assert "sm_90 GPU" in ea.refusal("gluon", nvfp4, config, 64, "pool", cpu, torch.bfloat16)   # the machine
     assert "on a GPU" in ea.refusal("kernels", nvfp4, config, 64, "pool", cpu, torch.bfloat16)

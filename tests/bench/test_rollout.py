@@ -91,7 +91,7 @@ def test_bench_steps_part_tiny_cpu(tmp_path):
     assert ran == [("w4a4-kv4", "auto", 9), ("w4a4-kv4", "auto", 17), ("bf16", "auto", 9), ("bf16", "auto", 17)]
     skipped = [r for r in report["steps"] if "skipped" in r]
     assert [(r["plan"], r["attention"]) for r in skipped] == [("w4a4-kv4", "gluon"), ("bf16", "gluon")]
-    assert "head_dim 128" in skipped[0]["skipped"] and "nvfp4 KV caches only" in skipped[1]["skipped"]
+    assert "head_dim 128" in skipped[0]["skipped"] and "nvfp4 or mxfp4 KV caches only" in skipped[1]["skipped"]
     assert all(r["path"] == "torch.reference" and r["attention_times"] == {} for r in report["steps"] if "path" in r)
     cells = [x["steps"] for x in report["summary"] if "steps" in x]
     assert [(c["batch"], c["L"]) for c in cells] == [(2, 9), (2, 17)]
@@ -197,7 +197,7 @@ def test_bench_engine_attention_reaches_the_fixed_and_realistic_engines(tmp_path
     assert built == ["auto", "reference", "auto", "reference", "auto"]      # fixed x3, then realistic x2
     rows = [(r["plan"], r["attention_requested"], r["attention_forced"]) for r in report["results"]]
     assert rows == [("bf16", "gluon", None), ("w4a4-kv4", "reference", "reference"), ("w4a4-kv4", "gluon", None)]
-    assert "nvfp4 KV caches only" in report["results"][0]["attention_refused"]     # the default entry, on bf16
+    assert "nvfp4 or mxfp4 KV caches only" in report["results"][0]["attention_refused"]     # the default entry, on bf16
     for r in report["results"] + report["realistic"]:
         assert r["attention_used"] == ["torch.reference"]
         assert (r["attention_refused"] is not None) == (r["attention_requested"] == "gluon")

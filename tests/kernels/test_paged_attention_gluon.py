@@ -1,7 +1,8 @@
-"""The opt-in Gluon warp-specialised nvfp4 decode attention (paged_attention_gluon.py): launcher checks on CPU; on an
-sm_90 GPU with Triton 3.6, a ragged problem (odd lengths, tails of 1-88 tokens, an empty sequence, a one-token one,
-pages scattered, garbage block-table entries past each sequence, stale NaN V scales in unwritten slots) against the
-float64 reference and the shipped Triton kernel, per sequence."""
+"""The opt-in Gluon warp-specialised FP4 (nvfp4 / mxfp4) decode attention (paged_attention_gluon.py): launcher checks
+and a torch emulation of its decode on CPU; on an sm_90 GPU with Triton 3.6, for both formats, a ragged problem
+(odd lengths, tails of 1-88 tokens, an empty sequence, a one-token one, pages scattered, garbage block-table entries
+past each sequence, stale NaN V scales in unwritten slots) against the float64 reference and the shipped Triton
+kernel, per sequence."""
 
 import importlib.util
 import os
@@ -40,16 +41,18 @@ def _bf16(bits):
     return (bits.to(torch.int32) << 16).view(torch.float32)
 
 
-def _values(x, pair):
-    """kv_decode.fp4_words (nvfp4, pure): words and scale pairs -> 8 float32 tensors (slot 0 lo, .., slot 3 hi)."""
+def _values(x, pair, mx=False):
+    """kv_decode.fp4_words (pure): words and scale pairs -> 8 float32 tensors (slot 0 lo, .., slot 3 hi); mxfp4
+    through the 2**125 bias multiply (exact in float32, as in bf16 on the GPU)."""
     x = x.to(torch.int64) & 0xFFFFFFFF
     pair = pair.to(torch.int64) & 0xFFFFFFFF
     o = [x & 0x81C081C0, (x << 3) & 0x81C081C0, (x << 6) & 0x81C081C0,
          ((x << 1) & 0x80008000) | ((x >> 3) & 0x01800180) | ((x >> 7) & 0x00400040)]
     s_lo, s_hi = _bf16(pair & 0xFFFF), _bf16((pair >> 16) & 0xFFFF)
+    bias = 2.0 ** 125 if mx else 1.0
     out = []
     for oi in o:
-        out += [_bf16(oi & 0xFFFF) * s_lo, _bf16((oi >> 16) & 0xFFFF) * s_hi]
+        out += [_bf16(oi & 0xFFFF) * bias * s_lo, _bf16((oi >> 16) & 0xFFFF) * bias * s_hi]
     return out
 
 
@@ -60,72 +63,105 @@ def _pairs(sw):
     return (a * 16 + 0x76807680) & 0xFFFFFFFF, (b * 16 + 0x76807680) & 0xFFFFFFFF
 
 
+def _mx_k_pairs(hw):
+    """_k_decode's mxfp4 pairs, in int32 as the kernel does them: a 16-bit half [b_hr0, b_hr1] (int16, sign-extended
+    by .to(int32)) -> (b_hr0 << 7, b_hr0 << 7), (b_hr1 << 7, b_hr1 << 7)."""
+    hw = hw.to(torch.int32) & 0xFFFF
+    return (hw & 255) * 0x00800080, (hw >> 8) * 0x00800080
+
+
+def _mx_v_pairs(sw):
+    """_vt_decode's mxfp4 pairs (int32 arithmetic shift as on the GPU): [b0 b1 b2 b3] -> (b0 << 7, b2 << 7),
+    (b1 << 7, b3 << 7)."""
+    sw = sw.to(torch.int32)
+    return (sw << 7) & 0x7F807F80, (sw >> 1) & 0x7F807F80
+
+
 def _join(a, b):
     """tl.join / gl.join: a new minor dimension (a nested join's outer selector is the last dim)."""
     return torch.stack([a, b], -1)
 
 
-def _join8(x, pair):
+def _join8(x, pair, mx=False):
     """paged_attention_gluon._join8: dims [.., half, i & 1, i >> 1] of slot i's half."""
-    o = _values(x, pair)
+    o = _values(x, pair, mx)
     return _join(_join(_join(o[0], o[1]), _join(o[2], o[3])), _join(_join(o[4], o[5]), _join(o[6], o[7])))
 
 
-def _emulate_k(kc, ks, T=128, D=128):
-    """_k_decode: one tile's K words [T * D/8] and scale words [T/16 * 32] -> K [T, D] in MMA column order."""
+def _emulate_k(kc, ks, T=128, D=128, mx=False):
+    """_k_decode: one tile's K words [T * D/8] and scale words (nvfp4 [T/16 * 32]; mxfp4 [T/16 * 16], read as
+    16-bit halves [T/16, 8, 4]) -> K [T, D] in MMA column order."""
     w = kc.reshape(T // 16, 2, 8, 4, D // 32).permute(0, 2, 3, 4, 1)             # [n16, g, tq, jw, hr]
-    p02, p13 = _pairs(ks.reshape(T // 16, 8, 4))
+    if mx:
+        p02, p13 = _mx_k_pairs(ks.contiguous().view(torch.int16).reshape(T // 16, 8, 4))
+    else:
+        p02, p13 = _pairs(ks.reshape(T // 16, 8, 4))
     pair = torch.stack([p02, p13], -1).reshape(T // 16, 8, 4, 1, 2).expand(w.shape)
-    y = _join8(w, pair).permute(0, 4, 1, 3, 7, 6, 2, 5)
+    y = _join8(w, pair, mx).permute(0, 4, 1, 3, 7, 6, 2, 5)
     return y.reshape(T, D)
 
 
-def _emulate_vt(vc, vs, NP=2, DV=128, T=128):
+def _emulate_vt(vc, vs, NP=2, DV=128, T=128, mx=False):
     """_vt_decode: one tile's V^T words and scale words -> V^T [DV, T] in MMA row order."""
     w = vc.reshape(NP, 2, 4, 2, 4, 4, 2, 2)                                        # p, kth, w, gh, gl, tq, kl, h
-    p02, p13 = _pairs(vs.reshape(NP, 4, 2, 4, 2, 2))                              # p, w, gh, tq, kth, kl
-    pair = torch.stack([p02, p13], -1).permute(0, 4, 1, 2, 3, 5, 6).reshape(NP, 2, 4, 2, 1, 4, 2, 2)
-    y = _join8(w, pair.expand(w.shape)).permute(10, 2, 9, 3, 4, 0, 1, 6, 7, 5, 8)
+    if mx:
+        p02, p13 = _mx_v_pairs(vs.reshape(NP, 4, 4, 2, 2))                        # p, w, tq, kth, kl
+        pair = torch.stack([p02, p13], -1).permute(0, 3, 1, 2, 4, 5).reshape(NP, 2, 4, 1, 1, 4, 2, 2)
+    else:
+        p02, p13 = _pairs(vs.reshape(NP, 4, 2, 4, 2, 2))                          # p, w, gh, tq, kth, kl
+        pair = torch.stack([p02, p13], -1).permute(0, 4, 1, 2, 3, 5, 6).reshape(NP, 2, 4, 2, 1, 4, 2, 2)
+    y = _join8(w, pair.expand(w.shape), mx).permute(10, 2, 9, 3, 4, 0, 1, 6, 7, 5, 8)
     return y.reshape(DV, T)
 
 
-def test_emulated_decode_matches_shipped_decode(gen):
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_emulated_decode_matches_shipped_decode(fmt, gen):
     from trace_rl.formats import kv_layout as L
     from trace_rl.kernels import kv_write
     from trace_rl.kernels.paged_attention import decode_tiles
 
     P, H, D, S = 4, 2, 128, 64
-    k = PagedKV.allocate("nvfp4", P, S, H, D, role="k")
-    v = PagedKV.allocate("nvfp4", P, S, H, D, role="v")
+    mx = fmt == "mxfp4"
+    k = PagedKV.allocate(fmt, P, S, H, D, role="k")
+    v = PagedKV.allocate(fmt, P, S, H, D, role="v")
     slots = torch.arange(P * S)
     x = torch.randn(P * S, H, D, generator=gen) * torch.exp(torch.randn(P * S, H, 1, generator=gen))
     kv_write(k, slots, x.to(torch.bfloat16))
     kv_write(v, slots, torch.randn(P * S, H, D, generator=gen).to(torch.bfloat16))
-    kd = decode_tiles(k).reshape(P, S, H, D)                       # code x scale (the 2**-7 undone)
+    kd = decode_tiles(k).reshape(P, S, H, D)                       # code x scale (nvfp4: the 2**-7 undone)
     vd = decode_tiles(v).reshape(P, S, H, D)
+    f = 1.0 if mx else 128.0
     kc, ks = k.codes.view(torch.int32).reshape(P, H, -1), k.scales.view(torch.int32).reshape(P, H, -1)
     vc, vs = v.codes.view(torch.int32).reshape(P, H, -1), v.scales.view(torch.int32).reshape(P, H, -1)
     pi, rho = L.k_dim_of_col(D), L.v_dim_of_row(D)
     for pages in ((0, 1), (3, 0), (2, 2)):                          # a tile's two pages, anywhere in the cache
         for h in range(H):
-            got_k = _emulate_k(torch.cat([kc[p, h] for p in pages]), torch.cat([ks[p, h] for p in pages])) * 128
+            got_k = _emulate_k(torch.cat([kc[p, h] for p in pages]), torch.cat([ks[p, h] for p in pages]), mx=mx) * f
             want_k = torch.cat([kd[p, :, h] for p in pages])[:, pi]
             assert torch.equal(got_k, want_k)
-            got_v = _emulate_vt(torch.cat([vc[p, h] for p in pages]), torch.cat([vs[p, h] for p in pages])) * 128
+            got_v = _emulate_vt(torch.cat([vc[p, h] for p in pages]), torch.cat([vs[p, h] for p in pages]),
+                                mx=mx) * f
             want_v = torch.cat([vd[p, :, h] for p in pages])[:, rho].T
             assert torch.equal(got_v, want_v)
 
 
-def test_tma_boxes_are_the_page_blocks():
-    """The producer's six descriptors: box [1, r, c] at [page * heads + head, 0, 0] is that (page, head) block, whole
-    (what the ring views above take a slot's tile for), and the expect-tx byte count is the six boxes' bytes."""
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_tma_boxes_are_the_page_blocks(fmt):
+    """The producer's descriptors (nvfp4 six, mxfp4 four: no factors): box [1, r, c] at [page * heads + head, 0, 0]
+    is that (page, head) block, whole (what the ring views above take a slot's tile for), and the expect-tx byte
+    count is the boxes' bytes."""
     gluon = pytest.importorskip("trace_rl.kernels.paged_attention_gluon")
     P, H = 5, 3
-    k = PagedKV.allocate("nvfp4", P, 64, H, 128, role="k")
-    v = PagedKV.allocate("nvfp4", P, 64, H, 128, role="v")
-    tensors = (k.codes.view(torch.int32), k.scales.view(torch.int32), k.global_scale, v.codes.view(torch.int32),
-               v.scales.view(torch.int32), v.global_scale)
-    words = list(gluon._words().values())
+    k = PagedKV.allocate(fmt, P, 64, H, 128, role="k")
+    v = PagedKV.allocate(fmt, P, 64, H, 128, role="v")
+    if fmt == "nvfp4":
+        tensors = (k.codes.view(torch.int32), k.scales.view(torch.int32), k.global_scale, v.codes.view(torch.int32),
+                   v.scales.view(torch.int32), v.global_scale)
+    else:
+        tensors = (k.codes.view(torch.int32), k.scales.view(torch.int32), v.codes.view(torch.int32),
+                   v.scales.view(torch.int32))
+    words = list(gluon._words(k.fmt).values())
+    assert len(words) == len(tensors)
     total = 0
     for t, n in zip(tensors, words):
         t.copy_(torch.arange(t.numel()).reshape(t.shape).to(t.dtype))
@@ -135,7 +171,9 @@ def test_tma_boxes_are_the_page_blocks():
         view = torch.as_strided(t, d.shape, d.strides)
         for p_, h in ((0, 0), (4, 2), (2, 1)):
             assert torch.equal(view[p_ * H + h].reshape(-1), t.reshape(P, H, -1)[p_, h])
-    assert total == 9728                      # per page: 19456 bytes per 2-page ring slot
+    assert total == (9728 if fmt == "nvfp4" else 8704)     # per page (x 2 per ring slot)
+    assert k.nbytes + v.nbytes == total * P * H             # every byte of the caches, nothing else
+    assert gluon.DEFAULT.smem_bytes(k.fmt) == 4 * 2 * total + 2 * 16 * 128 * 2 + 2048
 
 
 def test_launcher_refuses_unsupported_shapes():
@@ -163,17 +201,44 @@ def test_launcher_refuses_unsupported_shapes():
         gluon.GluonAttentionConfig(stages=1).check()
 
 
+def test_launcher_takes_nvfp4_and_mxfp4_pairs_only():
+    """nvfp4/nvfp4 and mxfp4/mxfp4 pass every shape check (on CPU the next refusal is the machine's); a mixed pair,
+    fp8 or bf16 is refused naming the formats and the fix; mxfp4's shape refusals are nvfp4's."""
+    gluon = pytest.importorskip("trace_rl.kernels.paged_attention_gluon")
+    q = torch.zeros(1, 8, 128, dtype=torch.bfloat16)
+    bt, sl = torch.zeros(1, 2, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
+    caches = {f: (PagedKV.allocate(f, 4, 64, 2, 128, role="k"), PagedKV.allocate(f, 4, 64, 2, 128, role="v"))
+              for f in ("nvfp4", "mxfp4", "fp8_e4m3")}
+    for f in ("nvfp4", "mxfp4"):
+        with pytest.raises(RuntimeError, match="sm_90 GPU"):
+            gluon.decode_attention_gluon(q, *caches[f], bt, sl, 0.1)
+    for k, v in ((caches["nvfp4"][0], caches["mxfp4"][1]), (caches["mxfp4"][0], caches["nvfp4"][1]),
+                 caches["fp8_e4m3"]):
+        with pytest.raises(ValueError, match=r"nvfp4 or mxfp4 K/V caches only, both of one format .* use "
+                                             r"paged_attention.decode_attention"):
+            gluon.decode_attention_gluon(q, k, v, bt, sl, 0.1)
+    k, v = caches["mxfp4"]
+    with pytest.raises(ValueError, match="role"):
+        gluon.decode_attention_gluon(q, k, k, bt, sl, 0.1)
+    with pytest.raises(ValueError, match="group"):
+        gluon.decode_attention_gluon(torch.zeros(1, 34, 128, dtype=torch.bfloat16), k, v, bt, sl, 0.1)
+    k, v = (PagedKV.allocate("mxfp4", 4, 32, 2, 128, role=r) for r in ("k", "v"))
+    with pytest.raises(ValueError, match="pages of 64"):
+        gluon.decode_attention_gluon(q, k, v, bt, sl, 0.1)
+
+
 @gpu36[0]
 @gpu36[1]
-@pytest.mark.parametrize("group, stages", [(4, 4), (1, 2), (16, 3)])     # each pair is a compile (~5 s)
-def test_matches_reference_and_shipped_gpu(group, stages, gen):
+@pytest.mark.parametrize("fmt, group, stages", [("nvfp4", 4, 4), ("nvfp4", 1, 2), ("nvfp4", 16, 3), ("mxfp4", 4, 4),
+                                                ("mxfp4", 1, 3), ("mxfp4", 16, 2)])     # each is a compile (~5 s)
+def test_matches_reference_and_shipped_gpu(fmt, group, stages, gen):
     from trace_rl.kernels.paged_attention import decode_attention
     from trace_rl.kernels.paged_attention_gluon import GluonAttentionConfig, decode_attention_gluon
 
     t = _decode_attention_tests()
     # tails (length mod 128) 1, 88, 5, 0, 64, 127, 1 and an empty sequence; 3000 = 23 tiles + 56
     lens = [1, 600, 133, 0, 1024, 3000, 255, 88, 129]
-    q, k, v, bt, sl = t._setup("nvfp4", lens, 8 if group < 16 else 2, group, 128, 64, "cuda", gen)
+    q, k, v, bt, sl = t._setup(fmt, lens, 8 if group < 16 else 2, group, 128, 64, "cuda", gen)
     ref = t._reference64(q, k, v, bt, sl, 128 ** -0.5)
     args = (q.cuda(), k, v, bt.cuda(), sl.cuda(), 128 ** -0.5)
     out = decode_attention_gluon(*args, config=GluonAttentionConfig(stages=stages))

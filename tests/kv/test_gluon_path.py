@@ -13,10 +13,12 @@ from trace_rl.kv.cache import ATTENTION_CHOICES, GLUON_PATH, KERNEL_PATH, PATHS,
 
 
 @pytest.mark.parametrize("fmt,block,d,hkv,hq,match", [
-    ("bf16", 16, 128, 2, 8, "nvfp4 KV caches only, this one is 'bf16'"),
-    ("fp8_e4m3", 64, 128, 2, 8, "nvfp4 KV caches only"),
-    ("mxfp4", 64, 128, 2, 8, "nvfp4 KV caches only"),
+    ("bf16", 16, 128, 2, 8, "nvfp4 or mxfp4 KV caches only, this one is 'bf16'"),
+    ("fp8_e4m3", 64, 128, 2, 8, "nvfp4 or mxfp4 KV caches only"),
     ("nvfp4", 16, 128, 2, 8, "pages of 64 tokens .* are 16: leave block_size"),
+    ("mxfp4", 32, 128, 2, 8, "pages of 64 tokens .* are 32: leave block_size at the mxfp4 default"),
+    ("mxfp4", 64, 64, 2, 8, "head_dim 128, this model's is 64"),
+    ("mxfp4", 64, 128, 2, 7, "1..16 query heads per KV head"),
     ("nvfp4", 64, 64, 2, 8, "head_dim 128, this model's is 64"),
     ("nvfp4", 64, 128, 2, 40, "1..16 query heads per KV head, this model has 40 over 2"),
     ("nvfp4", 64, 128, 2, 7, "1..16 query heads per KV head"),
@@ -26,11 +28,14 @@ def test_forcing_gluon_on_a_cache_it_cannot_read_is_refused(fmt, block, d, hkv, 
         PagedKVCache(fmt, 1, 4, block, hkv, d, attention="gluon", query_heads=hq)
 
 
-def test_forcing_gluon_without_an_sm90_gpu_is_refused():
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_forcing_gluon_without_an_sm90_gpu_is_refused(fmt):
     """The right cache shape on a CPU: a RuntimeError naming the machine, not the torch reference."""
+    assert gluon.refusal(fmt, 64, 128, 2, 8) == ""
     with pytest.raises(RuntimeError, match="attention='gluon': .*sm_90 GPU .* on cpu"):
-        PagedKVCache("nvfp4", 1, 4, 64, 2, 128, attention="gluon", query_heads=8)
-    assert "sm_90" in PagedKVCache("nvfp4", 1, 4, 64, 2, 128, query_heads=8).gluon_refusal()
+        PagedKVCache(fmt, 1, 4, 64, 2, 128, attention="gluon", query_heads=8)
+    assert "sm_90" in PagedKVCache(fmt, 1, 4, 64, 2, 128, query_heads=8).gluon_refusal()
+    assert "sm_90" in gluon.why_not(fmt, 64, 128, 2, 8, torch.device("cpu"))
 
 
 def test_gluon_path_name():
@@ -45,6 +50,7 @@ def test_scope_is_the_kernels():
     """kv/gluon.py states the kernel's scope without importing Triton; it must be the launcher's."""
     kernel = pytest.importorskip("trace_rl.kernels.paged_attention_gluon")
     assert (gluon.PAGE, gluon.HEAD_DIM, gluon.MAX_GROUP) == (kernel.PAGE, kernel.HEAD_DIM, kernel.N_PAD)
+    assert set(gluon.KV_FORMATS) == {f.split(":")[0] for f in kernel.FORMATS}
 
 
 def _runnable(cache: PagedKVCache) -> PagedKVCache:
@@ -52,9 +58,10 @@ def _runnable(cache: PagedKVCache) -> PagedKVCache:
     return cache
 
 
-def test_auto_times_gluon_where_it_can_run(monkeypatch):
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_auto_times_gluon_where_it_can_run(fmt, monkeypatch):
     assert gluon.GLUON_IN_AUTO is True                      # its GPU tests passed on the H200 (results/*_1202b*)
-    cache = _runnable(PagedKVCache("nvfp4", 1, 4, 64, 2, 128, query_heads=8))
+    cache = _runnable(PagedKVCache(fmt, 1, 4, 64, 2, 128, query_heads=8))
     assert cache.candidates(False) == [KERNEL_PATH, GLUON_PATH]
     refused = _runnable(PagedKVCache("nvfp4", 1, 4, 64, 2, 128, query_heads=8))
     refused._gluon_why = "not here"
@@ -64,7 +71,8 @@ def test_auto_times_gluon_where_it_can_run(monkeypatch):
 
 
 @pytest.mark.parametrize("fmt,block,d,hq", [("nvfp4", 64, 128, 8), ("nvfp4", 16, 128, 8), ("bf16", 16, 128, 8),
-                                            ("nvfp4", 64, 64, 8), ("nvfp4", 64, 128, 40)])
+                                            ("nvfp4", 64, 64, 8), ("nvfp4", 64, 128, 40), ("mxfp4", 64, 128, 8),
+                                            ("fp8_e4m3", 64, 128, 8)])
 def test_auto_leaves_gluon_out_where_it_cannot_run(fmt, block, d, hq):
     """As it is here (CPU, no sm_90): "auto" builds, lists no Gluon path and raises nothing, whatever the cache."""
     assert gluon.GLUON_IN_AUTO
@@ -125,5 +133,5 @@ def test_engine_refuses_gluon_where_it_cannot_run():
         NativeEngine(model, plan, max_batch=2, max_seq_len=64, block_size=16, attention="gluon")
     with pytest.raises(RuntimeError, match="sm_90 GPU"):
         NativeEngine(model, plan, max_batch=2, max_seq_len=64, attention="gluon")
-    with pytest.raises(ValueError, match="nvfp4 KV caches only"):
+    with pytest.raises(ValueError, match="nvfp4 or mxfp4 KV caches only"):
         NativeEngine(model, None, max_batch=2, max_seq_len=64, attention="gluon")

@@ -55,9 +55,9 @@ def test_quantized_plan_with_hf_engine_is_refused():
 
 
 @pytest.mark.parametrize("data,match", [
-    ({"rollout": {"attention": "gluon"}}, r"rollout.attention='gluon' reads nvfp4 KV caches only; "
+    ({"rollout": {"attention": "gluon"}}, r"rollout.attention='gluon' reads nvfp4 or mxfp4 KV caches only; "
                                           r"precision.kv_cache is 'bf16'"),
-    ({"rollout": {"attention": "gluon"}, "precision": {"kv_cache": "mxfp4"}}, "precision.kv_cache is 'mxfp4'"),
+    ({"rollout": {"attention": "gluon"}, "precision": {"kv_cache": "fp8_e4m3"}}, "precision.kv_cache is 'fp8_e4m3'"),
     ({"rollout": {"attention": "kernels", "engine": "vllm"}}, "rollout.attention='kernels' chooses the native"),
     ({"rollout": {"attention": "flash_varlen"}}, "rollout.attention: Input should be"),
 ])

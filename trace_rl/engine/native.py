@@ -18,7 +18,7 @@
 - Attention (`attention="auto"`): where several paths can run (bf16 cache on a GPU: the kernel's split-count
   variants; contiguous layout: the torch paths), each is timed once per (batch bucket, context bucket) and the
   fastest used (with CUDA graphs: as a graph of calls over several layers, as the captured step runs it);
-  `report()` says which. `attention="gluon"` forces the Gluon kernel over an nvfp4 cache (sm_90, Triton 3.6;
+  `report()` says which. `attention="gluon"` forces the Gluon kernel over an nvfp4 or mxfp4 cache (sm_90, Triton 3.6;
   `trace_rl.kv.gluon`: an error naming why where it cannot run); "auto" times it beside the kernel where it can
   run (`GLUON_IN_AUTO`) and leaves it out, silently, where it cannot.
 - `operand_cache=True` (opt-in): every dense FP4 linear keeps its bf16 operand, refreshed in place at weight sync,

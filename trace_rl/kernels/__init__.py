@@ -104,7 +104,7 @@ def decode_attention(q: torch.Tensor, k, v, block_table: torch.Tensor, seq_lens:
 
 def decode_attention_gluon(q: torch.Tensor, k, v, block_table: torch.Tensor, seq_lens: torch.Tensor,
                            scale: float) -> torch.Tensor:
-    """`decode_attention` over nvfp4 caches (head_dim 128, 64-token pages, group <= 16) by the Gluon
+    """`decode_attention` over nvfp4 or mxfp4 caches (head_dim 128, 64-token pages, group <= 16) by the Gluon
     warp-specialised kernel (`paged_attention_gluon`): sm_90 and Triton 3.6 only, no interpreter."""
     from trace_rl.kernels.paged_attention_gluon import decode_attention_gluon as _gluon
 

@@ -51,7 +51,7 @@ from trace_rl.kernels.kv_decode import _BIAS_MX, _FP4_CODES, _NV_PAIRS, _SCALE_O
 
 FP4_NV_ASM = gl.constexpr("{" + _FP4_CODES + _SCALE_OUT + "}")
 FP4_MX_ASM = gl.constexpr("{" + _FP4_CODES + _BIAS_MX + _SCALE_OUT + "}")
-FORMATS = {"nvfp4:row": 0, "mxfp4:row": 1}           # the launcher's MX constexpr
+FORMATS = {"nvfp4:row": 0, "mxfp4": 1}               # PagedKV.fmt -> the MX constexpr
 LOG2E = 1.4426950408889634
 HEAD_DIM, PAGE, BLOCK_T, N_PAD = 128, 64, 128, 16
 
@@ -408,7 +408,7 @@ def _block_sig(words: int, dtype: str) -> str:
 def _words(kv_format: str = "nvfp4:row", dv: int = HEAD_DIM) -> dict:
     """Words per (page, kv head) block: K codes, K scales, K factors, V codes, V scales, V factors (mxfp4: 32-element
     blocks, no factors)."""
-    if kv_format == "mxfp4:row":
+    if kv_format == "mxfp4":
         return dict(kc=PAGE * HEAD_DIM // 8, ks=PAGE * HEAD_DIM // 128, vc=PAGE * dv // 8,
                     vs=HEAD_DIM // 32 * PAGE // 4)
     return dict(kc=PAGE * HEAD_DIM // 8, ks=PAGE * HEAD_DIM // 64, kg=PAGE, vc=PAGE * dv // 8,
@@ -526,8 +526,8 @@ def gate_case(c: GluonAttentionConfig, group: int = 4, kv_heads: int = 8, budget
 # factor on top of the code's 2**-126), less the factor loads and multiplies. Folding the bias into the scale pair
 # would need clamped scale exponents (a cache-format change, kv_layout): left for later.
 GATE = ((GluonAttentionConfig(), 4, 3.15, "nvfp4:row"), (GluonAttentionConfig(stages=2), 4, 3.15, "nvfp4:row"),
-        (GluonAttentionConfig(), 16, 3.35, "nvfp4:row"), (GluonAttentionConfig(), 4, 3.5, "mxfp4:row"),
-        (GluonAttentionConfig(), 16, 3.85, "mxfp4:row"))
+        (GluonAttentionConfig(), 16, 3.35, "nvfp4:row"), (GluonAttentionConfig(), 4, 3.5, "mxfp4"),
+        (GluonAttentionConfig(), 16, 3.85, "mxfp4"))
 
 
 def sass_gate_cases():

@@ -17,8 +17,8 @@ Paths, chosen once per cache and reported (`paths`), never silently:
   For a bf16 cache on a GPU it also lists split-count variants of the kernel, `kernels.decode_attention:s<N>`
   (`parse_path`): N splits of the step's span (the context bucket, which bounds every length) rather than of
   the block table's capacity, where N is not the launcher's own choice (`attention_config.split_variants`).
-- `kernels.decode_attention_gluon` (`trace_rl.kv.gluon`): the Gluon kernel (sm_90, Triton 3.6) over nvfp4
-  caches of head_dim 128 in 64-token pages; forced by attention="gluon" (an error where it cannot run, naming
+- `kernels.decode_attention_gluon` (`trace_rl.kv.gluon`): the Gluon kernel (sm_90, Triton 3.6) over nvfp4 or
+  mxfp4 caches of head_dim 128 in 64-token pages; forced by attention="gluon" (an error where it cannot run, naming
   why); under "auto" a candidate where it can run (`gluon.GLUON_IN_AUTO`, set), left out where it cannot.
 """
 

@@ -1,9 +1,9 @@
-"""The Gluon nvfp4-KV decode attention as an engine path (`attention="gluon"` -> `GLUON_PATH`).
+"""The Gluon FP4-KV decode attention as an engine path (`attention="gluon"` -> `GLUON_PATH`).
 
 `trace_rl.kernels.paged_attention_gluon` (issue 15) is a warp-specialised Gluon kernel: Triton 3.6's
 experimental Gluon API, sm_90 only (wgmma, TMA, setmaxnreg), no interpreter. It reads the same pages the shipped
-kernel (`kernels.decode_attention`) reads, but only one shape of them: nvfp4 K/V, head_dim 128, pages of 64 tokens
-(its 128-token tiles are two pages) and a GQA group of 1..16 query heads per KV head. Here, without importing
+kernel (`kernels.decode_attention`) reads, but only one shape of them: nvfp4 or mxfp4 K/V, head_dim 128, pages of
+64 tokens (its 128-token tiles are two pages) and a GQA group of 1..16 query heads per KV head. Here, without importing
 Triton: what the path needs (`refusal`: the cache's shape, `runtime_refusal`: the machine), so that forcing it
 where it cannot run is an error that says why and what to change, never a silent fallback to another path.
 
@@ -31,20 +31,21 @@ GLUON_PATH = "kernels.decode_attention_gluon"
 # 1.04x faster with it (Qwen3-8B w4a4-kv4, B=100, L=8447). False: "auto" never times it; "gluon" still forces it.
 GLUON_IN_AUTO = True
 
-# The kernel's scope (paged_attention_gluon: KV format, PAGE, HEAD_DIM, N_PAD); tests/kv check they agree.
-KV_FORMAT, PAGE, HEAD_DIM, MAX_GROUP = "nvfp4", 64, 128, 16
+# The kernel's scope (paged_attention_gluon: FORMATS, PAGE, HEAD_DIM, N_PAD); tests/kv check they agree. mxfp4 since
+# the kernel's MX switch (compile gate only so far: its GPU test is tests/kernels/test_paged_attention_gluon.py).
+KV_FORMATS, PAGE, HEAD_DIM, MAX_GROUP = ("nvfp4", "mxfp4"), 64, 128, 16
 TRITON_SERIES = "3.6"
 
 
 def refusal(kv_format: str, block_size: int, head_dim: int, kv_heads: int, query_heads: int | None) -> str:
     """Why the Gluon kernel cannot read this cache ("" when it can): format, page size, head_dim, GQA group
     (`query_heads` None: not known here, the launcher checks it per call)."""
-    if kv_format != KV_FORMAT:
-        return (f"the Gluon decode attention reads nvfp4 KV caches only, this one is {kv_format!r}: set the plan's "
-                f"kv_cache to 'nvfp4' (e.g. preset w4a4-kv4) or use attention='kernels'/'auto'")
+    if kv_format not in KV_FORMATS:
+        return (f"the Gluon decode attention reads nvfp4 or mxfp4 KV caches only, this one is {kv_format!r}: set the "
+                f"plan's kv_cache to 'nvfp4' or 'mxfp4' (e.g. preset w4a4-kv4) or use attention='kernels'/'auto'")
     if block_size != PAGE:
         return (f"the Gluon decode attention reads pages of {PAGE} tokens (two per 128-token tile), this cache's "
-                f"are {block_size}: leave block_size at the nvfp4 default ({PAGE}) or use attention='kernels'")
+                f"are {block_size}: leave block_size at the {kv_format} default ({PAGE}) or use attention='kernels'")
     if head_dim != HEAD_DIM:
         return (f"the Gluon decode attention is built for head_dim {HEAD_DIM}, this model's is {head_dim}: use "
                 f"attention='kernels'")

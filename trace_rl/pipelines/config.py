@@ -68,7 +68,7 @@ class RolloutSection(TraceConfig):
     attention: Literal["auto", "kernels", "gluon", "reference"] = Field(
         "auto", description="Native engine's decode attention: 'auto' (times the candidates per batch and context, "
                             "picks the fastest), 'kernels' (the Triton paged kernel), 'gluon' (the Gluon "
-                            "kernel, which 'auto' also times where it can run: precision.kv_cache 'nvfp4', "
+                            "kernel, which 'auto' also times where it can run: precision.kv_cache 'nvfp4' or 'mxfp4', "
                             "head_dim 128, an sm_90 GPU with Triton 3.6; forced, an error elsewhere, never a "
                             "fallback), 'reference' (torch gather + dequantize: slow). "
                             "The bf16 torch paths need slot-contiguous pages, which the run's page pool is not. "
@@ -255,9 +255,9 @@ class PipelineConfig(TraceConfig):
             raise ValueError(f"rollout.attention={self.rollout.attention!r} chooses the native engine's decode "
                              f"attention; rollout.engine is {self.rollout.engine!r}: set rollout.attention='auto' "
                              f"or rollout.engine='native'")
-        if self.rollout.attention == "gluon" and self.precision.kv_cache != "nvfp4":
-            raise ValueError(f"rollout.attention='gluon' reads nvfp4 KV caches only; precision.kv_cache is "
-                             f"{self.precision.kv_cache!r}: set precision.kv_cache='nvfp4' (e.g. --preset "
+        if self.rollout.attention == "gluon" and self.precision.kv_cache not in ("nvfp4", "mxfp4"):
+            raise ValueError(f"rollout.attention='gluon' reads nvfp4 or mxfp4 KV caches only; precision.kv_cache is "
+                             f"{self.precision.kv_cache!r}: set precision.kv_cache='nvfp4' or 'mxfp4' (e.g. --preset "
                              f"w4a4-kv4) or rollout.attention='kernels'/'auto'")
         if self.rollout.operand_cache:
             from trace_rl.plan import format_family
