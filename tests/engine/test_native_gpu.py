@@ -159,19 +159,20 @@ def _gluon_model(seed: int):
 
 
 @gluon_only
-def test_gluon_attention_equals_kernels_in_graphs(rng):
-    """attention='gluon' (forced) against attention='kernels' over the same nvfp4 cache contents: the decode logits
-    agree within the kernel-vs-reference tolerance (2e-2) at ragged lengths (one token, a page, a tile + 1, tails)
-    over scattered pages, inside CUDA graphs, and again after the pages, the lengths and the block tables change
-    under the captured graphs (replayed, not recaptured: the TMA descriptors of the capture address the cache's
-    static tensors). Each path's attention also matches the reference per layer."""
+@pytest.mark.parametrize("kv_cache", ["nvfp4", "mxfp4"])
+def test_gluon_attention_equals_kernels_in_graphs(kv_cache, rng):
+    """attention='gluon' (forced) against attention='kernels' over the same nvfp4 / mxfp4 cache contents: the decode
+    logits agree within the kernel-vs-reference tolerance (2e-2) at ragged lengths (one token, a page, a tile + 1,
+    tails) over scattered pages, inside CUDA graphs, and again after the pages, the lengths and the block tables
+    change under the captured graphs (replayed, not recaptured: the TMA descriptors of the capture address the
+    cache's static tensors). Each path's attention also matches the reference per layer."""
     from trace_rl.bench.decode_grid import prime_decode
     from trace_rl.bench.measure import fill_random
     from trace_rl.kernels.attention_reference import decode_attention_reference
     from trace_rl.kv.cache import GLUON_PATH, KERNEL_PATH
 
     model = _gluon_model(seed=11)
-    plan = PrecisionPlan(kv_cache="nvfp4")        # bf16 weights: the logits differ by the attention alone
+    plan = PrecisionPlan(kv_cache=kv_cache)       # bf16 weights: the logits differ by the attention alone
     n, cap = 6, 1024
     engines = {a: NativeEngine(model, plan, max_batch=n, max_seq_len=cap, graph_buckets=[n], attention=a)
                for a in ("kernels", "gluon")}
