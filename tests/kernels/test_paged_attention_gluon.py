@@ -41,15 +41,15 @@ def _bf16(bits):
     return (bits.to(torch.int32) << 16).view(torch.float32)
 
 
-def _values(x, pair, mx=False):
-    """kv_decode.fp4_words (pure): words and scale pairs -> 8 float32 tensors (slot 0 lo, .., slot 3 hi); mxfp4
-    through the 2**125 bias multiply (exact in float32, as in bf16 on the GPU)."""
+def _values(x, pair, mx=0):
+    """kv_decode.fp4_words (pure): words and scale pairs -> 8 float32 tensors (slot 0 lo, .., slot 3 hi); mxfp4 (mx 1)
+    through the 2**125 bias multiply (exact in float32, as in bf16 on the GPU); mx 2 (folded): none."""
     x = x.to(torch.int64) & 0xFFFFFFFF
     pair = pair.to(torch.int64) & 0xFFFFFFFF
     o = [x & 0x81C081C0, (x << 3) & 0x81C081C0, (x << 6) & 0x81C081C0,
          ((x << 1) & 0x80008000) | ((x >> 3) & 0x01800180) | ((x >> 7) & 0x00400040)]
     s_lo, s_hi = _bf16(pair & 0xFFFF), _bf16((pair >> 16) & 0xFFFF)
-    bias = 2.0 ** 125 if mx else 1.0
+    bias = 2.0 ** 125 if mx == 1 else 1.0
     out = []
     for oi in o:
         out += [_bf16(oi & 0xFFFF) * bias * s_lo, _bf16((oi >> 16) & 0xFFFF) * bias * s_hi]
@@ -63,17 +63,30 @@ def _pairs(sw):
     return (a * 16 + 0x76807680) & 0xFFFFFFFF, (b * 16 + 0x76807680) & 0xFFFFFFFF
 
 
-def _mx_k_pairs(hw):
+def _mx_k_pairs(hw, mx):
     """_k_decode's mxfp4 pairs, in int32 as the kernel does them: a 16-bit half [b_hr0, b_hr1] (int16, sign-extended
-    by .to(int32)) -> (b_hr0 << 7, b_hr0 << 7), (b_hr1 << 7, b_hr1 << 7)."""
+    by .to(int32)) -> (f(b_hr0), f(b_hr0)), (f(b_hr1), f(b_hr1)): f(b) = b << 7 (mx 1), (min(b, 192) + 63) << 7
+    (mx 2, folded)."""
+    from trace_rl.kernels.paged_attention_gluon import MX_ADD, MX_CLAMP
+
     hw = hw.to(torch.int32) & 0xFFFF
+    if mx == 2:
+        return ((hw & 255).clamp(max=MX_CLAMP.value) + MX_ADD.value) * 0x00800080, \
+            ((hw >> 8).clamp(max=MX_CLAMP.value) + MX_ADD.value) * 0x00800080
     return (hw & 255) * 0x00800080, (hw >> 8) * 0x00800080
 
 
-def _mx_v_pairs(sw):
-    """_vt_decode's mxfp4 pairs (int32 arithmetic shift as on the GPU): [b0 b1 b2 b3] -> (b0 << 7, b2 << 7),
-    (b1 << 7, b3 << 7)."""
+def _mx_v_pairs(sw, mx):
+    """_vt_decode's mxfp4 pairs (int32 arithmetic shift as on the GPU): [b0 b1 b2 b3] -> (f(b0), f(b2)),
+    (f(b1), f(b3)); mx 2: _MX_PAIRS (and, min.u16x2 by 192, mad by 128 + (63 << 7) per half)."""
     sw = sw.to(torch.int32)
+    if mx == 2:
+        sw = sw.to(torch.int64) & 0xFFFFFFFF
+        out = []
+        for a in (sw & 0x00FF00FF, (sw >> 8) & 0x00FF00FF):
+            lo, hi = (a & 0xFFFF).clamp(max=192), (a >> 16).clamp(max=192)
+            out.append(((lo | (hi << 16)) * 128 + 0x1F801F80) & 0xFFFFFFFF)
+        return out
     return (sw << 7) & 0x7F807F80, (sw >> 1) & 0x7F807F80
 
 
@@ -82,18 +95,18 @@ def _join(a, b):
     return torch.stack([a, b], -1)
 
 
-def _join8(x, pair, mx=False):
+def _join8(x, pair, mx=0):
     """paged_attention_gluon._join8: dims [.., half, i & 1, i >> 1] of slot i's half."""
     o = _values(x, pair, mx)
     return _join(_join(_join(o[0], o[1]), _join(o[2], o[3])), _join(_join(o[4], o[5]), _join(o[6], o[7])))
 
 
-def _emulate_k(kc, ks, T=128, D=128, mx=False):
+def _emulate_k(kc, ks, T=128, D=128, mx=0):
     """_k_decode: one tile's K words [T * D/8] and scale words (nvfp4 [T/16 * 32]; mxfp4 [T/16 * 16], read as
     16-bit halves [T/16, 8, 4]) -> K [T, D] in MMA column order."""
     w = kc.reshape(T // 16, 2, 8, 4, D // 32).permute(0, 2, 3, 4, 1)             # [n16, g, tq, jw, hr]
     if mx:
-        p02, p13 = _mx_k_pairs(ks.contiguous().view(torch.int16).reshape(T // 16, 8, 4))
+        p02, p13 = _mx_k_pairs(ks.contiguous().view(torch.int16).reshape(T // 16, 8, 4), mx)
     else:
         p02, p13 = _pairs(ks.reshape(T // 16, 8, 4))
     pair = torch.stack([p02, p13], -1).reshape(T // 16, 8, 4, 1, 2).expand(w.shape)
@@ -101,11 +114,11 @@ def _emulate_k(kc, ks, T=128, D=128, mx=False):
     return y.reshape(T, D)
 
 
-def _emulate_vt(vc, vs, NP=2, DV=128, T=128, mx=False):
+def _emulate_vt(vc, vs, NP=2, DV=128, T=128, mx=0):
     """_vt_decode: one tile's V^T words and scale words -> V^T [DV, T] in MMA row order."""
     w = vc.reshape(NP, 2, 4, 2, 4, 4, 2, 2)                                        # p, kth, w, gh, gl, tq, kl, h
     if mx:
-        p02, p13 = _mx_v_pairs(vs.reshape(NP, 4, 4, 2, 2))                        # p, w, tq, kth, kl
+        p02, p13 = _mx_v_pairs(vs.reshape(NP, 4, 4, 2, 2), mx)                    # p, w, tq, kth, kl
         pair = torch.stack([p02, p13], -1).permute(0, 3, 1, 2, 4, 5).reshape(NP, 2, 4, 1, 1, 4, 2, 2)
     else:
         p02, p13 = _pairs(vs.reshape(NP, 4, 2, 4, 2, 2))                          # p, w, gh, tq, kth, kl
@@ -114,14 +127,16 @@ def _emulate_vt(vc, vs, NP=2, DV=128, T=128, mx=False):
     return y.reshape(DV, T)
 
 
-@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
-def test_emulated_decode_matches_shipped_decode(fmt, gen):
+@pytest.mark.parametrize("fmt,mx", [("nvfp4", 0), ("mxfp4", 1), ("mxfp4", 2)])
+def test_emulated_decode_matches_shipped_decode(fmt, mx, gen):
+    """mx 1: mxfp4 through the bias multiply (mx_fold=False), 2: the bias folded into the pairs (decoded values
+    2**-MX_FOLD of the shipped ones, exactly, for these scales)."""
     from trace_rl.formats import kv_layout as L
     from trace_rl.kernels import kv_write
     from trace_rl.kernels.paged_attention import decode_tiles
+    from trace_rl.kernels.paged_attention_gluon import MX_FOLD
 
     P, H, D, S = 4, 2, 128, 64
-    mx = fmt == "mxfp4"
     k = PagedKV.allocate(fmt, P, S, H, D, role="k")
     v = PagedKV.allocate(fmt, P, S, H, D, role="v")
     slots = torch.arange(P * S)
@@ -130,7 +145,7 @@ def test_emulated_decode_matches_shipped_decode(fmt, gen):
     kv_write(v, slots, torch.randn(P * S, H, D, generator=gen).to(torch.bfloat16))
     kd = decode_tiles(k).reshape(P, S, H, D)                       # code x scale (nvfp4: the 2**-7 undone)
     vd = decode_tiles(v).reshape(P, S, H, D)
-    f = 1.0 if mx else 128.0
+    f = (128.0, 1.0, 2.0 ** MX_FOLD)[mx]
     kc, ks = k.codes.view(torch.int32).reshape(P, H, -1), k.scales.view(torch.int32).reshape(P, H, -1)
     vc, vs = v.codes.view(torch.int32).reshape(P, H, -1), v.scales.view(torch.int32).reshape(P, H, -1)
     pi, rho = L.k_dim_of_col(D), L.v_dim_of_row(D)
@@ -143,6 +158,27 @@ def test_emulated_decode_matches_shipped_decode(fmt, gen):
                                 mx=mx) * f
             want_v = torch.cat([vd[p, :, h] for p in pages])[:, rho].T
             assert torch.equal(got_v, want_v)
+
+
+def test_mx_fold_pairs_keep_nan_and_are_exact_in_the_window():
+    """The folded mxfp4 pairs (emulated as the kernel computes them) for every stored scale byte s (= E8M0 code + 1):
+    2**(code - 1 - MX_FOLD) for codes 0..190, +Inf from 191 on: stored 255 (NaN, codes stored 0) stays NaN."""
+    from trace_rl.kernels.paged_attention_gluon import MX_FOLD
+
+    s = torch.arange(256, dtype=torch.int32)
+    words = s | (s.flip(0) << 8) | (s << 16) | (s.flip(0) << 24)       # [s, 255 - s, s, 255 - s]
+    p02, p13 = _mx_v_pairs(words, 2)
+    hk = (s | (s.flip(0) << 8)).to(torch.int16)
+    k02, k13 = _mx_k_pairs(hk, 2)
+    for pair, b in ((p02, s), (p13, s.flip(0)), (k02, s), (k13, s.flip(0))):
+        pair = pair.to(torch.int64) & 0xFFFFFFFF
+        lo, hi = _bf16(pair & 0xFFFF), _bf16(pair >> 16)
+        assert torch.equal(lo, hi)
+        code = b.long() - 1
+        want = torch.where(code <= 190, torch.exp2((code - 1 - MX_FOLD).double()), torch.inf).float()
+        assert torch.equal(lo, want), (b[lo != want], lo[lo != want])
+    zero = _values(torch.zeros(1, dtype=torch.int32), p02[255:], 2)              # stored 255: NaN
+    assert all(v.isnan().all() for v in zero)
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
@@ -229,9 +265,11 @@ def test_launcher_takes_nvfp4_and_mxfp4_pairs_only():
 
 @gpu36[0]
 @gpu36[1]
-@pytest.mark.parametrize("fmt, group, stages", [("nvfp4", 4, 4), ("nvfp4", 1, 2), ("nvfp4", 16, 3), ("mxfp4", 4, 4),
-                                                ("mxfp4", 1, 3), ("mxfp4", 16, 2)])     # each is a compile (~5 s)
-def test_matches_reference_and_shipped_gpu(fmt, group, stages, gen):
+@pytest.mark.parametrize("fmt, group, stages, fold", [
+    ("nvfp4", 4, 4, True), ("nvfp4", 1, 2, True), ("nvfp4", 16, 3, True),
+    ("mxfp4", 4, 4, True), ("mxfp4", 1, 3, True), ("mxfp4", 16, 2, True), ("mxfp4", 4, 4, False),
+])                                  # each is a compile (~5 s); fold: mxfp4's bias in the scale pairs (the default)
+def test_matches_reference_and_shipped_gpu(fmt, group, stages, fold, gen):
     from trace_rl.kernels.paged_attention import decode_attention
     from trace_rl.kernels.paged_attention_gluon import GluonAttentionConfig, decode_attention_gluon
 
@@ -241,7 +279,8 @@ def test_matches_reference_and_shipped_gpu(fmt, group, stages, gen):
     q, k, v, bt, sl = t._setup(fmt, lens, 8 if group < 16 else 2, group, 128, 64, "cuda", gen)
     ref = t._reference64(q, k, v, bt, sl, 128 ** -0.5)
     args = (q.cuda(), k, v, bt.cuda(), sl.cuda(), 128 ** -0.5)
-    out = decode_attention_gluon(*args, config=GluonAttentionConfig(stages=stages))
+    config = GluonAttentionConfig(stages=stages, mx_fold=fold)
+    out = decode_attention_gluon(*args, config=config)
     shipped = decode_attention(*args, splits=1)
     assert not out.isnan().any()
     for b in range(len(lens)):       # per sequence: a wrong tail must not hide behind a long neighbour
@@ -250,4 +289,4 @@ def test_matches_reference_and_shipped_gpu(fmt, group, stages, gen):
             continue
         assert t._rel_err(out[b : b + 1], ref[b : b + 1]) < 1e-2, (b, lens[b])
         assert t._rel_err(out[b : b + 1], shipped[b : b + 1].double().cpu()) < 2e-3, (b, lens[b])
-    assert torch.equal(decode_attention_gluon(*args, config=GluonAttentionConfig(stages=stages)), out)
+    assert torch.equal(decode_attention_gluon(*args, config=config), out)

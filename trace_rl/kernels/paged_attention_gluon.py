@@ -21,8 +21,9 @@ partition that decodes K, waits for its HGMMAs, reduces, decodes V, waits again)
 
 One split per (kv head, sequence) program (no split-KV): the first version targets B x kv heads >= ~2 per SM
 (B = 32 / 256 x 8 kv heads: 256 / 2048 programs against 132 SMs x 2 resident CTAs). Scope: nvfp4 or mxfp4 (one
-kernel, the constexpr MX: mxfp4's scales are 32-element E8M0 blocks, decoded through the 2**125 bias multiply, and it
-has no per-token factors, so its producer copies four boxes per page, not six), head_dim 128, pages of 64 tokens
+kernel, the constexpr MX: mxfp4's scales are 32-element E8M0 blocks, whose 2**125 code bias is folded into the scale
+pairs (MX_FOLD, below: exact for scales 2**-70 .. 2**63) or, mx_fold=False, multiplied as the shipped kernel does, and
+it has no per-token factors, so its producer copies four boxes per page, not six), head_dim 128, pages of 64 tokens
 (128-token tiles = 2 pages), GQA group <= 16 (the query heads of a kv head padded to the MMA's N = 16);
 `decode_attention_gluon` refuses other shapes with a message. Gluon has no interpreter: this runs only on an sm_90
 GPU; `sass_gate_cases` compiles it for sm_90 on any machine.
@@ -51,7 +52,25 @@ from trace_rl.kernels.kv_decode import _BIAS_MX, _FP4_CODES, _NV_PAIRS, _SCALE_O
 
 FP4_NV_ASM = gl.constexpr("{" + _FP4_CODES + _SCALE_OUT + "}")
 FP4_MX_ASM = gl.constexpr("{" + _FP4_CODES + _BIAS_MX + _SCALE_OUT + "}")
-FORMATS = {"nvfp4:row": 0, "mxfp4": 1}               # PagedKV.fmt -> the MX constexpr
+FORMATS = {"nvfp4:row": 0, "mxfp4": 1}               # PagedKV.fmt -> the MX constexpr (2: mxfp4 with MX_FOLD)
+# mxfp4 with the 2**125 bias folded (MX = 2, GluonAttentionConfig.mx_fold): the scale pair is 2**(e - 1 - MX_FOLD)
+# (bf16 exponent field min(stored, MX_CLAMP) + MX_ADD, stored = e + 1), so one HMUL2 per pair of elements gives
+# code x scale x 2**-MX_FOLD, and 2**MX_FOLD goes into the float32 score factor and the output. Exact for scales
+# 2**-70 .. 2**63 (E8M0 codes 57..190): smaller blocks round towards zero in bf16 (|x| < 2**-67), larger ones give
+# +-Inf; a NaN block (stored 255) still decodes to NaN (Inf x its zero codes).
+MX_FOLD = 62
+MX_CLAMP, MX_ADD, MX_OUT = gl.constexpr(192), gl.constexpr(63), gl.constexpr(2.0 ** MX_FOLD)
+_MX_PAIRS = gl.constexpr("""{
+    .reg .b32 a, b, c;
+    mov.b32 c, 0x00C000C0;
+    and.b32 a, $2, 0x00FF00FF;
+    min.u16x2 a, a, c;
+    mad.lo.u32 $0, a, 128, 0x1F801F80;
+    shr.b32 b, $2, 8;
+    and.b32 b, b, 0x00FF00FF;
+    min.u16x2 b, b, c;
+    mad.lo.u32 $1, b, 128, 0x1F801F80;
+}""")                                                # (min(b, 192) + 63) << 7 per 16-bit half: 0x1F80 = 63 << 7
 LOG2E = 1.4426950408889634
 HEAD_DIM, PAGE, BLOCK_T, N_PAD = 128, 64, 128, 16
 
@@ -91,9 +110,9 @@ def _producer(kc_desc, ks_desc, kg_desc, vc_desc, vs_desc, vg_desc, kc_b, ks_b, 
 @gluon.jit
 def _fp4_values(x, pair, MX: gl.constexpr):
     """8 bf16 values per word (slot 0 lo, slot 0 hi, .., slot 3 hi): nvfp4 code x scale / 2**7
-    (kv_decode.FP4_NV_ASM); mxfp4 code x scale, through the 2**125 bias multiply (kv_decode.FP4_MX_ASM: E8M0's
-    range does not fit one bf16 factor)."""
-    if MX:
+    (kv_decode.FP4_NV_ASM); mxfp4 (MX 1) code x scale, through the 2**125 bias multiply (kv_decode.FP4_MX_ASM:
+    E8M0's whole range does not fit one bf16 factor); MX 2: code x scale x 2**-MX_FOLD, the bias in the pair."""
+    if MX == 1:
         v = gl.inline_asm_elementwise(FP4_MX_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [x, pair],
                                       dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
     else:
@@ -120,10 +139,14 @@ def _k_decode(kw_s, ksw_s, A_LAYOUT: gl.constexpr, T: gl.constexpr, D: gl.conste
     KW: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, D // 32], [1, 1, 8, 4, 1], [NW, 1, 1, 1, 1], [4, 3, 2, 1, 0])
     KS: gl.constexpr = gl.BlockedLayout([1, 1, 1], [1, 8, 4], [NW, 1, 1], [2, 1, 0])
     w = gl.permute(kw_s.load(KW), (0, 2, 3, 4, 1))                       # [T/16, g, tq, jw, hr]
-    if MX:            # bf16x2 (2**(e-126), 2**(e-126)) = stored byte << 7 in each half (kv_decode.fp4_scale_pair)
+    if MX == 1:       # bf16x2 (2**(e-126), 2**(e-126)) = stored byte << 7 in each half (kv_decode.fp4_scale_pair)
         hw = ksw_s.load(KS).to(gl.int32) & 0xFFFF
         p02 = (hw & 255) * 0x00800080
         p13 = (hw >> 8) * 0x00800080
+    elif MX == 2:     # the same with the exponent field min(stored, MX_CLAMP) + MX_ADD
+        hw = ksw_s.load(KS).to(gl.int32) & 0xFFFF
+        p02 = (gl.minimum(hw & 255, MX_CLAMP) + MX_ADD) * 0x00800080
+        p13 = (gl.minimum(hw >> 8, MX_CLAMP) + MX_ADD) * 0x00800080
     else:
         p02, p13 = gl.inline_asm_elementwise(_NV_PAIRS, "=r,=r,r", [ksw_s.load(KS)], dtype=(gl.int32, gl.int32),
                                              is_pure=True, pack=1)
@@ -153,8 +176,12 @@ def _vt_decode(vw_s, vsw_s, A_LAYOUT: gl.constexpr, NP: gl.constexpr, DV: gl.con
             lane_bases=[[0, 0, 1, 0, 0], [0, 0, 2, 0, 0], [0, 0, 0, 0, 0], [0, 0, 0, 0, 0], [0, 0, 0, 0, 0]],
             warp_bases=[[0, 1, 0, 0, 0], [0, 2, 0, 0, 0]], block_bases=[], shape=[NP, 4, 4, 2, 2])
         sw = vsw_s.load(VSX)
-        p02 = (sw << 7) & 0x7F807F80                                     # bytes 0, 2 -> (b0 << 7, b2 << 7)
-        p13 = (sw >> 1) & 0x7F807F80                                     # bytes 1, 3
+        if MX == 2:
+            p02, p13 = gl.inline_asm_elementwise(_MX_PAIRS, "=r,=r,r", [sw], dtype=(gl.int32, gl.int32),
+                                                 is_pure=True, pack=1)
+        else:
+            p02 = (sw << 7) & 0x7F807F80                                 # bytes 0, 2 -> (b0 << 7, b2 << 7)
+            p13 = (sw >> 1) & 0x7F807F80                                 # bytes 1, 3
         pair = gl.permute(gl.join(p02, p13), (0, 3, 1, 2, 4, 5))        # [p, kth, w, tq, kl, h]
         pair = gl.reshape(pair, [NP, 2, 4, 1, 1, 4, 2, 2])
     else:
@@ -347,8 +374,10 @@ def _decode_attention_ws_kernel(q_ptr, out_ptr, bt_ptr, lens_ptr, kc_desc, ks_de
         acc = _low_half(acc)
     layout: gl.constexpr = acc.type.layout
     l_i = gl.convert_layout(l_i, gl.SliceLayout(0, layout))
-    if MX:
+    if MX == 1:
         o = gl.where(gl.expand_dims(l_i, 0) == 0, 0.0, acc / gl.expand_dims(l_i, 0))           # length 0: zeros
+    elif MX == 2:
+        o = gl.where(gl.expand_dims(l_i, 0) == 0, 0.0, acc * MX_OUT / gl.expand_dims(l_i, 0))
     else:
         o = gl.where(gl.expand_dims(l_i, 0) == 0, 0.0, acc * 128.0 / gl.expand_dims(l_i, 0))
     rho = gl.arange(0, DV, layout=gl.SliceLayout(1, layout))
@@ -369,6 +398,7 @@ class GluonAttentionConfig:
 
     stages: int = 4
     maxnreg: int = 128
+    mx_fold: bool = True        # mxfp4: the 2**125 bias folded into the scale pairs (MX_FOLD); False: kv_decode's HMUL2
 
     def check(self) -> None:
         if not 2 <= self.stages <= 6:
@@ -413,6 +443,11 @@ def _words(kv_format: str = "nvfp4:row", dv: int = HEAD_DIM) -> dict:
                     vs=HEAD_DIM // 32 * PAGE // 4)
     return dict(kc=PAGE * HEAD_DIM // 8, ks=PAGE * HEAD_DIM // 64, kg=PAGE, vc=PAGE * dv // 8,
                 vs=HEAD_DIM // 16 * PAGE // 4, vg=PAGE)
+
+
+def _out_factor(mx: int) -> float:
+    """What a decoded element is short of its value (the factor on the scores and the output)."""
+    return (L.NVFP4_FACTOR, 1.0, 2.0 ** MX_FOLD)[mx]
 
 
 def _check(q, k, v, block_table, seq_lens):
@@ -462,7 +497,7 @@ def decode_attention_gluon(q: torch.Tensor, k, v, block_table: torch.Tensor, seq
     hkv = k.heads
     blocks = k.num_blocks * hkv
     dv = L.v_rows(D)
-    mx = FORMATS[k.fmt]
+    mx = FORMATS[k.fmt] * (2 if c.mx_fold else 1)
     kc, ks, vc, vs = (_block_desc(t.view(torch.int32), blocks) for t in (k.codes, k.scales, v.codes, v.scales))
     # mxfp4: no per-token factors; the K / V scale descriptors stand in for them (the kernel never loads them)
     kg, vg = (ks, vs) if mx else (_block_desc(k.global_scale, blocks), _block_desc(v.global_scale, blocks))
@@ -472,7 +507,7 @@ def decode_attention_gluon(q: torch.Tensor, k, v, block_table: torch.Tensor, seq
     bt = block_table if block_table.dtype == torch.int32 else block_table.to(torch.int32)
     bt = bt if bt.stride(-1) == 1 else bt.contiguous()
     lens = seq_lens if seq_lens.dtype == torch.int32 else seq_lens.to(torch.int32)
-    qk = scale * LOG2E * (1.0 if mx else L.NVFP4_FACTOR)
+    qk = scale * LOG2E * _out_factor(mx)
     _decode_attention_ws_kernel[(hkv, B)](
         q, out, bt, lens, kc, ks, kg, vc, vs, vg, qk, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         bt.stride(0),
@@ -486,7 +521,7 @@ def gate_case(c: GluonAttentionConfig, group: int = 4, kv_heads: int = 8, budget
     from trace_rl.kernels.sass_gate import GateCase
 
     w = _words(kv_format)
-    mx = FORMATS[kv_format]
+    mx = FORMATS[kv_format] * (2 if c.mx_fold else 1)
     kg, vg = (_block_sig(w["ks"], "i32"), _block_sig(w["vs"], "i32")) if mx else \
         (_block_sig(w["kg"], "fp32"), _block_sig(w["vg"], "fp32"))              # mxfp4: the launcher's placeholders
     sig = dict(q_ptr="*bf16", out_ptr="*bf16", bt_ptr="*i32", lens_ptr="*i32",
@@ -495,7 +530,7 @@ def gate_case(c: GluonAttentionConfig, group: int = 4, kv_heads: int = 8, budget
                stride_qb="i32", stride_qh="i32", stride_ob="i32", stride_oh="i32", stride_bt="i32")
     consts = dict(HKV=kv_heads, GROUP=group, N=N_PAD, D=HEAD_DIM, DV=L.v_rows(HEAD_DIM), PAGE=PAGE, T=BLOCK_T,
                   STAGES=c.stages, MX=mx)
-    name = kv_format.split(":")[0]
+    name = kv_format.split(":")[0] + ("" if mx != 1 else " bias")
     return GateCase(f"attention gluon ws {name} g{group} s{c.stages} r{c.maxnreg}", _decode_attention_ws_kernel, sig,
                     consts, 4, 1, BLOCK_T * (HEAD_DIM + L.v_rows(HEAD_DIM)) / 128, budget,
                     ("q_ptr", "out_ptr", "bt_ptr", "lens_ptr", "stride_qb", "stride_qh", "stride_ob", "stride_oh",
@@ -521,13 +556,14 @@ def gate_case(c: GluonAttentionConfig, group: int = 4, kv_heads: int = 8, budget
 # after the wait, and with the V^T decode written before the QK issue (3.16 per element, the decode still after the
 # wait). Inside one warpgroup only the K code extraction overlaps an MMA; the overlap of V^T decode and the QK MMA
 # that the source asks for comes from the other resident CTA's warps.
-# mxfp4 (MX): 878 SASS, 3.43 per element at group 4 (968, 3.78 at group 16), no spills, 2 full waits. Against nvfp4:
-# +128 HMUL2 (kv_decode's 2**125 bias multiply, 0.5 per element: E8M0's 2**-127..2**127 does not fit one bf16
-# factor on top of the code's 2**-126), less the factor loads and multiplies. Folding the bias into the scale pair
-# would need clamped scale exponents (a cache-format change, kv_layout): left for later.
+# mxfp4, the bias folded (MX 2, the default): 806 SASS, 3.15 per element at group 4 (851, 3.32 at group 16; 810,
+# 3.16 at group 1), no spills, 2 full waits, the consumer in R0-R206 (group 4): the scale pairs cost ~7 ops per V
+# scale word (and, min.u16x2, mad) against nvfp4's 2, and no factor loads or multiplies. Through kv_decode's 2**125
+# bias HMUL2 instead (mx_fold=False, MX 1, exact for every scale byte): 878, 3.43 at group 4 (968, 3.78 at group
+# 16): +128 HMUL2, 0.5 per element.
 GATE = ((GluonAttentionConfig(), 4, 3.15, "nvfp4:row"), (GluonAttentionConfig(stages=2), 4, 3.15, "nvfp4:row"),
-        (GluonAttentionConfig(), 16, 3.35, "nvfp4:row"), (GluonAttentionConfig(), 4, 3.5, "mxfp4"),
-        (GluonAttentionConfig(), 16, 3.85, "mxfp4"))
+        (GluonAttentionConfig(), 16, 3.35, "nvfp4:row"), (GluonAttentionConfig(), 4, 3.25, "mxfp4"),
+        (GluonAttentionConfig(), 16, 3.4, "mxfp4"), (GluonAttentionConfig(mx_fold=False), 4, 3.5, "mxfp4"))
 
 
 def sass_gate_cases():
