@@ -557,10 +557,10 @@ def gate_case(c: GluonAttentionConfig, group: int = 4, kv_heads: int = 8, budget
 # wait). Inside one warpgroup only the K code extraction overlaps an MMA; the overlap of V^T decode and the QK MMA
 # that the source asks for comes from the other resident CTA's warps.
 # mxfp4, the bias folded (MX 2, the default): 806 SASS, 3.15 per element at group 4 (851, 3.32 at group 16; 810,
-# 3.16 at group 1), no spills, 2 full waits, the consumer in R0-R206 (group 4): the scale pairs cost ~7 ops per V
-# scale word (and, min.u16x2, mad) against nvfp4's 2, and no factor loads or multiplies. Through kv_decode's 2**125
-# bias HMUL2 instead (mx_fold=False, MX 1, exact for every scale byte): 878, 3.43 at group 4 (968, 3.78 at group
-# 16): +128 HMUL2, 0.5 per element.
+# 3.16 at group 1), no spills, 2 full waits, the consumer in R0-R180 (R0-R212 at group 16): the scale pairs cost
+# ~7 ops per V scale word (and, min.u16x2, mad) against nvfp4's 2, and no factor loads or multiplies. Through
+# kv_decode's 2**125 bias HMUL2 instead (mx_fold=False, MX 1, exact for every scale byte): 878, 3.43 at group 4
+# (968, 3.78 at group 16), R0-R206: +128 HMUL2, 0.5 per element.
 GATE = ((GluonAttentionConfig(), 4, 3.15, "nvfp4:row"), (GluonAttentionConfig(stages=2), 4, 3.15, "nvfp4:row"),
         (GluonAttentionConfig(), 16, 3.35, "nvfp4:row"), (GluonAttentionConfig(), 4, 3.25, "mxfp4"),
         (GluonAttentionConfig(), 16, 3.4, "mxfp4"), (GluonAttentionConfig(mx_fold=False), 4, 3.5, "mxfp4"))
