@@ -6,8 +6,9 @@ B = 32 at 32k; per shape the mxfp4 row first. Method of benchmarks/attention.py 
 calls per graph, 9 replays), the read ceiling measured in the same run (a sum over 4 GiB), fraction = live cache
 bytes of that format (codes, scales and nvfp4's per-token factors) / us / ceiling. Each row also records the Gluon
 output's relative difference from the shipped kernel's (whole batch) and from the torch reference (two sequences).
-Gluon stages 2 and 4 (3 was the slowest of the three at every shape on 2026-12-02, results/*_1202b: dropped to keep
-the run under 120 s with both formats).
+Gluon stages 2 and 4, otherwise the default config (mxfp4: the 2**125 bias folded into the scale pairs); 3 stages,
+the slowest of the three at every shape on 2026-12-02 (results/*_1202b), dropped to keep the run under 120 s with
+both formats.
 
     python benchmarks/attention_gluon.py --out OUT.json [--budget-s 80] [--formats mxfp4,nvfp4]
     ATTN_BENCH_SMOKE=1 TRITON_INTERPRET=1 python benchmarks/attention_gluon.py --out /tmp/x.json   # CPU dry run
