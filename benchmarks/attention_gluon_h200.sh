@@ -3,16 +3,16 @@
 # the opt-in Gluon warp-specialised kernel (trace_rl/kernels/paged_attention_gluon.py). Usage:
 # benchmarks/attention_gluon_h200.sh OUT_DIR (from the repo root; python3, torch, Triton 3.6, one H200, device wheels on
 # PYTHONPATH). < 120 s.
-# 1. pytest tests/kernels/test_paged_attention_gluon.py -m gpu, the mxfp4 cases (the bias folded into the scale pairs,
-#    the default: group 4 / 4 stages, group 1 / 3 stages, group 16 / 2 stages; the bias multiplied, mx_fold=False:
-#    group 4 / 4 stages; the first run of the mxfp4 kernel) and nvfp4 group 4 / 4 stages (the nvfp4 path
+# 1. pytest tests/kernels/test_paged_attention_gluon.py -m gpu, the mxfp4 cases (the exact bias multiply, the
+#    default: group 4 / 4 stages, group 1 / 3 stages, group 16 / 2 stages; the bias folded into the scale pairs,
+#    opt-in mx_fold=True: group 4 / 4 stages; the first run of the mxfp4 kernel) and nvfp4 group 4 / 4 stages (the nvfp4 path
 #    after the format switch; its other two cases passed before it, results/*_1202b): ragged lengths with tails of
 #    1-88 tokens, an empty sequence, stale NaN V scales, garbage block-table entries; vs the float64 reference and the
 #    shipped kernel, per sequence; a second run bit-identical -> OUT/pytest.{log,xml}. It also compiles kernels the
 #    benchmark uses (Triton's cache).
 # 2. benchmarks/attention_gluon.py -> OUT/attention_gluon.json (+ .log): Qwen3-8B heads, B = 32 / 256 x 8k and
 #    32 x 32k, per shape mxfp4 then nvfp4: the shipped Triton kernel over that cache vs the Gluon kernel (2 and 4
-#    stages, default config: mxfp4 with the folded bias; 3 stages, the slowest on 2026-12-02, dropped for time) vs SDPA over a contiguous bf16 cache (cuDNN and the other
+#    stages, default config: mxfp4 with the exact bias multiply, + 4 stages folded for mxfp4; 3 stages, the slowest on 2026-12-02, dropped for time) vs SDPA over a contiguous bf16 cache (cuDNN and the other
 #    backends; once per shape), CUDA-graph medians, fraction of the measured read ceiling on that format's cache bytes,
 #    speedups vs SDPA, the Gluon output's difference from the shipped kernel's and from the reference.
 # 3. OUT/summary.json: rcs, pytest tail, per row (format, B, context) the us / fractions / speedups / errors.
