@@ -93,7 +93,7 @@ def row(fmt: str, batch: int, ctx: int, read_bw: float, gen, log, sdpa: dict | N
         r["sdpa_best"], r["sdpa_best_us"], r["cudnn_us"] = sdpa["best"], sdpa["best_us"], sdpa.get("cudnn_us")
         r["shipped_speedup_vs_sdpa"] = sdpa["best_us"] / r["shipped_us"]
         for name in VARIANTS:
-            if "us" in r[name]:
+            if "us" in r.get(name, {}):
                 r[name]["speedup_vs_sdpa"] = sdpa["best_us"] / r[name]["us"]
     r["elapsed_s"] = time.time() - t0
     return r
