@@ -39,6 +39,23 @@ def test_classify_by_range_then_by_name():
     assert per_kernel["_quantize_rows_kernel"] == 0.75
 
 
+def test_gpu_side_ranges_are_spans_not_kernels():
+    """torch records a `record_function` range on the GPU too ("gpu_user_annotation", a CUDA event named like the
+    range): it is not a kernel, and kernels inside its span without a CPU op of their own (Triton's) take its class."""
+    lin = _cpu(1, PREFIX + "linear")
+    mm = _cpu(2, "aten::mm", lin)
+    events = [lin, mm,
+              _gpu(PREFIX + "linear", 0, 5000),                         # the range's GPU-side span
+              _gpu(PREFIX + "activation", 5000, 1000),
+              _gpu("_quantize_dequant_rows_kernel", 0, 500),            # Triton inside linear: quantization
+              _gpu("nvjet_sm90_gemm", 500, 4000, corr=2),
+              _gpu("_epilogue_kernel", 4500, 400),                      # Triton inside linear
+              _gpu("vectorized_elementwise_kernel", 5000, 900)]         # inside activation, no CPU link
+    per_class, _, count = classify(NS(events=lambda: events))
+    assert count == 4
+    assert per_class == {"quantization": 0.5, "linear": 4.4, "activation": 0.9}
+
+
 def test_layer_kernels_cut_at_the_second_layers_norms():
     """Layer 1 runs from its input norm (the 3rd residual-add RMSNorm launch) to layer 2's (the 5th)."""
     rows = []

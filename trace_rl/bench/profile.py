@@ -23,7 +23,7 @@ CLASSES = ("linear", "quantization", "attention", "kv_write", "prologue", "norm"
 # Kernels launched outside torch ops (Triton's launcher) have no CPU-side op in the trace: named here.
 NAMED = (("_decode_attention", "attention"), ("_merge_splits", "attention"), ("flash", "attention"),
          ("fmha", "attention"), ("cudnn", "attention"), ("_add_rms_norm", "norm"), ("_silu_mul", "activation"),
-         ("_sample_kernel", "sampling"), ("_qk_norm_rope", "prologue"), ("kv_write", "kv_write"),
+         ("_sample_kernel", "sampling"), ("_epilogue", "linear"), ("_qk_norm_rope", "prologue"), ("kv_write", "kv_write"),
          ("_kv_", "kv_write"), ("rope", "rope"),
          ("quant", "quantization"), ("gemm", "linear"), ("fp4", "linear"), ("nvjet", "linear"),
          ("sm90_xmma", "linear"), ("cutlass", "linear"))
@@ -44,17 +44,32 @@ def _named(name: str, following: str) -> str:
     return next((cls for key, cls in NAMED if key in low), "other")
 
 
+def _annotation_of(k, annotations) -> str | None:
+    """The innermost GPU-side op range (`gpu_user_annotation` event "op:<class>") whose span holds kernel `k`."""
+    best = None
+    for a in annotations:
+        if a.time_range.start <= k.time_range.start and k.time_range.end <= a.time_range.end:
+            if best is None or a.time_range.end - a.time_range.start < best.time_range.end - best.time_range.start:
+                best = a
+    return best.name[len(PREFIX):] if best is not None else None
+
+
 def kernel_rows(prof) -> list[tuple[str, str, float]]:
     """(kernel name, op class, ms) of every GPU kernel of a finished profiler, in launch order: attributed to the
-    op range that launched it, or by its name when no CPU op of the trace launched it."""
+    op range that launched it (through its CPU op, or, for kernels no CPU op of the trace launched, such as
+    Triton's, the GPU-side span of the range), or by its name. The ranges' own GPU-side spans (torch >= 2.x
+    records a `record_function` as a CUDA-device "gpu_user_annotation" event named like the range) are not
+    kernels: counting them (H200, 2026-12-02) doubled the kernel sum and filed every range under "other"."""
     from torch.autograd import DeviceType
 
     events = list(prof.events())
     cpu_by_id = {e.id: e for e in events if e.device_type == DeviceType.CPU}
-    kernels = sorted((e for e in events if e.device_type == DeviceType.CUDA), key=lambda e: e.time_range.start)
+    gpu = [e for e in events if e.device_type == DeviceType.CUDA]
+    annotations = [e for e in gpu if e.name.startswith(PREFIX)]
+    kernels = sorted((e for e in gpu if not e.name.startswith(PREFIX)), key=lambda e: e.time_range.start)
     rows = []
     for i, k in enumerate(kernels):
-        label = _range_of(cpu_by_id.get(getattr(k, "linked_correlation_id", 0)))
+        label = _range_of(cpu_by_id.get(getattr(k, "linked_correlation_id", 0))) or _annotation_of(k, annotations)
         if label is None or (label == "linear" and "quant" in k.name.lower()):
             label = _named(k.name, kernels[i + 1].name if i + 1 < len(kernels) else "")
         rows.append((k.name, label if label in CLASSES else "other", (k.time_range.end - k.time_range.start) / 1e3))
