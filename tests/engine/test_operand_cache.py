@@ -39,6 +39,11 @@ def _check_caches(engine, ptrs=None):
         assert torch.equal(nan, oc.buf.isnan()) and torch.equal(oc.buf[~nan].view(torch.int16),
                                                                  ref[~nan].view(torch.int16))
         out[id(q)] = oc.buf.data_ptr()
+        if oc.stack is not None:      # its rows of the stack, and its row factors beside them
+            h = q.packed.layout["hopper_fp4"]
+            assert torch.equal(oc.stack.buf[oc.lo:oc.lo + h.n], oc.buf)
+            assert torch.equal(oc.stack.row_factor[oc.lo:oc.lo + h.n].view(torch.int32),
+                               h.row_factor[:h.n].view(torch.int32))
     if ptrs is not None:
         assert out == ptrs            # refreshed in place: no buffer reallocated
     return out
@@ -53,8 +58,11 @@ def test_every_sync_path_refreshes_in_place(preset, monkeypatch):
     dense = engine_oc.fp4_dense(engine.model)
     assert dense
     rep = engine.report()
+    stacks = engine_oc.stack_groups(engine.model)
+    assert bool(stacks) == (preset == "w4a4-kv4")      # nvfp4: q/k/v and gate/up apart, their caches stacked
     assert rep["operand_cache"] and rep["operand_cache_bytes"] == sum(2 * q.out_features * q.in_features
-                                                                       for q in dense)
+                                                                       for q in dense) \
+        + sum(4 * q.out_features for g in stacks for q in g)      # + the stacks' float32 row factors
     ptrs = _check_caches(engine)
     before = [q.packed.layout["operand_cache"].buf.clone() for q in dense]
     state = {k: -2 * v if v.is_floating_point() else v for k, v in model.state_dict().items()}

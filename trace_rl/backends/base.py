@@ -141,6 +141,12 @@ class Backend(ABC):
         """`linear(x, packed, act_fmt, bias)` from `quantize_input(x, ...)`'s handle: the same bits."""
         raise NotImplementedError(f"backend {self.name!r} does not share quantized inputs")
 
+    def linear_stacked(self, xq, packeds: list[PackedWeight], biases: list | None = None) -> torch.Tensor | None:
+        """`torch.cat([linear_quantized(xq, p, b) for p, b in zip(packeds, biases)], -1)` as one GEMM where this
+        backend holds the parts' weights stacked (the fp4 backend's stacked operand cache); None where it does not
+        (the caller runs `linear_quantized` per part)."""
+        return None
+
     def fake_quantize(self, x: torch.Tensor, fmt: str, guidance=None) -> torch.Tensor:
         """Trainer-side quantize-dequantize of activations (per token) with a straight-through gradient;
         with `guidance` (a `correction.guided.GuidanceRecord`), TRACE's rollout-guided rounding. Fused

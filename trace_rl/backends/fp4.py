@@ -19,6 +19,10 @@ Paths (reported in `paths`, never silent):
   `NativeEngine(operand_cache=True)`), from the same M on and for every weight size: cuBLAS on the cached bf16
   operand (refreshed in place at every weight sync) + the same epilogue, the dequant path's bits without its
   per-call dequantization.
+- `fp4.operand_stack_cublas`: layers sharing a W4A4 input (q/k/v, gate/up of an nvfp4 model) whose operand caches
+  the engine stacked (`kernels.operand_cache.attach_stacked`), from the same M on: one cuBLAS GEMM + epilogue over
+  the stack (`linear_stacked`; per-row factors keep each part's global scale), not one per layer. The same operand
+  and activation bits and the same rounding; only cuBLAS's float32 accumulation order may differ (another N).
 """
 
 from __future__ import annotations
@@ -218,6 +222,24 @@ class FP4Backend(Backend):
         if bias is not None:
             y = y + bias.to(xq.x.dtype)
         return y.to(xq.dtype)
+
+
+    def linear_stacked(self, xq, packeds, biases=None):
+        """One GEMM for the parts (the base class's doc) when they are one stacked operand cache, in order, with
+        no bias, and the rows reach the cache's threshold: [..., sum N] with the parts' outputs side by side, each
+        part's columns as `linear_quantized` computes them up to float32 accumulation order. None otherwise."""
+        if not xq.kernels or any(b is not None for b in biases or ()):
+            return None
+        from trace_rl.kernels.operand_cache import stacked, stacked_matmul, use_operand_cache
+
+        st = stacked(packeds)
+        if st is None or not use_operand_cache(xq.x.shape[0], packeds[0]):
+            return None
+        for p in packeds:
+            _check_act(xq.act_fmt, p)
+        self.paths.record("fp4.operand_stack_cublas")
+        y = stacked_matmul(xq.x, st, xq.row_scale, xq.dtype)
+        return y.reshape(*xq.shape[:-1], st.n)
 
 
 class SharedInput(NamedTuple):

@@ -6,6 +6,11 @@ per-call dequantization. 2 bytes per weight element more; the caches are allocat
 its KV cache, so anything sizing the page pool from free memory after building the model (the bench's
 `workloads.fit_batch` / `kv_budget`, which call `attach_model` first) sees them. Experts (MoE grouped linears) keep
 their grouped kernel: the cache is for dense linears.
+
+Layers that read one input and stay apart (`Decoder.shared_input_groups`: q/k/v and gate/up of an nvfp4 model) get
+one stacked cache per group when `STACK` is on (`kernels.operand_cache.attach_stacked`: the same bytes, one buffer,
+so that `models.linear.shared_input` runs the group as one GEMM; `models.linear.STACK_ROLLOUT_OPERANDS` switches
+the GEMM, not the layout).
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import torch
 
 FIELD = "operand_cache"
 KEY = "operand_cache"      # kernels.operand_cache.KEY, the packed layout's entry (not imported: triton may be absent)
+# Stack the caches of each shared-input group (q/k/v, gate/up) into one buffer at attach (False: one per layer).
+STACK = True
 
 
 def why_not(plan, device: torch.device | str) -> str:
@@ -47,14 +54,35 @@ def attach_model(model, plan, device) -> int:
     why = why_not(plan, device)
     if why:
         raise ValueError(f"{FIELD}: {why}")
-    from trace_rl.kernels.operand_cache import attach
+    from trace_rl.kernels.operand_cache import attach, attach_stacked
 
-    return sum(attach(q.packed).nbytes for q in fp4_dense(model))
+    if STACK:
+        for group in stack_groups(model):
+            attach_stacked([q.packed for q in group])
+    for q in fp4_dense(model):
+        attach(q.packed)
+    return model_bytes(model)
+
+
+def stack_groups(model) -> list[list]:
+    """The QuantLinears whose caches are stacked: each shared-input group of dense FP4 layers of one weight format
+    and K, none with a bias (the stacked GEMM's epilogue takes one row factor vector and no bias)."""
+    groups = getattr(model, "shared_input_groups", lambda: [])()
+    out = []
+    for group in groups:
+        qs = [getattr(lin, "quant", None) for lin in group]
+        if (len(qs) > 1 and all(q is not None and q.weight_fmt in ("nvfp4", "mxfp4") and q.bias is None for q in qs)
+                and len({(q.weight_fmt, q.in_features) for q in qs}) == 1):
+            out.append(qs)
+    return out
 
 
 def model_bytes(model) -> int:
-    """Bytes of the operand caches `model` holds (0 without)."""
-    return sum(q.packed.layout[KEY].nbytes for q in fp4_dense(model) if KEY in q.packed.layout)
+    """Bytes of the operand caches `model` holds (0 without): the bf16 operands (a stack's counted once, through
+    its parts' views) and the stacks' float32 row factors."""
+    caches = [q.packed.layout[KEY] for q in fp4_dense(model) if KEY in q.packed.layout]
+    stacks = {id(oc.stack): oc.stack for oc in caches if getattr(oc, "stack", None) is not None}
+    return sum(oc.nbytes for oc in caches) + sum(st.nbytes for st in stacks.values())
 
 
 def check_model(model) -> None:

@@ -174,15 +174,25 @@ def operand_matmul(x2: torch.Tensor, w: torch.Tensor, h: HopperFP4, row_scale: t
                    bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """x2 [M, K] bf16 @ w^T with `w` [N, K] = operand(h) already written (the scratch above, or a persistent
     operand cache: kernels/operand_cache.py): cuBLAS with float32 output, then the FP4 epilogue of `h`."""
+    if x2.shape[1] != h.k or tuple(w.shape) != (h.n, h.k):
+        raise ValueError(f"operand_matmul: x {tuple(x2.shape)} and operand {tuple(w.shape)} for a {h.n}x{h.k} weight")
+    return factor_matmul(x2, w, h.row_factor, row_scale, bias, out_dtype)
+
+
+def factor_matmul(x2: torch.Tensor, w: torch.Tensor, rf: torch.Tensor, row_scale: torch.Tensor | None = None,
+                  bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """`operand_matmul` with the row factor given as float32 `rf` [>= N] instead of read from a layout: cuBLAS
+    (float32 output) on x2 [M, K] and the bf16 operand w [N, K], then the FP4 epilogue (y x rf[n] x row_scale[m]
+    + bias[n], one rounding). Also the stacked operand cache's GEMM (operand_cache.stacked_matmul), whose rf holds
+    each stacked part's own factors."""
     M, K = x2.shape
-    N = h.n
-    if K != h.k or tuple(w.shape) != (N, K):
-        raise ValueError(f"operand_matmul: x {tuple(x2.shape)} and operand {tuple(w.shape)} for a {N}x{h.k} weight")
+    N = w.shape[0]
+    if w.shape[1] != K or rf.shape[0] < N:
+        raise ValueError(f"factor_matmul: x {tuple(x2.shape)}, operand {tuple(w.shape)}, {rf.shape[0]} row factors")
     if x2.is_cuda:
         y = torch.mm(x2, w.t(), out_dtype=torch.float32)
     else:   # CPU has no mm.dtype: bf16 x bf16 products are exact in float32, accumulated in float32
         y = x2.float() @ w.float().t()
-    rf = h.row_factor
     if not _use_triton(y):
         y = y * rf[:N]
         if row_scale is not None:
@@ -199,7 +209,7 @@ def operand_matmul(x2: torch.Tensor, w: torch.Tensor, h: HopperFP4, row_scale: t
 
 
 __all__ = ["DEQUANT_CUBLAS_MAX_WEIGHT", "DEQUANT_CUBLAS_MIN_M", "ENABLED", "dequant_matmul", "dequant_reference",
-           "dequantize_to", "operand_matmul", "scratch", "use_dequant_cublas"]
+           "dequantize_to", "factor_matmul", "operand_matmul", "scratch", "use_dequant_cublas"]
 
 
 def sass_gate_cases():

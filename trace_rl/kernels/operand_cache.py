@@ -13,6 +13,16 @@ ends in `PackedWeight.refresh_layouts` (`QuantLinear.load_weight` on both the fu
 engine's batched `load_linear_weights`, `distributed.weight_sync.load_packed`), which re-derives it in place after
 the Hopper layout (inserted before it, so refreshed first; or already written by the fused sync): the buffer is
 never reallocated and captured CUDA graphs keep reading it. `TRACE_RL_FP4_DEQUANT_CUBLAS` does not affect it.
+
+**Stacked** (`attach_stacked`, `OperandStack`): layers that read one input and that `models.Linear.fuse` leaves apart
+(q/k/v and gate/up of an nvfp4 model: each projection has its own per-tensor global scale) keep their caches as
+consecutive row blocks of ONE bf16 [sum N, K] buffer (each part's `OperandCache.buf` is a view of its rows: the
+same bytes as separate caches, not more), and their row factors (nvfp4: each part's own global x 2**19; mxfp4:
+2**c_n) as one float32 [sum N] vector that each part's refresh rewrites beside its rows. From the same M on,
+`stacked_matmul` then runs the group as one cuBLAS GEMM (float32 output) + one epilogue instead of one pair per
+part. Same operand bits, same activation codes and row scales, same per-row factors and the same one rounding in
+the epilogue: the only difference from the per-part GEMMs is cuBLAS's float32 accumulation order, which may
+change with N (another kernel or split for the stacked shape). Parts with a bias are not stacked.
 """
 
 from __future__ import annotations
@@ -25,18 +35,40 @@ from trace_rl.kernels.hopper_fp4 import LAYOUT_KEY
 KEY = "operand_cache"
 
 
-class OperandCache:
-    """bf16 [N, K] = operand(layout["hopper_fp4"]) of one dense FP4 weight, refreshed in place at weight sync."""
+class OperandStack:
+    """The stacked caches of layers sharing an input: `buf` bf16 [sum N, K], `row_factor` float32 [sum N], `sizes`
+    the parts' N in order (their caches are `buf`'s row blocks in that order)."""
 
-    def __init__(self, layout: dict, buf: torch.Tensor):
+    def __init__(self, buf: torch.Tensor, row_factor: torch.Tensor, sizes: tuple[int, ...]):
+        self.buf, self.row_factor, self.sizes = buf, row_factor, sizes
+
+    @property
+    def n(self) -> int:
+        return self.buf.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        """The row factors' bytes: the operand's are counted once, by the parts' caches (views of `buf`)."""
+        return self.row_factor.numel() * self.row_factor.element_size()
+
+
+class OperandCache:
+    """bf16 [N, K] = operand(layout["hopper_fp4"]) of one dense FP4 weight, refreshed in place at weight sync;
+    in a stack: rows `lo` .. `lo` + N of `stack.buf`, its row factors written to `stack.row_factor` there too."""
+
+    def __init__(self, layout: dict, buf: torch.Tensor, stack: OperandStack | None = None, lo: int = 0):
         self.layout, self.buf = layout, buf     # the packed weight's layout dict: its Hopper layout read at refresh
+        self.stack, self.lo = stack, lo
 
     @property
     def nbytes(self) -> int:
         return self.buf.numel() * self.buf.element_size()
 
     def refresh_from(self, q) -> None:
-        fp4_dequant.dequantize_to(q, self.layout[LAYOUT_KEY], self.buf)
+        h = self.layout[LAYOUT_KEY]
+        fp4_dequant.dequantize_to(q, h, self.buf)
+        if self.stack is not None:
+            self.stack.row_factor[self.lo:self.lo + h.n].copy_(h.row_factor[:h.n])
 
 
 def attach(packed) -> OperandCache:
@@ -60,6 +92,51 @@ def attach(packed) -> OperandCache:
     return oc
 
 
+def attach_stacked(packeds: list) -> OperandStack:
+    """One stacked cache (module doc) for dense nvfp4/mxfp4 weights of one format and K that read the same input,
+    in this order; idempotent. Separate caches the parts already hold are replaced (freed), never kept beside it."""
+    from trace_rl.kernels.linear import hopper_weight
+
+    st = stacked(packeds)
+    if st is not None:
+        return st
+    fmts = {(p.fmt, p.in_features) for p in packeds}
+    if len(packeds) < 2 or len(fmts) != 1 or any(p.fmt not in ("nvfp4", "mxfp4") or p.q is None
+                                                  or len(p.q.shape) != 2 for p in packeds):
+        raise ValueError(f"operand cache: stacks >= 2 dense nvfp4/mxfp4 weights of one format and K, got "
+                         f"{[(p.fmt, p.out_features, p.in_features) for p in packeds]}")
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("operand cache: would be allocated inside a CUDA-graph capture; attach it before capturing")
+    for p in packeds:
+        p.layout.pop(KEY, None)     # a separate cache: replaced by the stack's rows (its memory freed first)
+    hs = [hopper_weight(p) for p in packeds]
+    sizes = tuple(h.n for h in hs)
+    dev = packeds[0].q.codes.device
+    st = OperandStack(torch.empty(sum(sizes), hs[0].k, dtype=torch.bfloat16, device=dev),
+                      torch.empty(sum(sizes), dtype=torch.float32, device=dev), sizes)
+    lo = 0
+    for p, n in zip(packeds, sizes):
+        oc = OperandCache(p.layout, st.buf[lo:lo + n], st, lo)
+        oc.refresh_from(p.q)
+        p.layout[KEY] = oc
+        lo += n
+    return st
+
+
+def stacked(packeds: list) -> OperandStack | None:
+    """The stack that `packeds`' caches are, in this order and whole; None if they are not one."""
+    ocs = [p.layout.get(KEY) for p in packeds]
+    st = ocs[0].stack if ocs and ocs[0] is not None else None
+    if st is None or len(ocs) != len(st.sizes):
+        return None
+    lo = 0
+    for oc, n in zip(ocs, st.sizes):
+        if oc is None or oc.stack is not st or oc.lo != lo:
+            return None
+        lo += n
+    return st
+
+
 def cached(packed) -> OperandCache | None:
     return packed.layout.get(KEY)
 
@@ -75,4 +152,10 @@ def operand_cache_matmul(x2: torch.Tensor, packed, row_scale=None, bias=None, ou
     return fp4_dequant.operand_matmul(x2, oc.buf, oc.layout[LAYOUT_KEY], row_scale, bias, out_dtype)
 
 
-__all__ = ["KEY", "OperandCache", "attach", "cached", "operand_cache_matmul", "use_operand_cache"]
+def stacked_matmul(x2: torch.Tensor, st: OperandStack, row_scale=None, out_dtype=torch.bfloat16) -> torch.Tensor:
+    """[M, sum N]: the stacked parts' outputs side by side (module doc), one cuBLAS GEMM + one epilogue."""
+    return fp4_dequant.factor_matmul(x2, st.buf, st.row_factor, row_scale, None, out_dtype)
+
+
+__all__ = ["KEY", "OperandCache", "OperandStack", "attach", "attach_stacked", "cached", "operand_cache_matmul",
+           "stacked", "stacked_matmul", "use_operand_cache"]

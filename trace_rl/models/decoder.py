@@ -110,6 +110,18 @@ class Decoder(nn.Module):
     def linears(self) -> dict[str, Linear]:
         return {name: m for name, m in self.named_modules() if isinstance(m, Linear)}
 
+    def shared_input_groups(self) -> list[list[Linear]]:
+        """The layers that read one input and stay apart (q/k/v, gate/up that `to_rollout` did not stack, e.g.
+        nvfp4): what `models.linear.shared_input` runs together, and what the engine's operand cache stacks."""
+        groups = []
+        for layer in self.model.layers:
+            a, m = layer.self_attn, layer.mlp
+            if a.q_proj is not None:
+                groups.append([a.q_proj, a.k_proj, a.v_proj])
+            if isinstance(m, MLP) and m.gate_proj is not None:
+                groups.append([m.gate_proj, m.up_proj])
+        return groups
+
     def experts(self) -> list[Experts]:
         """The expert groups of the sparse layers (empty for dense models)."""
         return [m for m in self.modules() if isinstance(m, Experts)]

@@ -36,6 +36,10 @@ FUSABLE_WEIGHT_FORMATS = ("bf16", "fp8_e4m3:row", "fp8_e5m2:row", "mxfp4")
 # Rollout layers left unfused (nvfp4's per-tensor scale) that share an input quantize it once (`shared_input`);
 # False: each quantizes it itself (the A/B switch of benchmarks/engine_step_profile.py; the same bits either way).
 SHARE_ROLLOUT_INPUTS = True
+# Such layers whose operand caches the engine stacked (engine.operand_cache.STACK: q/k/v, gate/up of nvfp4) run as one
+# GEMM at large M (`Backend.linear_stacked`); False: one GEMM per layer on the same stacked buffer (the A/B switch of
+# benchmarks/engine_opstack.py). Same operand, activation and scale bits; cuBLAS's accumulation order may differ.
+STACK_ROLLOUT_OPERANDS = True
 
 
 class Linear(nn.Module):
@@ -121,6 +125,9 @@ def shared_input(parts: list[Linear], x: torch.Tensor) -> list[torch.Tensor]:
     them, i.e. nvfp4). In the rollout stage, when all parts have one backend and W4A4 activation format, x is
     quantized once (`Backend.quantize_input`) and each part multiplies that (`linear_quantized`): per-token
     quantization depends on x alone, so the outputs are the same bits with 1 quantize launch instead of len(parts).
+    Where the parts' operand caches are one stack (and `STACK_ROLLOUT_OPERANDS`), one GEMM + epilogue computes all
+    of them (`Backend.linear_stacked`): column views of one [..., sum N] output, equal to the per-part outputs up to
+    cuBLAS's float32 accumulation order (the stacked N may pick another kernel), every rounding the same.
     Activation hooks are called for every part, before the matmuls, as `forward` calls them."""
     first = parts[0].quant
     if (not SHARE_ROLLOUT_INPUTS or len(parts) < 2 or first is None or first.act_fmt == "bf16"
@@ -135,4 +142,8 @@ def shared_input(parts: list[Linear], x: torch.Tensor) -> list[torch.Tensor]:
         if p.activation_hook is not None:
             p.activation_hook(p, x)
     with op_range("linear"):
+        if STACK_ROLLOUT_OPERANDS:
+            y = first.backend.linear_stacked(xq, [p.quant.packed for p in parts], [p.quant.bias for p in parts])
+            if y is not None:
+                return list(y.split([p.quant.out_features for p in parts], dim=-1))
         return [p.quant.backend.linear_quantized(xq, p.quant.packed, p.quant.bias) for p in parts]
