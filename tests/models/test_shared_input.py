@@ -50,3 +50,15 @@ def test_trainer_and_bf16_do_not_share(monkeypatch):
         trainer(tokens)
         _rollout("w4a16")(tokens)                                     # W4A16: nothing to share
     assert not calls
+
+
+def test_shared_input_groups_are_the_unstacked_ones():
+    """`Decoder.shared_input_groups`: q/k/v and gate/up of every layer where `to_rollout` left them apart (nvfp4),
+    none where it stacked them (mxfp4: `FUSABLE_WEIGHT_FORMATS`); the engine's operand cache stacks these."""
+    nv, mx = _rollout("w4a4-kv4"), _rollout("w4a4-kv4-mx")
+    groups = nv.shared_input_groups()
+    n = len(nv.model.layers)
+    assert len(groups) == 2 * n
+    assert [p.name.rsplit(".", 1)[1] for p in groups[0] + groups[1]] == ["q_proj", "k_proj", "v_proj", "gate_proj",
+                                                                          "up_proj"]
+    assert mx.shared_input_groups() == []
