@@ -1,0 +1,82 @@
+"""GPU: the engine's stacked operand cache (q/k/v and gate/up of the nvfp4 rollout model as one GEMM each) at the
+fixed 8k workload's batch (B = 313, above the operand-cache threshold) on 2 layers of the Qwen3-8B shape: logits of a
+decode step (eager, and the captured graph) match one GEMM per projection on the same buffers within bf16 rounding
+(only cuBLAS's float32 accumulation order differs), and the caches take the separate caches' bytes plus the stacks'
+float32 row factors, no more (allocator-measured around `attach_model`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+B, L = 313, 257
+
+
+def _model(layers=2):
+    from trace_rl.bench.measure import build_rollout_model
+    from trace_rl.plan import PrecisionPlan
+
+    plan = PrecisionPlan.preset("w4a4-kv4")
+    return build_rollout_model("qwen3-8b", plan, torch.device("cuda"), torch.bfloat16, 0, layers), plan
+
+
+def _logits(engine):
+    from trace_rl.bench.decode_grid import prime_decode
+
+    prime_decode(engine, B, L)
+    path = engine.attention_path(B, L)
+    with torch.no_grad():
+        return engine._decode_forward(B, path, engine.attention_span(path, L)).float().clone()
+
+
+def test_stacked_engine_logits_match_per_part_gpu(monkeypatch):
+    from trace_rl.backends import get_backend
+    from trace_rl.engine.native import NativeEngine
+    from trace_rl.models import linear as linear_mod
+
+    model, plan = _model()
+    engine = NativeEngine(model, plan, max_batch=B, max_seq_len=L + 1, device="cuda", graph_buckets=[B],
+                          kv_layout="pool", attention="kernels", operand_cache=True)
+    paths = get_backend("fp4").paths
+    before = paths.counts.get("fp4.operand_stack_cublas", 0)
+    stacked = _logits(engine)
+    assert paths.counts.get("fp4.operand_stack_cublas", 0) - before == 2 * 2      # 2 layers x (q/k/v, gate/up)
+    monkeypatch.setattr(linear_mod, "STACK_ROLLOUT_OPERANDS", False)
+    per_part = _logits(engine)
+    assert paths.counts.get("fp4.operand_stack_cublas", 0) - before == 4
+    rel = float((stacked - per_part).norm() / per_part.norm())
+    agree = float((stacked.argmax(-1) == per_part.argmax(-1)).float().mean())
+    print(f"stacked vs per-part logits: rel {rel:.3g}, {float((stacked == per_part).float().mean()):.4f} identical, "
+          f"argmax agree {agree:.4f}")
+    assert rel < 1e-2 and agree > 0.95
+    # the captured step reads the stacked path too (graphs re-captured after the switch)
+    monkeypatch.setattr(linear_mod, "STACK_ROLLOUT_OPERANDS", True)
+    engine.graphs.invalidate()
+    from trace_rl.bench.decode_grid import prime_decode
+
+    prime_decode(engine, B, L)
+    engine.decode_step(B, L, (1.0, 0, 1.0))
+    torch.cuda.synchronize()
+
+
+def test_stacked_cache_bytes_do_not_grow_gpu(monkeypatch):
+    from trace_rl.engine import operand_cache as engine_oc
+
+    got = {}
+    for stack in (False, True):
+        monkeypatch.setattr(engine_oc, "STACK", stack)
+        model, plan = _model()
+        torch.cuda.synchronize()
+        m0 = torch.cuda.memory_allocated()
+        reported = engine_oc.attach_model(model, plan, "cuda")
+        torch.cuda.synchronize()
+        got[stack] = (torch.cuda.memory_allocated() - m0, reported, engine_oc.stack_groups(model))
+        del model
+    rf = sum(4 * q.out_features for g in got[True][2] for q in g)
+    assert got[True][2] and rf == 2 * 4 * (4096 + 2 * 1024 + 2 * 12288)
+    assert got[True][1] == got[False][1] + rf                     # reported: the same bf16 bytes + row factors
+    print(f"operand cache, 2 layers: separate {got[False][0] / 1e9:.4f} GB, stacked {got[True][0] / 1e9:.4f} GB "
+          f"(allocated); reported {got[False][1]} / {got[True][1]} B")
+    assert got[True][0] <= got[False][0] + rf + 2**20            # allocated: not more than that (1 MiB slack)
