@@ -68,7 +68,7 @@ def main() -> None:
         args.model, args.layers, lens, args.batch = "tiny", 0, [9, 17], 3
     device = torch.device("cpu" if dry else "cuda")
 
-    from benchmarks.engine_step_profile import forward_logits
+    from engine_step_profile import forward_logits
     from trace_rl.bench import measure as bm
     from trace_rl.bench.decode_grid import time_step
     from trace_rl.engine import operand_cache as engine_oc
