@@ -69,6 +69,7 @@ def main() -> None:
     device = torch.device("cpu" if dry else "cuda")
 
     from engine_step_profile import forward_logits
+
     from trace_rl.bench import measure as bm
     from trace_rl.bench.decode_grid import time_step
     from trace_rl.engine import operand_cache as engine_oc
