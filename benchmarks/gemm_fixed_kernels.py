@@ -1,0 +1,200 @@
+"""The fixed cost of the Gluon W4A16 FP4 GEMM at M <= 16 (issue 15): what a launch costs with no K step at all, and
+probe variants that cut it (benchmarks/gemm_fixed.py times them; the shipped kernel is unchanged).
+
+Why (benchmarks/results/gemm_compute_h200_1202c.json, `no_k_steps_us`: the compute-only binary with zero K steps):
+split 1 (mxfp4 4096x12288, 96 CTAs) 2.6-2.8 us; split 2 4.6-5.5; split 4 4.8-5.8; split 6 5.4-6.7; split 8 6.3-8.6.
+The split-K epilogue is most of it. Its path on the program that reduces (sm_90 SASS of `_finish`, Triton 3.6,
+n64_k512 nvfp4 bm 16), each step waiting on the one before:
+  STG x8 (partial) -> BAR.SYNC -> MEMBAR.ALL.CTA + MEMBAR.ALL.GPU (the acq_rel ticket's release: waits for the
+  partial's stores to be acknowledged by L2) -> ATOMG.E.ADD.STRONG.GPU (an L2 round trip) -> CCTL.IVALL ->
+  SHFL/STS -> BAR.SYNC -> LDS (the ticket) -> the reduction loop (runtime trip count: ptxas unrolls it by 4 with a
+  remainder, so split 6 / 8 take 2 dependent rounds of LDG.E.STRONG.GPU) -> the row factors' LDG (only now: one more
+  round trip, from HBM the first time) -> FMUL -> STG.
+Variants (`VARIANTS`, all on n64_k512's config: 64-row tiles, 512-column steps, 3 CTAs/SM):
+- `n64_fin`: `_finish_fast`: the row factors loaded before the partial is stored (under the fence and the ticket),
+  the split a constexpr so the reduction is straight-line code (every partial's loads issued before the first add);
+  adds in the same order from the same zeros as `_finish`, so bit-equal to n64_k512;
+- `n64_nosplit`: the shipped kernel at split 1 (192 / 64 programs): its no-K time minus n64_k512's is what the
+  split-K epilogue costs; at 4096x12288 also a candidate (no epilogue, x1.37 busiest SM);
+- `empty`: an empty Gluon kernel launched at the same grid in the same graph: the launch floor no kernel avoids.
+Gluon has no interpreter: these run on an sm_90 GPU only; `gate_case` compiles them for sm_90 on any machine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+
+import gemm_compute_kernels as gc
+from trace_rl.kernels.fp4_gemm_gluon import _consumer, _producer, _shared_layouts
+from trace_rl.kernels.hopper_fp4 import COLS, ROWS
+
+BASE = {v.name: v for v in gc.VARIANTS}["n64_k512"]
+FIN = replace(BASE, name="n64_fin")
+NOSPLIT = replace(BASE, name="n64_nosplit", nv=replace(BASE.nv, split_k=1), mx=replace(BASE.mx, split_k=1))
+VARIANTS = (BASE, FIN, NOSPLIT)
+
+
+@gluon.jit
+def _finish_fast(acc, pid_n, pid_m, tile, pid_k, M, N, rf_ptr, out_ptr, part_ptr, count_ptr, stride_om,
+                 BN: gl.constexpr, BM: gl.constexpr, SPLIT: gl.constexpr):
+    """fp4_gemm_gluon._finish with the row factors loaded first and the split a constexpr (the reduction
+    unrolled: one round of loads instead of ceil(split / 4)). Same adds, same order: the same bits."""
+    layout: gl.constexpr = acc.type.layout
+    rows = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, layout))
+    offs_m = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, layout))
+    n_mask = rows < N
+    rf = gl.expand_dims(gl.load(rf_ptr + rows, mask=n_mask, other=1.0), 1)    # in flight under the ticket
+    ptrs = out_ptr + gl.expand_dims(offs_m, 0).to(gl.int64) * stride_om + gl.expand_dims(rows, 1)
+    mask = gl.expand_dims(n_mask, 1) & gl.expand_dims(offs_m < M, 0)
+    if SPLIT == 1:
+        gl.store(ptrs, (acc * rf).to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        base = part_ptr + tile.to(gl.int64) * (SPLIT * BN * BM)
+        offs = gl.expand_dims(gl.arange(0, BM, layout=gl.SliceLayout(0, layout)), 0) * BN + \
+            gl.expand_dims(gl.arange(0, BN, layout=gl.SliceLayout(1, layout)), 1)
+        gl.store(base + pid_k * (BN * BM) + offs, acc)
+        gl.thread_barrier()
+        ticket = gl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if ticket == SPLIT - 1:
+            total = gl.zeros([BN, BM], gl.float32, layout)
+            for s in gl.static_range(SPLIT):                     # fixed order, straight-line
+                total += gl.load(base + s * (BN * BM) + offs, cache_modifier=".cg")
+            gl.store(ptrs, (total * rf).to(out_ptr.dtype.element_ty), mask=mask)
+            # relaxed: the next launch sees it anyway (kernel boundary); `_finish`'s default acq_rel reset costs a
+            # second MEMBAR.ALL.GPU ahead of the output store
+            gl.atomic_xchg(count_ptr + tile, 0, sem="relaxed", scope="gpu")
+
+
+@gluon.jit
+def _k_range(KB, SPLIT: gl.constexpr):
+    """(first K step, K steps) of program pid_k: as the shipped kernel, with the split a constexpr."""
+    pid_k = gl.program_id(1)
+    per_split = gl.cdiv(KB, SPLIT)
+    kb_lo = pid_k * per_split
+    n_iters = gl.minimum(kb_lo + per_split, KB) - kb_lo
+    return kb_lo, n_iters
+
+
+@gluon.jit(do_not_specialize=["M", "N", "KB"])
+def _fp4_gemm_ws_fin_kernel(w_desc, s_desc, x_desc, rf_ptr, out_ptr, part_ptr, count_ptr, M, N, KB, stride_om,
+                            BN: gl.constexpr, BK: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr,
+                            OVERLAP: gl.constexpr, MX: gl.constexpr, SPLIT: gl.constexpr):
+    """fp4_gemm_gluon._fp4_gemm_ws_kernel with `_finish_fast` (SPLIT: the grid's second axis, a constexpr)."""
+    pid_n = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    pid_m = gl.program_id(2)
+    tile = pid_m * gl.num_programs(0) + pid_n
+    kb_lo, n_iters = _k_range(KB, SPLIT)
+    w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES] + w_desc.block_type.shape, w_desc.layout)
+    s_bufs = gl.allocate_shared_memory(gl.int32, [STAGES] + s_desc.block_type.shape, s_desc.layout)
+    x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES] + x_desc.block_type.shape, x_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    (acc, ) = gl.warp_specialize([
+        (_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, n_iters, BN, BK, BM, STAGES, OVERLAP, MX)),
+        (_producer, (w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, pid_n * (BN // 16), pid_n * BN,
+                     pid_m * BM, kb_lo, n_iters, BK, STAGES)),
+    ], [1], [24])
+    _finish_fast(acc, pid_n, pid_m, tile, pid_k, M, N, rf_ptr, out_ptr, part_ptr, count_ptr, stride_om, BN, BM,
+                 SPLIT)
+
+
+@gluon.jit(do_not_specialize=["M", "N", "KB", "sixteen"])
+def _compute_ws_fin_kernel(w_desc, s_desc, x_desc, rf_ptr, out_ptr, part_ptr, count_ptr, M, N, KB, stride_om,
+                           sixteen, BN: gl.constexpr, BK: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr,
+                           OVERLAP: gl.constexpr, MX: gl.constexpr, SPLIT: gl.constexpr):
+    """gemm_compute_kernels._compute_ws_kernel (no weight bytes read) with `_finish_fast`."""
+    pid_n = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    pid_m = gl.program_id(2)
+    tile = pid_m * gl.num_programs(0) + pid_n
+    kb_lo, n_iters = _k_range(KB, SPLIT)
+    w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES] + w_desc.block_type.shape, w_desc.layout)
+    s_bufs = gl.allocate_shared_memory(gl.int32, [STAGES] + s_desc.block_type.shape, s_desc.layout)
+    x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES] + x_desc.block_type.shape, x_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    (acc, ) = gl.warp_specialize([
+        (gc._compute_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, n_iters, sixteen, BN, BK, BM, STAGES,
+                                OVERLAP, MX, False)),
+        (gc._x_producer, (x_desc, x_bufs, ready, empty, pid_m * BM, kb_lo, n_iters, BK, STAGES)),
+    ], [1], [24])
+    _finish_fast(acc, pid_n, pid_m, tile, pid_k, M, N, rf_ptr, out_ptr, part_ptr, count_ptr, stride_om, BN, BM,
+                 SPLIT)
+
+
+@gluon.jit
+def _empty_kernel(out_ptr):
+    """Nothing (the launch floor): program (0, 0, 0) stores one word, so the kernel is not dead code."""
+    first = (gl.program_id(0) + gl.program_id(1) + gl.program_id(2)) == 0
+    L: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    offs = gl.arange(0, 128, layout=L)
+    gl.store(out_ptr + offs, gl.zeros([128], gl.float32, L), mask=(offs == 0) & first)
+
+
+def full(x2, w, v, out):
+    """out = x2 @ W^T under variant `v` (one of VARIANTS). Returns (kernel, plan)."""
+    if v.name != FIN.name:
+        return gc.full(x2, w, v, out)
+    p, (w_desc, s_desc, x_desc), part, counters = gc._launch_args(x2, w, v, out)
+    c = p["config"]
+    kern = _fp4_gemm_ws_fin_kernel[p["grid"]](
+        w_desc, s_desc, x_desc, w.row_factor, out, part, counters, x2.shape[0], w.n, p["kb"], out.stride(0),
+        BN=c.block_n, BK=p["bk"], BM=p["bm"], STAGES=c.stages, OVERLAP=c.overlap, MX=w.fmt == "mxfp4",
+        SPLIT=p["grid"][1], num_warps=c.num_warps, maxnreg=c.maxnreg)
+    return kern, p
+
+
+def compute_only(x2, w, v, out, k_steps: int | None = None):
+    """The compute-only probe under variant `v` (k_steps = 0: the fixed cost alone). Returns (kernel, plan)."""
+    if v.name != FIN.name:
+        return gc.compute_only(x2, w, v, out, k_steps)
+    p, (w_desc, s_desc, x_desc), part, counters = gc._launch_args(x2, w, v, out)
+    c = p["config"]
+    kern = _compute_ws_fin_kernel[p["grid"]](
+        w_desc, s_desc, x_desc, w.row_factor, out, part, counters, x2.shape[0], w.n,
+        p["kb"] if k_steps is None else k_steps, out.stride(0), 16, BN=c.block_n, BK=p["bk"], BM=p["bm"],
+        STAGES=c.stages, OVERLAP=c.overlap, MX=w.fmt == "mxfp4", SPLIT=p["grid"][1], num_warps=c.num_warps,
+        maxnreg=c.maxnreg)
+    return kern, p
+
+
+def empty(grid, scratch):
+    """The empty kernel at `grid` (4 warps), writing one float of `scratch`."""
+    return _empty_kernel[tuple(grid)](scratch, num_warps=4)
+
+
+def gate_case(v, fmt: str, bm: int, mode: str = "full", split: int = 2):
+    """sass_gate case of what `full` / `compute_only` launch for a variant (n64_fin: at `split`, a constexpr)."""
+    from trace_rl.kernels.sass_gate import GateCase
+
+    if v.name != FIN.name:
+        return gc.gate_case(v, fmt, bm, mode)
+    c = v.config(bm, fmt)
+    bk = v.bk(fmt)
+    wl, sl, xl = _shared_layouts(bm, bk)
+    sig = dict(w_desc=f"tensordesc<i32[{bk // COLS}, {c.block_n // ROWS}, 256],{wl!r}>",
+               s_desc=f"tensordesc<i32[{c.block_n}, {gc.scale_words(fmt, bk)}],{sl!r}>",
+               x_desc=f"tensordesc<bf16[{bm}, {bk}],{xl!r}>", rf_ptr="*fp32", out_ptr="*bf16",
+               part_ptr="*fp32", count_ptr="*i32", M="i32", N="i32", KB="i32", stride_om="i32")
+    consts = dict(BN=c.block_n, BK=bk, BM=bm, STAGES=c.stages, OVERLAP=c.overlap, MX=fmt == "mxfp4", SPLIT=split)
+    if mode == "full":
+        kernel = _fp4_gemm_ws_fin_kernel
+    else:
+        kernel = _compute_ws_fin_kernel
+        sig = {**{k: s for k, s in sig.items() if k != "stride_om"}, "stride_om": "i32", "sixteen": "i32"}
+    return GateCase(f"gemmfix {v.name} {mode} {fmt} bm{bm} split{split} {c.block_n}x{bk} w{c.num_warps}"
+                    f"s{c.stages} r{c.maxnreg}", kernel, sig, consts, c.num_warps, 1,
+                    c.block_n * bk / (32 * c.num_warps), 99.0,
+                    ("rf_ptr", "out_ptr", "part_ptr", "count_ptr", "stride_om"), max_full_waits=99,
+                    options=(("maxnreg", c.maxnreg), ), require=("USETMAXREG", "SYNCS.PHASECHK", "UTMALDG"))
