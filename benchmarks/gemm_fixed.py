@@ -11,14 +11,17 @@ replays after 3 warm-up, microseconds per call):
   own fixed cost: launch + epilogue, almost no K);
 - `empty_us[grid]`: an empty Gluon kernel (4 warps) at each variant's grid: the launch floor of back-to-back
   kernels in a graph, which no variant avoids;
-- per variant (`shipped`: the launcher's own config; `n64_k512`, `n64_fin`, `n64_nosplit`): the full launch's output
+- `empty_pdl_us`: the same empty kernel launched with PDL (launch_dependents + wait): the overlapped launch floor;
+- per variant (`shipped`: the launcher's own config; `n64_k512`, `n64_fin`, `n64_nosplit`, `n64_fin_pdl`: n64_fin
+  with programmatic dependent launch, each call overlapping the previous one's tail): the full launch's output
   against the torch reference (x @ dequantize(W)^T in float32, relative Frobenius error < 1e-2, else not timed) and
-  against n64_k512's (`bit_equal_n64_k512`: n64_fin must be), then `full_us`, `compute_only_us` (no weight bytes
+  against n64_k512's (`bit_equal_n64_k512`: n64_fin and n64_fin_pdl must be), then `full_us`, `compute_only_us` (no weight bytes
   read) and `no_k_steps_us` (the compute-only binary with zero K steps: launch + setup + epilogue), the plan and the
   compiled kernel's registers / spills / shared bytes;
 - `split`: the fixed cost taken apart at n64's tiles: `launch_floor` = empty at n64_k512's grid, `setup_and_store` =
   n64_nosplit's no-K minus the empty kernel at its grid, `split_k_epilogue` = n64_k512's no-K minus n64_nosplit's,
-  `fin_saves` = n64_k512's no-K minus n64_fin's.
+  `fin_saves` = n64_k512's no-K minus n64_fin's (`fin_saves_full`: full), `pdl_saves_no_k` / `pdl_saves_full` =
+  n64_fin's minus n64_fin_pdl's, `launch_floor_pdl`, `cublas_fixed` (cuBLAS at K = 256).
 All kernels compile first in worker processes at the real shapes (n64_fin's split is a constexpr). The JSON is
 rewritten after every row; past `--budget-s` no new (format, shape) starts ("skipped").
 """
@@ -53,7 +56,8 @@ def _variant(name: str):
 def epilogue_facts(sass: str) -> dict:
     """What runs outside the main (K) loop, from the consumer's side: instructions up to the last EXIT minus the
     loop's, and the long-latency events after the loop (the split-K epilogue's fences, atomics, global loads and
-    stores, CTA barriers, and backward branches around global loads: a runtime-bounded reduction loop)."""
+    stores, CTA barriers, and backward branches around global loads: a runtime-bounded reduction loop); PDL:
+    griddepcontrol.wait (ACQBULK) / launch_dependents (PREEXIT) and the TMA loads placed before the first wait."""
     from trace_rl.kernels import sass_gate as sg
 
     lines = [(int(m.group(1), 16), m.group(2)) for m in map(sg._LINE.match, sass.splitlines()) if m]
@@ -75,7 +79,12 @@ def epilogue_facts(sass: str) -> dict:
         if m and int(m.group(1), 16) < addr:
             span = [t for a, t in after if int(m.group(1), 16) <= a <= addr]
             back += any("LDG" in t for t in span)
-    return {"instructions_total": len(body), "instructions_loop": len(loop),
+    first_wait = next((a for a, t in body if t.startswith("ACQBULK")), None)
+    pdl = {"gdc_wait": sum(t.startswith("ACQBULK") for _, t in body),
+           "gdc_launch": sum(t.startswith("PREEXIT") for _, t in body),
+           "tma_before_gdc_wait": 0 if first_wait is None else
+           sum(t.startswith("UTMALDG") for a, t in body if a < first_wait)}
+    return {**pdl, "instructions_total": len(body), "instructions_loop": len(loop),
             "instructions_outside_loop": len(body) - len(loop), "after_loop": len(after),
             "membar_gpu": sum(o.startswith("MEMBAR.ALL.GPU") for o in ops),
             "atomics": sum(o.startswith(("ATOMG", "RED")) for o in ops),
@@ -104,7 +113,8 @@ def dry(out: str) -> int:
                         res["errors"].append(f"plan {fmt} {K}x{N} M {M} {v.name}: {e!r}")
     cases = [(v, fmt, bm, mode, 2) for v in (gf.BASE, ) for fmt in FMTS for bm in (8, 16)
              for mode in ("full", "compute")]
-    cases += [(gf.FIN, fmt, bm, mode, s) for fmt, bm, s in sorted(splits) for mode in ("full", "compute")]
+    cases += [(v, fmt, bm, mode, s) for v in (gf.FIN, gf.FIN_PDL) for fmt, bm, s in sorted(splits)
+              for mode in ("full", "compute")]
     for v, fmt, bm, mode, split in cases:
         case = gf.gate_case(v, fmt, bm, mode, split)
         try:
@@ -119,11 +129,14 @@ def dry(out: str) -> int:
                                "registers": r.registers, "spills": r.spills, "violations": r.violations, **e})
         print(f"{case.name}: {r.registers} regs, {r.spills} B spilled, {e}", flush=True)
     try:
-        ec = sg.GateCase("gemmfix empty", gf._empty_kernel, {"out_ptr": "*fp32"}, {}, 4, 1, 1.0, 1e9,
-                         register_a=False, whole_kernel=True, max_full_waits=99)
-        sass, use = sg.compile_sass(ec)
-        res["compile"].append({"case": ec.name, "instructions_total": len(sg.whole_kernel(sass)),
-                               "registers": use.get("REG")})
+        for pdl in (False, True):
+            ec = sg.GateCase(f"gemmfix empty{' pdl' if pdl else ''}", gf._empty_kernel, {"out_ptr": "*fp32"},
+                             {"PDL": pdl}, 4, 1, 1.0, 1e9, register_a=False, whole_kernel=True, max_full_waits=99,
+                             options=(("launch_pdl", True), ) if pdl else ())
+            sass, use = sg.compile_sass(ec)
+            body = sg.whole_kernel(sass)
+            res["compile"].append({"case": ec.name, "instructions_total": len(body), "registers": use.get("REG"),
+                                   "griddepcontrol": [t for t in body if t.startswith(("PREEXIT", "ACQBULK"))]})
     except Exception as e:   # noqa: BLE001
         res["errors"].append(f"compile empty: {e!r}"[:600])
     with open(out, "w") as f:
@@ -187,6 +200,8 @@ def _row(res, fmt, K, N, M, x, hws, w_ref, sms, hung, graph_us):
             grid = tuple(r["plan"]["grid"])
             if str(grid) not in row["empty_us"]:
                 row["empty_us"][str(grid)] = graph_us([lambda g=grid: gf.empty(g, scratch) for _ in hws])
+            if v is gf.FIN_PDL:
+                row["empty_pdl_us"] = graph_us([lambda g=grid: gf.empty(g, scratch, True) for _ in hws])
             out = torch.empty(M, N, device=dev, dtype=torch.bfloat16)
             kern, _ = gf.full(x, hws[0], v, out)
             torch.cuda.synchronize()
@@ -199,8 +214,8 @@ def _row(res, fmt, K, N, M, x, hws, w_ref, sms, hung, graph_us):
             elif y_base is not None and v is not gc.SHIPPED:
                 r["bit_equal_n64_k512"] = bool(torch.equal(y, y_base))
             r["ok"] = r["finite"] and r["rel_ref"] < 1e-2
-            if v is gf.FIN and r.get("bit_equal_n64_k512") is False:
-                err.append(f"{fmt} {K}x{N} M {M} n64_fin: not bit-equal to n64_k512 (same adds, same order)")
+            if v.name in gf.FAST and r.get("bit_equal_n64_k512") is False:
+                err.append(f"{fmt} {K}x{N} M {M} {v.name}: not bit-equal to n64_k512 (same adds, same order)")
             if r["ok"]:
                 r["full_us"] = graph_us([lambda h=h, x=x, v=v, o=out: gf.full(x, h, v, o) for h in hws])
                 if "cublas_bf16_us" in row:
@@ -241,6 +256,15 @@ def decompose(row: dict) -> dict:
         out["split_k_epilogue"] = nok("n64_k512") - nok("n64_nosplit")
     if nok("n64_k512") is not None and nok("n64_fin") is not None:
         out["fin_saves"] = nok("n64_k512") - nok("n64_fin")
+    if nok("n64_fin") is not None and nok("n64_fin_pdl") is not None:
+        out["pdl_saves_no_k"] = nok("n64_fin") - nok("n64_fin_pdl")
+    full = {n: row.get(n, {}).get("full_us") for n in ("n64_k512", "n64_fin", "n64_fin_pdl")}
+    if full["n64_fin"] is not None and full["n64_k512"] is not None:
+        out["fin_saves_full"] = full["n64_k512"] - full["n64_fin"]
+    if full["n64_fin"] is not None and full["n64_fin_pdl"] is not None:
+        out["pdl_saves_full"] = full["n64_fin"] - full["n64_fin_pdl"]
+    if "empty_pdl_us" in row:
+        out["launch_floor_pdl"] = row["empty_pdl_us"]
     if "cublas_tiny_k_us" in row:
         out["cublas_fixed"] = row["cublas_tiny_k_us"]
     return {k: round(v, 3) for k, v in out.items()}

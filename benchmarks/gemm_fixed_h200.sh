@@ -8,7 +8,9 @@
 #    the real shapes), then per format (nvfp4, mxfp4), K x N (4096x12288, 12288x4096) and M (1, 16): cuBLAS BF16 at
 #    the shape and at K = 256 (its fixed cost); an empty Gluon kernel at each variant's grid (the launch floor);
 #    for shipped (the launcher's config), n64_k512 (the fastest probe variant), n64_fin (row factors before the
-#    ticket, constexpr split: one round of partial loads, one GPU fence) and n64_nosplit (split 1): the full output
+#    ticket, constexpr split: one round of partial loads, one GPU fence), n64_nosplit (split 1) and n64_fin_pdl
+#    (n64_fin as a programmatic dependent launch: next call's setup + weight TMAs under this one's tail; the empty
+#    kernel with PDL too): the full output
 #    against the torch reference (rel < 1e-2, else not timed) and n64_k512's (n64_fin bit-equal), then full,
 #    compute-only and no-K-step us (CUDA graph over weight copies > L2, median of 15 replays after 3 warm-up), the
 #    plan, registers / spills; and `split`: launch floor, setup + store, split-K epilogue, what n64_fin saves.

@@ -16,7 +16,14 @@ Variants (`VARIANTS`, all on n64_k512's config: 64-row tiles, 512-column steps, 
   adds in the same order from the same zeros as `_finish`, so bit-equal to n64_k512;
 - `n64_nosplit`: the shipped kernel at split 1 (192 / 64 programs): its no-K time minus n64_k512's is what the
   split-K epilogue costs; at 4096x12288 also a candidate (no epilogue, x1.37 busiest SM);
-- `empty`: an empty Gluon kernel launched at the same grid in the same graph: the launch floor no kernel avoids.
+- `n64_fin_pdl`: n64_fin launched as a programmatic dependent launch (PDL, `launch_pdl`; captured into the graph
+  as a programmatic edge): every CTA signals `griddepcontrol.launch_dependents` at once, so the next GEMM's CTAs
+  are scheduled as this one's exit and run their launch, barrier init, setmaxnreg and the first STAGES steps' weight
+  TMAs (weights: no earlier kernel writes them) under its tail; `griddepcontrol.wait` before the first activation
+  TMA and before any global write (partials, ticket, out). Same math as n64_fin (bit-equal to n64_k512). Whether a
+  model's step gets this depends on the kernel before it launching dependents too (cuBLAS, torch ops do not);
+- `empty`: an empty Gluon kernel launched at the same grid in the same graph: the launch floor no kernel avoids
+  (and the same with PDL: the floor of overlapped launches).
 Gluon has no interpreter: these run on an sm_90 GPU only; `gate_case` compiles them for sm_90 on any machine.
 """
 
@@ -26,7 +33,7 @@ from dataclasses import replace
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 import gemm_compute_kernels as gc
 from trace_rl.kernels.fp4_gemm_gluon import _consumer, _producer, _shared_layouts
@@ -35,12 +42,63 @@ from trace_rl.kernels.hopper_fp4 import COLS, ROWS
 BASE = {v.name: v for v in gc.VARIANTS}["n64_k512"]
 FIN = replace(BASE, name="n64_fin")
 NOSPLIT = replace(BASE, name="n64_nosplit", nv=replace(BASE.nv, split_k=1), mx=replace(BASE.mx, split_k=1))
-VARIANTS = (BASE, FIN, NOSPLIT)
+FIN_PDL = replace(BASE, name="n64_fin_pdl")
+VARIANTS = (BASE, FIN, NOSPLIT, FIN_PDL)
+FAST = (FIN.name, FIN_PDL.name)          # launched through this module's kernels
+
+
+@gluon.jit
+def _gdc_wait():
+    """griddepcontrol.wait: block until the grids this one depends on (programmatic dependent launch) have completed
+    and their memory is visible; at once without PDL."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _gdc_launch():
+    """griddepcontrol.launch_dependents: the next kernel's CTAs may be scheduled once every CTA of this grid has
+    issued it (or exited); they run their prologue and wait in `_gdc_wait`."""
+    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
+                              is_pure=False, pack=1)
+
+
+@gluon.jit
+def _producer_pdl(w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, n16_0, row0, m0, kb_lo, n_iters,
+                  BK: gl.constexpr, STAGES: gl.constexpr):
+    """fp4_gemm_gluon._producer under PDL: the first STAGES steps' weight words and scales (no earlier kernel writes
+    them) are requested before `_gdc_wait`, overlapping the previous kernel's tail; every activation tile after it
+    (an earlier kernel may have written x). A slot's `ready` expects all three boxes, so the consumer is unchanged."""
+    nbytes: gl.constexpr = w_desc.block_type.nbytes + s_desc.block_type.nbytes + x_desc.block_type.nbytes
+    for it in range(gl.minimum(n_iters, STAGES)):        # fresh slots: no `empty` wait in the first round
+        bar = ready.index(it)
+        mbarrier.expect(bar, nbytes)
+        kb = kb_lo + it
+        tma.async_copy_global_to_shared(w_desc, [kb * (BK // 128), n16_0, 0], bar, w_bufs.index(it))
+        tma.async_copy_global_to_shared(s_desc, [row0, kb * s_desc.block_type.shape[1]], bar, s_bufs.index(it))
+    _gdc_wait()
+    for it in range(n_iters):
+        slot = it % STAGES
+        bar = ready.index(slot)
+        kb = kb_lo + it
+        if it >= STAGES:
+            mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)
+            mbarrier.expect(bar, nbytes)
+            tma.async_copy_global_to_shared(w_desc, [kb * (BK // 128), n16_0, 0], bar, w_bufs.index(slot))
+            tma.async_copy_global_to_shared(s_desc, [row0, kb * s_desc.block_type.shape[1]], bar,
+                                            s_bufs.index(slot))
+        tma.async_copy_global_to_shared(x_desc, [m0, kb * BK], bar, x_bufs.index(slot))
+
+
+@gluon.jit
+def _x_producer_pdl(x_desc, x_bufs, ready, empty, m0, kb_lo, n_iters, BK: gl.constexpr, STAGES: gl.constexpr):
+    """gemm_compute_kernels._x_producer after `_gdc_wait` (the compute-only probe reads only activations)."""
+    _gdc_wait()
+    gc._x_producer(x_desc, x_bufs, ready, empty, m0, kb_lo, n_iters, BK, STAGES)
 
 
 @gluon.jit
 def _finish_fast(acc, pid_n, pid_m, tile, pid_k, M, N, rf_ptr, out_ptr, part_ptr, count_ptr, stride_om,
-                 BN: gl.constexpr, BM: gl.constexpr, SPLIT: gl.constexpr):
+                 BN: gl.constexpr, BM: gl.constexpr, SPLIT: gl.constexpr, PDL: gl.constexpr = False):
     """fp4_gemm_gluon._finish with the row factors loaded first and the split a constexpr (the reduction
     unrolled: one round of loads instead of ceil(split / 4)). Same adds, same order: the same bits."""
     layout: gl.constexpr = acc.type.layout
@@ -50,6 +108,8 @@ def _finish_fast(acc, pid_n, pid_m, tile, pid_k, M, N, rf_ptr, out_ptr, part_ptr
     rf = gl.expand_dims(gl.load(rf_ptr + rows, mask=n_mask, other=1.0), 1)    # in flight under the ticket
     ptrs = out_ptr + gl.expand_dims(offs_m, 0).to(gl.int64) * stride_om + gl.expand_dims(rows, 1)
     mask = gl.expand_dims(n_mask, 1) & gl.expand_dims(offs_m < M, 0)
+    if PDL:                  # no global write (partials, tickets, out) before the previous kernel has completed
+        _gdc_wait()
     if SPLIT == 1:
         gl.store(ptrs, (acc * rf).to(out_ptr.dtype.element_ty), mask=mask)
     else:
@@ -82,7 +142,8 @@ def _k_range(KB, SPLIT: gl.constexpr):
 @gluon.jit(do_not_specialize=["M", "N", "KB"])
 def _fp4_gemm_ws_fin_kernel(w_desc, s_desc, x_desc, rf_ptr, out_ptr, part_ptr, count_ptr, M, N, KB, stride_om,
                             BN: gl.constexpr, BK: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr,
-                            OVERLAP: gl.constexpr, MX: gl.constexpr, SPLIT: gl.constexpr):
+                            OVERLAP: gl.constexpr, MX: gl.constexpr, SPLIT: gl.constexpr,
+                            PDL: gl.constexpr = False):
     """fp4_gemm_gluon._fp4_gemm_ws_kernel with `_finish_fast` (SPLIT: the grid's second axis, a constexpr)."""
     pid_n = gl.program_id(0)
     pid_k = gl.program_id(1)
@@ -97,19 +158,28 @@ def _fp4_gemm_ws_fin_kernel(w_desc, s_desc, x_desc, rf_ptr, out_ptr, part_ptr, c
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
-    (acc, ) = gl.warp_specialize([
-        (_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, n_iters, BN, BK, BM, STAGES, OVERLAP, MX)),
-        (_producer, (w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, pid_n * (BN // 16), pid_n * BN,
-                     pid_m * BM, kb_lo, n_iters, BK, STAGES)),
-    ], [1], [24])
+    if PDL:
+        _gdc_launch()
+        (acc, ) = gl.warp_specialize([
+            (_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, n_iters, BN, BK, BM, STAGES, OVERLAP, MX)),
+            (_producer_pdl, (w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, pid_n * (BN // 16),
+                             pid_n * BN, pid_m * BM, kb_lo, n_iters, BK, STAGES)),
+        ], [1], [24])
+    else:
+        (acc, ) = gl.warp_specialize([
+            (_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, n_iters, BN, BK, BM, STAGES, OVERLAP, MX)),
+            (_producer, (w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, pid_n * (BN // 16),
+                         pid_n * BN, pid_m * BM, kb_lo, n_iters, BK, STAGES)),
+        ], [1], [24])
     _finish_fast(acc, pid_n, pid_m, tile, pid_k, M, N, rf_ptr, out_ptr, part_ptr, count_ptr, stride_om, BN, BM,
-                 SPLIT)
+                 SPLIT, PDL)
 
 
 @gluon.jit(do_not_specialize=["M", "N", "KB", "sixteen"])
 def _compute_ws_fin_kernel(w_desc, s_desc, x_desc, rf_ptr, out_ptr, part_ptr, count_ptr, M, N, KB, stride_om,
                            sixteen, BN: gl.constexpr, BK: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr,
-                           OVERLAP: gl.constexpr, MX: gl.constexpr, SPLIT: gl.constexpr):
+                           OVERLAP: gl.constexpr, MX: gl.constexpr, SPLIT: gl.constexpr,
+                           PDL: gl.constexpr = False):
     """gemm_compute_kernels._compute_ws_kernel (no weight bytes read) with `_finish_fast`."""
     pid_n = gl.program_id(0)
     pid_k = gl.program_id(1)
@@ -124,18 +194,30 @@ def _compute_ws_fin_kernel(w_desc, s_desc, x_desc, rf_ptr, out_ptr, part_ptr, co
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
-    (acc, ) = gl.warp_specialize([
-        (gc._compute_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, n_iters, sixteen, BN, BK, BM, STAGES,
-                                OVERLAP, MX, False)),
-        (gc._x_producer, (x_desc, x_bufs, ready, empty, pid_m * BM, kb_lo, n_iters, BK, STAGES)),
-    ], [1], [24])
+    if PDL:
+        _gdc_launch()
+        (acc, ) = gl.warp_specialize([
+            (gc._compute_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, n_iters, sixteen, BN, BK, BM, STAGES,
+                                    OVERLAP, MX, False)),
+            (_x_producer_pdl, (x_desc, x_bufs, ready, empty, pid_m * BM, kb_lo, n_iters, BK, STAGES)),
+        ], [1], [24])
+    else:
+        (acc, ) = gl.warp_specialize([
+            (gc._compute_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, n_iters, sixteen, BN, BK, BM, STAGES,
+                                    OVERLAP, MX, False)),
+            (gc._x_producer, (x_desc, x_bufs, ready, empty, pid_m * BM, kb_lo, n_iters, BK, STAGES)),
+        ], [1], [24])
     _finish_fast(acc, pid_n, pid_m, tile, pid_k, M, N, rf_ptr, out_ptr, part_ptr, count_ptr, stride_om, BN, BM,
-                 SPLIT)
+                 SPLIT, PDL)
 
 
 @gluon.jit
-def _empty_kernel(out_ptr):
-    """Nothing (the launch floor): program (0, 0, 0) stores one word, so the kernel is not dead code."""
+def _empty_kernel(out_ptr, PDL: gl.constexpr = False):
+    """Nothing (the launch floor): program (0, 0, 0) stores one word, so the kernel is not dead code. PDL: launch
+    dependents at once, wait before the store (the floor of back-to-back launches that overlap)."""
+    if PDL:
+        _gdc_launch()
+        _gdc_wait()
     first = (gl.program_id(0) + gl.program_id(1) + gl.program_id(2)) == 0
     L: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     offs = gl.arange(0, 128, layout=L)
@@ -144,33 +226,37 @@ def _empty_kernel(out_ptr):
 
 def full(x2, w, v, out):
     """out = x2 @ W^T under variant `v` (one of VARIANTS). Returns (kernel, plan)."""
-    if v.name != FIN.name:
+    if v.name not in FAST:
         return gc.full(x2, w, v, out)
     p, (w_desc, s_desc, x_desc), part, counters = gc._launch_args(x2, w, v, out)
     c = p["config"]
     kern = _fp4_gemm_ws_fin_kernel[p["grid"]](
         w_desc, s_desc, x_desc, w.row_factor, out, part, counters, x2.shape[0], w.n, p["kb"], out.stride(0),
         BN=c.block_n, BK=p["bk"], BM=p["bm"], STAGES=c.stages, OVERLAP=c.overlap, MX=w.fmt == "mxfp4",
-        SPLIT=p["grid"][1], num_warps=c.num_warps, maxnreg=c.maxnreg)
+        SPLIT=p["grid"][1], PDL=v is FIN_PDL, num_warps=c.num_warps, maxnreg=c.maxnreg,
+        **({"launch_pdl": True} if v is FIN_PDL else {}))
     return kern, p
 
 
 def compute_only(x2, w, v, out, k_steps: int | None = None):
     """The compute-only probe under variant `v` (k_steps = 0: the fixed cost alone). Returns (kernel, plan)."""
-    if v.name != FIN.name:
+    if v.name not in FAST:
         return gc.compute_only(x2, w, v, out, k_steps)
     p, (w_desc, s_desc, x_desc), part, counters = gc._launch_args(x2, w, v, out)
     c = p["config"]
     kern = _compute_ws_fin_kernel[p["grid"]](
         w_desc, s_desc, x_desc, w.row_factor, out, part, counters, x2.shape[0], w.n,
         p["kb"] if k_steps is None else k_steps, out.stride(0), 16, BN=c.block_n, BK=p["bk"], BM=p["bm"],
-        STAGES=c.stages, OVERLAP=c.overlap, MX=w.fmt == "mxfp4", SPLIT=p["grid"][1], num_warps=c.num_warps,
-        maxnreg=c.maxnreg)
+        STAGES=c.stages, OVERLAP=c.overlap, MX=w.fmt == "mxfp4", SPLIT=p["grid"][1], PDL=v is FIN_PDL,
+        num_warps=c.num_warps, maxnreg=c.maxnreg, **({"launch_pdl": True} if v is FIN_PDL else {}))
     return kern, p
 
 
-def empty(grid, scratch):
-    """The empty kernel at `grid` (4 warps), writing one float of `scratch`."""
+def empty(grid, scratch, pdl: bool = False):
+    """The empty kernel at `grid` (4 warps), writing one float of `scratch` (pdl: launched as a programmatic
+    dependent of the kernel before it)."""
+    if pdl:
+        return _empty_kernel[tuple(grid)](scratch, PDL=True, num_warps=4, launch_pdl=True)
     return _empty_kernel[tuple(grid)](scratch, num_warps=4)
 
 
@@ -178,7 +264,7 @@ def gate_case(v, fmt: str, bm: int, mode: str = "full", split: int = 2):
     """sass_gate case of what `full` / `compute_only` launch for a variant (n64_fin: at `split`, a constexpr)."""
     from trace_rl.kernels.sass_gate import GateCase
 
-    if v.name != FIN.name:
+    if v.name not in FAST:
         return gc.gate_case(v, fmt, bm, mode)
     c = v.config(bm, fmt)
     bk = v.bk(fmt)
@@ -187,7 +273,8 @@ def gate_case(v, fmt: str, bm: int, mode: str = "full", split: int = 2):
                s_desc=f"tensordesc<i32[{c.block_n}, {gc.scale_words(fmt, bk)}],{sl!r}>",
                x_desc=f"tensordesc<bf16[{bm}, {bk}],{xl!r}>", rf_ptr="*fp32", out_ptr="*bf16",
                part_ptr="*fp32", count_ptr="*i32", M="i32", N="i32", KB="i32", stride_om="i32")
-    consts = dict(BN=c.block_n, BK=bk, BM=bm, STAGES=c.stages, OVERLAP=c.overlap, MX=fmt == "mxfp4", SPLIT=split)
+    consts = dict(BN=c.block_n, BK=bk, BM=bm, STAGES=c.stages, OVERLAP=c.overlap, MX=fmt == "mxfp4", SPLIT=split,
+                  PDL=v is FIN_PDL)
     if mode == "full":
         kernel = _fp4_gemm_ws_fin_kernel
     else:
@@ -197,4 +284,5 @@ def gate_case(v, fmt: str, bm: int, mode: str = "full", split: int = 2):
                     f"s{c.stages} r{c.maxnreg}", kernel, sig, consts, c.num_warps, 1,
                     c.block_n * bk / (32 * c.num_warps), 99.0,
                     ("rf_ptr", "out_ptr", "part_ptr", "count_ptr", "stride_om"), max_full_waits=99,
-                    options=(("maxnreg", c.maxnreg), ), require=("USETMAXREG", "SYNCS.PHASECHK", "UTMALDG"))
+                    options=(("maxnreg", c.maxnreg), ) + ((("launch_pdl", True), ) if v is FIN_PDL else ()),
+                    require=("USETMAXREG", "SYNCS.PHASECHK", "UTMALDG"))

@@ -72,6 +72,7 @@ def test_epilogue_facts():
     e = gfb.epilogue_facts(SASS)
     assert e["instructions_total"] == 12 and e["instructions_loop"] == 2 and e["instructions_outside_loop"] == 10
     assert (e["membar_gpu"], e["atomics"], e["ldg"], e["stg"], e["bar_sync"], e["load_loops"]) == (1, 1, 1, 2, 1, 1)
+    assert (e["gdc_wait"], e["gdc_launch"], e["tma_before_gdc_wait"]) == (0, 0, 0)
 
 
 def test_measure_bookkeeping(tmp_path, monkeypatch):
@@ -104,17 +105,20 @@ def test_measure_bookkeeping(tmp_path, monkeypatch):
 
     monkeypatch.setattr(gf, "full", fake_full)
     monkeypatch.setattr(gf, "compute_only", lambda x, w, v, out, k_steps=None: (kern, None))
-    monkeypatch.setattr(gf, "empty", lambda grid, scratch: launched.append(tuple(grid)))
+    monkeypatch.setattr(gf, "empty", lambda grid, scratch, pdl=False: launched.append((tuple(grid), pdl)))
     out = str(tmp_path / "gemm_fixed.json")
     gfb.measure(SimpleNamespace(out=out, budget_s=60.0, no_precompile=True))
     r = json.load(open(out))
     assert len(r["rows"]) == 4 and not r["skipped"]
-    assert set(launched) == {(4, 1, 1), (2, 1, 1)}   # 256 rows: shipped's 128-row tiles, n64's 64-row (split 1)
+    # 256 rows: shipped's 128-row tiles, n64's 64-row (split 1); PDL's floor at n64's grid
+    assert set(launched) == {((4, 1, 1), False), ((2, 1, 1), False), ((4, 1, 1), True)}
     for row in r["rows"]:
         assert row["cublas_bf16_us"] > 0 and row["cublas_tiny_k_us"] > 0 and len(row["empty_us"]) == 2
-        assert set(row["split"]) == {"launch_floor", "setup_and_store", "split_k_epilogue", "fin_saves",
-                                     "cublas_fixed"}
-        for name in ("shipped", "n64_k512", "n64_nosplit"):
+        assert row["empty_pdl_us"] > 0
+        keys = {"launch_floor", "setup_and_store", "split_k_epilogue", "fin_saves", "cublas_fixed",
+                "pdl_saves_no_k", "launch_floor_pdl"}
+        assert set(row["split"]) == keys | ({"fin_saves_full", "pdl_saves_full"} if row["fmt"] == "nvfp4" else set())
+        for name in ("shipped", "n64_k512", "n64_nosplit", "n64_fin_pdl"):
             v = row[name]
             assert v["ok"] and v["full_us"] > 0 and v["no_k_steps_us"] > 0 and v["compute_only_us"] > 0, name
         assert row["n64_nosplit"]["bit_equal_n64_k512"] is False and "bit_equal_n64_k512" not in row["shipped"]
@@ -131,12 +135,15 @@ def test_measure_bookkeeping(tmp_path, monkeypatch):
     row = s["rows"][0]
     assert row["n64_k512"]["full_us"] > 0 and row["n64_fin"]["bit_equal_n64_k512"] and row["split"]
     assert row["shipped"]["no_k_us"] > 0 and row["n64_nosplit"]["grid"] == [4, 1, 1]
+    assert row["n64_fin_pdl"]["bit_equal_n64_k512"] and "pdl_saves_full" in row["split"]
 
 
 @pytest.mark.skipif(not __import__("triton").__version__.startswith("3.6"), reason="Gluon is Triton 3.6 here")
 def test_compile_sm90(tmp_path):
-    """Every kernel compiles for sm_90 without spills; n64_fin's epilogue has one MEMBAR.ALL.GPU and no loop
-    around its partial loads, n64_k512's two and two; the empty kernel compiles."""
+    """Every kernel compiles for sm_90 without spills; n64_fin's (and n64_fin_pdl's) epilogue has one
+    MEMBAR.ALL.GPU and no loop around its partial loads, n64_k512's two and two; n64_fin_pdl's producer requests
+    weight boxes before griddepcontrol.wait (ACQBULK) and the kernel launches dependents (PREEXIT); the empty
+    kernel compiles with and without PDL."""
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)
     out = tmp_path / "dry.json"
@@ -145,8 +152,15 @@ def test_compile_sm90(tmp_path):
     r = json.load(open(out))
     assert rc == 0 and not r["errors"]
     kernels = [c for c in r["compile"] if "variant" in c]
-    assert len(kernels) == 8 + 16 and any(c["case"] == "gemmfix empty" for c in r["compile"])
+    assert len(kernels) == 8 + 16 + 16
+    empties = {c["case"]: c for c in r["compile"] if "empty" in c["case"]}
+    assert empties["gemmfix empty"]["griddepcontrol"] == [] and \
+        empties["gemmfix empty pdl"]["griddepcontrol"] == ["PREEXIT", "ACQBULK"]
     for c in kernels:
         assert not c["violations"] and c["spills"] == 0 and c["registers"] <= 80, c
-        fin = c["variant"] == "n64_fin"
+        pdl = c["variant"] == "n64_fin_pdl"
+        assert (c["gdc_wait"] > 0, c["gdc_launch"] > 0) == (pdl, pdl), c
+        if pdl:        # the full kernel's producer: weight words + scales of the first slot(s) before the wait
+            assert c["tma_before_gdc_wait"] >= (2 if c["mode"] == "full" else 0), c
+        fin = c["variant"] in ("n64_fin", "n64_fin_pdl")
         assert (c["membar_gpu"], c["load_loops"]) == ((1, 0) if fin else (2, 2)), c
