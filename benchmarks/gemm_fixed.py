@@ -13,7 +13,8 @@ replays after 3 warm-up, microseconds per call):
   kernels in a graph, which no variant avoids;
 - `empty_pdl_us`: the same empty kernel launched with PDL (launch_dependents + wait): the overlapped launch floor;
 - per variant (`shipped`: the launcher's own config; `n64_k512`, `n64_fin`, `n64_nosplit`, `n64_fin_pdl`: n64_fin
-  with programmatic dependent launch, each call overlapping the previous one's tail): the full launch's output
+  with programmatic dependent launch, each call overlapping the previous one's tail; `n64_nosplit_pdl`: the same at
+  split 1): the full launch's output
   against the torch reference (x @ dequantize(W)^T in float32, relative Frobenius error < 1e-2, else not timed) and
   against n64_k512's (`bit_equal_n64_k512`: n64_fin and n64_fin_pdl must be), then `full_us`, `compute_only_us` (no weight bytes
   read) and `no_k_steps_us` (the compute-only binary with zero K steps: launch + setup + epilogue), the plan and the
@@ -21,7 +22,7 @@ replays after 3 warm-up, microseconds per call):
 - `split`: the fixed cost taken apart at n64's tiles: `launch_floor` = empty at n64_k512's grid, `setup_and_store` =
   n64_nosplit's no-K minus the empty kernel at its grid, `split_k_epilogue` = n64_k512's no-K minus n64_nosplit's,
   `fin_saves` = n64_k512's no-K minus n64_fin's (`fin_saves_full`: full), `pdl_saves_no_k` / `pdl_saves_full` =
-  n64_fin's minus n64_fin_pdl's, `launch_floor_pdl`, `cublas_fixed` (cuBLAS at K = 256).
+  n64_fin's minus n64_fin_pdl's, `nosplit_pdl_no_k`, `launch_floor_pdl`, `cublas_fixed` (cuBLAS at K = 256).
 All kernels compile first in worker processes at the real shapes (n64_fin's split is a constexpr). The JSON is
 rewritten after every row; past `--budget-s` no new (format, shape) starts ("skipped").
 """
@@ -115,6 +116,7 @@ def dry(out: str) -> int:
              for mode in ("full", "compute")]
     cases += [(v, fmt, bm, mode, s) for v in (gf.FIN, gf.FIN_PDL) for fmt, bm, s in sorted(splits)
               for mode in ("full", "compute")]
+    cases += [(gf.NOSPLIT_PDL, fmt, bm, mode, 1) for fmt in FMTS for bm in (8, 16) for mode in ("full", "compute")]
     for v, fmt, bm, mode, split in cases:
         case = gf.gate_case(v, fmt, bm, mode, split)
         try:
@@ -214,7 +216,7 @@ def _row(res, fmt, K, N, M, x, hws, w_ref, sms, hung, graph_us):
             elif y_base is not None and v is not gc.SHIPPED:
                 r["bit_equal_n64_k512"] = bool(torch.equal(y, y_base))
             r["ok"] = r["finite"] and r["rel_ref"] < 1e-2
-            if v.name in gf.FAST and r.get("bit_equal_n64_k512") is False:
+            if v in (gf.FIN, gf.FIN_PDL) and r.get("bit_equal_n64_k512") is False:
                 err.append(f"{fmt} {K}x{N} M {M} {v.name}: not bit-equal to n64_k512 (same adds, same order)")
             if r["ok"]:
                 r["full_us"] = graph_us([lambda h=h, x=x, v=v, o=out: gf.full(x, h, v, o) for h in hws])
@@ -263,6 +265,8 @@ def decompose(row: dict) -> dict:
         out["fin_saves_full"] = full["n64_k512"] - full["n64_fin"]
     if full["n64_fin"] is not None and full["n64_fin_pdl"] is not None:
         out["pdl_saves_full"] = full["n64_fin"] - full["n64_fin_pdl"]
+    if nok("n64_nosplit_pdl") is not None:
+        out["nosplit_pdl_no_k"] = nok("n64_nosplit_pdl")
     if "empty_pdl_us" in row:
         out["launch_floor_pdl"] = row["empty_pdl_us"]
     if "cublas_tiny_k_us" in row:

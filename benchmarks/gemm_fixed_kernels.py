@@ -22,6 +22,8 @@ Variants (`VARIANTS`, all on n64_k512's config: 64-row tiles, 512-column steps, 
   TMAs (weights: no earlier kernel writes them) under its tail; `griddepcontrol.wait` before the first activation
   TMA and before any global write (partials, ticket, out). Same math as n64_fin (bit-equal to n64_k512). Whether a
   model's step gets this depends on the kernel before it launching dependents too (cuBLAS, torch ops do not);
+- `n64_nosplit_pdl`: the same at split 1 (`_finish_fast`'s direct store): no split-K epilogue and the setup under
+  the previous call's tail, at the price of n64_nosplit's imbalance (x1.37 at 4096x12288);
 - `empty`: an empty Gluon kernel launched at the same grid in the same graph: the launch floor no kernel avoids
   (and the same with PDL: the floor of overlapped launches).
 Gluon has no interpreter: these run on an sm_90 GPU only; `gate_case` compiles them for sm_90 on any machine.
@@ -43,8 +45,10 @@ BASE = {v.name: v for v in gc.VARIANTS}["n64_k512"]
 FIN = replace(BASE, name="n64_fin")
 NOSPLIT = replace(BASE, name="n64_nosplit", nv=replace(BASE.nv, split_k=1), mx=replace(BASE.mx, split_k=1))
 FIN_PDL = replace(BASE, name="n64_fin_pdl")
-VARIANTS = (BASE, FIN, NOSPLIT, FIN_PDL)
-FAST = (FIN.name, FIN_PDL.name)          # launched through this module's kernels
+NOSPLIT_PDL = replace(NOSPLIT, name="n64_nosplit_pdl")
+VARIANTS = (BASE, FIN, NOSPLIT, FIN_PDL, NOSPLIT_PDL)
+PDL_VARIANTS = (FIN_PDL.name, NOSPLIT_PDL.name)
+FAST = (FIN.name, ) + PDL_VARIANTS          # launched through this module's kernels
 
 
 @gluon.jit
@@ -233,8 +237,8 @@ def full(x2, w, v, out):
     kern = _fp4_gemm_ws_fin_kernel[p["grid"]](
         w_desc, s_desc, x_desc, w.row_factor, out, part, counters, x2.shape[0], w.n, p["kb"], out.stride(0),
         BN=c.block_n, BK=p["bk"], BM=p["bm"], STAGES=c.stages, OVERLAP=c.overlap, MX=w.fmt == "mxfp4",
-        SPLIT=p["grid"][1], PDL=v is FIN_PDL, num_warps=c.num_warps, maxnreg=c.maxnreg,
-        **({"launch_pdl": True} if v is FIN_PDL else {}))
+        SPLIT=p["grid"][1], PDL=v.name in PDL_VARIANTS, num_warps=c.num_warps, maxnreg=c.maxnreg,
+        **({"launch_pdl": True} if v.name in PDL_VARIANTS else {}))
     return kern, p
 
 
@@ -247,8 +251,8 @@ def compute_only(x2, w, v, out, k_steps: int | None = None):
     kern = _compute_ws_fin_kernel[p["grid"]](
         w_desc, s_desc, x_desc, w.row_factor, out, part, counters, x2.shape[0], w.n,
         p["kb"] if k_steps is None else k_steps, out.stride(0), 16, BN=c.block_n, BK=p["bk"], BM=p["bm"],
-        STAGES=c.stages, OVERLAP=c.overlap, MX=w.fmt == "mxfp4", SPLIT=p["grid"][1], PDL=v is FIN_PDL,
-        num_warps=c.num_warps, maxnreg=c.maxnreg, **({"launch_pdl": True} if v is FIN_PDL else {}))
+        STAGES=c.stages, OVERLAP=c.overlap, MX=w.fmt == "mxfp4", SPLIT=p["grid"][1], PDL=v.name in PDL_VARIANTS,
+        num_warps=c.num_warps, maxnreg=c.maxnreg, **({"launch_pdl": True} if v.name in PDL_VARIANTS else {}))
     return kern, p
 
 
@@ -274,7 +278,7 @@ def gate_case(v, fmt: str, bm: int, mode: str = "full", split: int = 2):
                x_desc=f"tensordesc<bf16[{bm}, {bk}],{xl!r}>", rf_ptr="*fp32", out_ptr="*bf16",
                part_ptr="*fp32", count_ptr="*i32", M="i32", N="i32", KB="i32", stride_om="i32")
     consts = dict(BN=c.block_n, BK=bk, BM=bm, STAGES=c.stages, OVERLAP=c.overlap, MX=fmt == "mxfp4", SPLIT=split,
-                  PDL=v is FIN_PDL)
+                  PDL=v.name in PDL_VARIANTS)
     if mode == "full":
         kernel = _fp4_gemm_ws_fin_kernel
     else:
@@ -284,5 +288,5 @@ def gate_case(v, fmt: str, bm: int, mode: str = "full", split: int = 2):
                     f"s{c.stages} r{c.maxnreg}", kernel, sig, consts, c.num_warps, 1,
                     c.block_n * bk / (32 * c.num_warps), 99.0,
                     ("rf_ptr", "out_ptr", "part_ptr", "count_ptr", "stride_om"), max_full_waits=99,
-                    options=(("maxnreg", c.maxnreg), ) + ((("launch_pdl", True), ) if v is FIN_PDL else ()),
+                    options=(("maxnreg", c.maxnreg), ) + ((("launch_pdl", True), ) if v.name in PDL_VARIANTS else ()),
                     require=("USETMAXREG", "SYNCS.PHASECHK", "UTMALDG"))

@@ -96,7 +96,7 @@ def test_measure_bookkeeping(tmp_path, monkeypatch):
 
     def fake_full(x, w, v, out):
         y = (x.float() @ dequantize(w).T).to(torch.bfloat16)
-        if v.name == "n64_nosplit":
+        if v.name in ("n64_nosplit", "n64_nosplit_pdl"):
             y = y * (1 + 2 ** -8)
         if v.name == "n64_fin" and w.fmt == "mxfp4":
             y = -y
@@ -116,9 +116,9 @@ def test_measure_bookkeeping(tmp_path, monkeypatch):
         assert row["cublas_bf16_us"] > 0 and row["cublas_tiny_k_us"] > 0 and len(row["empty_us"]) == 2
         assert row["empty_pdl_us"] > 0
         keys = {"launch_floor", "setup_and_store", "split_k_epilogue", "fin_saves", "cublas_fixed",
-                "pdl_saves_no_k", "launch_floor_pdl"}
+                "pdl_saves_no_k", "launch_floor_pdl", "nosplit_pdl_no_k"}
         assert set(row["split"]) == keys | ({"fin_saves_full", "pdl_saves_full"} if row["fmt"] == "nvfp4" else set())
-        for name in ("shipped", "n64_k512", "n64_nosplit", "n64_fin_pdl"):
+        for name in ("shipped", "n64_k512", "n64_nosplit", "n64_fin_pdl", "n64_nosplit_pdl"):
             v = row[name]
             assert v["ok"] and v["full_us"] > 0 and v["no_k_steps_us"] > 0 and v["compute_only_us"] > 0, name
         assert row["n64_nosplit"]["bit_equal_n64_k512"] is False and "bit_equal_n64_k512" not in row["shipped"]
@@ -152,15 +152,18 @@ def test_compile_sm90(tmp_path):
     r = json.load(open(out))
     assert rc == 0 and not r["errors"]
     kernels = [c for c in r["compile"] if "variant" in c]
-    assert len(kernels) == 8 + 16 + 16
+    assert len(kernels) == 8 + 16 + 16 + 8
     empties = {c["case"]: c for c in r["compile"] if "empty" in c["case"]}
     assert empties["gemmfix empty"]["griddepcontrol"] == [] and \
         empties["gemmfix empty pdl"]["griddepcontrol"] == ["PREEXIT", "ACQBULK"]
     for c in kernels:
         assert not c["violations"] and c["spills"] == 0 and c["registers"] <= 80, c
-        pdl = c["variant"] == "n64_fin_pdl"
+        pdl = c["variant"] in ("n64_fin_pdl", "n64_nosplit_pdl")
         assert (c["gdc_wait"] > 0, c["gdc_launch"] > 0) == (pdl, pdl), c
         if pdl:        # the full kernel's producer: weight words + scales of the first slot(s) before the wait
             assert c["tma_before_gdc_wait"] >= (2 if c["mode"] == "full" else 0), c
         fin = c["variant"] in ("n64_fin", "n64_fin_pdl")
-        assert (c["membar_gpu"], c["load_loops"]) == ((1, 0) if fin else (2, 2)), c
+        nosplit = c["variant"] == "n64_nosplit_pdl"       # direct store: no fence, no atomic, no partial loads
+        assert (c["membar_gpu"], c["load_loops"]) == ((0, 0) if nosplit else (1, 0) if fin else (2, 2)), c
+        if nosplit:
+            assert c["atomics"] == 0 and c["ldg"] == 2, c
