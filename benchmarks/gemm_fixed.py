@@ -14,11 +14,11 @@ replays after 3 warm-up, microseconds per call):
 - `empty_pdl_us`: the same empty kernel launched with PDL (launch_dependents + wait): the overlapped launch floor;
 - per variant (`shipped`: the launcher's own config; `n64_k512`, `n64_fin`, `n64_nosplit`, `n64_fin_pdl`: n64_fin
   with programmatic dependent launch, each call overlapping the previous one's tail; `n64_nosplit_pdl`: the same at
-  split 1): the full launch's output
-  against the torch reference (x @ dequantize(W)^T in float32, relative Frobenius error < 1e-2, else not timed) and
-  against n64_k512's (`bit_equal_n64_k512`: n64_fin and n64_fin_pdl must be), then `full_us`, `compute_only_us` (no weight bytes
-  read) and `no_k_steps_us` (the compute-only binary with zero K steps: launch + setup + epilogue), the plan and the
-  compiled kernel's registers / spills / shared bytes;
+  split 1): the full launch's output against the torch reference (x @ dequantize(W)^T in float32, relative
+  Frobenius error < 1e-2, else not timed) and against n64_k512's (`bit_equal_n64_k512`: n64_fin and n64_fin_pdl
+  must be), then `full_us`, `compute_only_us` (no weight bytes read) and `no_k_steps_us` (the compute-only
+  binary with zero K steps: launch + setup + epilogue), the plan and the compiled kernel's registers / spills /
+  shared bytes;
 - `split`: the fixed cost taken apart at n64's tiles: `launch_floor` = empty at n64_k512's grid, `setup_and_store` =
   n64_nosplit's no-K minus the empty kernel at its grid, `split_k_epilogue` = n64_k512's no-K minus n64_nosplit's,
   `fin_saves` = n64_k512's no-K minus n64_fin's (`fin_saves_full`: full), `pdl_saves_no_k` / `pdl_saves_full` =

@@ -33,11 +33,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import gemm_compute_kernels as gc
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
-import gemm_compute_kernels as gc
 from trace_rl.kernels.fp4_gemm_gluon import _consumer, _producer, _shared_layouts
 from trace_rl.kernels.hopper_fp4 import COLS, ROWS
 
