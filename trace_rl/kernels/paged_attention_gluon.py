@@ -80,8 +80,18 @@ HEAD_DIM, PAGE, BLOCK_T, N_PAD = 128, 64, 128, 16
 def _producer(kc_desc, ks_desc, kg_desc, vc_desc, vs_desc, vg_desc, kc_b, ks_b, kg_b, vc_b, vs_b, vg_b,
               ready, empty, bt_row, h, seq_len, n_tiles, HKV: gl.constexpr, NP: gl.constexpr,
               PAGE: gl.constexpr, STAGES: gl.constexpr, MX: gl.constexpr):
-    """1 warp: tile it's NP pages (six TMA boxes each: one (page, kv head) block per tensor; four for mxfp4, which
-    has no per-token factors) into slot it % STAGES."""
+    """1 warp: one (kv head, sequence)'s tiles, ring positions 0 .. n_tiles - 1."""
+    _produce_tiles(0, kc_desc, ks_desc, kg_desc, vc_desc, vs_desc, vg_desc, kc_b, ks_b, kg_b, vc_b, vs_b, vg_b,
+                   ready, empty, bt_row, h, seq_len, n_tiles, HKV, NP, PAGE, STAGES, MX)
+
+
+@gluon.jit
+def _produce_tiles(j0, kc_desc, ks_desc, kg_desc, vc_desc, vs_desc, vg_desc, kc_b, ks_b, kg_b, vc_b, vs_b, vg_b,
+                   ready, empty, bt_row, h, seq_len, n_tiles, HKV: gl.constexpr, NP: gl.constexpr,
+                   PAGE: gl.constexpr, STAGES: gl.constexpr, MX: gl.constexpr):
+    """Tile it's NP pages (six TMA boxes each: one (page, kv head) block per tensor; four for mxfp4, which has no
+    per-token factors) into ring position j0 + it (slot (j0 + it) % STAGES; j0 > 0 when a persistent program has
+    already streamed other work items' tiles through the ring)."""
     if MX:
         nbytes: gl.constexpr = NP * (kc_desc.block_type.nbytes + ks_desc.block_type.nbytes
                                      + vc_desc.block_type.nbytes + vs_desc.block_type.nbytes)
@@ -90,8 +100,9 @@ def _producer(kc_desc, ks_desc, kg_desc, vc_desc, vs_desc, vg_desc, kc_b, ks_b, 
                                      + kg_desc.block_type.nbytes + vc_desc.block_type.nbytes
                                      + vs_desc.block_type.nbytes + vg_desc.block_type.nbytes)
     for it in range(n_tiles):
-        slot = it % STAGES
-        mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)     # a fresh barrier passes the first round
+        j = j0 + it
+        slot = j % STAGES
+        mbarrier.wait(empty.index(slot), ((j // STAGES) & 1) ^ 1)     # a fresh barrier passes the first round
         bar = ready.index(slot)
         mbarrier.expect(bar, nbytes)
         for p in gl.static_range(NP):
@@ -214,18 +225,18 @@ def _pad_half(x, fill: gl.constexpr):
 
 
 @gluon.jit
-def _tile(it, m_i, l_acc, acc, vt_prev, q_b, p_s, kc_r, ks_r, kg_r, vc_r, vs_r, vg_r, ready, empty, seq_len, qk_scale,
+def _tile(j, it, m_i, l_acc, acc, vt_prev, q_b, p_s, kc_r, ks_r, kg_r, vc_r, vs_r, vg_r, ready, empty, seq_len, qk_scale,
           N: gl.constexpr, T: gl.constexpr, D: gl.constexpr, DV: gl.constexpr, NP: gl.constexpr,
           STAGES: gl.constexpr, MASKED: gl.constexpr, HALF: gl.constexpr, MX: gl.constexpr):
-    """One tile: online-softmax update of (m_i [NS], l_acc [T, NS], acc [DV, N]); NS = N / 2 when HALF (the group
-    fits the low half of the padded columns), else N. MX (mxfp4): no per-token factors (decoded elements are the
-    values)."""
+    """Tile `it` of the sequence, at ring position j: online-softmax update of (m_i [NS], l_acc [T, NS], acc [DV, N]);
+    NS = N / 2 when HALF (the group fits the low half of the padded columns), else N. MX (mxfp4): no per-token
+    factors (decoded elements are the values)."""
     NW: gl.constexpr = gl.num_warps()
     s_mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, N, 16])
     A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_mma, k_width=2)
     ROWS: gl.constexpr = gl.SliceLayout(1, s_mma)
-    slot = it % STAGES
-    mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
+    slot = j % STAGES
+    mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
     # K decode runs while the previous tile's PV wgmma (holding vt_prev) is in flight
     k = _k_decode(kc_r.index(slot), ks_r.index(slot), A_LAYOUT, T, D, NW, MX)
     # retire the previous PV wgmma (it ran under the K decode): its V^T registers are free for this tile's V^T,
@@ -285,22 +296,27 @@ def _plain(rank):
 
 
 @gluon.jit
-def _consumer(q_ptr, b, h, seq_len, n_tiles, qk_scale, stride_qb, stride_qh, q_s, p_s, kc_b, ks_b, kg_b, vc_b,
-              vs_b, vg_b, ready, empty, GROUP: gl.constexpr, N: gl.constexpr, D: gl.constexpr, DV: gl.constexpr,
-              T: gl.constexpr, NP: gl.constexpr, STAGES: gl.constexpr, MX: gl.constexpr):
+def _load_q(q_ptr, b, h, stride_qb, stride_qh, GROUP: gl.constexpr, N: gl.constexpr, D: gl.constexpr):
+    """q^T of kv head h's query heads in K's column order (kv_layout.k_dim_of_col), [N, D] (rows >= GROUP zero)."""
     NW: gl.constexpr = gl.num_warps()
-    s_mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, N, 16])
-    o_mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, N, 16])
-    A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_mma, k_width=2)
-    # q^T in K's column order (kv_layout.k_dim_of_col), stored [N, D] (K-major B operand)
     QL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
     n = gl.arange(0, N, layout=gl.SliceLayout(1, QL))
     c = gl.arange(0, D, layout=gl.SliceLayout(0, QL))
     dim = (D // 4) * ((c >> 1) & 3) + (D // 8) * (c & 1) + 2 * (c >> 4) + ((c >> 3) & 1)
     q_rows = q_ptr + b.to(gl.int64) * stride_qb + gl.expand_dims(h * GROUP + n, 1) * stride_qh
-    q = gl.load(q_rows + gl.expand_dims(dim, 0), mask=gl.expand_dims(n < GROUP, 1), other=0.0)
-    q_s.store(q.to(gl.bfloat16))
-    fence_async_shared()
+    return gl.load(q_rows + gl.expand_dims(dim, 0), mask=gl.expand_dims(n < GROUP, 1), other=0.0)
+
+
+@gluon.jit
+def _consume_tiles(j0, seq_len, n_tiles, qk_scale, q_s, p_s, kc_b, ks_b, kg_b, vc_b, vs_b, vg_b, ready, empty,
+                   GROUP: gl.constexpr, N: gl.constexpr, D: gl.constexpr, DV: gl.constexpr, T: gl.constexpr,
+                   NP: gl.constexpr, STAGES: gl.constexpr, MX: gl.constexpr):
+    """One (kv head, sequence)'s n_tiles tiles at ring positions j0 .. j0 + n_tiles - 1 against q^T in q_s: returns
+    (O^T [DV, N] unnormalised, m, l) with every wgmma retired (q_s and p_s free again)."""
+    NW: gl.constexpr = gl.num_warps()
+    s_mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, N, 16])
+    o_mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, N, 16])
+    A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_mma, k_width=2)
     q_b = q_s.permute((1, 0))                                              # [D, N]
     # plain views of the TMA ring (written unswizzled), one slot's tile per leading index
     # (a shared layout describes the trailing dims; the leading one indexes slots)
@@ -325,25 +341,56 @@ def _consumer(q_ptr, b, h, seq_len, n_tiles, qk_scale, stride_qb, stride_qh, q_s
     vt = gl.zeros([DV, T], gl.bfloat16, A_LAYOUT)
     n_full = seq_len // T
     for it in range(n_full):
-        m_i, l_acc, acc, vt = _tile(it, m_i, l_acc, acc, vt, q_b, p_s, kc_r, ks_r, kg_r, vc_r, vs_r, vg_r, ready,
-                                    empty, seq_len, qk_scale, N, T, D, DV, NP, STAGES, False, HALF, MX)
+        m_i, l_acc, acc, vt = _tile(j0 + it, it, m_i, l_acc, acc, vt, q_b, p_s, kc_r, ks_r, kg_r, vc_r, vs_r, vg_r,
+                                    ready, empty, seq_len, qk_scale, N, T, D, DV, NP, STAGES, False, HALF, MX)
     if n_full < n_tiles:
-        m_i, l_acc, acc, vt = _tile(n_full, m_i, l_acc, acc, vt, q_b, p_s, kc_r, ks_r, kg_r, vc_r, vs_r, vg_r, ready,
-                                    empty, seq_len, qk_scale, N, T, D, DV, NP, STAGES, True, HALF, MX)
+        m_i, l_acc, acc, vt = _tile(j0 + n_full, n_full, m_i, l_acc, acc, vt, q_b, p_s, kc_r, ks_r, kg_r, vc_r, vs_r,
+                                    vg_r, ready, empty, seq_len, qk_scale, N, T, D, DV, NP, STAGES, True, HALF, MX)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
     return (acc, m_i, gl.sum(l_acc, axis=0))
 
 
 @gluon.jit
-def _decode_attention_ws_kernel(q_ptr, out_ptr, bt_ptr, lens_ptr, kc_desc, ks_desc, kg_desc, vc_desc, vs_desc,
-                                vg_desc, qk_scale, stride_qb, stride_qh, stride_ob, stride_oh, stride_bt,
-                                HKV: gl.constexpr, GROUP: gl.constexpr, N: gl.constexpr, D: gl.constexpr,
-                                DV: gl.constexpr, PAGE: gl.constexpr, T: gl.constexpr, STAGES: gl.constexpr,
-                                MX: gl.constexpr):
-    h = gl.program_id(0)
-    b = gl.program_id(1)
-    seq_len = gl.load(lens_ptr + b)
-    n_tiles = gl.cdiv(seq_len, T)
+def _consumer(q_ptr, b, h, seq_len, n_tiles, qk_scale, stride_qb, stride_qh, q_s, p_s, kc_b, ks_b, kg_b, vc_b,
+              vs_b, vg_b, ready, empty, GROUP: gl.constexpr, N: gl.constexpr, D: gl.constexpr, DV: gl.constexpr,
+              T: gl.constexpr, NP: gl.constexpr, STAGES: gl.constexpr, MX: gl.constexpr):
+    q = _load_q(q_ptr, b, h, stride_qb, stride_qh, GROUP, N, D)
+    q_s.store(q.to(gl.bfloat16))
+    fence_async_shared()
+    return _consume_tiles(0, seq_len, n_tiles, qk_scale, q_s, p_s, kc_b, ks_b, kg_b, vc_b, vs_b, vg_b, ready, empty,
+                          GROUP, N, D, DV, T, NP, STAGES, MX)
+
+
+@gluon.jit
+def _epilogue(acc, l_i, out_ptr, b, h, stride_ob, stride_oh, GROUP: gl.constexpr, N: gl.constexpr, D: gl.constexpr,
+              DV: gl.constexpr, MX: gl.constexpr):
+    """out[b, h's query heads] = O^T / l. nvfp4 V elements decode to code x scale / 2**7 (mxfp4: code x scale); rows
+    in V^T's MMA order (kv_layout.v_dim_of_row); a sequence of length 0 (l = 0) gives zeros."""
+    if GROUP <= N // 2:
+        acc = _low_half(acc)
+    layout: gl.constexpr = acc.type.layout
+    l_i = gl.convert_layout(l_i, gl.SliceLayout(0, layout))
+    if MX == 1:
+        o = gl.where(gl.expand_dims(l_i, 0) == 0, 0.0, acc / gl.expand_dims(l_i, 0))
+    elif MX == 2:
+        o = gl.where(gl.expand_dims(l_i, 0) == 0, 0.0, acc * MX_OUT / gl.expand_dims(l_i, 0))
+    else:
+        o = gl.where(gl.expand_dims(l_i, 0) == 0, 0.0, acc * 128.0 / gl.expand_dims(l_i, 0))
+    rho = gl.arange(0, DV, layout=gl.SliceLayout(1, layout))
+    n = gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, layout))
+    g, hr, w, mt = rho & 7, (rho >> 3) & 1, (rho >> 4) & 3, rho >> 6
+    out_dim = 16 * (2 * w + (g >> 2)) + 4 * (g & 3) + 2 * (mt & 1) + hr + 128 * (mt >> 1)
+    keep = gl.expand_dims(out_dim < D, 1) & gl.expand_dims(n < GROUP, 0)
+    o_ptr = out_ptr + b.to(gl.int64) * stride_ob + gl.expand_dims(h * GROUP + n, 0) * stride_oh \
+        + gl.expand_dims(out_dim, 1)
+    gl.store(o_ptr, o.to(out_ptr.dtype.element_ty), mask=keep)
+
+
+@gluon.jit
+def _ring(kc_desc, ks_desc, kg_desc, vc_desc, vs_desc, vg_desc, N: gl.constexpr, D: gl.constexpr, T: gl.constexpr,
+          PAGE: gl.constexpr, STAGES: gl.constexpr, MX: gl.constexpr):
+    """The shared memory of one program: the STAGES-slot TMA ring (NP pages per slot per tensor), q^T, P^T and the
+    ready / empty barriers (initialised)."""
     NP: gl.constexpr = T // PAGE
     kc_b = gl.allocate_shared_memory(gl.int32, [STAGES * NP] + kc_desc.block_type.shape, kc_desc.layout)
     ks_b = gl.allocate_shared_memory(gl.int32, [STAGES * NP] + ks_desc.block_type.shape, ks_desc.layout)
@@ -362,6 +409,22 @@ def _decode_attention_ws_kernel(q_ptr, out_ptr, bt_ptr, lens_ptr, kc_desc, ks_de
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
+    return kc_b, ks_b, kg_b, vc_b, vs_b, vg_b, q_s, p_s, ready, empty
+
+
+@gluon.jit
+def _decode_attention_ws_kernel(q_ptr, out_ptr, bt_ptr, lens_ptr, kc_desc, ks_desc, kg_desc, vc_desc, vs_desc,
+                                vg_desc, qk_scale, stride_qb, stride_qh, stride_ob, stride_oh, stride_bt,
+                                HKV: gl.constexpr, GROUP: gl.constexpr, N: gl.constexpr, D: gl.constexpr,
+                                DV: gl.constexpr, PAGE: gl.constexpr, T: gl.constexpr, STAGES: gl.constexpr,
+                                MX: gl.constexpr):
+    h = gl.program_id(0)
+    b = gl.program_id(1)
+    seq_len = gl.load(lens_ptr + b)
+    n_tiles = gl.cdiv(seq_len, T)
+    NP: gl.constexpr = T // PAGE
+    kc_b, ks_b, kg_b, vc_b, vs_b, vg_b, q_s, p_s, ready, empty = _ring(kc_desc, ks_desc, kg_desc, vc_desc, vs_desc,
+                                                                       vg_desc, N, D, T, PAGE, STAGES, MX)
     bt_row = bt_ptr + b.to(gl.int64) * stride_bt
     acc, m_i, l_i = gl.warp_specialize([
         (_consumer, (q_ptr, b, h, seq_len, n_tiles, qk_scale, stride_qb, stride_qh, q_s, p_s, kc_b, ks_b, kg_b, vc_b,
@@ -369,26 +432,7 @@ def _decode_attention_ws_kernel(q_ptr, out_ptr, bt_ptr, lens_ptr, kc_desc, ks_de
         (_producer, (kc_desc, ks_desc, kg_desc, vc_desc, vs_desc, vg_desc, kc_b, ks_b, kg_b, vc_b, vs_b, vg_b,
                      ready, empty, bt_row, h, seq_len, n_tiles, HKV, NP, PAGE, STAGES, MX)),
     ], [1], [24])
-    # O^T [DV, N]: nvfp4 V elements decode to code x scale / 2**7 (mxfp4: code x scale); rows in V^T's MMA order
-    # (kv_layout.v_dim_of_row)
-    if GROUP <= N // 2:
-        acc = _low_half(acc)
-    layout: gl.constexpr = acc.type.layout
-    l_i = gl.convert_layout(l_i, gl.SliceLayout(0, layout))
-    if MX == 1:
-        o = gl.where(gl.expand_dims(l_i, 0) == 0, 0.0, acc / gl.expand_dims(l_i, 0))           # length 0: zeros
-    elif MX == 2:
-        o = gl.where(gl.expand_dims(l_i, 0) == 0, 0.0, acc * MX_OUT / gl.expand_dims(l_i, 0))
-    else:
-        o = gl.where(gl.expand_dims(l_i, 0) == 0, 0.0, acc * 128.0 / gl.expand_dims(l_i, 0))
-    rho = gl.arange(0, DV, layout=gl.SliceLayout(1, layout))
-    n = gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, layout))
-    g, hr, w, mt = rho & 7, (rho >> 3) & 1, (rho >> 4) & 3, rho >> 6
-    out_dim = 16 * (2 * w + (g >> 2)) + 4 * (g & 3) + 2 * (mt & 1) + hr + 128 * (mt >> 1)
-    keep = gl.expand_dims(out_dim < D, 1) & gl.expand_dims(n < GROUP, 0)
-    o_ptr = out_ptr + b.to(gl.int64) * stride_ob + gl.expand_dims(h * GROUP + n, 0) * stride_oh \
-        + gl.expand_dims(out_dim, 1)
-    gl.store(o_ptr, o.to(out_ptr.dtype.element_ty), mask=keep)
+    _epilogue(acc, l_i, out_ptr, b, h, stride_ob, stride_oh, GROUP, N, D, DV, MX)
 
 
 @dataclass(frozen=True)
