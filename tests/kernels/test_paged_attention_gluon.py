@@ -235,6 +235,11 @@ def test_launcher_refuses_unsupported_shapes():
         gluon.decode_attention_gluon(torch.zeros(1, 34, 128, dtype=torch.bfloat16), k, v, bt, sl, 0.1)
     with pytest.raises(ValueError, match="stages"):
         gluon.GluonAttentionConfig(stages=1).check()
+    with pytest.raises(ValueError, match="programs"):
+        gluon.GluonAttentionConfig(programs=4).check()                   # a count of the persistent kernel's only
+    with pytest.raises(RuntimeError, match="sm_90 GPU"):                 # the persistent launch checks the same
+        gluon.decode_attention_gluon(q, *[PagedKV.allocate("nvfp4", 4, 64, 2, 128, role=r) for r in "kv"], bt, sl,
+                                     0.1, config=gluon.GluonAttentionConfig(persistent=True, programs=3))
 
 
 def test_launcher_takes_nvfp4_and_mxfp4_pairs_only():
@@ -288,5 +293,37 @@ def test_matches_reference_and_shipped_gpu(fmt, group, stages, fold, gen):
             assert (out[b] == 0).all()
             continue
         assert t._rel_err(out[b : b + 1], ref[b : b + 1]) < 1e-2, (b, lens[b])
+        assert t._rel_err(out[b : b + 1], shipped[b : b + 1].double().cpu()) < 2e-3, (b, lens[b])
+    assert torch.equal(decode_attention_gluon(*args, config=config), out)
+
+
+@gpu36[0]
+@gpu36[1]
+@pytest.mark.parametrize("fmt, group, programs", [
+    ("nvfp4", 4, 0), ("nvfp4", 4, 5), ("mxfp4", 4, 0), ("mxfp4", 4, 3), ("nvfp4", 16, 7), ("mxfp4", 1, 4),
+])                                  # programs 0: the default grid (one item each here); 3-7: several items each
+def test_persistent_matches_reference_and_shipped_gpu(fmt, group, programs, gen):
+    """GluonAttentionConfig(persistent=True): the shipped Gluon kernel's tile code per (kv head, sequence) item, the
+    items dealt over `programs` programs (ring positions continuing across items, the next item's q and length
+    loaded under the current epilogue); two empty sequences, one of them last."""
+    from trace_rl.kernels.paged_attention import decode_attention
+    from trace_rl.kernels.paged_attention_gluon import GluonAttentionConfig, decode_attention_gluon
+
+    t = _decode_attention_tests()
+    lens = [1, 600, 133, 0, 1024, 257, 3000, 255, 88, 129, 0]
+    q, k, v, bt, sl = t._setup(fmt, lens, 8 if group < 16 else 2, group, 128, 64, "cuda", gen)
+    ref = t._reference64(q, k, v, bt, sl, 128 ** -0.5)
+    args = (q.cuda(), k, v, bt.cuda(), sl.cuda(), 128 ** -0.5)
+    config = GluonAttentionConfig(persistent=True, programs=programs)
+    out = decode_attention_gluon(*args, config=config)
+    gluon = decode_attention_gluon(*args)
+    shipped = decode_attention(*args, splits=1)
+    assert not out.isnan().any()
+    for b in range(len(lens)):
+        if lens[b] == 0:
+            assert (out[b] == 0).all()
+            continue
+        assert t._rel_err(out[b : b + 1], ref[b : b + 1]) < 1e-2, (b, lens[b])
+        assert t._rel_err(out[b : b + 1], gluon[b : b + 1].double().cpu()) < 1e-3, (b, lens[b])
         assert t._rel_err(out[b : b + 1], shipped[b : b + 1].double().cpu()) < 2e-3, (b, lens[b])
     assert torch.equal(decode_attention_gluon(*args, config=config), out)

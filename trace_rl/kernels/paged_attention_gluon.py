@@ -32,6 +32,7 @@ GPU; `sass_gate_cases` compiles it for sm_90 on any machine.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -448,10 +449,20 @@ class GluonAttentionConfig:
     # scales 2**-70 .. 2**63 (larger ones give +-Inf where the shipped kernel stays finite): opt-in, never a default
     # that can turn a finite result into Inf.
     mx_fold: bool = False
+    # True: the persistent kernel (paged_attention_gluon_persistent.py: SMs x ctas_per_sm() programs looping over the
+    # (kv head, sequence) items, the ring and barriers set up once, the next item's tiles prefetched under the
+    # current one), for short contexts where the per-program prologue and epilogue dominate. Same tile code, same
+    # results up to nothing (each item's arithmetic is the shipped kernel's).
+    persistent: bool = False
+    # persistent only: programs to launch (0: SMs x ctas_per_sm(), one per resident CTA slot; tests set a few to
+    # give each program several items)
+    programs: int = 0
 
     def check(self) -> None:
         if not 2 <= self.stages <= 6:
             raise ValueError(f"GluonAttentionConfig {self}: stages must be in 2..6")
+        if self.programs < 0 or (self.programs and not self.persistent):
+            raise ValueError(f"GluonAttentionConfig {self}: programs is a count >= 1 of the persistent kernel's")
 
     def smem_bytes(self, kv_format: str = "nvfp4:row") -> int:
         per_page = 4 * sum(_words(kv_format).values())
@@ -557,12 +568,30 @@ def decode_attention_gluon(q: torch.Tensor, k, v, block_table: torch.Tensor, seq
     bt = bt if bt.stride(-1) == 1 else bt.contiguous()
     lens = seq_lens if seq_lens.dtype == torch.int32 else seq_lens.to(torch.int32)
     qk = scale * LOG2E * _out_factor(mx)
-    _decode_attention_ws_kernel[(hkv, B)](
-        q, out, bt, lens, kc, ks, kg, vc, vs, vg, qk, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        bt.stride(0),
-        HKV=hkv, GROUP=Hq // hkv, N=N_PAD, D=D, DV=dv, PAGE=PAGE, T=BLOCK_T, STAGES=c.stages, MX=mx,
-        num_warps=4, maxnreg=c.maxnreg)
+    args = (q, out, bt, lens, kc, ks, kg, vc, vs, vg, qk, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+            bt.stride(0))
+    consts = dict(HKV=hkv, GROUP=Hq // hkv, N=N_PAD, D=D, DV=dv, PAGE=PAGE, T=BLOCK_T, STAGES=c.stages, MX=mx)
+    if c.persistent:
+        from trace_rl.kernels.paged_attention_gluon_persistent import (
+            _decode_attention_persistent_kernel,
+            persistent_grid,
+        )
+
+        grid = min(B * hkv, c.programs) if c.programs else persistent_grid(B * hkv, _sms(q.device), c.ctas_per_sm())
+        if grid:
+            _decode_attention_persistent_kernel[(grid, )](*args, B * hkv, **consts, num_warps=4, maxnreg=c.maxnreg)
+        return out
+    _decode_attention_ws_kernel[(hkv, B)](*args, **consts, num_warps=4, maxnreg=c.maxnreg)
     return out
+
+
+@functools.cache
+def _sms_of(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _sms(device) -> int:
+    return _sms_of(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def gate_case(c: GluonAttentionConfig, group: int = 4, kv_heads: int = 8, budget: float = 3.35,
@@ -580,11 +609,17 @@ def gate_case(c: GluonAttentionConfig, group: int = 4, kv_heads: int = 8, budget
     consts = dict(HKV=kv_heads, GROUP=group, N=N_PAD, D=HEAD_DIM, DV=L.v_rows(HEAD_DIM), PAGE=PAGE, T=BLOCK_T,
                   STAGES=c.stages, MX=mx)
     name = kv_format.split(":")[0] + ("" if mx != 1 else " bias")
-    return GateCase(f"attention gluon ws {name} g{group} s{c.stages} r{c.maxnreg}", _decode_attention_ws_kernel, sig,
+    kernel, kind = _decode_attention_ws_kernel, "ws"
+    if c.persistent:      # its main loop is the inner (tile) loop of the item loop
+        from trace_rl.kernels.paged_attention_gluon_persistent import _decode_attention_persistent_kernel
+
+        kernel, kind = _decode_attention_persistent_kernel, "persistent"
+        sig["work"] = "i32"
+    return GateCase(f"attention gluon {kind} {name} g{group} s{c.stages} r{c.maxnreg}", kernel, sig,
                     consts, 4, 1, BLOCK_T * (HEAD_DIM + L.v_rows(HEAD_DIM)) / 128, budget,
                     ("q_ptr", "out_ptr", "bt_ptr", "lens_ptr", "stride_qb", "stride_qh", "stride_ob", "stride_oh",
                      "stride_bt"),
-                    max_full_waits=2, options=(("maxnreg", c.maxnreg), ),
+                    max_full_waits=2, options=(("maxnreg", c.maxnreg), ), innermost=c.persistent,
                     require=("USETMAXREG", "SYNCS.PHASECHK", "UTMALDG", "SYNCS.ARRIVE"), forbid=())
 
 
@@ -614,7 +649,11 @@ def gate_case(c: GluonAttentionConfig, group: int = 4, kv_heads: int = 8, budget
 GATE = ((GluonAttentionConfig(), 4, 3.15, "nvfp4:row"), (GluonAttentionConfig(stages=2), 4, 3.15, "nvfp4:row"),
         (GluonAttentionConfig(), 16, 3.35, "nvfp4:row"), (GluonAttentionConfig(), 4, 3.5, "mxfp4"),
         (GluonAttentionConfig(), 16, 3.8, "mxfp4"), (GluonAttentionConfig(mx_fold=True), 4, 3.25, "mxfp4"),
-        (GluonAttentionConfig(mx_fold=True), 16, 3.4, "mxfp4"))
+        (GluonAttentionConfig(mx_fold=True), 16, 3.4, "mxfp4"),
+        # the persistent variant (paged_attention_gluon_persistent.py; its tile loop, inside the item loop)
+        (GluonAttentionConfig(persistent=True), 4, 3.5, "mxfp4"),
+        (GluonAttentionConfig(persistent=True), 16, 3.8, "mxfp4"),
+        (GluonAttentionConfig(persistent=True, mx_fold=True), 4, 3.25, "mxfp4"))
 
 
 def sass_gate_cases():

@@ -68,6 +68,8 @@ class GateCase:
     whole_kernel: bool = False           # no main loop: count the whole kernel (static, up to the last EXIT)
     options: tuple = ()                  # extra compile options as (name, value) pairs, e.g. (("maxnreg", 128),)
     require: tuple = ()                  # opcode prefixes that must occur somewhere in the kernel's SASS
+    innermost: bool = False              # the main loop is a loop holding no other loop (a persistent kernel's tile
+                                         # loop inside its work-item loop)
 
 
 @dataclass
@@ -116,23 +118,29 @@ def compile_sass(case: GateCase) -> tuple[str, dict]:
     return sass, res
 
 
-def main_loop(sass: str) -> list[str]:
+def main_loop(sass: str, innermost: bool = False) -> list[str]:
     """Instructions (text without address) of the main loop: of the backward branches' bodies (branches before
-    the last EXIT), the one with the most MMA instructions (HGMMA/HMMA), then the longest."""
+    the last EXIT; with `innermost`, only those whose body holds no other backward branch's), the one with the most
+    MMA instructions (HGMMA/HMMA), then the longest."""
     lines = [(int(m.group(1), 16), m.group(2)) for m in map(_LINE.match, sass.splitlines()) if m]
     # ptxas places slow paths out of line after the last EXIT (e.g. a TMA mbarrier's retry loop), branching back
     # into the body: such a branch is no loop and would span the whole kernel
     last_exit = max((a for a, t in lines if re.match(r"(?:@!?U?P\w+\s+)?EXIT\b", t)), default=None)
-    best = (0, 0, 0, -1)
+    loops = []
     for addr, text in lines:
         if last_exit is not None and addr > last_exit:
             continue
         m = re.search(r"BRA\s+(?:`\(\.L_x_\d+\)|0x([0-9a-f]+))", text)
         target = int(m.group(1), 16) if m and m.group(1) else None
         if target is not None and target < addr:
-            body = [t for a, t in lines if target <= a <= addr]
-            mma = sum(1 for t in body if t.startswith(("HGMMA", "HMMA")))
-            best = max(best, (mma, len(body), target, addr))
+            loops.append((target, addr))
+    if innermost:
+        loops = [(t, a) for t, a in loops if not any((t, a) != (t2, a2) and t <= t2 and a2 <= a for t2, a2 in loops)]
+    best = (0, 0, 0, -1)
+    for target, addr in loops:
+        body = [t for a, t in lines if target <= a <= addr]
+        mma = sum(1 for t in body if t.startswith(("HGMMA", "HMMA")))
+        best = max(best, (mma, len(body), target, addr))
     return [text for a, text in lines if best[2] <= a <= best[3]]
 
 
@@ -147,7 +155,7 @@ def whole_kernel(sass: str) -> list[str]:
 def inspect(case: GateCase, sass: str, usage: dict) -> GateReport:
     import triton
 
-    body = whole_kernel(sass) if case.whole_kernel else main_loop(sass)
+    body = whole_kernel(sass) if case.whole_kernel else main_loop(sass, case.innermost)
     ops = collections.Counter(m.group(1) for m in map(_OPCODE.match, body) if m)
     rep = GateReport(case.name, triton.__version__, len(body) / case.elements_per_thread, len(body),
                      usage.get("REG", 0), usage.get("STACK", 0) + usage.get("LOCAL", 0), usage.get("SHARED", 0),
