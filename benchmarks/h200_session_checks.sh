@@ -14,6 +14,9 @@
 #   gemm     benchmarks/gemm_gluon_h200.sh        the Gluon W4A16 GEMM against the shipped kernel and cuBLAS, M = 1, 16
 #   gemmwide GLUON_M=64,256,512 benchmarks/gemm_gluon_h200.sh   the same at M = 64-512 (token tiles 32-128)
 #   attn     benchmarks/attention_gluon_h200.sh   the Gluon FP4-KV attention against the shipped kernel and SDPA
+#   attnshort benchmarks/attention_short_h200.sh  the Gluon FP4-KV attention's persistent variant (short contexts) vs the
+#            shipped Gluon and Triton kernels at B = 313 x L = 257 / 1024 / 4352 / 8447 and 32 x 8k + its GPU tests;
+#            named only
 #   trainattn benchmarks/trainer_attention_h200.sh the trainer's float32 GQA attention (expanded K/V, efficient kernel)
 #   gemmbound benchmarks/gemm_bound_h200.sh       what bounds the W4A16 GEMM at M <= 16: read floor, load-only /
 #            compute-only probes of the shipped loop, occupancy, ncu of one launch
@@ -78,6 +81,7 @@ for name in $NAMES; do
         gemm) bash benchmarks/gemm_gluon_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         gemmwide) GLUON_M=64,256,512 bash benchmarks/gemm_gluon_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         attn) bash benchmarks/attention_gluon_h200.sh "$d" > "$d/run.log" 2>&1 ;;
+        attnshort) bash benchmarks/attention_short_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         trainattn) bash benchmarks/trainer_attention_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         gemmbound) bash benchmarks/gemm_bound_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         gemmcomp) bash benchmarks/gemm_compute_h200.sh "$d" > "$d/run.log" 2>&1 ;;
