@@ -21,6 +21,10 @@ loads and TMAs included) while the consumer still decodes the current one; the c
 seq_len and q before the current item's epilogue, so their latency hides under it. The tile code
 (paged_attention_gluon._produce_tiles / _consume_tiles / _tile) and the epilogue are the shipped kernel's.
 
+Compile gate (Triton 3.6, sm_90, the tile loop inside the item loop): mxfp4 3.38 SASS per element at group 4 (the
+shipped kernel 3.43), no spills, 2 full wgmma waits per tile. nvfp4: ptxas serialises every wgmma of the tile loop
+(C7513; paged_attention_gluon.GATE_SERIALISED has what was tried), so its timing decides whether it is worth it.
+
 Not done here: a last tile of few tokens still costs a whole 128-token tile of decode (L = 257: 3 tiles for 2.01
 tiles of tokens); ragged batches are dealt round-robin in item order (no longest-first order, no work stealing).
 """
