@@ -4,17 +4,17 @@
 # against the shipped Gluon kernel and the shipped Triton kernel. Usage: benchmarks/attention_short_h200.sh OUT_DIR
 # (from the repo root; python3, torch, Triton 3.6, one H200, device wheels on PYTHONPATH). < 120 s.
 # 1. pytest tests/kernels/test_paged_attention_gluon.py -m gpu -k persistent: nvfp4 and mxfp4, ragged lengths (tails
-#    of 1-88 tokens, two empty sequences, stale NaN V scales, garbage block-table entries) with the default grid and
-#    with 3-7 programs (several items per program: the ring counter across items, the prefetched next item), vs the
-#    float64 reference, the shipped Gluon kernel and the shipped Triton kernel per sequence; a second run
-#    bit-identical -> OUT/pytest.{log,xml}. Its first cases compile the kernels the benchmark uses.
+#    of 1-88 tokens, two empty sequences, stale NaN V scales, garbage block-table entries; groups 4 and 16) with the
+#    default grid and with 3-7 programs (several items per program: the ring counter across items, the prefetched
+#    next item), vs the float64 reference, the shipped Gluon kernel and the shipped Triton kernel per sequence; a
+#    second run bit-identical -> OUT/pytest.{log,xml} (5 cases, ~9 compiles).
 # 2. benchmarks/attention_short.py -> OUT/attention_short.json (+ .log): Qwen3-8B heads, B = 313 x L = 257 / 1024 /
 #    4352 / 8447 and B = 32 x 8192, nvfp4 and mxfp4: Triton kernel vs Gluon vs Gluon persistent, CUDA-graph medians,
 #    fraction of the measured read ceiling on the format's live cache bytes, persistent / Gluon speedup, the
 #    variants' output differences (persistent vs Gluon bit-identical or not).
 # 3. OUT/summary.json: rcs, pytest tail, per row the us / fractions / speedups / differences.
 . "$(dirname "$0")/h200_check.sh"
-run_pytest 40 -x -m gpu tests/kernels/test_paged_attention_gluon.py -k persistent   # the CPU tests need TRITON_INTERPRET
+run_pytest 50 -x -m gpu tests/kernels/test_paged_attention_gluon.py -k persistent   # the CPU tests need TRITON_INTERPRET
 left=$(( 112 - ($(date +%s) - start) ))
 timeout $(( left > 20 ? left : 20 )) $PY benchmarks/attention_short.py --out "$OUT/attention_short.json" \
     --budget-s $(( left > 40 ? left - 20 : 10 )) > "$OUT/attention_short.log" 2>&1
