@@ -14,7 +14,7 @@
 #    variants' output differences (persistent vs Gluon bit-identical or not).
 # 3. OUT/summary.json: rcs, pytest tail, per row the us / fractions / speedups / differences.
 . "$(dirname "$0")/h200_check.sh"
-run_pytest 50 -x -m gpu tests/kernels/test_paged_attention_gluon.py -k persistent   # the CPU tests need TRITON_INTERPRET
+run_pytest 50 -x -m gpu tests/kernels/test_paged_attention_gluon.py -k persistent   # CPU tests: TRITON_INTERPRET
 left=$(( 112 - ($(date +%s) - start) ))
 timeout $(( left > 20 ? left : 20 )) $PY benchmarks/attention_short.py --out "$OUT/attention_short.json" \
     --budget-s $(( left > 40 ? left - 20 : 10 )) > "$OUT/attention_short.log" 2>&1
