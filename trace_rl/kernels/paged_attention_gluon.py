@@ -658,6 +658,11 @@ GATE = ((GluonAttentionConfig(), 4, 3.15, "nvfp4:row"), (GluonAttentionConfig(st
 # defining input registers of a wgmma between start and end of the pipeline stage": 32 full waits, 3.36 per element
 # at group 4, 3.67 at 16), whatever the register budget (maxnreg 128-168 alike) and with the factor loads after the
 # QK wait; without the per-token factor loads (fk = fv = 1) or with one item per program it is not serialised (3.13).
+# Also serialised: two items unrolled (static_range), the item loop around a warp_specialize region per item, padded
+# accumulator columns made distinct (acc * 0); a noinline per-item function trades it for C7510 (pipeline crossing a
+# function boundary). Where in its pipeline ptxas finds the offending definition is not visible in the PTX (no
+# definition of an in-flight wgmma register on any path; the same copies into the padded accumulator columns inside
+# the PV stage as the shipped kernel's).
 # Gated as it is, so that it cannot get worse unseen; benchmarks/attention_short_h200.sh measures what it costs.
 GATE_SERIALISED = ((GluonAttentionConfig(persistent=True), 4, 3.45, "nvfp4:row"),
                    (GluonAttentionConfig(persistent=True), 16, 3.75, "nvfp4:row"))
