@@ -91,3 +91,17 @@ def test_stack_follows_weight_sync(kernels_on_cpu):
     tok_sep, logp_sep = _run(separate, seed=12, max_new=2)
     assert torch.equal(tok, tok_sep)
     torch.testing.assert_close(logp, logp_sep, rtol=0, atol=1e-5)
+
+
+def test_check_model_refuses_a_broken_stack(kernels_on_cpu):
+    """A part whose cache was replaced by a separate one after stacking: the group would run per part beside a
+    buffer no layer reads whole, so `check_model` (run after every weight load) says so instead."""
+    from trace_rl.kernels import operand_cache as kernel_oc
+
+    engine = _engine(True, kernels_on_cpu)
+    engine_oc.check_model(engine.model)
+    group = engine_oc.stack_groups(engine.model)[0]
+    group[0].packed.layout.pop(engine_oc.KEY)
+    kernel_oc.attach(group[0].packed)
+    with pytest.raises(RuntimeError, match="no longer whole"):
+        engine_oc.check_model(engine.model)

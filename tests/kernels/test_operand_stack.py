@@ -55,6 +55,10 @@ def test_stack_holds_each_parts_operand_in_one_buffer(fmt, device, gen):
         assert len({float(p.q.global_scale) for p in parts}) == 3     # each part keeps its own global scale
     with pytest.raises(ValueError, match="one format and K"):
         operand_cache.attach_stacked(parts[:1])
+    for again in (parts[:2], parts[::-1]):      # a part of this stack into another: refused, the stack left whole
+        with pytest.raises(ValueError, match="already sit in another stack"):
+            operand_cache.attach_stacked(again)
+        assert operand_cache.stacked(parts) is st
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])

@@ -86,10 +86,19 @@ def model_bytes(model) -> int:
 
 
 def check_model(model) -> None:
-    """RuntimeError if a dense FP4 linear lost its operand cache (its packed weight rebuilt, e.g. by `.to()`): the
-    linear would then run the per-call paths without saying so, and the engine's memory report would be wrong."""
+    """RuntimeError if a dense FP4 linear lost its operand cache (its packed weight rebuilt, e.g. by `.to()`), or a
+    stacked group is no longer one stack: the layers would then run the per-call (per-part) paths without saying so,
+    and the engine's memory report would be wrong."""
     missing = [q for q in fp4_dense(model) if KEY not in q.packed.layout]
     if missing:
         raise RuntimeError(f"{FIELD}: {len(missing)} dense FP4 linear(s) have no operand cache any more (their packed "
                            f"weights were rebuilt after the engine attached it, e.g. by moving the model); build the "
                            f"engine again on the model's final device")
+    from trace_rl.kernels.operand_cache import stacked
+
+    broken = [g for g in stack_groups(model) if any(getattr(q.packed.layout[KEY], "stack", None) is not None
+                                                    for q in g) and stacked([q.packed for q in g]) is None]
+    if broken:      # its layers would run one GEMM each, without saying so, beside a buffer no layer reads whole
+        raise RuntimeError(f"{FIELD}: the stacked operand cache of {len(broken)} shared-input group(s) (e.g. "
+                           f"{[q.out_features for q in broken[0]]} rows) is no longer whole (a part's cache was "
+                           f"replaced after the engine stacked them); build the engine again")

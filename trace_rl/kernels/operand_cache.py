@@ -107,6 +107,10 @@ def attach_stacked(packeds: list) -> OperandStack:
                          f"{[(p.fmt, p.out_features, p.in_features) for p in packeds]}")
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         raise RuntimeError("operand cache: would be allocated inside a CUDA-graph capture; attach it before capturing")
+    other = [p.layout[KEY] for p in packeds if getattr(p.layout.get(KEY), "stack", None) is not None]
+    if other:   # taking its rows would leave that stack's other parts running per part, its buffer still held
+        raise ValueError(f"operand cache: {len(other)} of these weights already sit in another stack (of "
+                         f"{other[0].stack.sizes} rows); stack each shared-input group once, in one order")
     for p in packeds:
         p.layout.pop(KEY, None)     # a separate cache: replaced by the stack's rows (its memory freed first)
     hs = [hopper_weight(p) for p in packeds]
