@@ -241,16 +241,17 @@ def measure(args) -> None:
     save()
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(doc: str = __doc__, dry_fn=None, measure_fn=None) -> int:
+    """The command line of this benchmark, and of gemm_fixed.py (its `dry` / `measure` given)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget-s", type=float, default=75.0, help="start no new (format, shape) after this")
     ap.add_argument("--dry", action="store_true", help="CPU: plans and sm_90 compile facts only")
     ap.add_argument("--no-precompile", action="store_true")
     args = ap.parse_args()
     if args.dry:
-        return dry(args.out)
-    measure(args)
+        return (dry_fn or dry)(args.out)
+    (measure_fn or measure)(args)
     return 0
 
 

@@ -29,7 +29,6 @@ rewritten after every row; past `--budget-s` no new (format, shape) starts ("ski
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import sys
@@ -42,10 +41,7 @@ import gemm_compute as gcb  # noqa: E402
 import gemm_compute_kernels as gc  # noqa: E402
 import gemm_fixed_kernels as gf  # noqa: E402
 
-SHAPES = [(4096, 12288), (12288, 4096)]   # (K, N)
-MS = (1, 16)
-FMTS = ("nvfp4", "mxfp4")
-DEV = "cuda"
+SHAPES, MS, FMTS, DEV = gcb.SHAPES, gcb.MS, gcb.FMTS, gcb.DEV     # gemm_compute's workload
 TINY_K = 256
 RUN = (gc.SHIPPED, ) + gf.VARIANTS
 
@@ -328,16 +324,7 @@ def measure(args) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--budget-s", type=float, default=75.0, help="start no new (format, shape) after this")
-    ap.add_argument("--dry", action="store_true", help="CPU: plans and sm_90 compile facts only")
-    ap.add_argument("--no-precompile", action="store_true")
-    args = ap.parse_args()
-    if args.dry:
-        return dry(args.out)
-    measure(args)
-    return 0
+    return gcb.main(__doc__, dry, measure)     # the same command line as gemm_compute.py
 
 
 if __name__ == "__main__":
