@@ -171,18 +171,22 @@ class FP4Backend(Backend):
         _check_act(act_fmt, packed)
         if _on_kernels(x):
             from trace_rl.kernels import fp4_linear
-            from trace_rl.kernels.fp4_dequant import use_dequant_cublas
-            from trace_rl.kernels.operand_cache import use_operand_cache
 
-            rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-            if use_operand_cache(rows, packed):
-                self.paths.record("fp4.operand_cache_cublas")
-            else:
-                large = use_dequant_cublas(rows, packed.out_features, packed.in_features)
-                self.paths.record("fp4.dequant_cublas" if large else "fp4.triton")
+            self._record_dense(x.numel() // x.shape[-1] if x.shape[-1] else 0, packed)
             return fp4_linear(x, packed, act_fmt, bias)
         self.paths.record("fp4.emulated")
         return emulated_linear(x, packed, act_fmt, bias)
+
+    def _record_dense(self, rows: int, packed) -> None:
+        """The path a dense linear of `rows` rows takes on the kernels (the choice `kernels.linear` makes)."""
+        from trace_rl.kernels.fp4_dequant import use_dequant_cublas
+        from trace_rl.kernels.operand_cache import use_operand_cache
+
+        if use_operand_cache(rows, packed):
+            self.paths.record("fp4.operand_cache_cublas")
+        else:
+            large = use_dequant_cublas(rows, packed.out_features, packed.in_features)
+            self.paths.record("fp4.dequant_cublas" if large else "fp4.triton")
 
     def quantize_input(self, x, packed, act_fmt):
         """W4A4 `x` quantized per token once for the layers sharing it (`SharedInput`; models.linear.shared_input):
@@ -206,15 +210,8 @@ class FP4Backend(Backend):
         _check_act(xq.act_fmt, packed)
         if xq.kernels:
             from trace_rl.kernels import fp4_linear_prequantized
-            from trace_rl.kernels.fp4_dequant import use_dequant_cublas
-            from trace_rl.kernels.operand_cache import use_operand_cache
 
-            rows = xq.x.shape[0]
-            if use_operand_cache(rows, packed):
-                self.paths.record("fp4.operand_cache_cublas")
-            else:
-                large = use_dequant_cublas(rows, packed.out_features, packed.in_features)
-                self.paths.record("fp4.dequant_cublas" if large else "fp4.triton")
+            self._record_dense(xq.x.shape[0], packed)
             y = fp4_linear_prequantized(xq.x, xq.row_scale, packed, bias, xq.dtype)
             return y.reshape(*xq.shape[:-1], packed.out_features)
         self.paths.record("fp4.emulated")
@@ -222,7 +219,6 @@ class FP4Backend(Backend):
         if bias is not None:
             y = y + bias.to(xq.x.dtype)
         return y.to(xq.dtype)
-
 
     def linear_stacked(self, xq, packeds, biases=None):
         """One GEMM for the parts (the base class's doc) when they are one stacked operand cache, in order, with
