@@ -62,8 +62,12 @@ def test_stack_holds_each_parts_operand_in_one_buffer(fmt, device, gen):
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
-def test_weight_sync_refreshes_the_stack_in_place(fmt, device, gen):
-    """`load_weight` on one part rewrites its rows and its row factors (a new global scale) in the same buffers."""
+@pytest.mark.parametrize("fused", [False, True])
+def test_weight_sync_refreshes_the_stack_in_place(fmt, fused, device, gen, monkeypatch):
+    """`load_weight` on one part rewrites its rows and its row factors (a new global scale) in the same buffers, on
+    the requantize path and on the fused one (`quantize_into` writes the Hopper layout, the cache is refreshed
+    after it; on CPU the fused kernel runs in the interpreter)."""
+    monkeypatch.setattr(FP4Backend, "fused_sync_runs", lambda self, w: fused)
     K, shapes = 64, (24, 8)
     layers = [QuantLinear(torch.randn(n, K, generator=gen), fmt).to(device) for n in shapes]
     st = operand_cache.attach_stacked([m.packed for m in layers])
@@ -71,6 +75,7 @@ def test_weight_sync_refreshes_the_stack_in_place(fmt, device, gen):
     top = st.buf[:24].clone()
     w = torch.randn(8, K, generator=gen) * 5
     layers[1].load_weight(w.to(device))
+    assert layers[1].backend.paths.last == ("fp4.sync.fused" if fused else "fp4.sync.requantize")
     assert (st.buf.data_ptr(), st.row_factor.data_ptr()) == ptrs and operand_cache.stacked([m.packed for m in layers])
     h = to_hopper(get_format(fmt).quantize(w))
     _same_bits(st.buf[24:].cpu(), operand(h))
