@@ -57,8 +57,10 @@ def test_stacked_engine_logits_match_per_part_gpu(monkeypatch):
     from trace_rl.bench.decode_grid import prime_decode
 
     prime_decode(engine, B, L)
+    captured = paths.counts.get("fp4.operand_stack_cublas", 0)
     engine.decode_step(B, L, (1.0, 0, 1.0))
     torch.cuda.synchronize()
+    assert engine.graphs.captured and paths.counts.get("fp4.operand_stack_cublas", 0) > captured   # captured stacked
 
 
 def test_stacked_cache_bytes_do_not_grow_gpu(monkeypatch):
@@ -80,3 +82,47 @@ def test_stacked_cache_bytes_do_not_grow_gpu(monkeypatch):
     print(f"operand cache, 2 layers: separate {got[False][0] / 1e9:.4f} GB, stacked {got[True][0] / 1e9:.4f} GB "
           f"(allocated); reported {got[False][1]} / {got[True][1]} B")
     assert got[True][0] <= got[False][0] + rf + 2**20            # allocated: not more than that (1 MiB slack)
+
+
+def test_stacked_graphs_survive_load_weights_gpu(monkeypatch):
+    """The captured steps read the stacks in place across a weight sync (the fused one on the GPU: each part's new
+    global scale into the stack's row factors): greedy tokens after `load_weights` equal a fresh engine's on the new
+    weights (same buckets and attention path, so the same GEMM shapes), the stacked GEMM running throughout."""
+    from tests.engine.native_helpers import random_prompts
+    from trace_rl.backends import get_backend
+    from trace_rl.data import schema as K
+    from trace_rl.engine.base import SamplingParams
+    from trace_rl.engine.native import NativeEngine
+    from trace_rl.engine.operand_cache import stack_groups
+    from trace_rl.kernels import fp4_dequant
+    from trace_rl.models import tiny_model
+    from trace_rl.plan import PrecisionPlan
+
+    monkeypatch.setattr(fp4_dequant, "DEQUANT_CUBLAS_MIN_M", 1)       # every step reads the operand caches
+    plan = PrecisionPlan.preset("w4a4-kv4")
+    a, _ = tiny_model("tiny", seed=1, device="cuda", dtype=torch.bfloat16)
+    b, _ = tiny_model("tiny", seed=2, device="cuda", dtype=torch.bfloat16)
+    state_b = {k: v.clone() for k, v in b.state_dict().items()}
+
+    def engine(model):
+        return NativeEngine(model, plan, max_batch=5, max_seq_len=96, block_size=16, attention="kernels",
+                            operand_cache=True)
+
+    prompts = random_prompts([7, 3, 12], torch.Generator().manual_seed(0))
+    greedy = SamplingParams(n=2, temperature=0.0, max_new_tokens=24, ignore_stop=True)
+    count = get_backend("fp4").paths.counts.get
+    graphed = engine(a)
+    stacks = [g[0].packed.layout["operand_cache"].stack for g in stack_groups(graphed.model)]
+    ptrs = [(st.buf.data_ptr(), st.row_factor.data_ptr()) for st in stacks]
+    assert stacks and all(st is not None for st in stacks)
+    before = count("fp4.operand_stack_cublas", 0)
+    graphed.generate(prompts, greedy)
+    assert graphed.graphs.captured and count("fp4.operand_stack_cublas", 0) > before
+    fused = count("fp4.sync.fused", 0)
+    graphed.load_weights(state_b, version=1)          # in place: the captured graphs read the new stacks
+    assert graphed.graphs.captured and count("fp4.sync.fused", 0) > fused
+    assert [(st.buf.data_ptr(), st.row_factor.data_ptr()) for st in stacks] == ptrs
+    assert [g[0].packed.layout["operand_cache"].stack for g in stack_groups(graphed.model)] == stacks
+    got = graphed.generate(prompts, greedy)[K.TOKENS_RESPONSE]
+    want = engine(b).generate(prompts, greedy)[K.TOKENS_RESPONSE]
+    assert torch.equal(got, want)
