@@ -162,6 +162,10 @@ def test_unmeasured():
     assert why.startswith("nothing was measured: every steps cell was skipped (1") and "253 sequences" in why
     assert unmeasured({**empty, "grid": [{"batch": 1, "L": 9}]}) == ""
     assert unmeasured({**empty, "results": [{"tokens_per_s": 1.0}], "steps": [skip]}) == ""
+    failed = {"model": "qwen3-8b", "plan": "w4a4-kv4", "error": "RuntimeError: CUDA out of memory"}
+    why = unmeasured({**empty, "profile": [failed]})                   # run_profiles caught it into its row
+    assert why.startswith("nothing was measured: every row failed (1") and "out of memory" in why
+    assert unmeasured({**empty, "profile": [failed, {"plan": "bf16", "graph_step_ms": 9.0}]}) == ""
 
 
 def test_bench_steps_rejects_unknown_attention(tmp_path):

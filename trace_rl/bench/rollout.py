@@ -213,10 +213,16 @@ def run_rollout_bench(args) -> dict:
 def unmeasured(report: dict) -> str:
     """Why the run measured nothing ("" when it measured something; the CLI then exits 1 with this). A steps row
     counts when it has step times: a skipped one (a choice the cache or machine cannot take, a batch that does not
-    fit beside the weights) is no measurement, but does not hide the rows that are."""
+    fit beside the weights) is no measurement, but does not hide the rows that are. A row of another part counts
+    unless it is a failure (`error`: run_profiles and the grid catch one engine's failure into its row), so that a
+    run whose every profile failed does not exit 0."""
     steps = report.get("steps", [])
-    if any(report.get(k) for k in MEASURED) or any("step_ms" in r for r in steps):
+    if any("error" not in r for k in MEASURED for r in report.get(k, [])) or any("step_ms" in r for r in steps):
         return ""
+    failed = [r for k in MEASURED for r in report.get(k, []) if "error" in r]
+    if failed:
+        return (f"nothing was measured: every row failed ({len(failed)}, \"error\" in their rows; e.g. "
+                f"{failed[0]['error']})")
     skipped = [r for r in steps if "skipped" in r]
     if skipped:
         return (f"nothing was measured: every steps cell was skipped ({len(skipped)}, \"skipped\" in their rows; "
