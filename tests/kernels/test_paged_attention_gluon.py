@@ -96,7 +96,7 @@ def _join(a, b):
 
 
 def _join8(x, pair, mx=0):
-    """paged_attention_gluon._join8: dims [.., half, i & 1, i >> 1] of slot i's half."""
+    """paged_attention_gluon_tiles._join8: dims [.., half, i & 1, i >> 1] of slot i's half."""
     o = _values(x, pair, mx)
     return _join(_join(_join(o[0], o[1]), _join(o[2], o[3])), _join(_join(o[4], o[5]), _join(o[6], o[7])))
 

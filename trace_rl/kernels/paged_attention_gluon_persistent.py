@@ -19,11 +19,11 @@ set up once per program. The producer walks the same items and keeps one ring co
 take ring positions j0 .. j0 + n_tiles - 1, `schedule`), so it streams the next item's first tiles (block-table
 loads and TMAs included) while the consumer still decodes the current one; the consumer loads the next item's
 seq_len and q before the current item's epilogue, so their latency hides under it. The tile code
-(paged_attention_gluon._produce_tiles / _consume_tiles / _tile) and the epilogue are the shipped kernel's.
+(paged_attention_gluon_tiles._produce_tiles / _consume_tiles / _tile) and the epilogue are the shipped kernel's.
 
 Compile gate (Triton 3.6, sm_90, the tile loop inside the item loop): mxfp4 3.38 SASS per element at group 4 (the
 shipped kernel 3.43), no spills, 2 full wgmma waits per tile. nvfp4: ptxas serialises every wgmma of the tile loop
-(C7513; paged_attention_gluon.GATE_SERIALISED has what was tried), so its timing decides whether it is worth it.
+(C7513; paged_attention_gluon_gate.GATE_SERIALISED has what was tried), so its timing decides whether it is worth it.
 
 Not done here: a last tile of few tokens still costs a whole 128-token tile of decode (L = 257: 3 tiles for 2.01
 tiles of tokens); ragged batches are dealt round-robin in item order (no longest-first order, no work stealing).
@@ -35,7 +35,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared
 
-from trace_rl.kernels.paged_attention_gluon import _consume_tiles, _epilogue, _load_q, _produce_tiles, _ring
+from trace_rl.kernels.paged_attention_gluon_tiles import _consume_tiles, _epilogue, _load_q, _produce_tiles, _ring
 
 
 # ---- the work partition (pure Python; the kernel computes the same from program_id / num_programs)

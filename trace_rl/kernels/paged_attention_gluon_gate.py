@@ -1,0 +1,102 @@
+"""The sm_90 compile gate's cases (trace_rl/kernels/sass_gate.py; Triton 3.6 only) for the Gluon FP4-KV decode
+attention: the warp-specialised kernel (paged_attention_gluon.py) and its persistent variant
+(paged_attention_gluon_persistent.py), whose main loop is the tile loop inside the item loop. Kept apart so those
+files stay under ~500 lines; the notes below say what each case compiles to and what was tried.
+"""
+
+from __future__ import annotations
+
+import triton
+
+from trace_rl.formats import kv_layout as L
+from trace_rl.kernels.paged_attention_gluon import (
+    BLOCK_T,
+    FORMATS,
+    HEAD_DIM,
+    N_PAD,
+    PAGE,
+    GluonAttentionConfig,
+    _block_sig,
+    _decode_attention_ws_kernel,
+    _words,
+)
+from trace_rl.kernels.paged_attention_gluon_persistent import _decode_attention_persistent_kernel
+
+
+def gate_case(c: GluonAttentionConfig, group: int = 4, kv_heads: int = 8, budget: float = 3.35,
+              kv_format: str = "nvfp4:row", full_waits: int = 2):
+    from trace_rl.kernels.sass_gate import GateCase
+
+    w = _words(kv_format)
+    mx = FORMATS[kv_format] * (2 if c.mx_fold else 1)
+    kg, vg = (_block_sig(w["ks"], "i32"), _block_sig(w["vs"], "i32")) if mx else \
+        (_block_sig(w["kg"], "fp32"), _block_sig(w["vg"], "fp32"))              # mxfp4: the launcher's placeholders
+    sig = dict(q_ptr="*bf16", out_ptr="*bf16", bt_ptr="*i32", lens_ptr="*i32",
+               kc_desc=_block_sig(w["kc"], "i32"), ks_desc=_block_sig(w["ks"], "i32"), kg_desc=kg,
+               vc_desc=_block_sig(w["vc"], "i32"), vs_desc=_block_sig(w["vs"], "i32"), vg_desc=vg, qk_scale="fp32",
+               stride_qb="i32", stride_qh="i32", stride_ob="i32", stride_oh="i32", stride_bt="i32")
+    consts = dict(HKV=kv_heads, GROUP=group, N=N_PAD, D=HEAD_DIM, DV=L.v_rows(HEAD_DIM), PAGE=PAGE, T=BLOCK_T,
+                  STAGES=c.stages, MX=mx)
+    name = kv_format.split(":")[0] + ("" if mx != 1 else " bias")
+    kernel, kind = _decode_attention_ws_kernel, "ws"
+    if c.persistent:      # its main loop is the inner (tile) loop of the item loop
+        kernel, kind = _decode_attention_persistent_kernel, "persistent"
+        sig["work"] = "i32"
+    return GateCase(f"attention gluon {kind} {name} g{group} s{c.stages} r{c.maxnreg}", kernel, sig,
+                    consts, 4, 1, BLOCK_T * (HEAD_DIM + L.v_rows(HEAD_DIM)) / 128, budget,
+                    ("q_ptr", "out_ptr", "bt_ptr", "lens_ptr", "stride_qb", "stride_qh", "stride_ob", "stride_oh",
+                     "stride_bt"),
+                    max_full_waits=full_waits, options=(("maxnreg", c.maxnreg), ), innermost=c.persistent,
+                    require=("USETMAXREG", "SYNCS.PHASECHK", "UTMALDG", "SYNCS.ARRIVE"), forbid=())
+
+
+# Compile gate (sass_gate.py; Triton 3.6 only). Per K/V element of a 128-token tile (256 per consumer thread), sm_90,
+# Triton 3.6, Qwen3-8B heads (group 4): 789 SASS in the loop, 3.08 per element (the shipped nvfp4 kernel: 3.31), no
+# spills, every HGMMA with a register A operand, 2 full wgmma waits per tile (the previous PV before the QK issue, the
+# QK before the softmax), the consumer in R0-R194 under setmaxnreg 232 (maxnreg 128: 2 CTAs per SM). Groups of 9-16
+# (no half-column softmax): 3.28. The main loop may hold STSM (the P^T store), LDSM (the K scale words) and STS (the
+# cross-warp max): the decoded tiles stay in registers (convert_layout(assert_trivial=True) into the wgmma operand
+# layout). 3 stages cost ~20 more SASS per tile (slot = it % 3). Before the half-column softmax: 3.28 at group 4.
+# Below maxnreg 128 ptxas serialises every wgmma (C7514) or spills: 96 (3.54, serialised), 88 and 80 (3 CTAs per
+# SM: serialised and 12-45 spill accesses per tile).
+# Where ptxas puts the work (SASS of the full-tile loop, in order): the ready wait; the K code extraction (~115
+# LOP3/SHF, under the previous PV); the PV wait; the K scale multiplies (64 HMUL2) interleaved with the 16 QK HGMMAs;
+# the slot release; the QK wait, placed right after the last HGMMA; then the whole V^T decode (~226), the softmax and
+# the 16 PV HGMMAs (in flight under the next tile's K code extraction). ptxas schedules WARPGROUP.DEPBAR as early as
+# it can and sinks the decode below it: also with 256 registers, with vt in the wait's deps, with the slot release
+# after the wait, and with the V^T decode written before the QK issue (3.16 per element, the decode still after the
+# wait). Inside one warpgroup only the K code extraction overlaps an MMA; the overlap of V^T decode and the QK MMA
+# that the source asks for comes from the other resident CTA's warps.
+# mxfp4, the bias folded (MX 2, opt-in mx_fold=True): 806 SASS, 3.15 per element at group 4 (851, 3.32 at group 16; 810,
+# 3.16 at group 1), no spills, 2 full waits, the consumer in R0-R180 (R0-R212 at group 16): the scale pairs cost
+# ~7 ops per V scale word (and, min.u16x2, mad) against nvfp4's 2, and no factor loads or multiplies. Through
+# kv_decode's 2**125 bias HMUL2 instead (mx_fold=False, MX 1, the default, exact for every scale byte): 878, 3.43 at
+# group 4 (968, 3.78 at group 16: over issue 15's 3.5 budget, gated at 3.8 so it cannot grow), R0-R206: +128 HMUL2,
+# 0.5 per element.
+GATE = ((GluonAttentionConfig(), 4, 3.15, "nvfp4:row"), (GluonAttentionConfig(stages=2), 4, 3.15, "nvfp4:row"),
+        (GluonAttentionConfig(), 16, 3.35, "nvfp4:row"), (GluonAttentionConfig(), 4, 3.5, "mxfp4"),
+        (GluonAttentionConfig(), 16, 3.8, "mxfp4"), (GluonAttentionConfig(mx_fold=True), 4, 3.25, "mxfp4"),
+        (GluonAttentionConfig(mx_fold=True), 16, 3.4, "mxfp4"),
+        # the persistent variant (paged_attention_gluon_persistent.py; its tile loop, inside the item loop)
+        (GluonAttentionConfig(persistent=True), 4, 3.5, "mxfp4"),
+        (GluonAttentionConfig(persistent=True), 16, 3.8, "mxfp4"),
+        (GluonAttentionConfig(persistent=True, mx_fold=True), 4, 3.25, "mxfp4"))
+# The persistent variant over nvfp4: ptxas serialises every wgmma of its tile loop (C7513, "non wgmma instructions
+# defining input registers of a wgmma between start and end of the pipeline stage": 32 full waits, 3.36 per element
+# at group 4, 3.67 at 16), whatever the register budget (maxnreg 128-168 alike) and with the factor loads after the
+# QK wait; without the per-token factor loads (fk = fv = 1) or with one item per program it is not serialised (3.13).
+# Also serialised: two items unrolled (static_range), the item loop around a warp_specialize region per item, padded
+# accumulator columns made distinct (acc * 0); a noinline per-item function trades it for C7510 (pipeline crossing a
+# function boundary). Where in its pipeline ptxas finds the offending definition is not visible in the PTX (no
+# definition of an in-flight wgmma register on any path; the same copies into the padded accumulator columns inside
+# the PV stage as the shipped kernel's).
+# Gated as it is, so that it cannot get worse unseen; benchmarks/attention_short_h200.sh measures what it costs.
+GATE_SERIALISED = ((GluonAttentionConfig(persistent=True), 4, 3.45, "nvfp4:row"),
+                   (GluonAttentionConfig(persistent=True), 16, 3.75, "nvfp4:row"))
+
+
+def sass_gate_cases():
+    if not triton.__version__.startswith("3.6"):
+        return []
+    return [gate_case(c, group, budget=budget, kv_format=fmt) for c, group, budget, fmt in GATE] + \
+        [gate_case(c, group, budget=budget, kv_format=fmt, full_waits=32) for c, group, budget, fmt in GATE_SERIALISED]

@@ -1,0 +1,378 @@
+"""The tile code of the Gluon FP4-KV paged decode attention (paged_attention_gluon.py; issue 15): the @gluon.jit
+device functions its warp-specialised kernel and the persistent variant (paged_attention_gluon_persistent.py) both
+run, one (kv head, sequence)'s tiles at a time. Organised against what bounds the shipped kernel (docs/benchmarks.md,
+"What bounds FP4": one partition that decodes K, waits for its HGMMAs, reduces, decodes V, waits again):
+
+- the producer partition (1 warp, 24 registers; `_produce_tiles`) copies each 128-token tile's pages (K codes,
+  K scales, V codes, V scales, the two per-token factor rows: each a contiguous (page, kv head) block) with one TMA
+  box per page and tensor into a STAGES-deep shared ring (`_ring`: `ready` mbarrier with expect-tx per slot, `empty`
+  released by the consumer). Hopper's TMA has no gather; the page table is read by the producer (pages past the
+  sequence read page 0, as the shipped kernel does);
+- the default partition (one warpgroup; `_consume_tiles`, `_tile`) per tile: waits on `ready`, decodes K (LDS.128
+  of a thread's fragment, the shipped shift/mask PTX; `_k_decode`) while the previous tile's PV wgmma is still in
+  flight, retires that PV, issues S^T = K q^T async, decodes V^T (`_vt_decode`), releases the slot, waits, runs the
+  online softmax (on the low half of the padded columns when the group fits), stores P^T (bf16, the only tile that
+  goes through shared memory) and issues the PV wgmma async, leaving it in flight under the next tile's K decode.
+  ptxas moves part of that decode below the wgmma waits (the V^T decode after the QK wait: see the gate notes in
+  paged_attention_gluon_gate.py), so within a warpgroup the overlap is partial; 2 CTAs per SM (maxnreg 128, the
+  consumer at ~195 of 232 registers) interleave with each other.
+
+The constexpr MX picks the format: 0 nvfp4 (per-token float32 factors on the scores and the probabilities), 1 mxfp4
+through kv_decode's exact 2**125 bias multiply, 2 mxfp4 with the bias folded into the scale pairs (MX_FOLD, below).
+mxfp4 has no per-token factors: its producer copies four boxes per page, not six. `_load_q` and `_epilogue` read q
+and write the output in the MMA's column / row orders (kv_layout.k_dim_of_col, v_dim_of_row).
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from trace_rl.kernels.attention_tiles import _low_half
+from trace_rl.kernels.kv_decode import _BIAS_MX, _FP4_CODES, _NV_PAIRS, _SCALE_OUT
+
+FP4_NV_ASM = gl.constexpr("{" + _FP4_CODES + _SCALE_OUT + "}")
+FP4_MX_ASM = gl.constexpr("{" + _FP4_CODES + _BIAS_MX + _SCALE_OUT + "}")
+# mxfp4 with the 2**125 bias folded (MX = 2, GluonAttentionConfig.mx_fold): the scale pair is 2**(e - 1 - MX_FOLD)
+# (bf16 exponent field min(stored, MX_CLAMP) + MX_ADD, stored = e + 1), so one HMUL2 per pair of elements gives
+# code x scale x 2**-MX_FOLD, and 2**MX_FOLD goes into the float32 score factor and the output. Exact for scales
+# 2**-70 .. 2**63 (E8M0 codes 57..190): smaller blocks round towards zero in bf16 (|x| < 2**-67), larger ones give
+# +-Inf; a NaN block (stored 255) still decodes to NaN (Inf x its zero codes).
+MX_FOLD = 62
+MX_CLAMP, MX_ADD, MX_OUT = gl.constexpr(192), gl.constexpr(63), gl.constexpr(2.0 ** MX_FOLD)
+_MX_PAIRS = gl.constexpr("""{
+    .reg .b32 a, b, c;
+    mov.b32 c, 0x00C000C0;
+    and.b32 a, $2, 0x00FF00FF;
+    min.u16x2 a, a, c;
+    mad.lo.u32 $0, a, 128, 0x1F801F80;
+    shr.b32 b, $2, 8;
+    and.b32 b, b, 0x00FF00FF;
+    min.u16x2 b, b, c;
+    mad.lo.u32 $1, b, 128, 0x1F801F80;
+}""")                                                # (min(b, 192) + 63) << 7 per 16-bit half: 0x1F80 = 63 << 7
+
+
+@gluon.jit
+def _produce_tiles(j0, kc_desc, ks_desc, kg_desc, vc_desc, vs_desc, vg_desc, kc_b, ks_b, kg_b, vc_b, vs_b, vg_b,
+                   ready, empty, bt_row, h, seq_len, n_tiles, HKV: gl.constexpr, NP: gl.constexpr,
+                   PAGE: gl.constexpr, STAGES: gl.constexpr, MX: gl.constexpr):
+    """Tile it's NP pages (six TMA boxes each: one (page, kv head) block per tensor; four for mxfp4, which has no
+    per-token factors) into ring position j0 + it (slot (j0 + it) % STAGES; j0 > 0 when a persistent program has
+    already streamed other work items' tiles through the ring)."""
+    if MX:
+        nbytes: gl.constexpr = NP * (kc_desc.block_type.nbytes + ks_desc.block_type.nbytes
+                                     + vc_desc.block_type.nbytes + vs_desc.block_type.nbytes)
+    else:
+        nbytes: gl.constexpr = NP * (kc_desc.block_type.nbytes + ks_desc.block_type.nbytes
+                                     + kg_desc.block_type.nbytes + vc_desc.block_type.nbytes
+                                     + vs_desc.block_type.nbytes + vg_desc.block_type.nbytes)
+    for it in range(n_tiles):
+        j = j0 + it
+        slot = j % STAGES
+        mbarrier.wait(empty.index(slot), ((j // STAGES) & 1) ^ 1)     # a fresh barrier passes the first round
+        bar = ready.index(slot)
+        mbarrier.expect(bar, nbytes)
+        for p in gl.static_range(NP):
+            col = it * NP + p
+            pg = gl.load(bt_row + col, mask=col * PAGE < seq_len, other=0)    # stale entries: page 0
+            blk = pg * HKV + h
+            i = slot * NP + p
+            tma.async_copy_global_to_shared(kc_desc, [blk, 0, 0], bar, kc_b.index(i))
+            tma.async_copy_global_to_shared(ks_desc, [blk, 0, 0], bar, ks_b.index(i))
+            tma.async_copy_global_to_shared(vc_desc, [blk, 0, 0], bar, vc_b.index(i))
+            tma.async_copy_global_to_shared(vs_desc, [blk, 0, 0], bar, vs_b.index(i))
+            if not MX:
+                tma.async_copy_global_to_shared(kg_desc, [blk, 0, 0], bar, kg_b.index(i))
+                tma.async_copy_global_to_shared(vg_desc, [blk, 0, 0], bar, vg_b.index(i))
+
+
+@gluon.jit
+def _fp4_values(x, pair, MX: gl.constexpr):
+    """8 bf16 values per word (slot 0 lo, slot 0 hi, .., slot 3 hi): nvfp4 code x scale / 2**7
+    (kv_decode.FP4_NV_ASM); mxfp4 (MX 1) code x scale, through the 2**125 bias multiply (kv_decode.FP4_MX_ASM:
+    E8M0's whole range does not fit one bf16 factor); MX 2: code x scale x 2**-MX_FOLD, the bias in the pair."""
+    if MX == 1:
+        v = gl.inline_asm_elementwise(FP4_MX_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [x, pair],
+                                      dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
+    else:
+        v = gl.inline_asm_elementwise(FP4_NV_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [x, pair],
+                                      dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
+    return v
+
+
+@gluon.jit
+def _join8(x, pair, MX: gl.constexpr):
+    """The 8 values of each word joined as three trailing dims [.., half, i & 1, i >> 1] (attention_tiles._k_fp4's
+    joins: a join's new dim is minor, so the outer join's selector comes last)."""
+    o0l, o0h, o1l, o1h, o2l, o2h, o3l, o3h = _fp4_values(x, pair, MX)
+    return gl.join(gl.join(gl.join(o0l, o0h), gl.join(o1l, o1h)), gl.join(gl.join(o2l, o2h), gl.join(o3l, o3h)))
+
+
+@gluon.jit
+def _k_decode(kw_s, ksw_s, A_LAYOUT: gl.constexpr, T: gl.constexpr, D: gl.constexpr, NW: gl.constexpr,
+              MX: gl.constexpr):
+    """K [T, D] in MMA column order from the slot's words [T/16, hr, g, tq, jw] (row 16 n16 + 8 hr + g, word
+    tq D/32 + jw: a thread's four words are one LDS.128) and scales [T/16, g, tq]: nvfp4 words, the bytes
+    (block 2tq, hr), (2tq+1, hr) of rows g, g + 8 (kv_layout's [rg, g, block, hr] with 8 blocks); mxfp4 16-bit
+    halves, the bytes (block tq, hr) (4 blocks: a thread's row is one block, so both halves of its pair are it)."""
+    KW: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, D // 32], [1, 1, 8, 4, 1], [NW, 1, 1, 1, 1], [4, 3, 2, 1, 0])
+    KS: gl.constexpr = gl.BlockedLayout([1, 1, 1], [1, 8, 4], [NW, 1, 1], [2, 1, 0])
+    w = gl.permute(kw_s.load(KW), (0, 2, 3, 4, 1))                       # [T/16, g, tq, jw, hr]
+    if MX == 1:       # bf16x2 (2**(e-126), 2**(e-126)) = stored byte << 7 in each half (kv_decode.fp4_scale_pair)
+        hw = ksw_s.load(KS).to(gl.int32) & 0xFFFF
+        p02 = (hw & 255) * 0x00800080
+        p13 = (hw >> 8) * 0x00800080
+    elif MX == 2:     # the same with the exponent field min(stored, MX_CLAMP) + MX_ADD
+        hw = ksw_s.load(KS).to(gl.int32) & 0xFFFF
+        p02 = (gl.minimum(hw & 255, MX_CLAMP) + MX_ADD) * 0x00800080
+        p13 = (gl.minimum(hw >> 8, MX_CLAMP) + MX_ADD) * 0x00800080
+    else:
+        p02, p13 = gl.inline_asm_elementwise(_NV_PAIRS, "=r,=r,r", [ksw_s.load(KS)], dtype=(gl.int32, gl.int32),
+                                             is_pure=True, pack=1)
+    pair = gl.reshape(gl.join(p02, p13), [T // 16, 8, 4, 1, 2])          # [T/16, g, tq, -, hr]
+    pair = gl.convert_layout(pair, w.type.layout, assert_trivial=True)
+    pair = gl.broadcast(pair, w)[0]
+    y = _join8(w, pair, MX)                      # n16 0, g 1, tq 2, jw 3, hr 4, half 5, b 6 (i&1), a 7 (i>>1)
+    # row 16 n16 + 8 hr + g; column 32 jw + 16 a + 8 b + 2 tq + half (attention_tiles._k_fp4's permutation)
+    y = gl.permute(y, (0, 4, 1, 3, 7, 6, 2, 5))
+    return gl.convert_layout(gl.reshape(y, [T, D]), A_LAYOUT, assert_trivial=True)
+
+
+@gluon.jit
+def _vt_decode(vw_s, vsw_s, A_LAYOUT: gl.constexpr, NP: gl.constexpr, DV: gl.constexpr, T: gl.constexpr,
+               NW: gl.constexpr, MX: gl.constexpr):
+    """V^T [DV, T] in MMA row order from the slot's words [p, kth, w, gh, gl, tq, kl, h] (kv_layout's V word order
+    [kt_hi, w, g, tq, kt_lo, h] per page, g = 4 gh + gl) and scale words, the bytes of tokens t, t+8, t+1, t+9:
+    nvfp4 [p, w, gh, tq, kth, kl] (block 2 w + gh: every lane group of four (gl) shares its block's word), mxfp4
+    [p, w, tq, kth, kl] (block w: both lane groups of eight (gh, gl) share it)."""
+    VW: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 1, 1, 2, 2], [1, 1, 1, 2, 4, 4, 1, 1], [1, 1, NW, 1, 1, 1, 1, 1],
+                                        [7, 6, 5, 4, 3, 2, 1, 0])
+    w = vw_s.load(VW)
+    if MX:
+        # lanes: tq (bits 0-1), gl and gh (bits 2-4, broadcast); warps: w; registers: kl, kth, p
+        VSX: gl.constexpr = gl.DistributedLinearLayout(
+            reg_bases=[[0, 0, 0, 0, 1], [0, 0, 0, 1, 0], [1, 0, 0, 0, 0]],
+            lane_bases=[[0, 0, 1, 0, 0], [0, 0, 2, 0, 0], [0, 0, 0, 0, 0], [0, 0, 0, 0, 0], [0, 0, 0, 0, 0]],
+            warp_bases=[[0, 1, 0, 0, 0], [0, 2, 0, 0, 0]], block_bases=[], shape=[NP, 4, 4, 2, 2])
+        sw = vsw_s.load(VSX)
+        if MX == 2:
+            p02, p13 = gl.inline_asm_elementwise(_MX_PAIRS, "=r,=r,r", [sw], dtype=(gl.int32, gl.int32),
+                                                 is_pure=True, pack=1)
+        else:
+            p02 = (sw << 7) & 0x7F807F80                                 # bytes 0, 2 -> (b0 << 7, b2 << 7)
+            p13 = (sw >> 1) & 0x7F807F80                                 # bytes 1, 3
+        pair = gl.permute(gl.join(p02, p13), (0, 3, 1, 2, 4, 5))        # [p, kth, w, tq, kl, h]
+        pair = gl.reshape(pair, [NP, 2, 4, 1, 1, 4, 2, 2])
+    else:
+        # lanes: tq (bits 0-1), gl (bits 2-3, broadcast), gh (bit 4); warps: w; registers: kl, kth, p
+        VS: gl.constexpr = gl.DistributedLinearLayout(
+            reg_bases=[[0, 0, 0, 0, 0, 1], [0, 0, 0, 0, 1, 0], [1, 0, 0, 0, 0, 0]],
+            lane_bases=[[0, 0, 0, 1, 0, 0], [0, 0, 0, 2, 0, 0], [0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0],
+                        [0, 0, 1, 0, 0, 0]],
+            warp_bases=[[0, 1, 0, 0, 0, 0], [0, 2, 0, 0, 0, 0]], block_bases=[], shape=[NP, 4, 2, 4, 2, 2])
+        p02, p13 = gl.inline_asm_elementwise(_NV_PAIRS, "=r,=r,r", [vsw_s.load(VS)], dtype=(gl.int32, gl.int32),
+                                             is_pure=True, pack=1)
+        pair = gl.permute(gl.join(p02, p13), (0, 4, 1, 2, 3, 5, 6))     # [p, kth, w, gh, tq, kl, h]
+        pair = gl.reshape(pair, [NP, 2, 4, 2, 1, 4, 2, 2])
+    pair = gl.convert_layout(pair, VW, assert_trivial=True)
+    pair = gl.broadcast(pair, w)[0]
+    y = _join8(w, pair, MX)      # p 0, kth 1, w 2, gh 3, gl 4, tq 5, kl 6, h 7, half 8, a 9 (i&1), mt 10 (i>>1)
+    # rows 64 mt + 16 w + 8 a + g, columns 64 p + 32 kth + 16 kl + 8 h + 2 tq + half (attention_tiles._vt_fp4)
+    y = gl.permute(y, (10, 2, 9, 3, 4, 0, 1, 6, 7, 5, 8))
+    return gl.convert_layout(gl.reshape(y, [DV, T]), A_LAYOUT, assert_trivial=True)
+
+
+@gluon.jit
+def _pad_half(x, fill: gl.constexpr):
+    """[R, N/2] -> [R, N], the upper columns `fill` (attention_tiles._pad_half, whose tl.full takes no layout,
+    cannot serve: Gluon's full needs x's)."""
+    R: gl.constexpr = x.shape[0]
+    NH: gl.constexpr = x.shape[1]
+    return gl.reshape(gl.permute(gl.join(x, gl.full([R, NH], fill, x.dtype, x.type.layout)), (0, 2, 1)), [R, 2 * NH])
+
+
+@gluon.jit
+def _tile(j, it, m_i, l_acc, acc, vt_prev, q_b, p_s, kc_r, ks_r, kg_r, vc_r, vs_r, vg_r, ready, empty, seq_len,
+          qk_scale, N: gl.constexpr, T: gl.constexpr, D: gl.constexpr, DV: gl.constexpr, NP: gl.constexpr,
+          STAGES: gl.constexpr, MASKED: gl.constexpr, HALF: gl.constexpr, MX: gl.constexpr):
+    """Tile `it` of the sequence, at ring position j: online-softmax update of (m_i [NS], l_acc [T, NS], acc [DV, N]);
+    NS = N / 2 when HALF (the group fits the low half of the padded columns), else N. MX (mxfp4): no per-token
+    factors (decoded elements are the values)."""
+    NW: gl.constexpr = gl.num_warps()
+    s_mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, N, 16])
+    A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_mma, k_width=2)
+    ROWS: gl.constexpr = gl.SliceLayout(1, s_mma)
+    slot = j % STAGES
+    mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
+    # K decode runs while the previous tile's PV wgmma (holding vt_prev) is in flight
+    k = _k_decode(kc_r.index(slot), ks_r.index(slot), A_LAYOUT, T, D, NW, MX)
+    # retire the previous PV wgmma (it ran under the K decode): its V^T registers are free for this tile's V^T,
+    # decoded under the QK wgmma (holding both would need ~250 registers: spills). Retiring it after the QK issue
+    # with wait(1) instead makes ptxas serialise every wgmma (C7514).
+    acc, vt_prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc, vt_prev))
+    s_tok = warpgroup_mma(k, q_b, gl.zeros([T, N], gl.float32, s_mma), is_async=True)
+    vt = _vt_decode(vc_r.index(slot), vs_r.index(slot), A_LAYOUT, NP, DV, T, NW, MX)
+    if not MX:
+        fk = kg_r.index(slot).load(ROWS)
+        fv = vg_r.index(slot).load(ROWS)
+    fence_async_shared()
+    mbarrier.arrive(empty.index(slot), count=1)                   # every word of the slot is in registers
+    s, k = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, k))
+    if HALF:
+        s = _low_half(s)
+        if not MX:
+            S_ROWS: gl.constexpr = gl.SliceLayout(1, s.type.layout)
+            fk = gl.convert_layout(fk, S_ROWS)
+            fv = gl.convert_layout(fv, S_ROWS)
+    if MASKED:        # tokens past the sequence: score -inf, factors 0, values 0 (a stale page may hold NaN)
+        t = it * T + gl.arange(0, T, layout=gl.SliceLayout(1, s.type.layout))
+        if not MX:
+            fk = gl.where(t < seq_len, fk, 0.0)
+            fv = gl.where(t < seq_len, fv, 0.0)
+        cols = it * T + gl.arange(0, T, layout=gl.SliceLayout(0, A_LAYOUT))
+        vt = gl.where(gl.expand_dims(cols < seq_len, 0), vt, gl.zeros_like(vt))
+    if MX:
+        s = s * qk_scale
+    else:
+        s = s * gl.expand_dims(fk * qk_scale, 1)
+    if MASKED:
+        s = gl.where(gl.expand_dims(t < seq_len, 1), s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, axis=0))
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.exp2(s - gl.expand_dims(m_new, 0))
+    l_acc = l_acc * gl.expand_dims(alpha, 0) + p
+    if not MX:
+        p = p * gl.expand_dims(fv, 1)
+    if HALF:          # P^T's upper columns are 0, so are O^T's: scale the low half, pad with zeros
+        acc = _low_half(acc)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(0, acc.type.layout)), 0)
+        acc = gl.convert_layout(_pad_half(acc, 0.0), s_mma, assert_trivial=True)
+        p = gl.convert_layout(_pad_half(p, 0.0), s_mma, assert_trivial=True)
+    else:
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(0, acc.type.layout)), 0)
+    p_s.store(p.to(gl.bfloat16))
+    fence_async_shared()
+    acc = warpgroup_mma(vt, p_s, acc, is_async=True)
+    acc, vt = warpgroup_mma_wait(num_outstanding=1, deps=(acc, vt))     # returns at once: PV stays in flight
+    return m_new, l_acc, acc, vt
+
+
+@gluon.constexpr_function
+def _plain(rank):
+    return gl.SwizzledSharedLayout(1, 1, 1, list(range(rank - 1, -1, -1)))
+
+
+@gluon.jit
+def _load_q(q_ptr, b, h, stride_qb, stride_qh, GROUP: gl.constexpr, N: gl.constexpr, D: gl.constexpr):
+    """q^T of kv head h's query heads in K's column order (kv_layout.k_dim_of_col), [N, D] (rows >= GROUP zero)."""
+    NW: gl.constexpr = gl.num_warps()
+    QL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
+    n = gl.arange(0, N, layout=gl.SliceLayout(1, QL))
+    c = gl.arange(0, D, layout=gl.SliceLayout(0, QL))
+    dim = (D // 4) * ((c >> 1) & 3) + (D // 8) * (c & 1) + 2 * (c >> 4) + ((c >> 3) & 1)
+    q_rows = q_ptr + b.to(gl.int64) * stride_qb + gl.expand_dims(h * GROUP + n, 1) * stride_qh
+    return gl.load(q_rows + gl.expand_dims(dim, 0), mask=gl.expand_dims(n < GROUP, 1), other=0.0)
+
+
+@gluon.jit
+def _consume_tiles(j0, seq_len, n_tiles, qk_scale, q_s, p_s, kc_b, ks_b, kg_b, vc_b, vs_b, vg_b, ready, empty,
+                   GROUP: gl.constexpr, N: gl.constexpr, D: gl.constexpr, DV: gl.constexpr, T: gl.constexpr,
+                   NP: gl.constexpr, STAGES: gl.constexpr, MX: gl.constexpr):
+    """One (kv head, sequence)'s n_tiles tiles at ring positions j0 .. j0 + n_tiles - 1 against q^T in q_s: returns
+    (O^T [DV, N] unnormalised, m, l) with every wgmma retired (q_s and p_s free again)."""
+    NW: gl.constexpr = gl.num_warps()
+    s_mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, N, 16])
+    o_mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, N, 16])
+    A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_mma, k_width=2)
+    q_b = q_s.permute((1, 0))                                              # [D, N]
+    # plain views of the TMA ring (written unswizzled), one slot's tile per leading index
+    # (a shared layout describes the trailing dims; the leading one indexes slots)
+    kc_r = kc_b._reinterpret(gl.int32, [STAGES, T // 16, 2, 8, 4, D // 32], _plain(5))
+    vc_r = vc_b._reinterpret(gl.int32, [STAGES, NP, 2, 4, 2, 4, 4, 2, 2], _plain(8))
+    if MX:            # K scales as 16-bit halves [rg, g, block] (bytes hr 0, 1), V scale words [p, w, tq, kth, kl]
+        ks_r = ks_b._reinterpret(gl.int16, [STAGES, T // 16, 8, 4], _plain(3))
+        vs_r = vs_b._reinterpret(gl.int32, [STAGES, NP, 4, 4, 2, 2], _plain(5))
+        kg_r = ks_r   # no per-token factors: never read
+        vg_r = vs_r
+    else:
+        ks_r = ks_b._reinterpret(gl.int32, [STAGES, T // 16, 8, 4], _plain(3))
+        vs_r = vs_b._reinterpret(gl.int32, [STAGES, NP, 4, 2, 4, 2, 2], _plain(6))
+        kg_r = kg_b._reinterpret(gl.float32, [STAGES, T], _plain(1))
+        vg_r = vg_b._reinterpret(gl.float32, [STAGES, T], _plain(1))
+    HALF: gl.constexpr = GROUP <= N // 2
+    l_acc = gl.zeros([T, N], gl.float32, s_mma)
+    if HALF:
+        l_acc = _low_half(l_acc)
+    m_i = gl.full([l_acc.shape[1]], float("-inf"), gl.float32, gl.SliceLayout(0, l_acc.type.layout))
+    acc = gl.zeros([DV, N], gl.float32, o_mma)
+    vt = gl.zeros([DV, T], gl.bfloat16, A_LAYOUT)
+    n_full = seq_len // T
+    for it in range(n_full):
+        m_i, l_acc, acc, vt = _tile(j0 + it, it, m_i, l_acc, acc, vt, q_b, p_s, kc_r, ks_r, kg_r, vc_r, vs_r, vg_r,
+                                    ready, empty, seq_len, qk_scale, N, T, D, DV, NP, STAGES, False, HALF, MX)
+    if n_full < n_tiles:
+        m_i, l_acc, acc, vt = _tile(j0 + n_full, n_full, m_i, l_acc, acc, vt, q_b, p_s, kc_r, ks_r, kg_r, vc_r, vs_r,
+                                    vg_r, ready, empty, seq_len, qk_scale, N, T, D, DV, NP, STAGES, True, HALF, MX)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    return (acc, m_i, gl.sum(l_acc, axis=0))
+
+
+
+@gluon.jit
+def _epilogue(acc, l_i, out_ptr, b, h, stride_ob, stride_oh, GROUP: gl.constexpr, N: gl.constexpr, D: gl.constexpr,
+              DV: gl.constexpr, MX: gl.constexpr):
+    """out[b, h's query heads] = O^T / l. nvfp4 V elements decode to code x scale / 2**7 (mxfp4: code x scale); rows
+    in V^T's MMA order (kv_layout.v_dim_of_row); a sequence of length 0 (l = 0) gives zeros."""
+    if GROUP <= N // 2:
+        acc = _low_half(acc)
+    layout: gl.constexpr = acc.type.layout
+    l_i = gl.convert_layout(l_i, gl.SliceLayout(0, layout))
+    if MX == 1:
+        o = gl.where(gl.expand_dims(l_i, 0) == 0, 0.0, acc / gl.expand_dims(l_i, 0))
+    elif MX == 2:
+        o = gl.where(gl.expand_dims(l_i, 0) == 0, 0.0, acc * MX_OUT / gl.expand_dims(l_i, 0))
+    else:
+        o = gl.where(gl.expand_dims(l_i, 0) == 0, 0.0, acc * 128.0 / gl.expand_dims(l_i, 0))
+    rho = gl.arange(0, DV, layout=gl.SliceLayout(1, layout))
+    n = gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, layout))
+    g, hr, w, mt = rho & 7, (rho >> 3) & 1, (rho >> 4) & 3, rho >> 6
+    out_dim = 16 * (2 * w + (g >> 2)) + 4 * (g & 3) + 2 * (mt & 1) + hr + 128 * (mt >> 1)
+    keep = gl.expand_dims(out_dim < D, 1) & gl.expand_dims(n < GROUP, 0)
+    o_ptr = out_ptr + b.to(gl.int64) * stride_ob + gl.expand_dims(h * GROUP + n, 0) * stride_oh \
+        + gl.expand_dims(out_dim, 1)
+    gl.store(o_ptr, o.to(out_ptr.dtype.element_ty), mask=keep)
+
+
+@gluon.jit
+def _ring(kc_desc, ks_desc, kg_desc, vc_desc, vs_desc, vg_desc, N: gl.constexpr, D: gl.constexpr, T: gl.constexpr,
+          PAGE: gl.constexpr, STAGES: gl.constexpr, MX: gl.constexpr):
+    """The shared memory of one program: the STAGES-slot TMA ring (NP pages per slot per tensor), q^T, P^T and the
+    ready / empty barriers (initialised)."""
+    NP: gl.constexpr = T // PAGE
+    kc_b = gl.allocate_shared_memory(gl.int32, [STAGES * NP] + kc_desc.block_type.shape, kc_desc.layout)
+    ks_b = gl.allocate_shared_memory(gl.int32, [STAGES * NP] + ks_desc.block_type.shape, ks_desc.layout)
+    vc_b = gl.allocate_shared_memory(gl.int32, [STAGES * NP] + vc_desc.block_type.shape, vc_desc.layout)
+    vs_b = gl.allocate_shared_memory(gl.int32, [STAGES * NP] + vs_desc.block_type.shape, vs_desc.layout)
+    if MX:            # mxfp4 has no per-token factors: kg_desc / vg_desc are placeholders, never loaded
+        kg_b = ks_b
+        vg_b = vs_b
+    else:
+        kg_b = gl.allocate_shared_memory(gl.float32, [STAGES * NP] + kg_desc.block_type.shape, kg_desc.layout)
+        vg_b = gl.allocate_shared_memory(gl.float32, [STAGES * NP] + vg_desc.block_type.shape, vg_desc.layout)
+    q_s = gl.allocate_shared_memory(gl.bfloat16, [N, D], gl.NVMMASharedLayout.get_default_for([N, D], gl.bfloat16))
+    p_s = gl.allocate_shared_memory(gl.bfloat16, [T, N], gl.NVMMASharedLayout.get_default_for([T, N], gl.bfloat16))
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    return kc_b, ks_b, kg_b, vc_b, vs_b, vg_b, q_s, p_s, ready, empty
+
