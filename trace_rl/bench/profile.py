@@ -23,8 +23,8 @@ CLASSES = ("linear", "quantization", "attention", "kv_write", "prologue", "norm"
 # Kernels launched outside torch ops (Triton's launcher) have no CPU-side op in the trace: named here.
 NAMED = (("_decode_attention", "attention"), ("_merge_splits", "attention"), ("flash", "attention"),
          ("fmha", "attention"), ("cudnn", "attention"), ("_add_rms_norm", "norm"), ("_silu_mul", "activation"),
-         ("_sample_kernel", "sampling"), ("_epilogue", "linear"), ("_qk_norm_rope", "prologue"), ("kv_write", "kv_write"),
-         ("_kv_", "kv_write"), ("rope", "rope"),
+         ("_sample_kernel", "sampling"), ("_epilogue", "linear"), ("_qk_norm_rope", "prologue"),
+         ("kv_write", "kv_write"), ("_kv_", "kv_write"), ("rope", "rope"),
          ("quant", "quantization"), ("gemm", "linear"), ("fp4", "linear"), ("nvjet", "linear"),
          ("sm90_xmma", "linear"), ("cutlass", "linear"))
 

@@ -199,6 +199,10 @@ def _check(q, k, v, block_table, seq_lens):
                              "contiguous, as PagedKV.allocate makes them")
     if not q.is_cuda or torch.cuda.get_device_capability(q.device) != (9, 0):
         raise RuntimeError("decode_attention_gluon: needs an sm_90 GPU (wgmma, TMA, setmaxnreg)")
+    elsewhere = [t.device for t in tensors + (block_table, seq_lens) if t.device != q.device]
+    if elsewhere:       # a TMA descriptor over another device's memory fails at launch, far from the cause
+        raise ValueError(f"decode_attention_gluon: the caches, block table and lengths must be on q's device "
+                         f"{q.device}, found {elsewhere[0]}; allocate them there (PagedKV.allocate(device=...))")
     if not triton.__version__.startswith("3.6"):
         raise RuntimeError(f"decode_attention_gluon: written against Triton 3.6's experimental Gluon API, found "
                            f"{triton.__version__}")
