@@ -110,4 +110,8 @@ def test_w4a4_matches_native_fp4_emulation_but_for_rounding_flips(w4a4_engine, p
     assert err.median() < 1e-5
     assert (err <= 1e-4).float().mean() >= 0.9
     weight_only = (out[K.LOGP_ROLLOUT] - trainer_log_probs(aligned(model, W4A16), out, s)).abs()[mask]
-    assert weight_only.mean() > 10 * err.mean()       # the activations really are quantized
+    # A rounding flip can move a sampled token out of a reference's top-p nucleus: its log-prob there is -inf
+    # (seed 338104208: one token in both references, so inf > 10 * inf failed). Compare the tokens both score.
+    both = err.isfinite() & weight_only.isfinite()
+    assert both.float().mean() >= 0.9
+    assert weight_only[both].mean() > 10 * err[both].mean()       # the activations really are quantized
