@@ -63,12 +63,12 @@ def _producer(kc_desc, ks_desc, kg_desc, vc_desc, vs_desc, vg_desc, kc_b, ks_b, 
 @gluon.jit
 def _consumer(q_ptr, b, h, seq_len, n_tiles, qk_scale, stride_qb, stride_qh, q_s, p_s, kc_b, ks_b, kg_b, vc_b,
               vs_b, vg_b, ready, empty, GROUP: gl.constexpr, N: gl.constexpr, D: gl.constexpr, DV: gl.constexpr,
-              T: gl.constexpr, NP: gl.constexpr, STAGES: gl.constexpr, MX: gl.constexpr):
+              T: gl.constexpr, NP: gl.constexpr, STAGES: gl.constexpr, MX: gl.constexpr, UNROLL: gl.constexpr):
     q = _load_q(q_ptr, b, h, stride_qb, stride_qh, GROUP, N, D)
     q_s.store(q.to(gl.bfloat16))
     fence_async_shared()
     return _consume_tiles(0, seq_len, n_tiles, qk_scale, q_s, p_s, kc_b, ks_b, kg_b, vc_b, vs_b, vg_b, ready, empty,
-                          GROUP, N, D, DV, T, NP, STAGES, MX)
+                          GROUP, N, D, DV, T, NP, STAGES, MX, UNROLL)
 
 
 @gluon.jit
@@ -76,7 +76,7 @@ def _decode_attention_ws_kernel(q_ptr, out_ptr, bt_ptr, lens_ptr, kc_desc, ks_de
                                 vg_desc, qk_scale, stride_qb, stride_qh, stride_ob, stride_oh, stride_bt,
                                 HKV: gl.constexpr, GROUP: gl.constexpr, N: gl.constexpr, D: gl.constexpr,
                                 DV: gl.constexpr, PAGE: gl.constexpr, T: gl.constexpr, STAGES: gl.constexpr,
-                                MX: gl.constexpr):
+                                MX: gl.constexpr, UNROLL: gl.constexpr = 1):
     h = gl.program_id(0)
     b = gl.program_id(1)
     seq_len = gl.load(lens_ptr + b)
@@ -87,7 +87,7 @@ def _decode_attention_ws_kernel(q_ptr, out_ptr, bt_ptr, lens_ptr, kc_desc, ks_de
     bt_row = bt_ptr + b.to(gl.int64) * stride_bt
     acc, m_i, l_i = gl.warp_specialize([
         (_consumer, (q_ptr, b, h, seq_len, n_tiles, qk_scale, stride_qb, stride_qh, q_s, p_s, kc_b, ks_b, kg_b, vc_b,
-                     vs_b, vg_b, ready, empty, GROUP, N, D, DV, T, NP, STAGES, MX)),
+                     vs_b, vg_b, ready, empty, GROUP, N, D, DV, T, NP, STAGES, MX, UNROLL)),
         (_producer, (kc_desc, ks_desc, kg_desc, vc_desc, vs_desc, vg_desc, kc_b, ks_b, kg_b, vc_b, vs_b, vg_b,
                      ready, empty, bt_row, h, seq_len, n_tiles, HKV, NP, PAGE, STAGES, MX)),
     ], [1], [24])
@@ -112,6 +112,12 @@ class GluonAttentionConfig:
     # current one), for short contexts where the per-program prologue and epilogue dominate. Same tile code, same
     # results up to nothing (each item's arithmetic is the shipped kernel's).
     persistent: bool = False
+    # full 128-token tiles per iteration of the tile loop (the same tiles in the same order: bit-identical results;
+    # benchmarks/attention_sass_h200.sh checks that on the GPU): 2 pays the loop's per-iteration fixed SASS once per
+    # two tiles. Compile-only (paged_attention_gluon_gate.py): nvfp4 3.08 -> 3.06 per element at group 4, 3.29 ->
+    # 3.21 at group 16, mxfp4 folded 3.15 -> 3.10; mxfp4 exact 3.43 -> 3.49 (worse). The one-program kernel only;
+    # 1 (the default) until the GPU timing confirms it.
+    unroll: int = 1
     # persistent only: programs to launch (0: SMs x ctas_per_sm(), one per resident CTA slot; tests set a few to
     # give each program several items)
     programs: int = 0
@@ -119,6 +125,9 @@ class GluonAttentionConfig:
     def check(self) -> None:
         if not 2 <= self.stages <= 6:
             raise ValueError(f"GluonAttentionConfig {self}: stages must be in 2..6")
+        if self.unroll not in (1, 2) or (self.unroll > 1 and self.persistent):
+            raise ValueError(f"GluonAttentionConfig {self}: unroll is 1 or 2, and 2 only for the one-program kernel "
+                             "(persistent=False)")
         if self.programs < 0 or (self.programs and not self.persistent):
             raise ValueError(f"GluonAttentionConfig {self}: programs is a count >= 1 of the persistent kernel's")
 
@@ -243,7 +252,7 @@ def decode_attention_gluon(q: torch.Tensor, k, v, block_table: torch.Tensor, seq
         if grid:
             _decode_attention_persistent_kernel[(grid, )](*args, B * hkv, **consts, num_warps=4, maxnreg=c.maxnreg)
         return out
-    _decode_attention_ws_kernel[(hkv, B)](*args, **consts, num_warps=4, maxnreg=c.maxnreg)
+    _decode_attention_ws_kernel[(hkv, B)](*args, **consts, UNROLL=c.unroll, num_warps=4, maxnreg=c.maxnreg)
     return out
 
 

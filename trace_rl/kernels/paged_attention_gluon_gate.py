@@ -42,8 +42,12 @@ def gate_case(c: GluonAttentionConfig, group: int = 4, kv_heads: int = 8, budget
     if c.persistent:      # its main loop is the inner (tile) loop of the item loop
         kernel, kind = _decode_attention_persistent_kernel, "persistent"
         sig["work"] = "i32"
+    else:                 # an iteration of the tile loop runs `unroll` tiles, each with its 2 full waits
+        consts["UNROLL"] = c.unroll
+        full_waits *= c.unroll
+        kind += "" if c.unroll == 1 else f" u{c.unroll}"
     return GateCase(f"attention gluon {kind} {name} g{group} s{c.stages} r{c.maxnreg}", kernel, sig,
-                    consts, 4, 1, BLOCK_T * (HEAD_DIM + L.v_rows(HEAD_DIM)) / 128, budget,
+                    consts, 4, 1, c.unroll * BLOCK_T * (HEAD_DIM + L.v_rows(HEAD_DIM)) / 128, budget,
                     ("q_ptr", "out_ptr", "bt_ptr", "lens_ptr", "stride_qb", "stride_qh", "stride_ob", "stride_oh",
                      "stride_bt"),
                     max_full_waits=full_waits, options=(("maxnreg", c.maxnreg), ), innermost=c.persistent,
@@ -77,6 +81,11 @@ GATE = ((GluonAttentionConfig(), 4, 3.15, "nvfp4:row"), (GluonAttentionConfig(st
         (GluonAttentionConfig(), 16, 3.35, "nvfp4:row"), (GluonAttentionConfig(), 4, 3.5, "mxfp4"),
         (GluonAttentionConfig(), 16, 3.8, "mxfp4"), (GluonAttentionConfig(mx_fold=True), 4, 3.25, "mxfp4"),
         (GluonAttentionConfig(mx_fold=True), 16, 3.4, "mxfp4"),
+        # two tiles per loop iteration (unroll=2, opt-in): nvfp4 3.06 / 3.21 at groups 4 / 16, mxfp4 folded 3.10
+        # (mxfp4 exact: 3.49, worse than unroll 1; not gated). docs/benchmarks.md has the class breakdown
+        # (trace_rl/kernels/sass_histogram.py)
+        (GluonAttentionConfig(unroll=2), 4, 3.08, "nvfp4:row"), (GluonAttentionConfig(unroll=2), 16, 3.23, "nvfp4:row"),
+        (GluonAttentionConfig(unroll=2, mx_fold=True), 4, 3.12, "mxfp4"),
         # the persistent variant (paged_attention_gluon_persistent.py; its tile loop, inside the item loop)
         (GluonAttentionConfig(persistent=True), 4, 3.5, "mxfp4"),
         (GluonAttentionConfig(persistent=True), 16, 3.8, "mxfp4"),

@@ -285,7 +285,7 @@ def _load_q(q_ptr, b, h, stride_qb, stride_qh, GROUP: gl.constexpr, N: gl.conste
 @gluon.jit
 def _consume_tiles(j0, seq_len, n_tiles, qk_scale, q_s, p_s, kc_b, ks_b, kg_b, vc_b, vs_b, vg_b, ready, empty,
                    GROUP: gl.constexpr, N: gl.constexpr, D: gl.constexpr, DV: gl.constexpr, T: gl.constexpr,
-                   NP: gl.constexpr, STAGES: gl.constexpr, MX: gl.constexpr):
+                   NP: gl.constexpr, STAGES: gl.constexpr, MX: gl.constexpr, UNROLL: gl.constexpr = 1):
     """One (kv head, sequence)'s n_tiles tiles at ring positions j0 .. j0 + n_tiles - 1 against q^T in q_s: returns
     (O^T [DV, N] unnormalised, m, l) with every wgmma retired (q_s and p_s free again)."""
     NW: gl.constexpr = gl.num_warps()
@@ -315,7 +315,15 @@ def _consume_tiles(j0, seq_len, n_tiles, qk_scale, q_s, p_s, kc_b, ks_b, kg_b, v
     acc = gl.zeros([DV, N], gl.float32, o_mma)
     vt = gl.zeros([DV, T], gl.bfloat16, A_LAYOUT)
     n_full = seq_len // T
-    for it in range(n_full):
+    # UNROLL full tiles per loop iteration (the same tiles in the same order, so the same arithmetic: bit-identical
+    # results): the loop's per-iteration fixed cost (the loop-carried V^T registers' copies into the PV wgmma's
+    # operand registers, the branch and counters) is paid once per UNROLL tiles; a leftover full tile runs after it
+    for it2 in range(n_full // UNROLL):
+        for u in gl.static_range(UNROLL):
+            it = it2 * UNROLL + u
+            m_i, l_acc, acc, vt = _tile(j0 + it, it, m_i, l_acc, acc, vt, q_b, p_s, kc_r, ks_r, kg_r, vc_r, vs_r,
+                                        vg_r, ready, empty, seq_len, qk_scale, N, T, D, DV, NP, STAGES, False, HALF, MX)
+    for it in range(n_full // UNROLL * UNROLL, n_full):
         m_i, l_acc, acc, vt = _tile(j0 + it, it, m_i, l_acc, acc, vt, q_b, p_s, kc_r, ks_r, kg_r, vc_r, vs_r, vg_r,
                                     ready, empty, seq_len, qk_scale, N, T, D, DV, NP, STAGES, False, HALF, MX)
     if n_full < n_tiles:
