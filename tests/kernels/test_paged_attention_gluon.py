@@ -327,3 +327,45 @@ def test_persistent_matches_reference_and_shipped_gpu(fmt, group, programs, gen)
         assert t._rel_err(out[b : b + 1], gluon[b : b + 1].double().cpu()) < 1e-3, (b, lens[b])
         assert t._rel_err(out[b : b + 1], shipped[b : b + 1].double().cpu()) < 2e-3, (b, lens[b])
     assert torch.equal(decode_attention_gluon(*args, config=config), out)
+
+
+def test_unroll_config_is_checked():
+    gluon = pytest.importorskip("trace_rl.kernels.paged_attention_gluon")
+    gluon.GluonAttentionConfig(unroll=2).check()
+    for bad in (dict(unroll=3), dict(unroll=0), dict(unroll=2, persistent=True)):
+        with pytest.raises(ValueError, match="unroll"):
+            gluon.GluonAttentionConfig(**bad).check()
+
+
+@gpu36[0]
+@gpu36[1]
+@pytest.mark.parametrize("fmt, group, fold", [("nvfp4", 4, False), ("nvfp4", 16, False), ("mxfp4", 4, False),
+                                              ("mxfp4", 4, True)])
+def test_unroll_is_bit_identical_to_shipped_gpu(fmt, group, fold, gen):
+    """GluonAttentionConfig(unroll=2) (two full tiles per loop iteration, the leftover full tile after the loop): the
+    same arithmetic as unroll=1 in the same order, so bit-identical outputs (NaN included): lengths with even and odd
+    full-tile counts, with and without a tail, an empty sequence; live NaN scales (a K scale block of one sequence,
+    a V scale block of another) stay NaN in both."""
+    from trace_rl.kernels.paged_attention_gluon import GluonAttentionConfig, decode_attention_gluon
+
+    t = _decode_attention_tests()
+    lens = [1, 600, 133, 0, 1024, 3000, 255, 384, 256, 129, 2944]   # full tiles 0, 4, 1, 0, 8, 23, 1, 3, 2, 1, 23
+    hkv = 8 if group < 16 else 2
+    q, k, v, bt, sl = t._setup(fmt, lens, hkv, group, 128, 64, "cuda", gen)
+    args = (q.cuda(), k, v, bt.cuda(), sl.cuda(), 128 ** -0.5)
+    ref = t._reference64(q, k, v, bt, sl, 128 ** -0.5)
+    base = GluonAttentionConfig(mx_fold=fold)
+    shipped = decode_attention_gluon(*args, config=base)
+    out = decode_attention_gluon(*args, config=GluonAttentionConfig(mx_fold=fold, unroll=2))
+    assert torch.equal(out.view(torch.int16), shipped.view(torch.int16))
+    for b in range(len(lens)):
+        if lens[b]:
+            assert t._rel_err(out[b : b + 1], ref[b : b + 1]) < 1e-2, (b, lens[b])
+    nan = 145 if fmt == "nvfp4" else 255                    # the stored scale byte that decodes to NaN
+    k.scales[bt[5, 7].item(), 1] = nan                      # sequence 5, page 7 (a full tile inside the loop)
+    v.scales[bt[10, 45].item(), 0] = nan                    # sequence 10, its last page (the leftover full tile)
+    shipped = decode_attention_gluon(*args, config=base)
+    out = decode_attention_gluon(*args, config=GluonAttentionConfig(mx_fold=fold, unroll=2))
+    assert torch.equal(out.view(torch.int16), shipped.view(torch.int16))
+    assert out[5, group : 2 * group].isnan().any() and out[10, :group].isnan().any()   # NaN stays NaN
+    assert not out[[0, 1, 2, 4, 6, 7, 8, 9]].isnan().any()
