@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# benchmarks/attention_sass_h200.sh (issue 15, FP4-KV decode attention >= 0.75 of the read ceiling): the Gluon
+# attention's SASS-reduction variant GluonAttentionConfig(unroll=2) (two full tiles per tile-loop iteration; compile-
+# only breakdown: docs/benchmarks.md "Decode attention", trace_rl/kernels/sass_histogram.py). Usage:
+# benchmarks/attention_sass_h200.sh OUT_DIR (from the repo root; python3, torch, Triton 3.6, one H200, device wheels
+# on PYTHONPATH). < 120 s.
+# 1. pytest tests/kernels/test_paged_attention_gluon.py -m gpu -k "unroll and not nvfp4-16": unroll=2 bit-identical
+#    to unroll=1 (nvfp4, mxfp4 exact and folded, group 4: the benchmark's compiles; lengths with even and odd full-tile
+#    counts, tails, an empty sequence, live NaN K / V scale blocks that stay NaN) and vs the float64 reference
+#    (the group-16 case stays in the file; the shipped config's own tests are the attn check's) -> OUT/pytest.*
+# 2. benchmarks/attention_sass.py -> OUT/attention_sass.json (+ .log): Qwen3-8B heads, B = 32 x 8k, 313 x 8447,
+#    256 x 8k, 32 x 32k, 313 x 257 (the budget drops the last first), nvfp4 and mxfp4: shipped Gluon vs unroll2 (+ for
+#    mxfp4 fold, fold_unroll2) vs the best SDPA backend (cuDNN among them) over a contiguous bf16 cache, CUDA-graph
+#    medians, fraction of the read ceiling measured in the same run, speedups, bit-identity vs the shipped config.
+# 3. OUT/summary.json: rcs, pytest tail, per row the us / fractions / speedups / bit-identity.
+. "$(dirname "$0")/h200_check.sh"
+run_pytest 45 -m gpu tests/kernels/test_paged_attention_gluon.py -k "unroll and not nvfp4-16"   # 6 compiles, the bench's
+left=$(( 112 - ($(date +%s) - start) ))
+timeout $(( left > 20 ? left : 20 )) $PY benchmarks/attention_sass.py --out "$OUT/attention_sass.json" \
+    --budget-s $(( left > 30 ? left - 15 : 10 )) > "$OUT/attention_sass.log" 2>&1
+bench_rc=$?
+$PY - "$OUT" "$test_rc" "$bench_rc" <<'PY'
+import json, os, sys
+sys.path.insert(0, "benchmarks")
+from h200_summary import tail, write
+out, test_rc, bench_rc = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+s = {"pytest_rc": test_rc, "bench_rc": bench_rc, "pytest_tail": tail(out, "pytest.log", 14)}
+try:
+    r = json.load(open(os.path.join(out, "attention_sass.json")))
+    s["read_TBps"] = r["ceilings"]["read_TBps"]
+    s["elapsed_s"] = r.get("elapsed_s")
+    keep = ("format", "batch", "context", "roofline_us", "sdpa_best", "sdpa_best_us", "cudnn_us", "sdpa_bw_frac",
+            "error")
+    variants = ("gluon", "unroll2", "fold", "fold_unroll2")
+    s["rows"] = [{**{k: row[k] for k in keep if k in row},
+                  **{n: {k: v for k, v in row[n].items() if k in ("us", "bw_frac", "speedup_vs_gluon", "speedup_vs_sdpa",
+                                                                  "vs_gluon", "nan", "rel_err_vs_reference", "error")}
+                     for n in variants if n in row}} for row in r["rows"]]
+    s["skipped"] = r.get("skipped", [])
+except Exception as e:   # noqa: BLE001
+    s["bench_error"] = repr(e)
+    s["bench_log_tail"] = tail(out, "attention_sass.log", 20)
+write(out, s, 6000)
+PY
