@@ -329,43 +329,65 @@ def test_persistent_matches_reference_and_shipped_gpu(fmt, group, programs, gen)
     assert torch.equal(decode_attention_gluon(*args, config=config), out)
 
 
-def test_unroll_config_is_checked():
+def test_lean_config_is_checked():
     gluon = pytest.importorskip("trace_rl.kernels.paged_attention_gluon")
     gluon.GluonAttentionConfig(unroll=2).check()
-    for bad in (dict(unroll=3), dict(unroll=0), dict(unroll=2, persistent=True)):
-        with pytest.raises(ValueError, match="unroll"):
+    gluon.LEAN.check()
+    for bad, what in ((dict(unroll=3), "unroll"), (dict(unroll=0), "unroll"), (dict(unroll=2, persistent=True), "unroll"),
+                      (dict(n_pad=4), "n_pad"), (dict(n_pad=32), "n_pad"), (dict(n_pad=8, persistent=True), "n_pad")):
+        with pytest.raises(ValueError, match=what):
             gluon.GluonAttentionConfig(**bad).check()
+    assert gluon.default_config(4) == (gluon.LEAN if gluon.LEAN_LOOP else gluon.DEFAULT)
+    assert gluon.default_config(12) == gluon.DEFAULT                     # a group over 8 columns: N = 16
+    assert gluon.DEFAULT == gluon.GluonAttentionConfig()
+    k, v = (PagedKV.allocate("nvfp4", 4, 64, 2, 128, role=r) for r in "kv")
+    with pytest.raises(ValueError, match="n_pad=16"):                     # group 12 > 8 columns, before the GPU check
+        gluon.decode_attention_gluon(torch.zeros(1, 24, 128, dtype=torch.bfloat16), k, v,
+                                     torch.zeros(1, 2, dtype=torch.int32), torch.ones(1, dtype=torch.int32), 0.1,
+                                     config=gluon.GluonAttentionConfig(n_pad=8))
+
+
+LEAN_CASES = {   # id: (format, group, mx_fold, n_pad, unroll)
+    "nvfp4-g4-n16-u2": ("nvfp4", 4, False, 16, 2), "nvfp4-g4-n8-u1": ("nvfp4", 4, False, 8, 1),
+    "nvfp4-g4-n8-u2": ("nvfp4", 4, False, 8, 2), "mxfp4-g4-n8-u2": ("mxfp4", 4, False, 8, 2),
+    "mxfp4fold-g4-n8-u2": ("mxfp4", 4, True, 8, 2), "nvfp4-g1-n8-u2": ("nvfp4", 1, False, 8, 2),
+    "nvfp4-g8-n8-u2": ("nvfp4", 8, False, 8, 2), "nvfp4-g16-n16-u2": ("nvfp4", 16, False, 16, 2),
+}
 
 
 @gpu36[0]
 @gpu36[1]
-@pytest.mark.parametrize("fmt, group, fold", [("nvfp4", 4, False), ("nvfp4", 16, False), ("mxfp4", 4, False),
-                                              ("mxfp4", 4, True)])
-def test_unroll_is_bit_identical_to_shipped_gpu(fmt, group, fold, gen):
-    """GluonAttentionConfig(unroll=2) (two full tiles per loop iteration, the leftover full tile after the loop): the
-    same arithmetic as unroll=1 in the same order, so bit-identical outputs (NaN included): lengths with even and odd
+@pytest.mark.parametrize("case", list(LEAN_CASES))
+def test_lean_variants_bit_identical_to_shipped_gpu(case, gen):
+    """The SASS-reduction variants (GluonAttentionConfig unroll=2: two full tiles per loop iteration, the leftover
+    full tile after the loop; n_pad=8: the MMA's N = 8) against the same format's default config: the same
+    arithmetic per column in the same order, so bit-identical outputs (NaN included): lengths with even and odd
     full-tile counts, with and without a tail, an empty sequence; live NaN scales (a K scale block of one sequence,
-    a V scale block of another) stay NaN in both."""
+    a V scale block of another) stay NaN in both; and vs the float64 reference."""
     from trace_rl.kernels.paged_attention_gluon import GluonAttentionConfig, decode_attention_gluon
 
+    fmt, group, fold, n_pad, unroll = LEAN_CASES[case]
     t = _decode_attention_tests()
     lens = [1, 600, 133, 0, 1024, 3000, 255, 384, 256, 129, 2944]   # full tiles 0, 4, 1, 0, 8, 23, 1, 3, 2, 1, 23
     hkv = 8 if group < 16 else 2
     q, k, v, bt, sl = t._setup(fmt, lens, hkv, group, 128, 64, "cuda", gen)
     args = (q.cuda(), k, v, bt.cuda(), sl.cuda(), 128 ** -0.5)
     ref = t._reference64(q, k, v, bt, sl, 128 ** -0.5)
-    base = GluonAttentionConfig(mx_fold=fold)
+    base, variant = GluonAttentionConfig(mx_fold=fold), GluonAttentionConfig(mx_fold=fold, n_pad=n_pad, unroll=unroll)
     shipped = decode_attention_gluon(*args, config=base)
-    out = decode_attention_gluon(*args, config=GluonAttentionConfig(mx_fold=fold, unroll=2))
+    out = decode_attention_gluon(*args, config=variant)
     assert torch.equal(out.view(torch.int16), shipped.view(torch.int16))
     for b in range(len(lens)):
         if lens[b]:
             assert t._rel_err(out[b : b + 1], ref[b : b + 1]) < 1e-2, (b, lens[b])
+        else:
+            assert (out[b] == 0).all()
     nan = 145 if fmt == "nvfp4" else 255                    # the stored scale byte that decodes to NaN
     k.scales[bt[5, 7].item(), 1] = nan                      # sequence 5, page 7 (a full tile inside the loop)
     v.scales[bt[10, 45].item(), 0] = nan                    # sequence 10, its last page (the leftover full tile)
     shipped = decode_attention_gluon(*args, config=base)
-    out = decode_attention_gluon(*args, config=GluonAttentionConfig(mx_fold=fold, unroll=2))
+    out = decode_attention_gluon(*args, config=variant)
     assert torch.equal(out.view(torch.int16), shipped.view(torch.int16))
-    assert out[5, group : 2 * group].isnan().any() and out[10, :group].isnan().any()   # NaN stays NaN
+    h1 = slice(group, 2 * group) if hkv > 1 else slice(0, group)
+    assert out[5, h1].isnan().any() and out[10, :group].isnan().any()   # NaN stays NaN
     assert not out[[0, 1, 2, 4, 6, 7, 8, 9]].isnan().any()

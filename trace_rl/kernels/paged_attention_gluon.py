@@ -114,10 +114,13 @@ class GluonAttentionConfig:
     persistent: bool = False
     # full 128-token tiles per iteration of the tile loop (the same tiles in the same order: bit-identical results;
     # benchmarks/attention_sass_h200.sh checks that on the GPU): 2 pays the loop's per-iteration fixed SASS once per
-    # two tiles. Compile-only (paged_attention_gluon_gate.py): nvfp4 3.08 -> 3.06 per element at group 4, 3.29 ->
-    # 3.21 at group 16, mxfp4 folded 3.15 -> 3.10; mxfp4 exact 3.43 -> 3.49 (worse). The one-program kernel only;
-    # 1 (the default) until the GPU timing confirms it.
+    # two tiles. The one-program kernel only; 1 (the default) until the GPU timing confirms it.
     unroll: int = 1
+    # the MMA's N, the query heads of a kv head padded to it: 16 (the default, groups 1..16) or 8 (groups 1..8: no
+    # padded half to zero and re-pad every tile, HGMMA 64x8x16, half the P^T tile; the same per-column arithmetic).
+    # With unroll=2 (LEAN below) the loop's SASS per element drops most (paged_attention_gluon_gate.py: nvfp4 3.08 ->
+    # 2.86 at group 4, mxfp4 exact 3.43 -> 3.36, folded 3.15 -> 2.91; ptxas then needs far fewer register copies)
+    n_pad: int = 16
     # persistent only: programs to launch (0: SMs x ctas_per_sm(), one per resident CTA slot; tests set a few to
     # give each program several items)
     programs: int = 0
@@ -125,6 +128,9 @@ class GluonAttentionConfig:
     def check(self) -> None:
         if not 2 <= self.stages <= 6:
             raise ValueError(f"GluonAttentionConfig {self}: stages must be in 2..6")
+        if self.n_pad not in (8, 16) or (self.n_pad != 16 and self.persistent):
+            raise ValueError(f"GluonAttentionConfig {self}: n_pad (the MMA's N) must be 8 or 16, and 16 for the "
+                             "persistent kernel (n_pad=8 is compiled and tested for the one-program kernel only)")
         if self.unroll not in (1, 2) or (self.unroll > 1 and self.persistent):
             raise ValueError(f"GluonAttentionConfig {self}: unroll is 1 or 2, and 2 only for the one-program kernel "
                              "(persistent=False)")
@@ -133,13 +139,24 @@ class GluonAttentionConfig:
 
     def smem_bytes(self, kv_format: str = "nvfp4:row") -> int:
         per_page = 4 * sum(_words(kv_format).values())
-        return self.stages * (BLOCK_T // PAGE) * per_page + 2 * N_PAD * HEAD_DIM * 2 + 2048
+        return self.stages * (BLOCK_T // PAGE) * per_page + 2 * self.n_pad * HEAD_DIM * 2 + 2048
 
     def ctas_per_sm(self) -> int:
         return max(1, min(65536 // (self.maxnreg * 8 * 32), (228 * 1024) // (self.smem_bytes() + 1024)))
 
 
 DEFAULT = GluonAttentionConfig()
+# The SASS-reduction variant (issue 15; docs/benchmarks.md "Decode attention"): N = 8 and two tiles per loop iteration,
+# bit-identical to DEFAULT where the GQA group fits 8 columns (Qwen3-8B: 4). LEAN_LOOP is the one switch: True makes
+# it what a call without a config runs for groups <= 8 (the engine's path); False until the H200 check attnsass
+# (benchmarks/attention_sass_h200.sh) confirms it bit-identical and faster.
+LEAN = GluonAttentionConfig(n_pad=8, unroll=2)
+LEAN_LOOP = False
+
+
+def default_config(group: int) -> GluonAttentionConfig:
+    """The config a call without one runs: LEAN where LEAN_LOOP is set and the group fits its N, else DEFAULT."""
+    return LEAN if LEAN_LOOP and group <= LEAN.n_pad else DEFAULT
 
 
 def _box(words: int) -> list[int]:
@@ -177,7 +194,7 @@ def _out_factor(mx: int) -> float:
     return (L.NVFP4_FACTOR, 1.0, 2.0 ** MX_FOLD)[mx]
 
 
-def _check(q, k, v, block_table, seq_lens):
+def _check(q, k, v, block_table, seq_lens, n_pad: int = N_PAD):
     from trace_rl.formats.paged_kv import PagedKV
 
     if not (isinstance(k, PagedKV) and isinstance(v, PagedKV)) or k.fmt != v.fmt or k.fmt not in FORMATS:
@@ -198,6 +215,9 @@ def _check(q, k, v, block_table, seq_lens):
     if Hq % k.heads or not 1 <= Hq // k.heads <= N_PAD:
         raise ValueError(f"decode_attention_gluon: {Hq} query heads over {k.heads} kv heads; the group must be a "
                          f"whole number in 1..{N_PAD}")
+    if Hq // k.heads > n_pad:
+        raise ValueError(f"decode_attention_gluon: a GQA group of {Hq // k.heads} query heads does not fit "
+                         f"GluonAttentionConfig.n_pad={n_pad} columns; use n_pad=16 (groups up to 16)")
     if block_table.dim() != 2 or block_table.shape[0] != B or seq_lens.shape != (B,):
         raise ValueError(f"decode_attention_gluon: block_table must be [B={B}, pages] and seq_lens [B]")
     tensors = (k.codes, k.scales, v.codes, v.scales) + ((k.global_scale, v.global_scale) if k.fmt == "nvfp4:row"
@@ -221,9 +241,9 @@ def decode_attention_gluon(q: torch.Tensor, k, v, block_table: torch.Tensor, seq
                            config: GluonAttentionConfig | None = None) -> torch.Tensor:
     """`paged_attention.decode_attention` over nvfp4 or mxfp4 caches (same arguments), warp-specialised, one split
     per (kv head, sequence). Returns [B, Hq, D] in q.dtype; a sequence of length 0 gives zeros."""
-    c = config or DEFAULT
+    c = config or default_config(q.shape[-2] // k.heads if getattr(k, "heads", 0) and q.dim() == 3 else 0)
     c.check()
-    _check(q, k, v, block_table, seq_lens)
+    _check(q, k, v, block_table, seq_lens, c.n_pad)
     B, Hq, D = q.shape
     hkv = k.heads
     blocks = k.num_blocks * hkv
@@ -241,7 +261,7 @@ def decode_attention_gluon(q: torch.Tensor, k, v, block_table: torch.Tensor, seq
     qk = scale * LOG2E * _out_factor(mx)
     args = (q, out, bt, lens, kc, ks, kg, vc, vs, vg, qk, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
             bt.stride(0))
-    consts = dict(HKV=hkv, GROUP=Hq // hkv, N=N_PAD, D=D, DV=dv, PAGE=PAGE, T=BLOCK_T, STAGES=c.stages, MX=mx)
+    consts = dict(HKV=hkv, GROUP=Hq // hkv, N=c.n_pad, D=D, DV=dv, PAGE=PAGE, T=BLOCK_T, STAGES=c.stages, MX=mx)
     if c.persistent:
         from trace_rl.kernels.paged_attention_gluon_persistent import (
             _decode_attention_persistent_kernel,

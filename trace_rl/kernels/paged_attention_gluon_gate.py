@@ -13,7 +13,6 @@ from trace_rl.kernels.paged_attention_gluon import (
     BLOCK_T,
     FORMATS,
     HEAD_DIM,
-    N_PAD,
     PAGE,
     GluonAttentionConfig,
     _block_sig,
@@ -35,7 +34,7 @@ def gate_case(c: GluonAttentionConfig, group: int = 4, kv_heads: int = 8, budget
                kc_desc=_block_sig(w["kc"], "i32"), ks_desc=_block_sig(w["ks"], "i32"), kg_desc=kg,
                vc_desc=_block_sig(w["vc"], "i32"), vs_desc=_block_sig(w["vs"], "i32"), vg_desc=vg, qk_scale="fp32",
                stride_qb="i32", stride_qh="i32", stride_ob="i32", stride_oh="i32", stride_bt="i32")
-    consts = dict(HKV=kv_heads, GROUP=group, N=N_PAD, D=HEAD_DIM, DV=L.v_rows(HEAD_DIM), PAGE=PAGE, T=BLOCK_T,
+    consts = dict(HKV=kv_heads, GROUP=group, N=c.n_pad, D=HEAD_DIM, DV=L.v_rows(HEAD_DIM), PAGE=PAGE, T=BLOCK_T,
                   STAGES=c.stages, MX=mx)
     name = kv_format.split(":")[0] + ("" if mx != 1 else " bias")
     kernel, kind = _decode_attention_ws_kernel, "ws"
@@ -46,6 +45,7 @@ def gate_case(c: GluonAttentionConfig, group: int = 4, kv_heads: int = 8, budget
         consts["UNROLL"] = c.unroll
         full_waits *= c.unroll
         kind += "" if c.unroll == 1 else f" u{c.unroll}"
+    kind += "" if c.n_pad == 16 else f" n{c.n_pad}"
     return GateCase(f"attention gluon {kind} {name} g{group} s{c.stages} r{c.maxnreg}", kernel, sig,
                     consts, 4, 1, c.unroll * BLOCK_T * (HEAD_DIM + L.v_rows(HEAD_DIM)) / 128, budget,
                     ("q_ptr", "out_ptr", "bt_ptr", "lens_ptr", "stride_qb", "stride_qh", "stride_ob", "stride_oh",
@@ -81,11 +81,19 @@ GATE = ((GluonAttentionConfig(), 4, 3.15, "nvfp4:row"), (GluonAttentionConfig(st
         (GluonAttentionConfig(), 16, 3.35, "nvfp4:row"), (GluonAttentionConfig(), 4, 3.5, "mxfp4"),
         (GluonAttentionConfig(), 16, 3.8, "mxfp4"), (GluonAttentionConfig(mx_fold=True), 4, 3.25, "mxfp4"),
         (GluonAttentionConfig(mx_fold=True), 16, 3.4, "mxfp4"),
-        # two tiles per loop iteration (unroll=2, opt-in): nvfp4 3.06 / 3.21 at groups 4 / 16, mxfp4 folded 3.10
-        # (mxfp4 exact: 3.49, worse than unroll 1; not gated). docs/benchmarks.md has the class breakdown
-        # (trace_rl/kernels/sass_histogram.py)
+        # the SASS-reduction variants (opt-in; docs/benchmarks.md "Decode attention" has the class breakdown,
+        # trace_rl/kernels/sass_histogram.py). unroll=2 (two tiles per loop iteration) alone: nvfp4 3.06 / 3.21 at
+        # groups 4 / 16, mxfp4 folded 3.10 (exact 3.49: worse, not gated). n_pad=8 (N = 8) alone: nvfp4 3.03, mxfp4
+        # 3.41 exact / 3.06 folded (group 4). Both (paged_attention_gluon.LEAN): nvfp4 2.86, mxfp4 3.36 exact / 2.91
+        # folded at group 4, the register copies 0.32 -> 0.12 per element (nvfp4); unroll 3 / 4 with N = 8: 3.02 / 2.95
         (GluonAttentionConfig(unroll=2), 4, 3.08, "nvfp4:row"), (GluonAttentionConfig(unroll=2), 16, 3.23, "nvfp4:row"),
         (GluonAttentionConfig(unroll=2, mx_fold=True), 4, 3.12, "mxfp4"),
+        (GluonAttentionConfig(n_pad=8), 4, 3.05, "nvfp4:row"),
+        (GluonAttentionConfig(n_pad=8, unroll=2), 4, 2.9, "nvfp4:row"),
+        (GluonAttentionConfig(n_pad=8, unroll=2), 8, 2.9, "nvfp4:row"),
+        (GluonAttentionConfig(n_pad=8, unroll=2), 1, 2.9, "nvfp4:row"),
+        (GluonAttentionConfig(n_pad=8, unroll=2), 4, 3.38, "mxfp4"),
+        (GluonAttentionConfig(n_pad=8, unroll=2, mx_fold=True), 4, 2.93, "mxfp4"),
         # the persistent variant (paged_attention_gluon_persistent.py; its tile loop, inside the item loop)
         (GluonAttentionConfig(persistent=True), 4, 3.5, "mxfp4"),
         (GluonAttentionConfig(persistent=True), 16, 3.8, "mxfp4"),

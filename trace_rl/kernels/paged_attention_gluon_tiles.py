@@ -307,7 +307,7 @@ def _consume_tiles(j0, seq_len, n_tiles, qk_scale, q_s, p_s, kc_b, ks_b, kg_b, v
         vs_r = vs_b._reinterpret(gl.int32, [STAGES, NP, 4, 2, 4, 2, 2], _plain(6))
         kg_r = kg_b._reinterpret(gl.float32, [STAGES, T], _plain(1))
         vg_r = vg_b._reinterpret(gl.float32, [STAGES, T], _plain(1))
-    HALF: gl.constexpr = GROUP <= N // 2
+    HALF: gl.constexpr = GROUP <= N // 2 and N >= 16       # N = 8: the column bit 4 is in lanes, not registers
     l_acc = gl.zeros([T, N], gl.float32, s_mma)
     if HALF:
         l_acc = _low_half(l_acc)
@@ -339,7 +339,7 @@ def _epilogue(acc, l_i, out_ptr, b, h, stride_ob, stride_oh, GROUP: gl.constexpr
               DV: gl.constexpr, MX: gl.constexpr):
     """out[b, h's query heads] = O^T / l. nvfp4 V elements decode to code x scale / 2**7 (mxfp4: code x scale); rows
     in V^T's MMA order (kv_layout.v_dim_of_row); a sequence of length 0 (l = 0) gives zeros."""
-    if GROUP <= N // 2:
+    if GROUP <= N // 2 and N >= 16:
         acc = _low_half(acc)
     layout: gl.constexpr = acc.type.layout
     l_i = gl.convert_layout(l_i, gl.SliceLayout(0, layout))
