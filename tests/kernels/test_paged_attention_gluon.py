@@ -333,8 +333,9 @@ def test_lean_config_is_checked():
     gluon = pytest.importorskip("trace_rl.kernels.paged_attention_gluon")
     gluon.GluonAttentionConfig(unroll=2).check()
     gluon.LEAN.check()
-    for bad, what in ((dict(unroll=3), "unroll"), (dict(unroll=0), "unroll"), (dict(unroll=2, persistent=True), "unroll"),
-                      (dict(n_pad=4), "n_pad"), (dict(n_pad=32), "n_pad"), (dict(n_pad=8, persistent=True), "n_pad")):
+    for bad, what in ((dict(unroll=3), "unroll"), (dict(unroll=0), "unroll"),
+                      (dict(unroll=2, persistent=True), "unroll"), (dict(n_pad=4), "n_pad"), (dict(n_pad=32), "n_pad"),
+                      (dict(n_pad=8, persistent=True), "n_pad")):
         with pytest.raises(ValueError, match=what):
             gluon.GluonAttentionConfig(**bad).check()
     assert gluon.default_config(4) == (gluon.LEAN if gluon.LEAN_LOOP else gluon.DEFAULT)
