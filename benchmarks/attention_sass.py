@@ -8,7 +8,8 @@ Variants (GluonAttentionConfig; SASS per K/V element at group 4 from the compile
 nvfp4 3.08, mxfp4 3.43), lean (paged_attention_gluon.LEAN: N = 8 and two tiles per loop iteration: nvfp4 2.86, mxfp4
 3.36), for nvfp4 its part n8 (3.03; unroll2 alone, 3.06, is left to the GPU test), for mxfp4 fold (the opt-in
 folded bias, 3.15) and fold_lean (2.91). Method of benchmarks/attention.py (reused): CUDA-graph medians (5 calls
-per graph, 9 replays), the read ceiling measured in the same run, fraction = live cache bytes of that format / us / ceiling.
+per graph, 9 replays), the read ceiling measured in the same run, fraction = live cache bytes of that format / us
+/ ceiling.
 Each variant's output is compared with the shipped config's (bit-identical or the max |diff|; fold differs
 from the exact bias only outside its scale window, which the random scales here never reach: it may still differ
 in the last bit where a rounding of the score scale changes) and, on two sequences, with
