@@ -329,17 +329,19 @@ def test_persistent_matches_reference_and_shipped_gpu(fmt, group, programs, gen)
     assert torch.equal(decode_attention_gluon(*args, config=config), out)
 
 
-def test_lean_config_is_checked():
+def test_variant_configs_are_checked():
     gluon = pytest.importorskip("trace_rl.kernels.paged_attention_gluon")
     gluon.GluonAttentionConfig(unroll=2).check()
     gluon.LEAN.check()
+    gluon.LEAN_WIDE.check()
     for bad, what in ((dict(unroll=3), "unroll"), (dict(unroll=0), "unroll"),
                       (dict(unroll=2, persistent=True), "unroll"), (dict(n_pad=4), "n_pad"), (dict(n_pad=32), "n_pad"),
-                      (dict(n_pad=8, persistent=True), "n_pad")):
+                      (dict(n_pad=8, persistent=True), "n_pad"), (dict(col_max=True, persistent=True), "col_max")):
         with pytest.raises(ValueError, match=what):
             gluon.GluonAttentionConfig(**bad).check()
     assert gluon.default_config(4) == (gluon.LEAN if gluon.LEAN_LOOP else gluon.DEFAULT)
-    assert gluon.default_config(12) == gluon.DEFAULT                     # a group over 8 columns: N = 16
+    assert gluon.default_config(12) == (gluon.LEAN_WIDE if gluon.LEAN_LOOP else gluon.DEFAULT)   # over 8: N = 16
+    assert gluon.LEAN_WIDE.n_pad == 16
     assert gluon.DEFAULT == gluon.GluonAttentionConfig()
     k, v = (PagedKV.allocate("nvfp4", 4, 64, 2, 128, role=r) for r in "kv")
     with pytest.raises(ValueError, match="n_pad=16"):                     # group 12 > 8 columns, before the GPU check
@@ -348,33 +350,39 @@ def test_lean_config_is_checked():
                                      config=gluon.GluonAttentionConfig(n_pad=8))
 
 
-LEAN_CASES = {   # id: (format, group, mx_fold, n_pad, unroll)
-    "nvfp4-g4-n16-u2": ("nvfp4", 4, False, 16, 2), "nvfp4-g4-n8-u1": ("nvfp4", 4, False, 8, 1),
-    "nvfp4-g4-n8-u2": ("nvfp4", 4, False, 8, 2), "mxfp4-g4-n8-u2": ("mxfp4", 4, False, 8, 2),
-    "mxfp4fold-g4-n8-u2": ("mxfp4", 4, True, 8, 2), "nvfp4-g1-n8-u2": ("nvfp4", 1, False, 8, 2),
-    "nvfp4-g8-n8-u2": ("nvfp4", 8, False, 8, 2), "nvfp4-g16-n16-u2": ("nvfp4", 16, False, 16, 2),
+SASS_VARIANTS = {   # id: (format, group, mx_fold, GluonAttentionConfig fields of the variant)
+    "nvfp4-g4-lean": ("nvfp4", 4, False, dict(n_pad=8, unroll=2, col_max=True)),
+    "nvfp4-g4-colmax": ("nvfp4", 4, False, dict(col_max=True)),
+    "mxfp4-g4-lean": ("mxfp4", 4, False, dict(n_pad=8, unroll=2, col_max=True)),
+    "mxfp4fold-g4-lean": ("mxfp4", 4, True, dict(n_pad=8, unroll=2, col_max=True)),
+    "nvfp4-g4-n8": ("nvfp4", 4, False, dict(n_pad=8)), "nvfp4-g4-unroll2": ("nvfp4", 4, False, dict(unroll=2)),
+    "nvfp4-g1-lean": ("nvfp4", 1, False, dict(n_pad=8, unroll=2, col_max=True)),
+    "nvfp4-g8-lean": ("nvfp4", 8, False, dict(n_pad=8, unroll=2, col_max=True)),
+    "nvfp4-g16-colmax-unroll2": ("nvfp4", 16, False, dict(col_max=True, unroll=2)),
+    "mxfp4-g16-colmax": ("mxfp4", 16, False, dict(col_max=True)),
 }
 
 
 @gpu36[0]
 @gpu36[1]
-@pytest.mark.parametrize("case", list(LEAN_CASES))
-def test_lean_variants_bit_identical_to_shipped_gpu(case, gen):
+@pytest.mark.parametrize("case", list(SASS_VARIANTS))
+def test_sass_variants_bit_identical_to_shipped_gpu(case, gen):
     """The SASS-reduction variants (GluonAttentionConfig unroll=2: two full tiles per loop iteration, the leftover
-    full tile after the loop; n_pad=8: the MMA's N = 8) against the same format's default config: the same
-    arithmetic per column in the same order, so bit-identical outputs (NaN included): lengths with even and odd
-    full-tile counts, with and without a tail, an empty sequence; live NaN scales (a K scale block of one sequence,
-    a V scale block of another) stay NaN in both; and vs the float64 reference."""
+    full tile after the loop; n_pad=8: the MMA's N = 8; col_max: the one-barrier column max) against the same
+    format's default config: the same arithmetic per column in the same order (max is order-independent), so
+    bit-identical outputs (NaN included): lengths with even and odd full-tile counts, with and without a tail, an
+    empty sequence; live NaN scales (a K scale block of one sequence, a V scale block of another) stay NaN in both;
+    and vs the float64 reference."""
     from trace_rl.kernels.paged_attention_gluon import GluonAttentionConfig, decode_attention_gluon
 
-    fmt, group, fold, n_pad, unroll = LEAN_CASES[case]
+    fmt, group, fold, fields = SASS_VARIANTS[case]
     t = _decode_attention_tests()
     lens = [1, 600, 133, 0, 1024, 3000, 255, 384, 256, 129, 2944]   # full tiles 0, 4, 1, 0, 8, 23, 1, 3, 2, 1, 23
     hkv = 8 if group < 16 else 2
     q, k, v, bt, sl = t._setup(fmt, lens, hkv, group, 128, 64, "cuda", gen)
     args = (q.cuda(), k, v, bt.cuda(), sl.cuda(), 128 ** -0.5)
     ref = t._reference64(q, k, v, bt, sl, 128 ** -0.5)
-    base, variant = GluonAttentionConfig(mx_fold=fold), GluonAttentionConfig(mx_fold=fold, n_pad=n_pad, unroll=unroll)
+    base, variant = GluonAttentionConfig(mx_fold=fold), GluonAttentionConfig(mx_fold=fold, **fields)
     shipped = decode_attention_gluon(*args, config=base)
     out = decode_attention_gluon(*args, config=variant)
     assert torch.equal(out.view(torch.int16), shipped.view(torch.int16))

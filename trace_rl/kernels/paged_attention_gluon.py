@@ -63,12 +63,13 @@ def _producer(kc_desc, ks_desc, kg_desc, vc_desc, vs_desc, vg_desc, kc_b, ks_b, 
 @gluon.jit
 def _consumer(q_ptr, b, h, seq_len, n_tiles, qk_scale, stride_qb, stride_qh, q_s, p_s, kc_b, ks_b, kg_b, vc_b,
               vs_b, vg_b, ready, empty, GROUP: gl.constexpr, N: gl.constexpr, D: gl.constexpr, DV: gl.constexpr,
-              T: gl.constexpr, NP: gl.constexpr, STAGES: gl.constexpr, MX: gl.constexpr, UNROLL: gl.constexpr):
+              T: gl.constexpr, NP: gl.constexpr, STAGES: gl.constexpr, MX: gl.constexpr, UNROLL: gl.constexpr,
+              COLMAX: gl.constexpr):
     q = _load_q(q_ptr, b, h, stride_qb, stride_qh, GROUP, N, D)
     q_s.store(q.to(gl.bfloat16))
     fence_async_shared()
     return _consume_tiles(0, seq_len, n_tiles, qk_scale, q_s, p_s, kc_b, ks_b, kg_b, vc_b, vs_b, vg_b, ready, empty,
-                          GROUP, N, D, DV, T, NP, STAGES, MX, UNROLL)
+                          GROUP, N, D, DV, T, NP, STAGES, MX, UNROLL, COLMAX)
 
 
 @gluon.jit
@@ -76,7 +77,7 @@ def _decode_attention_ws_kernel(q_ptr, out_ptr, bt_ptr, lens_ptr, kc_desc, ks_de
                                 vg_desc, qk_scale, stride_qb, stride_qh, stride_ob, stride_oh, stride_bt,
                                 HKV: gl.constexpr, GROUP: gl.constexpr, N: gl.constexpr, D: gl.constexpr,
                                 DV: gl.constexpr, PAGE: gl.constexpr, T: gl.constexpr, STAGES: gl.constexpr,
-                                MX: gl.constexpr, UNROLL: gl.constexpr = 1):
+                                MX: gl.constexpr, UNROLL: gl.constexpr = 1, COLMAX: gl.constexpr = False):
     h = gl.program_id(0)
     b = gl.program_id(1)
     seq_len = gl.load(lens_ptr + b)
@@ -87,7 +88,7 @@ def _decode_attention_ws_kernel(q_ptr, out_ptr, bt_ptr, lens_ptr, kc_desc, ks_de
     bt_row = bt_ptr + b.to(gl.int64) * stride_bt
     acc, m_i, l_i = gl.warp_specialize([
         (_consumer, (q_ptr, b, h, seq_len, n_tiles, qk_scale, stride_qb, stride_qh, q_s, p_s, kc_b, ks_b, kg_b, vc_b,
-                     vs_b, vg_b, ready, empty, GROUP, N, D, DV, T, NP, STAGES, MX, UNROLL)),
+                     vs_b, vg_b, ready, empty, GROUP, N, D, DV, T, NP, STAGES, MX, UNROLL, COLMAX)),
         (_producer, (kc_desc, ks_desc, kg_desc, vc_desc, vs_desc, vg_desc, kc_b, ks_b, kg_b, vc_b, vs_b, vg_b,
                      ready, empty, bt_row, h, seq_len, n_tiles, HKV, NP, PAGE, STAGES, MX)),
     ], [1], [24])
@@ -118,9 +119,12 @@ class GluonAttentionConfig:
     unroll: int = 1
     # the MMA's N, the query heads of a kv head padded to it: 16 (the default, groups 1..16) or 8 (groups 1..8: no
     # padded half to zero and re-pad every tile, HGMMA 64x8x16, half the P^T tile; the same per-column arithmetic).
-    # With unroll=2 (LEAN below) the loop's SASS per element drops most (paged_attention_gluon_gate.py: nvfp4 3.08 ->
-    # 2.86 at group 4, mxfp4 exact 3.43 -> 3.36, folded 3.15 -> 2.91; ptxas then needs far fewer register copies)
+    # The one-program kernel only.
     n_pad: int = 16
+    # the softmax's column max over the tile's tokens: True, each warp's partial through shared memory once and
+    # reduced in registers (paged_attention_gluon_tiles._col_max: one barrier instead of gl.max's three; the same
+    # max). The one-program kernel only.
+    col_max: bool = False
     # persistent only: programs to launch (0: SMs x ctas_per_sm(), one per resident CTA slot; tests set a few to
     # give each program several items)
     programs: int = 0
@@ -131,6 +135,8 @@ class GluonAttentionConfig:
         if self.n_pad not in (8, 16) or (self.n_pad != 16 and self.persistent):
             raise ValueError(f"GluonAttentionConfig {self}: n_pad (the MMA's N) must be 8 or 16, and 16 for the "
                              "persistent kernel (n_pad=8 is compiled and tested for the one-program kernel only)")
+        if self.col_max and self.persistent:
+            raise ValueError(f"GluonAttentionConfig {self}: col_max is the one-program kernel's (persistent=False)")
         if self.unroll not in (1, 2) or (self.unroll > 1 and self.persistent):
             raise ValueError(f"GluonAttentionConfig {self}: unroll is 1 or 2, and 2 only for the one-program kernel "
                              "(persistent=False)")
@@ -146,17 +152,23 @@ class GluonAttentionConfig:
 
 
 DEFAULT = GluonAttentionConfig()
-# The SASS-reduction variant (issue 15; docs/benchmarks.md "Decode attention"): N = 8 and two tiles per loop iteration,
-# bit-identical to DEFAULT where the GQA group fits 8 columns (Qwen3-8B: 4). LEAN_LOOP is the one switch: True makes
-# it what a call without a config runs for groups <= 8 (the engine's path); False until the H200 check attnsass
-# (benchmarks/attention_sass_h200.sh) confirms it bit-identical and faster.
-LEAN = GluonAttentionConfig(n_pad=8, unroll=2)
+# The SASS-reduction variants (issue 15; docs/benchmarks.md "Decode attention"; compile gate at group 4: nvfp4 3.08 ->
+# 2.78 SASS per K/V element, mxfp4 exact 3.43 -> 3.21, folded 3.15 -> 2.82), bit-identical to DEFAULT: LEAN (N = 8,
+# two tiles per loop iteration, the one-barrier column max) for GQA groups <= 8 (Qwen3-8B: 4), LEAN_WIDE (the column
+# max alone: 3.29 -> 3.18 at group 16) for 9..16. LEAN_LOOP is the one switch: True makes them what a call without a
+# config runs (the engine's path); False until the H200 check attnsass (benchmarks/attention_sass_h200.sh) confirms
+# them bit-identical and faster.
+LEAN = GluonAttentionConfig(n_pad=8, unroll=2, col_max=True)
+LEAN_WIDE = GluonAttentionConfig(col_max=True)
 LEAN_LOOP = False
 
 
 def default_config(group: int) -> GluonAttentionConfig:
-    """The config a call without one runs: LEAN where LEAN_LOOP is set and the group fits its N, else DEFAULT."""
-    return LEAN if LEAN_LOOP and group <= LEAN.n_pad else DEFAULT
+    """The config a call without one runs: with LEAN_LOOP set, LEAN where the group fits its N, else LEAN_WIDE;
+    without, DEFAULT."""
+    if not LEAN_LOOP:
+        return DEFAULT
+    return LEAN if group <= LEAN.n_pad else LEAN_WIDE
 
 
 def _box(words: int) -> list[int]:
@@ -272,7 +284,8 @@ def decode_attention_gluon(q: torch.Tensor, k, v, block_table: torch.Tensor, seq
         if grid:
             _decode_attention_persistent_kernel[(grid, )](*args, B * hkv, **consts, num_warps=4, maxnreg=c.maxnreg)
         return out
-    _decode_attention_ws_kernel[(hkv, B)](*args, **consts, UNROLL=c.unroll, num_warps=4, maxnreg=c.maxnreg)
+    _decode_attention_ws_kernel[(hkv, B)](*args, **consts, UNROLL=c.unroll, COLMAX=c.col_max, num_warps=4,
+                                          maxnreg=c.maxnreg)
     return out
 
 

@@ -43,9 +43,11 @@ def gate_case(c: GluonAttentionConfig, group: int = 4, kv_heads: int = 8, budget
         sig["work"] = "i32"
     else:                 # an iteration of the tile loop runs `unroll` tiles, each with its 2 full waits
         consts["UNROLL"] = c.unroll
+        consts["COLMAX"] = c.col_max
         full_waits *= c.unroll
         kind += "" if c.unroll == 1 else f" u{c.unroll}"
     kind += "" if c.n_pad == 16 else f" n{c.n_pad}"
+    kind += " colmax" if c.col_max else ""
     return GateCase(f"attention gluon {kind} {name} g{group} s{c.stages} r{c.maxnreg}", kernel, sig,
                     consts, 4, 1, c.unroll * BLOCK_T * (HEAD_DIM + L.v_rows(HEAD_DIM)) / 128, budget,
                     ("q_ptr", "out_ptr", "bt_ptr", "lens_ptr", "stride_qb", "stride_qh", "stride_ob", "stride_oh",
@@ -81,19 +83,24 @@ GATE = ((GluonAttentionConfig(), 4, 3.15, "nvfp4:row"), (GluonAttentionConfig(st
         (GluonAttentionConfig(), 16, 3.35, "nvfp4:row"), (GluonAttentionConfig(), 4, 3.5, "mxfp4"),
         (GluonAttentionConfig(), 16, 3.8, "mxfp4"), (GluonAttentionConfig(mx_fold=True), 4, 3.25, "mxfp4"),
         (GluonAttentionConfig(mx_fold=True), 16, 3.4, "mxfp4"),
-        # the SASS-reduction variants (opt-in; docs/benchmarks.md "Decode attention" has the class breakdown,
-        # trace_rl/kernels/sass_histogram.py). unroll=2 (two tiles per loop iteration) alone: nvfp4 3.06 / 3.21 at
-        # groups 4 / 16, mxfp4 folded 3.10 (exact 3.49: worse, not gated). n_pad=8 (N = 8) alone: nvfp4 3.03, mxfp4
-        # 3.41 exact / 3.06 folded (group 4). Both (paged_attention_gluon.LEAN): nvfp4 2.86, mxfp4 3.36 exact / 2.91
-        # folded at group 4, the register copies 0.32 -> 0.12 per element (nvfp4); unroll 3 / 4 with N = 8: 3.02 / 2.95
+        # the SASS-reduction variants (opt-in, bit-identical; docs/benchmarks.md "Decode attention" has the class
+        # breakdown, trace_rl/kernels/sass_histogram.py), group 4 unless said: col_max (the column max with one
+        # barrier, _col_max) nvfp4 2.87 (group 16: 3.18), mxfp4 3.29 exact / 2.89 folded; n_pad=8 (N = 8) nvfp4 3.03
+        # alone, 2.81 with col_max; unroll=2 (two tiles per loop iteration) nvfp4 3.06 alone (group 16: 3.21), 2.83
+        # with col_max (group 16: 3.11). All three (paged_attention_gluon.LEAN): nvfp4 2.78 (groups 1 and 8 alike;
+        # 2.73 with 2 stages), mxfp4 3.21 exact / 2.82 folded; the register copies 0.32 -> 0.12 per element (nvfp4),
+        # the max's 3 barriers -> 1. Unroll 3 / 4 (N = 8, gl.max): 3.02 / 2.95, worse than 2 (2.86)
         (GluonAttentionConfig(unroll=2), 4, 3.08, "nvfp4:row"), (GluonAttentionConfig(unroll=2), 16, 3.23, "nvfp4:row"),
-        (GluonAttentionConfig(unroll=2, mx_fold=True), 4, 3.12, "mxfp4"),
         (GluonAttentionConfig(n_pad=8), 4, 3.05, "nvfp4:row"),
-        (GluonAttentionConfig(n_pad=8, unroll=2), 4, 2.9, "nvfp4:row"),
-        (GluonAttentionConfig(n_pad=8, unroll=2), 8, 2.9, "nvfp4:row"),
-        (GluonAttentionConfig(n_pad=8, unroll=2), 1, 2.9, "nvfp4:row"),
-        (GluonAttentionConfig(n_pad=8, unroll=2), 4, 3.38, "mxfp4"),
-        (GluonAttentionConfig(n_pad=8, unroll=2, mx_fold=True), 4, 2.93, "mxfp4"),
+        (GluonAttentionConfig(col_max=True), 4, 2.9, "nvfp4:row"),
+        (GluonAttentionConfig(col_max=True), 16, 3.2, "nvfp4:row"),
+        (GluonAttentionConfig(col_max=True), 4, 3.3, "mxfp4"),
+        (GluonAttentionConfig(n_pad=8, unroll=2, col_max=True), 4, 2.8, "nvfp4:row"),
+        (GluonAttentionConfig(n_pad=8, unroll=2, col_max=True), 1, 2.8, "nvfp4:row"),
+        (GluonAttentionConfig(n_pad=8, unroll=2, col_max=True), 8, 2.8, "nvfp4:row"),
+        (GluonAttentionConfig(n_pad=8, unroll=2, col_max=True), 4, 3.23, "mxfp4"),
+        (GluonAttentionConfig(n_pad=8, unroll=2, col_max=True, mx_fold=True), 4, 2.84, "mxfp4"),
+        (GluonAttentionConfig(col_max=True, unroll=2), 16, 3.13, "nvfp4:row"),
         # the persistent variant (paged_attention_gluon_persistent.py; its tile loop, inside the item loop)
         (GluonAttentionConfig(persistent=True), 4, 3.5, "mxfp4"),
         (GluonAttentionConfig(persistent=True), 16, 3.8, "mxfp4"),

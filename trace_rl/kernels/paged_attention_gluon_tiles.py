@@ -190,6 +190,31 @@ def _vt_decode(vw_s, vsw_s, A_LAYOUT: gl.constexpr, NP: gl.constexpr, DV: gl.con
     return gl.convert_layout(gl.reshape(y, [DV, T]), A_LAYOUT, assert_trivial=True)
 
 
+@gluon.constexpr_function
+def _partials_layout(nw, ns):
+    """[nw, ns] with every warp's partial in each thread's registers and the columns where the MMA layout has them
+    (column bit 0 and bits >= 3 in registers, bits 1-2 in lanes tq; the lane bits of g broadcast)."""
+    cols = [[0, 1]] + [[0, 1 << b] for b in range(3, ns.bit_length() - 1)]
+    warps = [[1 << b, 0] for b in range(nw.bit_length() - 1)]
+    return gl.DistributedLinearLayout(reg_bases=cols + warps, lane_bases=[[0, 2], [0, 4], [0, 0], [0, 0], [0, 0]],
+                                      warp_bases=[[0, 0]] * (nw.bit_length() - 1), block_bases=[], shape=[nw, ns])
+
+
+@gluon.jit
+def _col_max(s, NW: gl.constexpr):
+    """max over the tokens (axis 0) of s [T, NS] in the MMA layout (row 64 a + 16 w + r in warp w): each warp's
+    partial over its rows (registers, then lanes: shuffles), then the NW partials through shared memory in one
+    convert_layout (one store, one barrier, one load) and reduced in registers. gl.max's generic cross-warp reduction
+    takes two rounds through shared memory (3 barriers). max is order-independent (FMNMX drops a NaN operand either
+    way; a +-0 tie changes no exp2 after it): the same m as gl.max(s, axis=0)."""
+    T: gl.constexpr = s.shape[0]
+    NS: gl.constexpr = s.shape[1]
+    x = gl.reshape(s, [T // (16 * NW), NW, 16, NS])
+    x = gl.max(gl.max(x, axis=0), axis=1)          # [NW, NS], one warp's row each: the in-register axis first
+    x = gl.max(gl.convert_layout(x, _partials_layout(NW, NS)), axis=0)
+    return gl.convert_layout(x, gl.SliceLayout(0, s.type.layout))
+
+
 @gluon.jit
 def _pad_half(x, fill: gl.constexpr):
     """[R, N/2] -> [R, N], the upper columns `fill` (attention_tiles._pad_half, whose tl.full takes no layout,
@@ -202,10 +227,11 @@ def _pad_half(x, fill: gl.constexpr):
 @gluon.jit
 def _tile(j, it, m_i, l_acc, acc, vt_prev, q_b, p_s, kc_r, ks_r, kg_r, vc_r, vs_r, vg_r, ready, empty, seq_len,
           qk_scale, N: gl.constexpr, T: gl.constexpr, D: gl.constexpr, DV: gl.constexpr, NP: gl.constexpr,
-          STAGES: gl.constexpr, MASKED: gl.constexpr, HALF: gl.constexpr, MX: gl.constexpr):
+          STAGES: gl.constexpr, MASKED: gl.constexpr, HALF: gl.constexpr, MX: gl.constexpr, COLMAX: gl.constexpr):
     """Tile `it` of the sequence, at ring position j: online-softmax update of (m_i [NS], l_acc [T, NS], acc [DV, N]);
     NS = N / 2 when HALF (the group fits the low half of the padded columns), else N. MX (mxfp4): no per-token
-    factors (decoded elements are the values)."""
+    factors (decoded elements are the values). COLMAX: the column max through `_col_max` (one barrier), else
+    gl.max."""
     NW: gl.constexpr = gl.num_warps()
     s_mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, N, 16])
     A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_mma, k_width=2)
@@ -245,7 +271,10 @@ def _tile(j, it, m_i, l_acc, acc, vt_prev, q_b, p_s, kc_r, ks_r, kg_r, vc_r, vs_
         s = s * gl.expand_dims(fk * qk_scale, 1)
     if MASKED:
         s = gl.where(gl.expand_dims(t < seq_len, 1), s, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, axis=0))
+    if COLMAX:
+        m_new = gl.maximum(m_i, _col_max(s, NW))
+    else:
+        m_new = gl.maximum(m_i, gl.max(s, axis=0))
     alpha = gl.exp2(m_i - m_new)
     p = gl.exp2(s - gl.expand_dims(m_new, 0))
     l_acc = l_acc * gl.expand_dims(alpha, 0) + p
@@ -285,7 +314,8 @@ def _load_q(q_ptr, b, h, stride_qb, stride_qh, GROUP: gl.constexpr, N: gl.conste
 @gluon.jit
 def _consume_tiles(j0, seq_len, n_tiles, qk_scale, q_s, p_s, kc_b, ks_b, kg_b, vc_b, vs_b, vg_b, ready, empty,
                    GROUP: gl.constexpr, N: gl.constexpr, D: gl.constexpr, DV: gl.constexpr, T: gl.constexpr,
-                   NP: gl.constexpr, STAGES: gl.constexpr, MX: gl.constexpr, UNROLL: gl.constexpr = 1):
+                   NP: gl.constexpr, STAGES: gl.constexpr, MX: gl.constexpr, UNROLL: gl.constexpr = 1,
+                   COLMAX: gl.constexpr = False):
     """One (kv head, sequence)'s n_tiles tiles at ring positions j0 .. j0 + n_tiles - 1 against q^T in q_s: returns
     (O^T [DV, N] unnormalised, m, l) with every wgmma retired (q_s and p_s free again)."""
     NW: gl.constexpr = gl.num_warps()
@@ -322,13 +352,17 @@ def _consume_tiles(j0, seq_len, n_tiles, qk_scale, q_s, p_s, kc_b, ks_b, kg_b, v
         for u in gl.static_range(UNROLL):
             it = it2 * UNROLL + u
             m_i, l_acc, acc, vt = _tile(j0 + it, it, m_i, l_acc, acc, vt, q_b, p_s, kc_r, ks_r, kg_r, vc_r, vs_r,
-                                        vg_r, ready, empty, seq_len, qk_scale, N, T, D, DV, NP, STAGES, False, HALF, MX)
-    for it in range(n_full // UNROLL * UNROLL, n_full):
-        m_i, l_acc, acc, vt = _tile(j0 + it, it, m_i, l_acc, acc, vt, q_b, p_s, kc_r, ks_r, kg_r, vc_r, vs_r, vg_r,
-                                    ready, empty, seq_len, qk_scale, N, T, D, DV, NP, STAGES, False, HALF, MX)
+                                        vg_r, ready, empty, seq_len, qk_scale, N, T, D, DV, NP, STAGES, False, HALF, MX,
+                                        COLMAX)
+    if UNROLL > 1:
+        for it in range(n_full // UNROLL * UNROLL, n_full):
+            m_i, l_acc, acc, vt = _tile(j0 + it, it, m_i, l_acc, acc, vt, q_b, p_s, kc_r, ks_r, kg_r, vc_r, vs_r,
+                                        vg_r, ready, empty, seq_len, qk_scale, N, T, D, DV, NP, STAGES, False, HALF, MX,
+                                        COLMAX)
     if n_full < n_tiles:
         m_i, l_acc, acc, vt = _tile(j0 + n_full, n_full, m_i, l_acc, acc, vt, q_b, p_s, kc_r, ks_r, kg_r, vc_r, vs_r,
-                                    vg_r, ready, empty, seq_len, qk_scale, N, T, D, DV, NP, STAGES, True, HALF, MX)
+                                    vg_r, ready, empty, seq_len, qk_scale, N, T, D, DV, NP, STAGES, True, HALF, MX,
+                                    COLMAX)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
     return (acc, m_i, gl.sum(l_acc, axis=0))
 
