@@ -5,9 +5,10 @@ over a contiguous bf16 cache (cuDNN and the other backends, the best of them), Q
 32 x 32768, 313 x 257 (in that order: the budget drops the last ones first), nvfp4 and mxfp4.
 
 Variants (GluonAttentionConfig; SASS per K/V element at group 4 from the compile gate): gluon (the shipped default:
-nvfp4 3.08, mxfp4 3.43), lean (paged_attention_gluon.LEAN: N = 8 and two tiles per loop iteration: nvfp4 2.86, mxfp4
-3.36), for nvfp4 its part n8 (3.03; unroll2 alone, 3.06, is left to the GPU test), for mxfp4 fold (the opt-in
-folded bias, 3.15) and fold_lean (2.91). Method of benchmarks/attention.py (reused): CUDA-graph medians (5 calls
+nvfp4 3.08, mxfp4 3.43), lean (paged_attention_gluon.LEAN: N = 8, two tiles per loop iteration, the one-barrier
+column max: nvfp4 2.78, mxfp4 3.21), for nvfp4 also colmax (the column max alone, 2.87: LEAN_WIDE, what groups
+9..16 would run) and lean_s2 (LEAN with 2 stages, 2.73), for mxfp4 fold (the opt-in folded bias, 3.15) and
+fold_lean (2.82). Method of benchmarks/attention.py (reused): CUDA-graph medians (5 calls
 per graph, 9 replays), the read ceiling measured in the same run, fraction = live cache bytes of that format / us
 / ceiling.
 Each variant's output is compared with the shipped config's (bit-identical or the max |diff|; fold differs
@@ -36,9 +37,9 @@ from kernel_baselines import json_saver  # noqa: E402
 
 SHAPES = ((3, 130), (2, 257)) if A.SMOKE else ((32, 8192), (313, 8447), (256, 8192), (32, 32768), (313, 257))
 FORMATS = ("nvfp4", "mxfp4")
-VARIANTS = {"nvfp4": {"gluon": dict(), "lean": dict(n_pad=8, unroll=2), "n8": dict(n_pad=8)},
-            "mxfp4": {"gluon": dict(), "lean": dict(n_pad=8, unroll=2), "fold": dict(mx_fold=True),
-                      "fold_lean": dict(mx_fold=True, n_pad=8, unroll=2)}}
+LEAN = dict(n_pad=8, unroll=2, col_max=True)       # paged_attention_gluon.LEAN's fields
+VARIANTS = {"nvfp4": {"gluon": dict(), "lean": LEAN, "colmax": dict(col_max=True), "lean_s2": dict(LEAN, stages=2)},
+            "mxfp4": {"gluon": dict(), "lean": LEAN, "fold": dict(mx_fold=True), "fold_lean": dict(LEAN, mx_fold=True)}}
 DEV = A.DEV
 
 

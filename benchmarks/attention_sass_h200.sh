@@ -1,23 +1,25 @@
 #!/usr/bin/env bash
 # benchmarks/attention_sass_h200.sh (issue 15, FP4-KV decode attention >= 0.75 of the read ceiling): the Gluon
 # attention's SASS-reduction variants (compile-only breakdown: docs/benchmarks.md "Decode attention",
-# trace_rl/kernels/sass_histogram.py): LEAN = GluonAttentionConfig(n_pad=8, unroll=2) (the MMA's N = 8 for groups <= 8,
-# two full tiles per loop iteration; 2.86 against 3.08 SASS per element for nvfp4) and its parts. Usage:
-# benchmarks/attention_sass_h200.sh OUT_DIR (from the repo root; python3, torch, Triton 3.6, one H200, device wheels
-# on PYTHONPATH). < 120 s.
-# 1. pytest tests/kernels/test_paged_attention_gluon.py -m gpu -k "lean and g4 and not n16": nvfp4 n_pad 8 alone and
-#    with unroll 2, mxfp4 exact and folded with both, group 4 (the benchmark's 7 compiles), each bit-identical to the
-#    same format's default config (lengths with even and odd full-tile counts, tails, an empty sequence, live NaN K / V
-#    scale blocks that stay NaN) and vs the float64 reference (groups 1 / 8 / 16 stay in the file) -> OUT/pytest.*
+# trace_rl/kernels/sass_histogram.py): LEAN = GluonAttentionConfig(n_pad=8, unroll=2, col_max=True) (the MMA's N = 8
+# for groups <= 8, two full tiles per loop iteration, the one-barrier column max; 2.78 against 3.08 SASS per element
+# for nvfp4, 3.21 against 3.43 for mxfp4) and col_max alone. Usage: benchmarks/attention_sass_h200.sh OUT_DIR (from
+# the repo root; python3, torch, Triton 3.6, one H200, device wheels on PYTHONPATH). < 120 s.
+# 1. pytest tests/kernels/test_paged_attention_gluon.py -m gpu -k "sass_variants and g4 and (lean or colmax)": nvfp4
+#    LEAN and col_max, mxfp4 LEAN exact and folded, group 4 (7 of the benchmark's 8 compiles), each bit-identical to
+#    the same format's default config (lengths with even and odd full-tile counts, tails, an empty sequence, live NaN
+#    K / V scale blocks that stay NaN) and vs the float64 reference (groups 1 / 8 / 16 and the parts alone stay in
+#    the file) -> OUT/pytest.{log,xml}
 # 2. benchmarks/attention_sass.py -> OUT/attention_sass.json (+ .log): Qwen3-8B heads, B = 32 x 8k, 313 x 8447,
-#    256 x 8k, 32 x 32k, 313 x 257 (the budget drops the last first), nvfp4 (gluon, lean, n8) and mxfp4 (gluon, lean,
-#    fold, fold_lean) vs the best SDPA backend (cuDNN among them) over a contiguous bf16 cache, CUDA-graph medians,
-#    fraction of the read ceiling measured in the same run, speedups, bit-identity vs the shipped config.
+#    256 x 8k, 32 x 32k, 313 x 257 (the budget drops the last first), nvfp4 (gluon, lean, colmax, lean_s2) and mxfp4
+#    (gluon, lean, fold, fold_lean) vs the best SDPA backend (cuDNN among them) over a contiguous bf16 cache, CUDA-graph
+#    medians, fraction of the read ceiling measured in the same run, speedups, bit-identity vs the shipped config.
 # 3. OUT/summary.json: rcs, pytest tail, per row the us / fractions / speedups / bit-identity.
-# What to look for: lean bit_identical true everywhere and speedup_vs_gluon > 1 at the 8k / 32k rows; then
-# paged_attention_gluon.LEAN_LOOP = True makes it the engine's default for groups <= 8.
+# What to look for: lean bit_identical true in every row and speedup_vs_gluon > 1 at the 8k / 32k rows (bw_frac of
+# lean against gluon's); then paged_attention_gluon.LEAN_LOOP = True makes LEAN (LEAN_WIDE for groups 9..16) the
+# default of calls without a config (the engine's).
 . "$(dirname "$0")/h200_check.sh"
-run_pytest 50 -m gpu tests/kernels/test_paged_attention_gluon.py -k "lean and g4 and not n16"   # 7 compiles, the bench's
+run_pytest 50 -m gpu tests/kernels/test_paged_attention_gluon.py -k "sass_variants and g4 and (lean or colmax)"
 left=$(( 112 - ($(date +%s) - start) ))
 timeout $(( left > 20 ? left : 20 )) $PY benchmarks/attention_sass.py --out "$OUT/attention_sass.json" \
     --budget-s $(( left > 30 ? left - 15 : 10 )) > "$OUT/attention_sass.log" 2>&1
@@ -34,7 +36,7 @@ try:
     s["elapsed_s"] = r.get("elapsed_s")
     keep = ("format", "batch", "context", "roofline_us", "sdpa_best", "sdpa_best_us", "cudnn_us", "sdpa_bw_frac",
             "error")
-    variants = ("gluon", "lean", "unroll2", "n8", "fold", "fold_lean")
+    variants = ("gluon", "lean", "colmax", "lean_s2", "fold", "fold_lean")
     s["rows"] = [{**{k: row[k] for k in keep if k in row},
                   **{n: {k: v for k, v in row[n].items() if k in ("us", "bw_frac", "speedup_vs_gluon", "speedup_vs_sdpa",
                                                                   "vs_gluon", "nan", "rel_err_vs_reference", "error")}

@@ -17,10 +17,11 @@
 #   attnshort benchmarks/attention_short_h200.sh  the Gluon FP4-KV attention's persistent variant (short contexts) vs the
 #            shipped Gluon and Triton kernels at B = 313 x L = 257 / 1024 / 4352 / 8447 and 32 x 8k + its GPU tests;
 #            named only
-#   attnsass benchmarks/attention_sass_h200.sh   the Gluon FP4-KV attention's SASS-reduction variant LEAN (N = 8, two tiles
-#            per loop iteration) bit-identical to the shipped config (NaN scales included; GPU tests), then shipped vs
-#            lean / n8 (mxfp4: lean, fold, fold_lean) vs best SDPA at B x L = 32 x 8k, 313 x 8447, 256 x 8k,
-#            32 x 32k, 313 x 257, fraction of the read ceiling; named only
+#   attnsass benchmarks/attention_sass_h200.sh   the Gluon FP4-KV attention's SASS-reduction variants LEAN (N = 8, two
+#            tiles per loop iteration, one-barrier column max) and col_max bit-identical to the shipped config (NaN
+#            scales included; GPU tests), then shipped vs lean / colmax / lean_s2 (mxfp4: lean, fold, fold_lean) vs
+#            best SDPA at B x L = 32 x 8k, 313 x 8447, 256 x 8k, 32 x 32k, 313 x 257, fraction of the read ceiling;
+#            named only
 #   trainattn benchmarks/trainer_attention_h200.sh the trainer's float32 GQA attention (expanded K/V, efficient kernel)
 #   gemmbound benchmarks/gemm_bound_h200.sh       what bounds the W4A16 GEMM at M <= 16: read floor, load-only /
 #            compute-only probes of the shipped loop, occupancy, ncu of one launch

@@ -55,4 +55,4 @@ def test_rows_and_summary(tmp_path, monkeypatch):
                    env=env, capture_output=True, text=True, timeout=300)
     s = json.load(open(tmp_path / "summary.json"))
     assert s["bench_rc"] != 0 and len(s["rows"]) == 4 and "bench_error" not in s
-    assert s["rows"][1]["fold_lean"]["us"] > 0 and "bit_identical" in s["rows"][0]["n8"]["vs_gluon"]
+    assert s["rows"][1]["fold_lean"]["us"] > 0 and "bit_identical" in s["rows"][0]["lean_s2"]["vs_gluon"]
