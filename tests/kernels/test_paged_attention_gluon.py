@@ -334,9 +334,9 @@ def test_variant_configs_are_checked():
     gluon.GluonAttentionConfig(unroll=2).check()
     gluon.LEAN.check()
     gluon.LEAN_WIDE.check()
-    for bad, what in ((dict(unroll=3), "unroll"), (dict(unroll=0), "unroll"),
-                      (dict(unroll=2, persistent=True), "unroll"), (dict(n_pad=4), "n_pad"), (dict(n_pad=32), "n_pad"),
-                      (dict(n_pad=8, persistent=True), "n_pad"), (dict(col_max=True, persistent=True), "col_max")):
+    gluon.GluonAttentionConfig(persistent=True, n_pad=8, unroll=2, col_max=True).check()
+    for bad, what in ((dict(unroll=3), "unroll"), (dict(unroll=0), "unroll"), (dict(n_pad=4), "n_pad"),
+                      (dict(n_pad=32), "n_pad")):
         with pytest.raises(ValueError, match=what):
             gluon.GluonAttentionConfig(**bad).check()
     assert gluon.default_config(4) == (gluon.LEAN if gluon.LEAN_LOOP else gluon.DEFAULT)
@@ -360,6 +360,10 @@ SASS_VARIANTS = {   # id: (format, group, mx_fold, GluonAttentionConfig fields o
     "nvfp4-g8-lean": ("nvfp4", 8, False, dict(n_pad=8, unroll=2, col_max=True)),
     "nvfp4-g16-colmax-unroll2": ("nvfp4", 16, False, dict(col_max=True, unroll=2)),
     "mxfp4-g16-colmax": ("mxfp4", 16, False, dict(col_max=True)),
+    # the persistent kernel (5 programs: several items each), against its own default
+    "nvfp4-g4-persistent-colmax": ("nvfp4", 4, False, dict(persistent=True, programs=5, col_max=True)),
+    "nvfp4-g4-persistent-lean": ("nvfp4", 4, False, dict(persistent=True, programs=5, n_pad=8, unroll=2, col_max=True)),
+    "mxfp4-g4-persistent-lean": ("mxfp4", 4, False, dict(persistent=True, programs=5, n_pad=8, unroll=2, col_max=True)),
 }
 
 
@@ -369,10 +373,10 @@ SASS_VARIANTS = {   # id: (format, group, mx_fold, GluonAttentionConfig fields o
 def test_sass_variants_bit_identical_to_shipped_gpu(case, gen):
     """The SASS-reduction variants (GluonAttentionConfig unroll=2: two full tiles per loop iteration, the leftover
     full tile after the loop; n_pad=8: the MMA's N = 8; col_max: the one-barrier column max) against the same
-    format's default config: the same arithmetic per column in the same order (max is order-independent), so
-    bit-identical outputs (NaN included): lengths with even and odd full-tile counts, with and without a tail, an
-    empty sequence; live NaN scales (a K scale block of one sequence, a V scale block of another) stay NaN in both;
-    and vs the float64 reference."""
+    format's default config (the persistent kernel's, for its cases): the same arithmetic per column in the same
+    order (max is order-independent), so bit-identical outputs (NaN included): lengths with even and odd full-tile
+    counts, with and without a tail, an empty sequence; live NaN scales (a K scale block of one sequence, a V scale
+    block of another) stay NaN in both; and vs the float64 reference."""
     from trace_rl.kernels.paged_attention_gluon import GluonAttentionConfig, decode_attention_gluon
 
     fmt, group, fold, fields = SASS_VARIANTS[case]
@@ -382,7 +386,8 @@ def test_sass_variants_bit_identical_to_shipped_gpu(case, gen):
     q, k, v, bt, sl = t._setup(fmt, lens, hkv, group, 128, 64, "cuda", gen)
     args = (q.cuda(), k, v, bt.cuda(), sl.cuda(), 128 ** -0.5)
     ref = t._reference64(q, k, v, bt, sl, 128 ** -0.5)
-    base, variant = GluonAttentionConfig(mx_fold=fold), GluonAttentionConfig(mx_fold=fold, **fields)
+    base = GluonAttentionConfig(mx_fold=fold, **{k: v for k, v in fields.items() if k in ("persistent", "programs")})
+    variant = GluonAttentionConfig(mx_fold=fold, **fields)
     shipped = decode_attention_gluon(*args, config=base)
     out = decode_attention_gluon(*args, config=variant)
     assert torch.equal(out.view(torch.int16), shipped.view(torch.int16))

@@ -115,15 +115,15 @@ class GluonAttentionConfig:
     persistent: bool = False
     # full 128-token tiles per iteration of the tile loop (the same tiles in the same order: bit-identical results;
     # benchmarks/attention_sass_h200.sh checks that on the GPU): 2 pays the loop's per-iteration fixed SASS once per
-    # two tiles. The one-program kernel only; 1 (the default) until the GPU timing confirms it.
+    # two tiles. 1 (the default) until the GPU timing confirms it.
     unroll: int = 1
     # the MMA's N, the query heads of a kv head padded to it: 16 (the default, groups 1..16) or 8 (groups 1..8: no
     # padded half to zero and re-pad every tile, HGMMA 64x8x16, half the P^T tile; the same per-column arithmetic).
-    # The one-program kernel only.
     n_pad: int = 16
     # the softmax's column max over the tile's tokens: True, each warp's partial through shared memory once and
     # reduced in registers (paged_attention_gluon_tiles._col_max: one barrier instead of gl.max's three; the same
-    # max). The one-program kernel only.
+    # max). In the persistent kernel it also ends ptxas's serialisation of every nvfp4 wgmma (C7513;
+    # paged_attention_gluon_gate.GATE_SERIALISED): 3.36 -> 2.91 SASS per element, 2 full waits per tile.
     col_max: bool = False
     # persistent only: programs to launch (0: SMs x ctas_per_sm(), one per resident CTA slot; tests set a few to
     # give each program several items)
@@ -132,14 +132,10 @@ class GluonAttentionConfig:
     def check(self) -> None:
         if not 2 <= self.stages <= 6:
             raise ValueError(f"GluonAttentionConfig {self}: stages must be in 2..6")
-        if self.n_pad not in (8, 16) or (self.n_pad != 16 and self.persistent):
-            raise ValueError(f"GluonAttentionConfig {self}: n_pad (the MMA's N) must be 8 or 16, and 16 for the "
-                             "persistent kernel (n_pad=8 is compiled and tested for the one-program kernel only)")
-        if self.col_max and self.persistent:
-            raise ValueError(f"GluonAttentionConfig {self}: col_max is the one-program kernel's (persistent=False)")
-        if self.unroll not in (1, 2) or (self.unroll > 1 and self.persistent):
-            raise ValueError(f"GluonAttentionConfig {self}: unroll is 1 or 2, and 2 only for the one-program kernel "
-                             "(persistent=False)")
+        if self.n_pad not in (8, 16):
+            raise ValueError(f"GluonAttentionConfig {self}: n_pad (the MMA's N) must be 8 or 16")
+        if self.unroll not in (1, 2):
+            raise ValueError(f"GluonAttentionConfig {self}: unroll (full tiles per loop iteration) is 1 or 2")
         if self.programs < 0 or (self.programs and not self.persistent):
             raise ValueError(f"GluonAttentionConfig {self}: programs is a count >= 1 of the persistent kernel's")
 
@@ -282,7 +278,8 @@ def decode_attention_gluon(q: torch.Tensor, k, v, block_table: torch.Tensor, seq
 
         grid = min(B * hkv, c.programs) if c.programs else persistent_grid(B * hkv, _sms(q.device), c.ctas_per_sm())
         if grid:
-            _decode_attention_persistent_kernel[(grid, )](*args, B * hkv, **consts, num_warps=4, maxnreg=c.maxnreg)
+            _decode_attention_persistent_kernel[(grid, )](*args, B * hkv, **consts, UNROLL=c.unroll, COLMAX=c.col_max,
+                                                          num_warps=4, maxnreg=c.maxnreg)
         return out
     _decode_attention_ws_kernel[(hkv, B)](*args, **consts, UNROLL=c.unroll, COLMAX=c.col_max, num_warps=4,
                                           maxnreg=c.maxnreg)

@@ -85,7 +85,8 @@ def _producer_persistent(kc_desc, ks_desc, kg_desc, vc_desc, vs_desc, vg_desc, k
 def _consumer_persistent(q_ptr, out_ptr, lens_ptr, pid, nprog, work, qk_scale, stride_qb, stride_qh, stride_ob,
                          stride_oh, q_s, p_s, kc_b, ks_b, kg_b, vc_b, vs_b, vg_b, ready, empty, HKV: gl.constexpr,
                          GROUP: gl.constexpr, N: gl.constexpr, D: gl.constexpr, DV: gl.constexpr, T: gl.constexpr,
-                         NP: gl.constexpr, STAGES: gl.constexpr, MX: gl.constexpr):
+                         NP: gl.constexpr, STAGES: gl.constexpr, MX: gl.constexpr, UNROLL: gl.constexpr,
+                         COLMAX: gl.constexpr):
     b = pid // HKV
     h = pid % HKV
     seq_len = gl.load(lens_ptr + b)
@@ -96,7 +97,7 @@ def _consumer_persistent(q_ptr, out_ptr, lens_ptr, pid, nprog, work, qk_scale, s
         fence_async_shared()
         n_tiles = gl.cdiv(seq_len, T)
         acc, m_i, l_i = _consume_tiles(j, seq_len, n_tiles, qk_scale, q_s, p_s, kc_b, ks_b, kg_b, vc_b, vs_b, vg_b,
-                                       ready, empty, GROUP, N, D, DV, T, NP, STAGES, MX)
+                                       ready, empty, GROUP, N, D, DV, T, NP, STAGES, MX, UNROLL, COLMAX)
         j += n_tiles
         # the next item's length and q (the last program item reloads its own: harmless), in flight under the
         # epilogue
@@ -111,7 +112,8 @@ def _decode_attention_persistent_kernel(q_ptr, out_ptr, bt_ptr, lens_ptr, kc_des
                                         vg_desc, qk_scale, stride_qb, stride_qh, stride_ob, stride_oh, stride_bt, work,
                                         HKV: gl.constexpr, GROUP: gl.constexpr, N: gl.constexpr, D: gl.constexpr,
                                         DV: gl.constexpr, PAGE: gl.constexpr, T: gl.constexpr,
-                                        STAGES: gl.constexpr, MX: gl.constexpr):
+                                        STAGES: gl.constexpr, MX: gl.constexpr, UNROLL: gl.constexpr = 1,
+                                        COLMAX: gl.constexpr = False):
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
     NP: gl.constexpr = T // PAGE
@@ -120,7 +122,7 @@ def _decode_attention_persistent_kernel(q_ptr, out_ptr, bt_ptr, lens_ptr, kc_des
     gl.warp_specialize([
         (_consumer_persistent, (q_ptr, out_ptr, lens_ptr, pid, nprog, work, qk_scale, stride_qb, stride_qh, stride_ob,
                                 stride_oh, q_s, p_s, kc_b, ks_b, kg_b, vc_b, vs_b, vg_b, ready, empty, HKV, GROUP, N,
-                                D, DV, T, NP, STAGES, MX)),
+                                D, DV, T, NP, STAGES, MX, UNROLL, COLMAX)),
         (_producer_persistent, (kc_desc, ks_desc, kg_desc, vc_desc, vs_desc, vg_desc, kc_b, ks_b, kg_b, vc_b, vs_b,
                                 vg_b, ready, empty, bt_ptr, lens_ptr, stride_bt, pid, nprog, work, HKV, NP, PAGE, T,
                                 STAGES, MX)),
