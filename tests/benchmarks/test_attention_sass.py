@@ -46,13 +46,14 @@ def test_rows_and_summary(tmp_path, monkeypatch):
         assert row["roofline_us"] > 0 and row["cache_bytes"] > 0
         for name in S.VARIANTS[row["format"]]:
             assert row[name]["us"] > 0 and row[name]["rel_err_vs_reference"] < 1e-2 and not row[name]["nan"]
-        assert row["lean"]["vs_gluon"]["bit_identical"] and row["lean"]["speedup_vs_gluon"] > 0
+        assert row["lean"]["vs_base"]["bit_identical"] and row["lean"]["speedup_vs_gluon"] > 0
         if row["format"] == "mxfp4":
-            assert not row["fold"]["vs_gluon"]["bit_identical"]
+            assert not row["fold"]["vs_base"]["bit_identical"] and row["fold"]["vs_base"]["base"] == "gluon"
+            assert row["fold_lean"]["vs_base"]["bit_identical"] and row["fold_lean"]["vs_base"]["base"] == "fold"
     env = dict(os.environ, PYTHON=sys.executable)
     env.pop("TRITON_INTERPRET", None)
     subprocess.run(["bash", os.path.join(ROOT, "benchmarks", "attention_sass_h200.sh"), str(tmp_path)], cwd=ROOT,
                    env=env, capture_output=True, text=True, timeout=300)
     s = json.load(open(tmp_path / "summary.json"))
     assert s["bench_rc"] != 0 and len(s["rows"]) == 4 and "bench_error" not in s
-    assert s["rows"][1]["fold_lean"]["us"] > 0 and "bit_identical" in s["rows"][0]["lean_s2"]["vs_gluon"]
+    assert s["rows"][1]["fold_lean"]["us"] > 0 and "bit_identical" in s["rows"][0]["lean_s2"]["vs_base"]
