@@ -6,11 +6,11 @@
 # for nvfp4, 3.21 against 3.43 for mxfp4) and col_max alone. Usage: benchmarks/attention_sass_h200.sh OUT_DIR (from
 # the repo root; python3, torch, Triton 3.6, one H200, device wheels on PYTHONPATH). < 120 s.
 # 1. pytest tests/kernels/test_paged_attention_gluon.py -m gpu -k "sass_variants and g4 and (lean or colmax) and not
-#    persistent-lean": nvfp4 LEAN and col_max, mxfp4 LEAN exact and folded, group 4 (7 of the benchmark's 8
+#    persistent-lean and not fold": nvfp4 LEAN and col_max, mxfp4 LEAN (exact), group 4 (5 of the benchmark's 8
 #    compiles), and the persistent kernel with col_max (which ends its nvfp4 wgmma serialisation), each bit-identical
 #    to the same format's default config (lengths with even and odd full-tile counts, tails, an empty sequence, live
-#    NaN K / V scale blocks that stay NaN) and vs the float64 reference (groups 1 / 8 / 16, the parts alone and the
-#    persistent LEAN stay in the file: -k sass_variants runs all) -> OUT/pytest.{log,xml}
+#    NaN K / V scale blocks that stay NaN) and vs the float64 reference (groups 1 / 8 / 16, folded mxfp4, the parts
+#    alone and the persistent LEAN stay in the file: -k sass_variants runs all 13) -> OUT/pytest.{log,xml}
 # 2. benchmarks/attention_sass.py -> OUT/attention_sass.json (+ .log): Qwen3-8B heads, B = 32 x 8k, 313 x 8447,
 #    256 x 8k, 32 x 32k, 313 x 257 (the budget drops the last first), nvfp4 (gluon, lean, colmax, lean_s2) and mxfp4
 #    (gluon, lean, fold, fold_lean) vs the best SDPA backend (cuDNN among them) over a contiguous bf16 cache, CUDA-graph
@@ -20,8 +20,8 @@
 # lean against gluon's); then paged_attention_gluon.LEAN_LOOP = True makes LEAN (LEAN_WIDE for groups 9..16) the
 # default of calls without a config (the engine's).
 . "$(dirname "$0")/h200_check.sh"
-run_pytest 58 -m gpu tests/kernels/test_paged_attention_gluon.py \
-    -k "sass_variants and g4 and (lean or colmax) and not persistent-lean"
+run_pytest 55 -m gpu tests/kernels/test_paged_attention_gluon.py \
+    -k "sass_variants and g4 and (lean or colmax) and not persistent-lean and not fold"
 left=$(( 112 - ($(date +%s) - start) ))
 timeout $(( left > 20 ? left : 20 )) $PY benchmarks/attention_sass.py --out "$OUT/attention_sass.json" \
     --budget-s $(( left > 30 ? left - 15 : 10 )) > "$OUT/attention_sass.log" 2>&1
