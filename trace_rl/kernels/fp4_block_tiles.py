@@ -31,24 +31,26 @@ from trace_rl.kernels.fp_bits import (
     fast_div_ok,
     finite_abs,
 )
+from trace_rl.kernels.swiglu import silu_mul_f32
 
 
 @triton.jit
-def _load_operand(ptrs, mask, K, SILU_MUL: tl.constexpr):
+def _load_operand(ptrs, mask, K, SILU_MUL: tl.constexpr, SILU_EXACT: tl.constexpr = False,
+                  SILU_INTERP: tl.constexpr = False):
     """x at `ptrs` as float32; SILU_MUL: silu(x) * x[+K columns] rounded as `swiglu.silu_mul` rounds it
-    (SiLU in float32 rounded to x's dtype, the product rounded again). Shared by both tile shapes
-    (row_quantize._load_rows, `_load_blocks`)."""
+    (`swiglu.silu_mul_f32`: SiLU in float32 rounded to x's dtype, the product rounded again; SILU_EXACT: torch's
+    CUDA SiLU bit for bit, SILU_INTERP its interpreter stand-in, `swiglu.silu_constexprs`). Shared by both tile
+    shapes (row_quantize._load_rows, `_load_blocks`)."""
     g = tl.load(ptrs, mask=mask, other=0.0)
     if SILU_MUL:
         u = tl.load(ptrs + K, mask=mask, other=0.0)
-        gf = g.to(tl.float32)
-        s = (gf / (1.0 + tl.exp(-gf))).to(g.dtype).to(tl.float32)
-        return (s * u.to(tl.float32)).to(g.dtype).to(tl.float32)
+        return silu_mul_f32(g, u, SILU_EXACT, SILU_INTERP)
     return g.to(tl.float32)
+
 
 @triton.jit
 def _load_blocks(x_ptr, row0, n_rows, k0, K, stride_x, ROWS: tl.constexpr, NB: tl.constexpr, G: tl.constexpr,
-                 SILU_MUL: tl.constexpr):
+                 SILU_MUL: tl.constexpr, SILU_EXACT: tl.constexpr = False, SILU_INTERP: tl.constexpr = False):
     """Columns k0 .. k0 + NB*G of rows row0 .. row0 + ROWS as a [ROWS * NB, G] float32 tile, one scale block
     per tile row (blocks are contiguous in memory): the block amax is a reduction along axis 1 and its
     result broadcasts back without a layout conversion (the [rows, K] -> [rows, K/G, G] reshape did one,
@@ -58,7 +60,7 @@ def _load_blocks(x_ptr, row0, n_rows, k0, K, stride_x, ROWS: tl.constexpr, NB: t
     cols = k0 + (i % NB) * G
     mask = (rows < n_rows)[:, None] & (cols < K)[:, None]
     ptrs = x_ptr + rows.to(tl.int64)[:, None] * stride_x + cols[:, None] + tl.arange(0, G)[None, :]
-    return _load_operand(ptrs, mask, K, SILU_MUL)
+    return _load_operand(ptrs, mask, K, SILU_MUL, SILU_EXACT, SILU_INTERP)
 
 
 @triton.jit
@@ -122,7 +124,8 @@ def _store_blocks(out_ptr, vals, row0, n_rows, k0, K, stride_out, ROWS: tl.const
 @triton.jit
 def _quantize_dequant_rows_kernel(x_ptr, out_ptr, gscale_ptr, n_rows, K, stride_x, stride_out,
                                   MX: tl.constexpr, ROWS: tl.constexpr, NB: tl.constexpr, NCH: tl.constexpr,
-                                  SILU_MUL: tl.constexpr):
+                                  SILU_MUL: tl.constexpr, SILU_EXACT: tl.constexpr = False,
+                                  SILU_INTERP: tl.constexpr = False):
     """The W4A4 activation path (`quantize_dequant_bf16`): ROWS rows per program, each row held in registers
     as NCH (1..4) chunks of NB blocks of G elements (K <= NCH * NB * G; K = 768 is 3 chunks of 256, not one
     of 1024 with a quarter masked). Row amax (nvfp4:row), then per block the scale, codes, and code value x
@@ -130,18 +133,22 @@ def _quantize_dequant_rows_kernel(x_ptr, out_ptr, gscale_ptr, n_rows, K, stride_
     G: tl.constexpr = 32 if MX else 16
     CH: tl.constexpr = NB * G
     row0 = tl.program_id(0) * ROWS
-    x0 = _load_blocks(x_ptr, row0, n_rows, 0, K, stride_x, ROWS, NB, G, SILU_MUL)
+    x0 = _load_blocks(x_ptr, row0, n_rows, 0, K, stride_x, ROWS, NB, G, SILU_MUL, SILU_EXACT,
+                      SILU_INTERP)
     a0, b0, amax = _block_stats(x0, ROWS, NB)
     if NCH > 1:
-        x1 = _load_blocks(x_ptr, row0, n_rows, CH, K, stride_x, ROWS, NB, G, SILU_MUL)
+        x1 = _load_blocks(x_ptr, row0, n_rows, CH, K, stride_x, ROWS, NB, G, SILU_MUL, SILU_EXACT,
+                          SILU_INTERP)
         a1, b1, m1 = _block_stats(x1, ROWS, NB)
         amax = tl.maximum(amax, m1)
     if NCH > 2:
-        x2 = _load_blocks(x_ptr, row0, n_rows, 2 * CH, K, stride_x, ROWS, NB, G, SILU_MUL)
+        x2 = _load_blocks(x_ptr, row0, n_rows, 2 * CH, K, stride_x, ROWS, NB, G, SILU_MUL, SILU_EXACT,
+                          SILU_INTERP)
         a2, b2, m2 = _block_stats(x2, ROWS, NB)
         amax = tl.maximum(amax, m2)
     if NCH > 3:
-        x3 = _load_blocks(x_ptr, row0, n_rows, 3 * CH, K, stride_x, ROWS, NB, G, SILU_MUL)
+        x3 = _load_blocks(x_ptr, row0, n_rows, 3 * CH, K, stride_x, ROWS, NB, G, SILU_MUL, SILU_EXACT,
+                          SILU_INTERP)
         a3, b3, m3 = _block_stats(x3, ROWS, NB)
         amax = tl.maximum(amax, m3)
     if MX:
