@@ -137,6 +137,12 @@ class Backend(ABC):
         weight format and `act_fmt`; None where this backend does not share (the caller runs `linear` per layer)."""
         return None
 
+    def quantize_silu_mul_input(self, gate_up: torch.Tensor, packed: PackedWeight, act_fmt: str):
+        """`quantize_input(F.silu(gate) * up, packed, act_fmt)` for gate_up [..., 2K] (gate | up), the SiLU x mul
+        fused into the quantization, the same bits; None where this backend does not fuse it (the caller runs
+        the SiLU, the multiply and `linear`)."""
+        return None
+
     def linear_quantized(self, xq, packed: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
         """`linear(x, packed, act_fmt, bias)` from `quantize_input(x, ...)`'s handle: the same bits."""
         raise NotImplementedError(f"backend {self.name!r} does not share quantized inputs")

@@ -129,6 +129,13 @@ def shared_input(parts: list[Linear], x: torch.Tensor) -> list[torch.Tensor]:
     of them (`Backend.linear_stacked`): column views of one [..., sum N] output, equal to the per-part outputs up to
     cuBLAS's float32 accumulation order (the stacked N may pick another kernel), every rounding the same.
     Activation hooks are called for every part, before the matmuls, as `forward` calls them."""
+    out = shared_input_joined(parts, x)
+    return list(out.split([p.quant.out_features for p in parts], dim=-1)) if isinstance(out, torch.Tensor) else out
+
+
+def shared_input_joined(parts: list[Linear], x: torch.Tensor) -> torch.Tensor | list[torch.Tensor]:
+    """`shared_input`, but where one stacked GEMM computes every part, its [..., sum N] output unsplit (one
+    Tensor: the parts' outputs side by side, e.g. gate | up for `silu_mul_linear`); else the list of outputs."""
     first = parts[0].quant
     if (not SHARE_ROLLOUT_INPUTS or len(parts) < 2 or first is None or first.act_fmt == "bf16"
             or any(p.quant is None or p.quant.backend is not first.backend or p.quant.act_fmt != first.act_fmt
@@ -145,5 +152,21 @@ def shared_input(parts: list[Linear], x: torch.Tensor) -> list[torch.Tensor]:
         if STACK_ROLLOUT_OPERANDS:
             y = first.backend.linear_stacked(xq, [p.quant.packed for p in parts], [p.quant.bias for p in parts])
             if y is not None:
-                return list(y.split([p.quant.out_features for p in parts], dim=-1))
+                return y
         return [p.quant.backend.linear_quantized(xq, p.quant.packed, p.quant.bias) for p in parts]
+
+
+def silu_mul_linear(layer: Linear, gate_up: torch.Tensor) -> torch.Tensor | None:
+    """`layer(F.silu(gate) * up)` for gate_up [..., 2K] (gate | up) with the SiLU x mul fused into the layer's W4A4
+    input quantization (`Backend.quantize_silu_mul_input`: one launch for torch's SiLU, multiply and the quantize;
+    the same bits). None where that does not apply (not a rollout layer, W4A16, an activation hook, which reads the
+    product, or a backend / device that does not fuse it): the caller computes the product and calls `layer`."""
+    q = layer.quant
+    if q is None or q.act_fmt == "bf16" or layer.activation_hook is not None:
+        return None
+    with op_range("activation"):
+        xq = q.backend.quantize_silu_mul_input(gate_up, q.packed, q.act_fmt)
+    if xq is None:
+        return None
+    with op_range("linear"):
+        return q.backend.linear_quantized(xq, q.packed, q.bias)
