@@ -6,7 +6,8 @@ Qwen3-8B shape (M = 313, intermediate 12288), nvfp4:row. In the same run:
   (`swiglu.silu_mul`) against torch over every bf16 gate (exact: 0 mismatches; fast: how many, for the record);
 - timing: each variant as `--calls` calls in one CUDA graph (`engine.timing.graph_median_us`: median per call of
   `--reps` replays after warm-up), hot (one input, L2-resident as the GEMM's output is in the step) and cold
-  (inputs cycling through > L2), plus the fast-form fused and the exact `silu_mul` kernel + quantize (two launches).
+  (inputs cycling through > L2), plus the fast-form fused, the exact fused at 8 warps (the tile without
+  `fp4_block_tiles.SILU_MUL_MAX_WARPS`) and the exact `silu_mul` kernel + quantize (two launches).
 Each part runs in its own try: a failing one leaves an "error" and the others still run.
 
     python benchmarks/silu_exact.py --out OUT.json
@@ -44,6 +45,18 @@ def fused(x: torch.Tensor, fmt: str):
     from trace_rl.kernels.row_quantize import quantize_dequant_bf16
 
     return quantize_dequant_bf16(x, fmt, silu_mul=True)
+
+
+def fused_8_warps(x: torch.Tensor, fmt: str):
+    """`fused` on the tile without `fp4_block_tiles.SILU_MUL_MAX_WARPS` (8 warps: 122 registers at K = 12288)."""
+    from trace_rl.kernels import fp4_block_tiles
+
+    old = fp4_block_tiles.SILU_MUL_MAX_WARPS
+    fp4_block_tiles.SILU_MUL_MAX_WARPS = 8
+    try:
+        return fused(x, fmt)
+    finally:
+        fp4_block_tiles.SILU_MUL_MAX_WARPS = old
 
 
 def kernel_then_quantize(x: torch.Tensor, fmt: str):
@@ -116,7 +129,9 @@ def main() -> int:
         want, want_scale = torch_apart(x, args.fmt)
         got, got_scale = with_silu_form(True, lambda: fused(x, args.fmt))
         fast, fast_scale = with_silu_form(False, lambda: fused(x, args.fmt))
+        got8, _ = with_silu_form(True, lambda: fused_8_warps(x, args.fmt))
         res["bits"] = {"fused_exact_vs_apart": mismatches(got, want),
+                       "fused_exact_8_warps_vs_apart": mismatches(got8, want),
                        "fused_fast_vs_apart": mismatches(fast, want)}
         if want_scale is not None:
             res["bits"]["row_scale_exact_vs_apart"] = mismatches(got_scale, want_scale)
@@ -136,6 +151,7 @@ def main() -> int:
         traceback.print_exc()
 
     variants = {"apart": (True, torch_apart), "fused_exact": (True, fused), "fused_fast": (False, fused),
+                "fused_exact_8_warps": (True, fused_8_warps),
                 "silu_mul_kernel_then_quantize": (True, kernel_then_quantize)}
     res["us"] = {}
     for name, (exact, fn) in variants.items():

@@ -6,8 +6,8 @@
 # 1. benchmarks/silu_exact.py -> OUT/silu_exact.json (+ .log): at M = 313, intermediate 12288 (Qwen3-8B), nvfp4:row,
 #    the bits in this run (fused exact vs apart: 0 mismatches; exact / fast silu_mul vs torch over every bf16 gate)
 #    and us per call under CUDA graphs (median of 15 replays of 20 calls, after warm-up), hot and cold inputs:
-#    apart (torch SiLU, multiply, quantize), fused_exact (shipped), fused_fast (old form), the silu_mul kernel +
-#    quantize; saved us per layer / per 36-layer step. Exit 1 when the exact form is not bit-identical.
+#    apart (torch SiLU, multiply, quantize), fused_exact (shipped, 16 warps), fused_exact_8_warps, fused_fast (old
+#    form), the silu_mul kernel + quantize; saved us per layer / per 36-layer step. Exit 1 when the exact form is not bit-identical.
 # 2. GPU tests: tests/kernels/test_silu_exact_gpu.py (the kernels against torch, the fused quantize against the
 #    separate one, the engine's decode logits with decoder.FUSE_ROLLOUT_SILU_QUANTIZE on / off, bit-identical, and
 #    the captured step taking the fused path).

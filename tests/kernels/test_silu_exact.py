@@ -1,6 +1,6 @@
 """The fused SiLU x mul (`kernels.swiglu`) and its W4A4 quantize form (`row_quantize.quantize_dequant_bf16(silu_mul=
 True)`) under the CPU Triton interpreter, at odd shapes. The interpreter has no libdevice, so the exact form runs its
-stand-in there (`tl.exp` + div_rn, `swiglu.silu_constexprs`), and its float32 -> bf16 casts truncate: these tests
+stand-in there (`tl.exp` + div_rn, `swiglu.silu_launch_args`), and its float32 -> bf16 casts truncate: these tests
 check the kernels' structure (halves, masks, rounding steps, the fused quantize == quantize of the product) against
 torch references that model those two interpreter facts. Torch's CUDA bits, bit for bit, are a GPU property:
 tests/kernels/test_silu_exact_gpu.py."""
@@ -63,11 +63,11 @@ def test_silu_mul_interpreted_special_values():
     assert torch.equal(out[finite].sign(), want[finite].sign())
 
 
-def test_silu_constexprs_under_the_interpreter(monkeypatch):
+def test_silu_launch_args_under_the_interpreter(monkeypatch):
     """The interpreter cannot run libdevice: EXACT_SILU takes its stand-in; off, the fast form."""
-    assert swiglu.silu_constexprs() == dict(SILU_EXACT=False, SILU_INTERP=True)
+    assert swiglu.silu_launch_args() == dict(SILU_EXACT=False, SILU_INTERP=True, enable_fp_fusion=True)
     monkeypatch.setattr(swiglu, "EXACT_SILU", False)
-    assert swiglu.silu_constexprs() == dict(SILU_EXACT=False, SILU_INTERP=False)
+    assert swiglu.silu_launch_args() == dict(SILU_EXACT=False, SILU_INTERP=False, enable_fp_fusion=True)
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4:row", "mxfp4"])

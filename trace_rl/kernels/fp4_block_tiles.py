@@ -39,7 +39,7 @@ def _load_operand(ptrs, mask, K, SILU_MUL: tl.constexpr, SILU_EXACT: tl.constexp
                   SILU_INTERP: tl.constexpr = False):
     """x at `ptrs` as float32; SILU_MUL: silu(x) * x[+K columns] rounded as `swiglu.silu_mul` rounds it
     (`swiglu.silu_mul_f32`: SiLU in float32 rounded to x's dtype, the product rounded again; SILU_EXACT: torch's
-    CUDA SiLU bit for bit, SILU_INTERP its interpreter stand-in, `swiglu.silu_constexprs`). Shared by both tile
+    CUDA SiLU bit for bit, SILU_INTERP its interpreter stand-in, `swiglu.silu_launch_args`). Shared by both tile
     shapes (row_quantize._load_rows, `_load_blocks`)."""
     g = tl.load(ptrs, mask=mask, other=0.0)
     if SILU_MUL:
@@ -189,10 +189,17 @@ def _row_chunks(K: int, G: int) -> tuple[int, int] | None:
     return best[1], best[2]
 
 
-def _dequant_tiles(n_rows: int, K: int, G: int) -> tuple[int, int, int, int] | None:
+# Most warps a SiLU x mul row takes (`_dequant_tiles`): each element also holds its up value and the exact SiLU's
+# temporaries, so a 12288-wide row (Qwen3-8B's down projection) at 8 warps takes 122 registers (Triton 3.6) or spills
+# (3.9, 128); at 16 warps 64, the same 16 warps per SM. 8: the tile of the rows without SiLU.
+SILU_MUL_MAX_WARPS = 16
+
+
+def _dequant_tiles(n_rows: int, K: int, G: int, silu_mul: bool = False) -> tuple[int, int, int, int] | None:
     """(ROWS, NB, NCH, num_warps) for `_quantize_dequant_rows_kernel`, or None when a row does not fit in
     registers (K > 16384: the general kernel walks K). A row is NCH <= 4 chunks of NB blocks (NB a power of
-    two) with as little masked padding as possible: K = 768 -> 3 x 256, 2048 -> 1 x 2048, 1536 -> 3 x 512."""
+    two) with as little masked padding as possible: K = 768 -> 3 x 256, 2048 -> 1 x 2048, 1536 -> 3 x 512.
+    `silu_mul` (the operand is SiLU(gate) * up): up to `SILU_MUL_MAX_WARPS` warps instead of 8."""
     chunks = _row_chunks(K, G)
     if chunks is None:
         return None
@@ -207,4 +214,5 @@ def _dequant_tiles(n_rows: int, K: int, G: int) -> tuple[int, int, int, int] | N
     # ~16-24 elements per thread (a whole row per program from K = 2048 up; 471 rows of 2048: 471 programs
     # of 4 warps; 3768 rows of 768 (SiLU x mul from 1536): 1884 programs of 2 rows, 2 warps)
     rows = pow2_floor(max(1, min(8, 2048 // (nch * nb * G))))
-    return rows, nb, nch, pow2_floor(max(1, min(8, rows * nch * nb * G // 512)))
+    most = SILU_MUL_MAX_WARPS if silu_mul else 8
+    return rows, nb, nch, pow2_floor(max(1, min(most, rows * nch * nb * G // 512)))

@@ -37,7 +37,7 @@ from trace_rl.kernels.fp_bits import (
     fast_div_ok,
     finite_abs,
 )
-from trace_rl.kernels.swiglu import silu_constexprs
+from trace_rl.kernels.swiglu import silu_launch_args
 
 FMT_NVFP4 = 0      # global scale given (per tensor)
 FMT_NVFP4_ROW = 1  # global scale per row
@@ -248,9 +248,9 @@ def launch_quantize_rows(x2, fmt_id, codes, scales, gscale, dest=None, heads=1, 
     n_rows = x2.shape[0]
     K = x2.shape[1] // 2 if silu_mul else x2.shape[1]
     G = BLOCK[fmt_id] if fmt_id != FMT_FP8_ROW else 16
-    silu = silu_constexprs() if silu_mul else {}     # the SiLU form (swiglu.EXACT_SILU); none without SiLU
-    tiles = _dequant_tiles(n_rows, K, G) if emit_bf16 and dest is None and fmt_id in (FMT_NVFP4_ROW, FMT_MXFP4) \
-        else None
+    silu = silu_launch_args() if silu_mul else {}     # the SiLU form (swiglu.EXACT_SILU); none without SiLU
+    block_tiles = emit_bf16 and dest is None and fmt_id in (FMT_NVFP4_ROW, FMT_MXFP4)
+    tiles = _dequant_tiles(n_rows, K, G, silu_mul) if block_tiles else None
     if tiles is not None and USE_BLOCK_TILES:
         rows, nb, nch, warps = tiles
         _quantize_dequant_rows_kernel[(triton.cdiv(n_rows, rows),)](

@@ -74,11 +74,13 @@ def silu_mul_f32(g, u, EXACT: tl.constexpr, INTERPRETED_EXP: tl.constexpr = Fals
     return (s.to(g.dtype).to(tl.float32) * u.to(tl.float32)).to(g.dtype).to(tl.float32)
 
 
-def silu_constexprs() -> dict:
-    """SILU_EXACT / SILU_INTERP for a launch: the exact form on the GPU, its interpreter stand-in when
-    interpreting with EXACT_SILU on, the fast form when EXACT_SILU is off."""
+def silu_launch_args() -> dict:
+    """The launch arguments of a kernel with a fused SiLU: SILU_EXACT / SILU_INTERP (the exact form on the GPU, its
+    interpreter stand-in when interpreting with EXACT_SILU on, the fast form when EXACT_SILU is off), and
+    enable_fp_fusion=True: nvcc contracts torch's `1 + exp(-x)` into an FFMA (module doc), so the exact form needs
+    the contraction; Triton 3.9 warns that its default turns to no fusion in 3.10."""
     exact = silu_exact_constexpr()
-    return dict(SILU_EXACT=exact, SILU_INTERP=EXACT_SILU and not exact)
+    return dict(SILU_EXACT=exact, SILU_INTERP=EXACT_SILU and not exact, enable_fp_fusion=True)
 
 
 @triton.jit
@@ -114,7 +116,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     block_m = max(1, min(triton.next_power_of_2(rows), 4096 // block_n))
     grid = (triton.cdiv(rows, block_m), triton.cdiv(i, block_n))
     _silu_mul_kernel[grid](x2, out, rows, i, x2.stride(0), out.stride(0), BLOCK_M=block_m, BLOCK_N=block_n,
-                           num_warps=4, **silu_constexprs())
+                           num_warps=4, **silu_launch_args())
     return out.view(*gate_up.shape[:-1], i)
 
 
@@ -130,5 +132,5 @@ def sass_gate_cases():
     return [GateCase(f"silu_mul bf16 4x1024{' exact' if exact else ''}", _silu_mul_kernel, sig,
                      dict(BLOCK_M=4, BLOCK_N=1024, SILU_EXACT=exact, SILU_INTERP=False), 4, 1,
                      4 * 1024 / 128, budget, divisible=("x_ptr", "out_ptr", "I", "stride_x", "stride_o"),
-                     register_a=False, forbid=(), whole_kernel=True)
+                     register_a=False, forbid=(), whole_kernel=True, options=(("enable_fp_fusion", True),))
             for exact, budget in ((False, 20.0), (True, 34.0))]
