@@ -32,7 +32,7 @@ from trace_rl.op_ranges import op_range
 # Rollout MLPs whose gate | up come out of one stacked GEMM (the operand cache's stack, nvfp4, large decode batches):
 # SiLU x mul fused into the down projection's W4A4 input quantization (`linear.silu_mul_linear`), one launch instead
 # of torch's SiLU, multiply and the quantize launch; the same bits (kernels.swiglu.EXACT_SILU). False: apart (the A/B
-# switch of benchmarks/silu_exact.py and tests/models/test_silu_mul_linear_gpu.py).
+# switch of tests/kernels/test_silu_exact_gpu.py and tests/models/test_silu_mul_linear.py).
 FUSE_ROLLOUT_SILU_QUANTIZE = True
 
 
