@@ -65,7 +65,8 @@ def sass_gate_cases():
                    stride_x="i32", stride_codes="i32", stride_scales="i32", heads="i32")
         cases.append(GateCase(f"quantize_rows {name}", _quantize_rows_kernel, sig,
                               dict(FMT=fmt, HAS_DEST=False, EMIT_BF16=False, BLOCK_M=block_m, BLOCK_K=block_k,
-                                   SINGLE=K <= block_k, SILU_MUL=False, FAST_DIV=False), warps, 1,
+                                   SINGLE=K <= block_k, SILU_MUL=False, FAST_DIV=False, SILU_EXACT=False,
+                                   SILU_INTERP=False), warps, 1,
                               block_m * K / (32 * warps), budget,
                               divisible=("x_ptr", "codes_ptr", "scales_ptr", "K", "stride_x", "stride_codes",
                                          "stride_scales"),
