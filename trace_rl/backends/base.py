@@ -143,6 +143,15 @@ class Backend(ABC):
         the SiLU, the multiply and `linear`)."""
         return None
 
+    def norm_quantize_input(self, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
+                            eps: float, packed: PackedWeight, act_fmt: str, keep_h: bool = True):
+        """A rollout RMSNorm whose output feeds layers of this backend that share their input (`w4a4_group` in
+        models/linear.py): the residual add + RMSNorm (`RMSNorm.add(x, residual)`) and `quantize_input` of its
+        output, fused where this backend can -> (h, or None unless `keep_h`; x + residual, or x when residual is
+        None; the `quantize_input` handle, whose `shape` is x's), the same bits as the two apart. None where it does
+        not fuse (the caller runs the norm, then `shared_input` quantizes)."""
+        return None
+
     def linear_quantized(self, xq, packed: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
         """`linear(x, packed, act_fmt, bias)` from `quantize_input(x, ...)`'s handle: the same bits."""
         raise NotImplementedError(f"backend {self.name!r} does not share quantized inputs")

@@ -230,6 +230,22 @@ class FP4Backend(Backend):
         return SharedInput(act_fmt, torch.Size((*gate_up.shape[:-1], K2 // 2)), gate_up.dtype, xq, row_scale,
                            kernels=True)
 
+    def norm_quantize_input(self, x, residual, norm_weight, eps, packed, act_fmt, keep_h=True):
+        """On the kernels, one launch for the residual add + RMSNorm and the W4A4 quantization of its output
+        (`kernels.rmsnorm_quantize.add_rms_norm_quantize`: the bits of `add_rms_norm` then the quantize kernel).
+        None for W4A16, no rows, off the kernels (CPU emulation) and rows the one-tile kernel does not take."""
+        _check_act(act_fmt, packed)
+        if act_fmt == "bf16" or x.numel() == 0 or not _on_kernels(x):
+            return None
+        from trace_rl.kernels.rmsnorm_quantize import add_rms_norm_quantize, fuses
+
+        fmt = per_token(act_fmt)
+        if not fuses(x.shape[-1], fmt):
+            return None
+        h, r, xq, row_scale = add_rms_norm_quantize(x, residual, norm_weight, eps, fmt, store_h=keep_h)
+        self.paths.record("fp4.norm_quantize")
+        return h, r, SharedInput(act_fmt, x.shape, x.dtype, xq, row_scale, kernels=True)
+
     def linear_quantized(self, xq, packed, bias=None):
         _check_act(xq.act_fmt, packed)
         if xq.kernels:

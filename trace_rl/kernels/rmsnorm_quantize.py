@@ -73,6 +73,12 @@ def _add_rms_norm_quantize_kernel(x_ptr, r_ptr, w_ptr, h_ptr, r_out_ptr, q_ptr, 
                   BLOCK_M, NB, G)
 
 
+def fuses(n: int, fmt_name: str) -> bool:
+    """Whether rows of n features in `fmt_name` (per token) fit the kernel: whole blocks, one tile (<= 16384)."""
+    block = W4A4_ROW_FORMATS.get(get_format(fmt_name).name)
+    return block is not None and n % block == 0 and 0 < n <= 16384
+
+
 def _check(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, fmt_name: str) -> str:
     name = get_format(fmt_name).name
     if name not in W4A4_ROW_FORMATS:

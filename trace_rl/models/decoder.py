@@ -26,6 +26,7 @@ from trace_rl.models.config import ModelConfig
 from trace_rl.models.linear import Linear, shared_input_joined, silu_mul_linear
 from trace_rl.models.moe import Experts, MoEBlock, Router
 from trace_rl.models.norm import RMSNorm
+from trace_rl.models.norm_input import norm_into_group
 from trace_rl.models.rope import inverse_frequencies, rope_cos_sin
 from trace_rl.op_ranges import op_range
 
@@ -82,8 +83,8 @@ class DecoderLayer(nn.Module):
         """The residual stream is carried as (x, residual) so that each add meets its norm in one kernel:
         returns (this layer's MLP output, the stream before it); stream after = sum of the two. Same numbers
         as `h = h + attn(norm(h)); h = h + mlp(norm(h))`."""
-        h, residual = self.input_layernorm.add(x, residual)
-        h = self.self_attn(h, cos, sin, kv)
+        h, residual, xq = norm_into_group(self.input_layernorm, x, residual, self.self_attn.input_projections())
+        h = self.self_attn(h, cos, sin, kv, xq=xq)
         h, residual = self.post_attention_layernorm.add(h, residual)
         return self.mlp(h), residual
 
