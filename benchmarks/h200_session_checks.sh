@@ -48,6 +48,10 @@
 #            the realistic workload at 64 prompts x 8 (bf16, w4a4-kv4, w4a16, fp8; 2 of Qwen3-8B's layers); NOT a
 #            < 120 s check: a whole call (~330-420 s, starts only with >= 360 s left, gets what is left); named
 #            only, alone: `... h200_session_checks.sh OUT engremain` (or the script itself)
+#   normquant benchmarks/norm_quant_h200.sh   the fused residual add + RMSNorm + W4A4 activation quantization (issue 16
+#            item 3): GPU tests (bit-identical to the two kernels at B = 1 / 313 / 512 x 4096 with NaN/Inf rows; engine
+#            logits of 2 Qwen3-8B layers bit-identical with the fusion on/off, nvfp4 and mxfp4), then CUDA-graph us of
+#            separate vs fused at B = 1 / 16 / 313 / 512 x 4096 with the bytes floor; < 90 s; named only
 # The default order puts first what the stability study's runs depend on (wsync presets engine guided trainattn: ~9 min),
 # then the speed checks (grid gemm gemmwide attn gemmbound): a second call,
 # `BUDGET_S=... benchmarks/h200_session_checks.sh OUT grid gemm gemmwide attn gemmbound`; fp4engine only when named
@@ -89,6 +93,7 @@ for name in $NAMES; do
         gemmbound) bash benchmarks/gemm_bound_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         gemmcomp) bash benchmarks/gemm_compute_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         gemmfix) bash benchmarks/gemm_fixed_h200.sh "$d" > "$d/run.log" 2>&1 ;;
+        normquant) bash benchmarks/norm_quant_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         presets) pytest_check "$d" 145 tests/pipelines/test_presets_gpu.py ;;
         engine) pytest_check "$d" 85 tests/engine/test_native_gpu.py -k "not gluon" ;;
         opprof) bash benchmarks/engine_opcache_profile_h200.sh "$d" > "$d/run.log" 2>&1 ;;
