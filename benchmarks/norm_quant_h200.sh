@@ -3,19 +3,19 @@
 # fused in, trace_rl/kernels/rmsnorm_quantize.py). Usage (from the repo root; python3, torch, Triton 3.6, one H200,
 # device wheels on PYTHONPATH), < 90 s:
 #     benchmarks/norm_quant_h200.sh OUT_DIR
-# 1. pytest -m gpu tests/kernels/test_rmsnorm_quantize.py tests/engine/test_norm_quantize_gpu.py -> OUT/pytest.{log,xml}:
-#    the fused kernel bit-identical to add_rms_norm + quantize_dequant_bf16 at B = 1 / 313 / 512 x 4096 (NaN, Inf,
-#    zero, tiny, huge rows), hidden 2048 / 2560 / 5120, a CUDA-graph replay; then a decode step's logits of 2
-#    Qwen3-8B-shaped layers (w4a4-kv4 and w4a4-kv4-mx, B = 313 and 16) bit-identical with the fusion on and off, the
-#    fused kernel once per layer, and in the captured step.
+# 1. pytest -m gpu tests/engine/test_norm_quantize_gpu.py tests/kernels/test_rmsnorm_quantize.py -> OUT/pytest.{log,xml}:
+#    a decode step's logits of 2 Qwen3-8B-shaped layers (w4a4-kv4 and w4a4-kv4-mx, B = 313 and 16) bit-identical
+#    with the fusion on and off, the fused kernel once per layer, and in the captured step; then the fused kernel
+#    bit-identical to add_rms_norm + quantize_dequant_bf16 at B = 1 / 313 / 512 x 4096 (NaN, Inf, zero, tiny, huge
+#    rows), hidden 2048 / 2560 / 5120, a CUDA-graph replay.
 # 2. benchmarks/norm_quant.py -> OUT/norm_quant.json (+ .log): per format (nvfp4:row, mxfp4) and B = 1 / 16 / 313 /
 #    512 x 4096, bf16: bits of fused vs separate in this run, CUDA-graph medians of separate (add_rms_norm +
 #    quantize_dequant_bf16), fused (h written) and fused without h (what the decoder runs without activation hooks),
 #    the bytes each moves and the floor at the copy bandwidth measured in this run.
 # 3. OUT/summary.json: rcs, pytest tail, per row the bits and us / floors / saved us / speedup.
 . "$(dirname "$0")/h200_check.sh"
-run_pytest 55 -m gpu tests/kernels/test_rmsnorm_quantize.py tests/engine/test_norm_quantize_gpu.py
-left=$(( 85 - ($(date +%s) - start) ))
+run_pytest 60 -m gpu tests/engine/test_norm_quantize_gpu.py tests/kernels/test_rmsnorm_quantize.py
+left=$(( 88 - ($(date +%s) - start) ))
 timeout $(( left > 15 ? left : 15 )) $PY benchmarks/norm_quant.py --out "$OUT/norm_quant.json" \
     --budget-s $(( left > 30 ? left - 15 : 10 )) > "$OUT/norm_quant.log" 2>&1
 bench_rc=$?
