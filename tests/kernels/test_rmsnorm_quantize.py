@@ -94,10 +94,10 @@ def _check_same_as_separate(x, r, w, fmt, eps=1e-6):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("rows,residual", [(96, True), (13, False)])
+@pytest.mark.parametrize("rows,residual", [(96, True), (160, True), (13, False)])
 def test_fused_equals_the_two_kernels(fmt, rows, residual, device, gen):
     """48 features (nvfp4:row: 3 blocks in a 64-wide tile) / 96 (mxfp4: 3 blocks in 128): padded tiles, 16 rows
-    a program, so 96 rows are 6 programs and 13 one partial one."""
+    a program, so 96 / 160 rows are 6 / 10 programs and 13 one partial one."""
     n = 48 if fmt == "nvfp4:row" else 96
     x, r, w = _inputs(rows, n, gen, _dtype(device), residual)
     h, r_out, xq, rs = _check_same_as_separate(x.to(device), None if r is None else r.to(device), w.to(device), fmt)
@@ -108,8 +108,9 @@ def test_fused_equals_the_two_kernels(fmt, rows, residual, device, gen):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_fused_equals_the_two_kernels_160_rows(fmt, device, gen):
-    n = 160 if fmt == "nvfp4:row" else 160 + 32
+def test_fused_equals_the_two_kernels_wider_rows(fmt, device, gen):
+    """160 (nvfp4:row) / 192 (mxfp4) features: 10 / 6 blocks in a 256-wide tile, 16 rows a program."""
+    n = 160 if fmt == "nvfp4:row" else 192
     x, r, w = _inputs(5, n, gen, _dtype(device))
     _check_same_as_separate(x.to(device), r.to(device), w.to(device), fmt)
 
