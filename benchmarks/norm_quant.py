@@ -61,7 +61,7 @@ def copy_TBps() -> float | None:
         return None
     a = torch.empty(1 << 30, device=DEV, dtype=torch.bfloat16).normal_()
     b = torch.empty_like(a)
-    us = timed_us([lambda: b.copy_(a)] * 3)
+    us = timed_us([lambda a=a, b=b: b.copy_(a)] * 3)
     del a, b
     torch.cuda.empty_cache()
     return 2 * 2 * (1 << 30) / us / 1e6

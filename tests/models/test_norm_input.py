@@ -10,8 +10,7 @@ import torch
 
 from trace_rl.backends import get_backend
 from trace_rl.kernels.rmsnorm import add_rms_norm_reference
-from trace_rl.models import build, preset
-from trace_rl.models import norm_input
+from trace_rl.models import build, norm_input, preset
 from trace_rl.models.linear import shared_input, w4a4_group
 from trace_rl.plan import PrecisionPlan
 
