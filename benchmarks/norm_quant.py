@@ -10,6 +10,8 @@ Per format (nvfp4:row, mxfp4) and rows B (1, 16, 313, 512) x 4096 (Qwen3-8B's hi
 - `separate_us`, `fused_us` (h written too, as when an activation hook reads it), `fused_noh_us` (h not written:
   what the decoder runs): CUDA-graph medians (8 calls over 8 distinct input sets per graph, 15 replays after 3
   warm-up, `trace_rl.engine.timing.graph_median_us`);
+- `fused_noh_8warps`: the same at 8 warps a row (informational: not the norm kernel's reduction order, so not its
+  bits; whether the operand still equals is reported);
 - the bytes each moves (bf16 activations: separate = read x, r; write r', h; read h; write operand = 6 x B x N x 2
   (+ row scales); fused = 5 or 4 x B x N x 2) and the floor at the copy bandwidth measured in the same run.
 """
@@ -113,6 +115,12 @@ def row(fmt: str, batch: int, copy_bw: float | None, gen: torch.Generator) -> di
     res["bytes"] = {"separate": 6 * act + rs, "fused": 5 * act + rs, "fused_noh": 4 * act + rs}
     if copy_bw:
         res["floor_us"] = {k: v / copy_bw / 1e6 for k, v in res["bytes"].items()}
+    # informational: 8 warps a row (the quantize kernel's count at 4096) reduce the norm's sum in another order, so
+    # not the shipped kernel's bits; what a switch of both norm kernels to 8 warps would buy
+    f8 = add_rms_norm_quantize(x, r, w, EPS, fmt, store_h=False, num_warps=8)
+    res["fused_noh_8warps"] = {"operand_bits_equal": same_bits(f8[2], s[2]), "us": timed_us(
+        [lambda x=x, r=r, w=w: add_rms_norm_quantize(x, r, w, EPS, fmt, store_h=False, num_warps=8)
+         for x, r, w in sets])}
     res["saved_us"] = res["separate_us"] - res["fused_noh_us"]
     res["speedup_noh"] = res["separate_us"] / res["fused_noh_us"]
     return res

@@ -31,7 +31,9 @@ try:
     rnd = lambda v: round(v, 2) if isinstance(v, float) else v   # noqa: E731
     s["rows"] = [{"format": row["format"], "B": row["batch"], "bits": all(row["bit_identical"].values()),
                   **{k: rnd(row[k]) for k in ("separate_us", "fused_us", "fused_noh_us", "saved_us", "speedup_noh")},
-                  "floor_us": {k: rnd(v) for k, v in row.get("floor_us", {}).items()}} for row in r["rows"]]
+                  "floor_us": {k: rnd(v) for k, v in row.get("floor_us", {}).items()},
+                  "noh_8warps_us": rnd(row.get("fused_noh_8warps", {}).get("us")),
+                  "noh_8warps_bits": row.get("fused_noh_8warps", {}).get("operand_bits_equal")} for row in r["rows"]]
     s["errors"] = [e["what"] + ": " + e["trace"][-300:] for e in r["errors"]]
     s["skipped"] = r["skipped"]
 except Exception as e:   # noqa: BLE001

@@ -100,10 +100,12 @@ def _check(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
 
 
 def add_rms_norm_quantize(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
-                          fmt_name: str, store_h: bool = True):
+                          fmt_name: str, store_h: bool = True, num_warps: int | None = None):
     """(h or None, new_residual, xq [rows, N] bf16, row_scale [rows] float32 or None): `add_rms_norm(x, residual,
     weight, eps)` then `quantize_dequant_bf16(h.reshape(-1, N), fmt_name)` in one launch, the same bits.
-    `residual=None`: plain RMSNorm (new_residual is x). `store_h=False`: h is not written (returned as None)."""
+    `residual=None`: plain RMSNorm (new_residual is x). `store_h=False`: h is not written (returned as None).
+    `num_warps` (benchmarks only): None is the norm kernel's count, the only one that keeps its bits (another count
+    reduces the sum of squares in another order; benchmarks/norm_quant.py times 8 warps to see what it would buy)."""
     name = _check(x, residual, weight, fmt_name)
     n = x.shape[-1]
     x2 = x.reshape(-1, n)
@@ -122,6 +124,7 @@ def add_rms_norm_quantize(x: torch.Tensor, residual: torch.Tensor | None, weight
         r_out = torch.empty_like(x2)
     if rows:
         block_m, block_n, warps = _tiles(rows, n)       # the norm kernel's tile: its reduction order
+        warps = warps if num_warps is None else num_warps
         h_arg = h if h is not None else x2              # only its dtype is read when store_h is False
         _add_rms_norm_quantize_kernel[(triton.cdiv(rows, block_m),)](
             x2, r2, weight, h_arg, r_out, xq, row_scale if row_scale is not None else xq, rows, n, eps,
