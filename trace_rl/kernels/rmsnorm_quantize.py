@@ -158,3 +158,24 @@ def add_rms_norm_quantize_reference(x: torch.Tensor, residual: torch.Tensor | No
     h, r = add_rms_norm_reference(x, residual, weight, eps)
     xq, row_scale = quantize_dequant_reference(h.reshape(-1, x.shape[-1]), fmt_name)
     return h, r, xq, row_scale
+
+
+def sass_gate_cases():
+    """The sm_90 compile gate (sass_gate.py): the launch at Qwen3-8B's hidden size (one 4096-wide bf16 row a
+    program, 4 warps: 32 elements per thread), residual in, h not written (the decoder's call), both formats.
+    Loop-free: the whole kernel counts (up to the last EXIT). Budgets ~10% over Triton 3.6's count (CPU compile,
+    2026-12-02): nvfp4:row 2013 SASS / 32 elements = 62.9 per element, mxfp4 1094 / 32 = 34.2 (Triton 3.9: 67.1,
+    35.3)."""
+    from trace_rl.kernels.sass_gate import GateCase
+
+    sig = dict(x_ptr="*bf16", r_ptr="*bf16", w_ptr="*bf16", h_ptr="*bf16", r_out_ptr="*bf16", q_ptr="*bf16",
+               gscale_ptr="*fp32", n_rows="i32", N="i32", eps="fp32", stride_x="i32", stride_r="i32", stride_h="i32",
+               stride_ro="i32", stride_q="i32")
+    divisible = ("x_ptr", "r_ptr", "w_ptr", "h_ptr", "r_out_ptr", "q_ptr", "gscale_ptr", "N", "stride_x", "stride_r",
+                 "stride_h", "stride_ro", "stride_q")
+    block_m, block_n, warps = _tiles(4096, 4096)
+    return [GateCase(f"add_rms_norm_quantize {name} 4096", _add_rms_norm_quantize_kernel, sig,
+                     dict(HAS_RESIDUAL=True, STORE_H=False, MX=mx, BLOCK_M=block_m, BLOCK_N=block_n), warps, 1,
+                     block_m * block_n / (32 * warps), budget, divisible=divisible, register_a=False, forbid=(),
+                     whole_kernel=True)
+            for name, mx, budget in (("nvfp4:row", False, 69.0), ("mxfp4", True, 38.0))]
