@@ -45,11 +45,18 @@
 #   opstack  benchmarks/engine_opstack_h200.sh the stacked operand cache (q/k/v and gate/up of nvfp4 as one GEMM each):
 #            w4a4-kv4 step (Gluon, operand cache, B = 313, 8 of Qwen3-8B's layers) at L = 257 / 8447 stacked vs one
 #            GEMM per projection (step ms, logits compared), cache GB before/after; then its GPU tests; named only
+#   siluexact benchmarks/silu_exact_h200.sh     the fused SiLU x mul + W4A4 quantize of the MLP's down projection (exact
+#            SiLU): bits against torch's F.silu(gate) * up quantized apart, us apart vs fused at M = 313 x 12288
+#            (CUDA graphs), its GPU tests incl. the engine's decode logits fused / apart (< 90 s); named only
 #   engremain benchmarks/engine_remaining_h200.sh issue 16's two missing rollout measurements: native vs HF generate
 #            (Qwen3-1.7B, 16 x 256, 1024 new tokens, HF stopped at 120 s, decode rates over the same tokens), then
 #            the realistic workload at 64 prompts x 8 (bf16, w4a4-kv4, w4a16, fp8; 2 of Qwen3-8B's layers); NOT a
 #            < 120 s check: a whole call (~330-420 s, starts only with >= 360 s left, gets what is left); named
 #            only, alone: `... h200_session_checks.sh OUT engremain` (or the script itself)
+#   normquant benchmarks/norm_quant_h200.sh   the fused residual add + RMSNorm + W4A4 activation quantization (issue 16
+#            item 3): GPU tests (bit-identical to the two kernels at B = 1 / 313 / 512 x 4096 with NaN/Inf rows; engine
+#            logits of 2 Qwen3-8B layers bit-identical with the fusion on/off, nvfp4 and mxfp4), then CUDA-graph us of
+#            separate vs fused at B = 1 / 16 / 313 / 512 x 4096 with the bytes floor; < 90 s; named only
 # The default order puts first what the stability study's runs depend on (wsync presets engine guided trainattn: ~9 min),
 # then the speed checks (grid gemm gemmwide attn gemmbound): a second call,
 # `BUDGET_S=... benchmarks/h200_session_checks.sh OUT grid gemm gemmwide attn gemmbound`; fp4engine only when named
@@ -92,10 +99,12 @@ for name in $NAMES; do
         gemmbound) bash benchmarks/gemm_bound_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         gemmcomp) bash benchmarks/gemm_compute_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         gemmfix) bash benchmarks/gemm_fixed_h200.sh "$d" > "$d/run.log" 2>&1 ;;
+        normquant) bash benchmarks/norm_quant_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         presets) pytest_check "$d" 145 tests/pipelines/test_presets_gpu.py ;;
         engine) pytest_check "$d" 85 tests/engine/test_native_gpu.py -k "not gluon" ;;
         opprof) bash benchmarks/engine_opcache_profile_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         opstack) bash benchmarks/engine_opstack_h200.sh "$d" > "$d/run.log" 2>&1 ;;
+        siluexact) bash benchmarks/silu_exact_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         opcache) pytest_check "$d" 115 tests/kernels/test_operand_cache.py -m gpu ;;
         fp4engine) bash benchmarks/engine_fp4_gluon_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         fixedgluon) BUDGET_S=$(( left - 10 )) bash benchmarks/engine_fixed_gluon_h200.sh "$d" > "$d/run.log" 2>&1 ;;

@@ -137,6 +137,21 @@ class Backend(ABC):
         weight format and `act_fmt`; None where this backend does not share (the caller runs `linear` per layer)."""
         return None
 
+    def quantize_silu_mul_input(self, gate_up: torch.Tensor, packed: PackedWeight, act_fmt: str):
+        """`quantize_input(F.silu(gate) * up, packed, act_fmt)` for gate_up [..., 2K] (gate | up), the SiLU x mul
+        fused into the quantization, the same bits; None where this backend does not fuse it (the caller runs
+        the SiLU, the multiply and `linear`)."""
+        return None
+
+    def norm_quantize_input(self, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
+                            eps: float, packed: PackedWeight, act_fmt: str, keep_h: bool = True):
+        """A rollout RMSNorm whose output feeds layers of this backend that share their input (`w4a4_group` in
+        models/linear.py): the residual add + RMSNorm (`RMSNorm.add(x, residual)`) and `quantize_input` of its
+        output, fused where this backend can -> (h, or None unless `keep_h`; x + residual, or x when residual is
+        None; the `quantize_input` handle, whose `shape` is x's), the same bits as the two apart. None where it
+        does not fuse (the caller runs the norm, then `shared_input` quantizes)."""
+        return None
+
     def linear_quantized(self, xq, packed: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
         """`linear(x, packed, act_fmt, bias)` from `quantize_input(x, ...)`'s handle: the same bits."""
         raise NotImplementedError(f"backend {self.name!r} does not share quantized inputs")

@@ -23,6 +23,9 @@ Paths (reported in `paths`, never silent):
   the engine stacked (`kernels.operand_cache.attach_stacked`), from the same M on: one cuBLAS GEMM + epilogue over
   the stack (`linear_stacked`; per-row factors keep each part's global scale), not one per layer. The same operand
   and activation bits and the same rounding; only cuBLAS's float32 accumulation order may differ (another N).
+- `fp4.silu_mul_quantize`: the MLP's SiLU(gate) * up and the down projection's W4A4 input quantization in one
+  launch (`quantize_silu_mul_input`, `models.linear.silu_mul_linear`: where the stacked gate/up GEMM gives gate | up
+  as one buffer), instead of torch's SiLU, its multiply and the quantize launch; the same bits (exact SiLU).
 """
 
 from __future__ import annotations
@@ -205,6 +208,43 @@ class FP4Backend(Backend):
         compute = torch.float64 if x.dtype == torch.float64 else torch.float32
         xf = get_format(per_token(act_fmt)).fake_quantize(x.to(compute))
         return SharedInput(act_fmt, x.shape, x.dtype, xf, None, kernels=False)
+
+    def quantize_silu_mul_input(self, gate_up, packed, act_fmt):
+        """`quantize_input(F.silu(gate) * up, packed, act_fmt)` from gate_up [..., 2K] (gate | up) in one launch
+        (the W4A4 quantize kernel's SILU_MUL operand), the same bits as the SiLU, the multiply and the quantize
+        apart (with `kernels.swiglu.EXACT_SILU`: torch's CUDA SiLU). None for W4A16, no rows, off the kernels, or
+        with EXACT_SILU off (the fast form is not torch's bits): the caller runs them apart."""
+        _check_act(act_fmt, packed)
+        K2 = gate_up.shape[-1]
+        if act_fmt == "bf16" or gate_up.numel() == 0 or K2 % 2 or not _on_kernels(gate_up):
+            return None
+        from trace_rl.kernels import swiglu
+        from trace_rl.kernels.row_quantize import quantize_dequant_bf16
+
+        if not swiglu.EXACT_SILU:
+            return None
+        x2 = gate_up.reshape(-1, K2)
+        xq, row_scale = quantize_dequant_bf16(x2 if x2.stride(-1) == 1 else x2.contiguous(), per_token(act_fmt),
+                                              silu_mul=True)
+        self.paths.record("fp4.silu_mul_quantize")
+        return SharedInput(act_fmt, torch.Size((*gate_up.shape[:-1], K2 // 2)), gate_up.dtype, xq, row_scale,
+                           kernels=True)
+
+    def norm_quantize_input(self, x, residual, norm_weight, eps, packed, act_fmt, keep_h=True):
+        """On the kernels, one launch for the residual add + RMSNorm and the W4A4 quantization of its output
+        (`kernels.rmsnorm_quantize.add_rms_norm_quantize`: the bits of `add_rms_norm` then the quantize kernel).
+        None for W4A16, no rows, off the kernels (CPU emulation) and rows the one-tile kernel does not take."""
+        _check_act(act_fmt, packed)
+        if act_fmt == "bf16" or x.numel() == 0 or not _on_kernels(x):
+            return None
+        from trace_rl.kernels.rmsnorm_quantize import add_rms_norm_quantize, fuses
+
+        fmt = per_token(act_fmt)
+        if not fuses(x.shape[-1], fmt):
+            return None
+        h, r, xq, row_scale = add_rms_norm_quantize(x, residual, norm_weight, eps, fmt, store_h=keep_h)
+        self.paths.record("fp4.norm_quantize")
+        return h, r, SharedInput(act_fmt, x.shape, x.dtype, xq, row_scale, kernels=True)
 
     def linear_quantized(self, xq, packed, bias=None):
         _check_act(xq.act_fmt, packed)

@@ -31,24 +31,26 @@ from trace_rl.kernels.fp_bits import (
     fast_div_ok,
     finite_abs,
 )
+from trace_rl.kernels.swiglu import silu_mul_f32
 
 
 @triton.jit
-def _load_operand(ptrs, mask, K, SILU_MUL: tl.constexpr):
+def _load_operand(ptrs, mask, K, SILU_MUL: tl.constexpr, SILU_EXACT: tl.constexpr = False,
+                  SILU_INTERP: tl.constexpr = False):
     """x at `ptrs` as float32; SILU_MUL: silu(x) * x[+K columns] rounded as `swiglu.silu_mul` rounds it
-    (SiLU in float32 rounded to x's dtype, the product rounded again). Shared by both tile shapes
-    (row_quantize._load_rows, `_load_blocks`)."""
+    (`swiglu.silu_mul_f32`: SiLU in float32 rounded to x's dtype, the product rounded again; SILU_EXACT: torch's
+    CUDA SiLU bit for bit, SILU_INTERP its interpreter stand-in, `swiglu.silu_launch_args`). Shared by both tile
+    shapes (row_quantize._load_rows, `_load_blocks`)."""
     g = tl.load(ptrs, mask=mask, other=0.0)
     if SILU_MUL:
         u = tl.load(ptrs + K, mask=mask, other=0.0)
-        gf = g.to(tl.float32)
-        s = (gf / (1.0 + tl.exp(-gf))).to(g.dtype).to(tl.float32)
-        return (s * u.to(tl.float32)).to(g.dtype).to(tl.float32)
+        return silu_mul_f32(g, u, SILU_EXACT, SILU_INTERP)
     return g.to(tl.float32)
+
 
 @triton.jit
 def _load_blocks(x_ptr, row0, n_rows, k0, K, stride_x, ROWS: tl.constexpr, NB: tl.constexpr, G: tl.constexpr,
-                 SILU_MUL: tl.constexpr):
+                 SILU_MUL: tl.constexpr, SILU_EXACT: tl.constexpr = False, SILU_INTERP: tl.constexpr = False):
     """Columns k0 .. k0 + NB*G of rows row0 .. row0 + ROWS as a [ROWS * NB, G] float32 tile, one scale block
     per tile row (blocks are contiguous in memory): the block amax is a reduction along axis 1 and its
     result broadcasts back without a layout conversion (the [rows, K] -> [rows, K/G, G] reshape did one,
@@ -58,7 +60,7 @@ def _load_blocks(x_ptr, row0, n_rows, k0, K, stride_x, ROWS: tl.constexpr, NB: t
     cols = k0 + (i % NB) * G
     mask = (rows < n_rows)[:, None] & (cols < K)[:, None]
     ptrs = x_ptr + rows.to(tl.int64)[:, None] * stride_x + cols[:, None] + tl.arange(0, G)[None, :]
-    return _load_operand(ptrs, mask, K, SILU_MUL)
+    return _load_operand(ptrs, mask, K, SILU_MUL, SILU_EXACT, SILU_INTERP)
 
 
 @triton.jit
@@ -122,7 +124,8 @@ def _store_blocks(out_ptr, vals, row0, n_rows, k0, K, stride_out, ROWS: tl.const
 @triton.jit
 def _quantize_dequant_rows_kernel(x_ptr, out_ptr, gscale_ptr, n_rows, K, stride_x, stride_out,
                                   MX: tl.constexpr, ROWS: tl.constexpr, NB: tl.constexpr, NCH: tl.constexpr,
-                                  SILU_MUL: tl.constexpr):
+                                  SILU_MUL: tl.constexpr, SILU_EXACT: tl.constexpr = False,
+                                  SILU_INTERP: tl.constexpr = False):
     """The W4A4 activation path (`quantize_dequant_bf16`): ROWS rows per program, each row held in registers
     as NCH (1..4) chunks of NB blocks of G elements (K <= NCH * NB * G; K = 768 is 3 chunks of 256, not one
     of 1024 with a quarter masked). Row amax (nvfp4:row), then per block the scale, codes, and code value x
@@ -130,18 +133,22 @@ def _quantize_dequant_rows_kernel(x_ptr, out_ptr, gscale_ptr, n_rows, K, stride_
     G: tl.constexpr = 32 if MX else 16
     CH: tl.constexpr = NB * G
     row0 = tl.program_id(0) * ROWS
-    x0 = _load_blocks(x_ptr, row0, n_rows, 0, K, stride_x, ROWS, NB, G, SILU_MUL)
+    x0 = _load_blocks(x_ptr, row0, n_rows, 0, K, stride_x, ROWS, NB, G, SILU_MUL, SILU_EXACT,
+                      SILU_INTERP)
     a0, b0, amax = _block_stats(x0, ROWS, NB)
     if NCH > 1:
-        x1 = _load_blocks(x_ptr, row0, n_rows, CH, K, stride_x, ROWS, NB, G, SILU_MUL)
+        x1 = _load_blocks(x_ptr, row0, n_rows, CH, K, stride_x, ROWS, NB, G, SILU_MUL, SILU_EXACT,
+                          SILU_INTERP)
         a1, b1, m1 = _block_stats(x1, ROWS, NB)
         amax = tl.maximum(amax, m1)
     if NCH > 2:
-        x2 = _load_blocks(x_ptr, row0, n_rows, 2 * CH, K, stride_x, ROWS, NB, G, SILU_MUL)
+        x2 = _load_blocks(x_ptr, row0, n_rows, 2 * CH, K, stride_x, ROWS, NB, G, SILU_MUL, SILU_EXACT,
+                          SILU_INTERP)
         a2, b2, m2 = _block_stats(x2, ROWS, NB)
         amax = tl.maximum(amax, m2)
     if NCH > 3:
-        x3 = _load_blocks(x_ptr, row0, n_rows, 3 * CH, K, stride_x, ROWS, NB, G, SILU_MUL)
+        x3 = _load_blocks(x_ptr, row0, n_rows, 3 * CH, K, stride_x, ROWS, NB, G, SILU_MUL, SILU_EXACT,
+                          SILU_INTERP)
         a3, b3, m3 = _block_stats(x3, ROWS, NB)
         amax = tl.maximum(amax, m3)
     if MX:
@@ -182,10 +189,17 @@ def _row_chunks(K: int, G: int) -> tuple[int, int] | None:
     return best[1], best[2]
 
 
-def _dequant_tiles(n_rows: int, K: int, G: int) -> tuple[int, int, int, int] | None:
+# Most warps a SiLU x mul row takes (`_dequant_tiles`): each element also holds its up value and the exact SiLU's
+# temporaries, so a 12288-wide row (Qwen3-8B's down projection) at 8 warps takes 122 registers (Triton 3.6) or spills
+# (3.9, 128); at 16 warps 64, the same 16 warps per SM. 8: the tile of the rows without SiLU.
+SILU_MUL_MAX_WARPS = 16
+
+
+def _dequant_tiles(n_rows: int, K: int, G: int, silu_mul: bool = False) -> tuple[int, int, int, int] | None:
     """(ROWS, NB, NCH, num_warps) for `_quantize_dequant_rows_kernel`, or None when a row does not fit in
     registers (K > 16384: the general kernel walks K). A row is NCH <= 4 chunks of NB blocks (NB a power of
-    two) with as little masked padding as possible: K = 768 -> 3 x 256, 2048 -> 1 x 2048, 1536 -> 3 x 512."""
+    two) with as little masked padding as possible: K = 768 -> 3 x 256, 2048 -> 1 x 2048, 1536 -> 3 x 512.
+    `silu_mul` (the operand is SiLU(gate) * up): up to `SILU_MUL_MAX_WARPS` warps instead of 8."""
     chunks = _row_chunks(K, G)
     if chunks is None:
         return None
@@ -200,4 +214,5 @@ def _dequant_tiles(n_rows: int, K: int, G: int) -> tuple[int, int, int, int] | N
     # ~16-24 elements per thread (a whole row per program from K = 2048 up; 471 rows of 2048: 471 programs
     # of 4 warps; 3768 rows of 768 (SiLU x mul from 1536): 1884 programs of 2 rows, 2 warps)
     rows = pow2_floor(max(1, min(8, 2048 // (nch * nb * G))))
-    return rows, nb, nch, pow2_floor(max(1, min(8, rows * nch * nb * G // 512)))
+    most = SILU_MUL_MAX_WARPS if silu_mul else 8
+    return rows, nb, nch, pow2_floor(max(1, min(most, rows * nch * nb * G // 512)))

@@ -37,6 +37,7 @@ from trace_rl.kernels.fp_bits import (
     fast_div_ok,
     finite_abs,
 )
+from trace_rl.kernels.swiglu import silu_launch_args
 
 FMT_NVFP4 = 0      # global scale given (per tensor)
 FMT_NVFP4_ROW = 1  # global scale per row
@@ -54,11 +55,12 @@ FAST_QUANTIZE = True
 
 
 @triton.jit
-def _load_rows(x_ptr, rows, row_mask, cols, K, stride_x, SILU_MUL: tl.constexpr = False):
+def _load_rows(x_ptr, rows, row_mask, cols, K, stride_x, SILU_MUL: tl.constexpr = False,
+               SILU_EXACT: tl.constexpr = False, SILU_INTERP: tl.constexpr = False):
     """x[rows, cols] as float32; SILU_MUL: the operand is silu(x[:, cols]) * x[:, K + cols] (`_load_operand`)."""
     mask = row_mask[:, None] & (cols < K)[None, :]
     ptrs = x_ptr + rows[:, None].to(tl.int64) * stride_x + cols[None, :]
-    return _load_operand(ptrs, mask, K, SILU_MUL)
+    return _load_operand(ptrs, mask, K, SILU_MUL, SILU_EXACT, SILU_INTERP)
 
 
 @triton.jit
@@ -155,7 +157,8 @@ def _quantize_rows_kernel(
     n_rows, K, stride_x, stride_codes, stride_scales, heads,
     FMT: tl.constexpr, HAS_DEST: tl.constexpr, EMIT_BF16: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SINGLE: tl.constexpr,
-    SILU_MUL: tl.constexpr = False, FAST_DIV: tl.constexpr = False,
+    SILU_MUL: tl.constexpr = False, FAST_DIV: tl.constexpr = False, SILU_EXACT: tl.constexpr = False,
+    SILU_INTERP: tl.constexpr = False,
 ):
     """SINGLE (K <= BLOCK_K): each row is loaded once, for its amax and its codes. SILU_MUL: the operand is
     SiLU(x[:, :K]) * x[:, K:] (x has 2K columns), the experts' SwiGLU fused in. FAST_DIV (nvfp4:row): divide
@@ -171,7 +174,7 @@ def _quantize_rows_kernel(
         out_rows = rows.to(tl.int64)
     cols0 = tl.arange(0, BLOCK_K)
     if SINGLE:
-        x_all = _load_rows(x_ptr, rows, row_mask, cols0, K, stride_x, SILU_MUL)
+        x_all = _load_rows(x_ptr, rows, row_mask, cols0, K, stride_x, SILU_MUL, SILU_EXACT, SILU_INTERP)
 
     # 1) the global scale: amax / 2688 for nvfp4 (tensor amax from _tensor_amax_kernel, in dest_ptr) and
     #    nvfp4:row, amax / 448 for fp8 rows; 1.0 for an all-zero tensor / row.
@@ -188,7 +191,8 @@ def _quantize_rows_kernel(
         else:
             amax = tl.zeros([BLOCK_M], dtype=tl.float32)
             for k0 in range(0, K, BLOCK_K):
-                xa, _ = finite_abs(_load_rows(x_ptr, rows, row_mask, k0 + cols0, K, stride_x, SILU_MUL))
+                xa, _ = finite_abs(_load_rows(x_ptr, rows, row_mask, k0 + cols0, K, stride_x, SILU_MUL, SILU_EXACT,
+                                              SILU_INTERP))
                 amax = tl.maximum(amax, tl.max(xa, axis=1))
         gscale = tl.where(amax > 0, tl.math.div_rn(amax, 2688.0 if FMT == 1 else 448.0), 1.0)
         fast_div = False
@@ -208,7 +212,7 @@ def _quantize_rows_kernel(
                         stride_scales, FMT, EMIT_BF16, BLOCK_M, BLOCK_K, G, fast_div)
     else:
         for k0 in range(0, K, BLOCK_K):
-            x = _load_rows(x_ptr, rows, row_mask, k0 + cols0, K, stride_x, SILU_MUL)
+            x = _load_rows(x_ptr, rows, row_mask, k0 + cols0, K, stride_x, SILU_MUL, SILU_EXACT, SILU_INTERP)
             _quantize_chunk(x, k0, k0 + cols0, out_rows, row_mask, gscale, codes_ptr, scales_ptr, K,
                             stride_codes, stride_scales, FMT, EMIT_BF16, BLOCK_M, BLOCK_K, G, fast_div)
 
@@ -244,13 +248,14 @@ def launch_quantize_rows(x2, fmt_id, codes, scales, gscale, dest=None, heads=1, 
     n_rows = x2.shape[0]
     K = x2.shape[1] // 2 if silu_mul else x2.shape[1]
     G = BLOCK[fmt_id] if fmt_id != FMT_FP8_ROW else 16
-    tiles = _dequant_tiles(n_rows, K, G) if emit_bf16 and dest is None and fmt_id in (FMT_NVFP4_ROW, FMT_MXFP4) \
-        else None
+    silu = silu_launch_args() if silu_mul else {}     # the SiLU form (swiglu.EXACT_SILU); none without SiLU
+    block_tiles = emit_bf16 and dest is None and fmt_id in (FMT_NVFP4_ROW, FMT_MXFP4)
+    tiles = _dequant_tiles(n_rows, K, G, silu_mul) if block_tiles else None
     if tiles is not None and USE_BLOCK_TILES:
         rows, nb, nch, warps = tiles
         _quantize_dequant_rows_kernel[(triton.cdiv(n_rows, rows),)](
             x2, codes, gscale if gscale is not None else codes, n_rows, K, x2.stride(0), codes.stride(0),
-            MX=fmt_id == FMT_MXFP4, ROWS=rows, NB=nb, NCH=nch, SILU_MUL=silu_mul, num_warps=warps)
+            MX=fmt_id == FMT_MXFP4, ROWS=rows, NB=nb, NCH=nch, SILU_MUL=silu_mul, num_warps=warps, **silu)
         return
     bm, bk, warps = _tiles(n_rows, K, G)
     grid = (triton.cdiv(n_rows, bm),)
@@ -260,7 +265,7 @@ def launch_quantize_rows(x2, fmt_id, codes, scales, gscale, dest=None, heads=1, 
         n_rows, K, x2.stride(0), codes.stride(0), scales.stride(0) if scales is not None else 0, heads,
         FMT=fmt_id, HAS_DEST=dest is not None and fmt_id != FMT_NVFP4, EMIT_BF16=emit_bf16, BLOCK_M=bm, BLOCK_K=bk,
         SINGLE=K <= bk, SILU_MUL=silu_mul, FAST_DIV=bool(fast_div) and fmt_id == FMT_NVFP4_ROW,
-        num_warps=warps)
+        num_warps=warps, **silu)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,12 @@ element a thread quantizes.
 Budgets: what Triton 3.6 compiles them to today (SASS instructions up to the last EXIT, so the out-of-line
 slow path of the IEEE divisions is not counted; CPU compile, 2026-12-01) plus ~10%:
     quantize_dequant nvfp4:row K2048      889 instr / 16 elem = 55.6  -> budget 61
-    quantize_dequant nvfp4:row silu K768 1718 instr / 24 elem = 71.6  -> budget 79
+    quantize_dequant nvfp4:row silu K768 1718 instr / 24 elem = 71.6  -> budget 79 (the fast SiLU form)
+    quantize_dequant nvfp4:row silu exact K768   2039 / 24 = 85.0     -> budget 94 (swiglu.EXACT_SILU, shipped:
+        torch's exp and IEEE division, +14 per element; 2026-12-02)
+    quantize_dequant nvfp4:row silu exact K12288 2092 / 24 = 87.2     -> budget 96 (the Qwen3-8B down projection's
+        input, issue 16; 16 warps, 64 registers: fp4_block_tiles.SILU_MUL_MAX_WARPS; at 8 warps 82.4 per element
+        but 122 registers, and Triton 3.9 spills)
     quantize_dequant mxfp4 K2048          415 instr / 16 elem = 25.9  -> budget 29
     quantize_rows nvfp4:row K2048        1087 instr / 16 elem = 67.9  -> budget 75
     quantize_rows fp8_e4m3:row K2048      697 instr / 16 elem = 43.6  -> budget 48
@@ -38,15 +43,19 @@ def sass_gate_cases():
     cases = []
     sig = dict(x_ptr="*bf16", out_ptr="*bf16", gscale_ptr="*fp32", n_rows="i32", K="i32", stride_x="i32",
                stride_out="i32")
-    for name, mx, K, silu, budget in (("nvfp4:row K2048", False, 2048, False, 61.0),
-                                      ("nvfp4:row silu K768", False, 768, True, 79.0),
-                                      ("mxfp4 K2048", True, 2048, False, 29.0)):
-        rows, nb, nch, warps = _dequant_tiles(ROWS, K, 32 if mx else 16)
+    for name, mx, K, silu, exact, budget in (("nvfp4:row K2048", False, 2048, False, False, 61.0),
+                                             ("nvfp4:row silu K768", False, 768, True, False, 79.0),
+                                             ("nvfp4:row silu exact K768", False, 768, True, True, 94.0),
+                                             ("nvfp4:row silu exact K12288", False, 12288, True, True, 96.0),
+                                             ("mxfp4 K2048", True, 2048, False, False, 29.0)):
+        rows, nb, nch, warps = _dequant_tiles(ROWS, K, 32 if mx else 16, silu)
         cases.append(GateCase(f"quantize_dequant {name}", _quantize_dequant_rows_kernel, sig,
-                              dict(MX=mx, ROWS=rows, NB=nb, NCH=nch, SILU_MUL=silu), warps, 1,
+                              dict(MX=mx, ROWS=rows, NB=nb, NCH=nch, SILU_MUL=silu, SILU_EXACT=exact,
+                                   SILU_INTERP=False), warps, 1,
                               rows * K / (32 * warps), budget,
                               divisible=("x_ptr", "out_ptr", "gscale_ptr", "K", "stride_x", "stride_out"),
-                              register_a=False, forbid=(), whole_kernel=True))
+                              register_a=False, forbid=(), whole_kernel=True,
+                              options=(("enable_fp_fusion", True),) if silu else ()))
     # `quantize` (codes and scales out): nvfp4:row and fp8 rows, K = 2048
     for name, fmt, budget in (("nvfp4:row K2048", FMT_NVFP4_ROW, 75.0), ("fp8_e4m3:row K2048", FMT_FP8_ROW, 48.0)):
         K = 2048
@@ -56,7 +65,8 @@ def sass_gate_cases():
                    stride_x="i32", stride_codes="i32", stride_scales="i32", heads="i32")
         cases.append(GateCase(f"quantize_rows {name}", _quantize_rows_kernel, sig,
                               dict(FMT=fmt, HAS_DEST=False, EMIT_BF16=False, BLOCK_M=block_m, BLOCK_K=block_k,
-                                   SINGLE=K <= block_k, SILU_MUL=False, FAST_DIV=False), warps, 1,
+                                   SINGLE=K <= block_k, SILU_MUL=False, FAST_DIV=False, SILU_EXACT=False,
+                                   SILU_INTERP=False), warps, 1,
                               block_m * K / (32 * warps), budget,
                               divisible=("x_ptr", "codes_ptr", "scales_ptr", "K", "stride_x", "stride_codes",
                                          "stride_scales"),

@@ -53,14 +53,21 @@ class Attention(nn.Module):
         self.kv_hook = None
         self.qkv_proj: Linear | None = None    # rollout only: q/k/v stacked (Decoder.to_rollout(fuse=True))
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                kv: KVAttend | None = None) -> torch.Tensor:
-        b, t, _ = x.shape
+    def input_projections(self) -> list[Linear]:
+        """The layers that read this block's input: [qkv_proj] once stacked, else [q_proj, k_proj, v_proj]."""
+        return [self.qkv_proj] if self.qkv_proj is not None else [self.q_proj, self.k_proj, self.v_proj]
+
+    def forward(self, x: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                kv: KVAttend | None = None, xq=None) -> torch.Tensor:
+        """`xq`: x already quantized for `input_projections()` by the norm before (models/norm_input.py); x may
+        then be None (not written: no activation hook)."""
+        b, t = (x.shape if x is not None else xq.shape)[:2]
         hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         if self.qkv_proj is not None:
-            q, k, v = self.qkv_proj(x).split([hq * d, hkv * d, hkv * d], dim=-1)
+            qkv = self.qkv_proj(x) if xq is None else shared_input([self.qkv_proj], x, xq)[0]
+            q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
         else:
-            q, k, v = shared_input([self.q_proj, self.k_proj, self.v_proj], x)
+            q, k, v = shared_input([self.q_proj, self.k_proj, self.v_proj], x, xq)
         q, k, v = q.view(b, t, hq, d), k.view(b, t, hkv, d), v.view(b, t, hkv, d)
         if kv is not None and self.kv_hook is None and getattr(kv, "fuses_prologue", None) and kv.fuses_prologue(q):
             qn = self.q_norm.weight if self.q_norm is not None else None

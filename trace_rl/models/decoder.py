@@ -23,11 +23,18 @@ from torch import nn
 
 from trace_rl.models.attention import Attention, KVAttend
 from trace_rl.models.config import ModelConfig
-from trace_rl.models.linear import Linear, shared_input
+from trace_rl.models.linear import Linear, shared_input_joined, silu_mul_linear
 from trace_rl.models.moe import Experts, MoEBlock, Router
 from trace_rl.models.norm import RMSNorm
+from trace_rl.models.norm_input import norm_into_group
 from trace_rl.models.rope import inverse_frequencies, rope_cos_sin
 from trace_rl.op_ranges import op_range
+
+# Rollout MLPs whose gate | up come out of one stacked GEMM (the operand cache's stack, nvfp4, large decode batches):
+# SiLU x mul fused into the down projection's W4A4 input quantization (`linear.silu_mul_linear`), one launch instead
+# of torch's SiLU, multiply and the quantize launch; the same bits (kernels.swiglu.EXACT_SILU). False: apart (the A/B
+# switch of tests/kernels/test_silu_exact_gpu.py and tests/models/test_silu_mul_linear.py).
+FUSE_ROLLOUT_SILU_QUANTIZE = True
 
 
 class MLP(nn.Module):
@@ -52,7 +59,15 @@ class MLP(nn.Module):
                 return self.down_proj(h)
             gate, up = gate_up.chunk(2, dim=-1)
         else:
-            gate, up = shared_input([self.gate_proj, self.up_proj], x)
+            joined = shared_input_joined([self.gate_proj, self.up_proj], x)
+            if isinstance(joined, torch.Tensor):          # gate | up in one buffer: the stacked GEMM's output
+                if FUSE_ROLLOUT_SILU_QUANTIZE:
+                    y = silu_mul_linear(self.down_proj, joined)
+                    if y is not None:
+                        return y
+                gate, up = joined.chunk(2, dim=-1)
+            else:
+                gate, up = joined
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -68,8 +83,8 @@ class DecoderLayer(nn.Module):
         """The residual stream is carried as (x, residual) so that each add meets its norm in one kernel:
         returns (this layer's MLP output, the stream before it); stream after = sum of the two. Same numbers
         as `h = h + attn(norm(h)); h = h + mlp(norm(h))`."""
-        h, residual = self.input_layernorm.add(x, residual)
-        h = self.self_attn(h, cos, sin, kv)
+        h, residual, xq = norm_into_group(self.input_layernorm, x, residual, self.self_attn.input_projections())
+        h = self.self_attn(h, cos, sin, kv, xq=xq)
         h, residual = self.post_attention_layernorm.add(h, residual)
         return self.mlp(h), residual
 

@@ -120,30 +120,73 @@ class Linear(nn.Module):
         return f"in={self.in_features}, out={self.out_features}, weight={self.weight_fmt}, act={self.act_fmt}, {stage}"
 
 
-def shared_input(parts: list[Linear], x: torch.Tensor) -> list[torch.Tensor]:
+def w4a4_group(parts: list[Linear]) -> QuantLinear | None:
+    """The first part's QuantLinear when every part is a rollout layer with one backend, one weight format and one
+    W4A4 activation format: then their input can be quantized once per token, by `shared_input` or already by its
+    producer (a fused norm, `Backend.norm_quantize_input`), and each part multiplies that. None otherwise."""
+    first = parts[0].quant if parts else None
+    if first is None or first.act_fmt == "bf16" or any(
+            p.quant is None or p.quant.backend is not first.backend or p.quant.act_fmt != first.act_fmt
+            or p.quant.weight_fmt != first.weight_fmt for p in parts):
+        return None
+    return first
+
+
+def shared_input(parts: list[Linear], x: torch.Tensor | None, xq=None) -> list[torch.Tensor]:
     """`[p(x) for p in parts]` for layers that read the same input (q/k/v, gate/up when `Linear.fuse` cannot stack
-    them, i.e. nvfp4). In the rollout stage, when all parts have one backend and W4A4 activation format, x is
-    quantized once (`Backend.quantize_input`) and each part multiplies that (`linear_quantized`): per-token
-    quantization depends on x alone, so the outputs are the same bits with 1 quantize launch instead of len(parts).
-    Where the parts' operand caches are one stack (and `STACK_ROLLOUT_OPERANDS`), one GEMM + epilogue computes all
-    of them (`Backend.linear_stacked`): column views of one [..., sum N] output, equal to the per-part outputs up to
-    cuBLAS's float32 accumulation order (the stacked N may pick another kernel), every rounding the same.
-    Activation hooks are called for every part, before the matmuls, as `forward` calls them."""
-    first = parts[0].quant
-    if (not SHARE_ROLLOUT_INPUTS or len(parts) < 2 or first is None or first.act_fmt == "bf16"
-            or any(p.quant is None or p.quant.backend is not first.backend or p.quant.act_fmt != first.act_fmt
-                   or p.quant.weight_fmt != first.weight_fmt for p in parts)):
-        return [p(x) for p in parts]
-    with op_range("linear"):
-        xq = first.backend.quantize_input(x, first.packed, first.act_fmt)
+    them, i.e. nvfp4). In the rollout stage, when all parts have one backend and W4A4 activation format
+    (`w4a4_group`), x is quantized once (`Backend.quantize_input`) and each part multiplies that (`linear_quantized`):
+    per-token quantization depends on x alone, so the outputs are the same bits with 1 quantize launch instead of
+    len(parts). Where the parts' operand caches are one stack (and `STACK_ROLLOUT_OPERANDS`), one GEMM + epilogue
+    computes all of them (`Backend.linear_stacked`): column views of one [..., sum N] output, equal to the per-part
+    outputs up to cuBLAS's float32 accumulation order (the stacked N may pick another kernel), every rounding the same.
+    `xq`: x already quantized by its producer (`Backend.norm_quantize_input`'s handle, for a `w4a4_group`; one part,
+    e.g. a stacked qkv_proj, is fine): no quantization here. x may then be None when no part has an activation hook
+    (the producer did not write it). Activation hooks are called for every part with x, before the matmuls, as
+    `forward` calls them."""
+    out = shared_input_joined(parts, x, xq)
+    return list(out.split([p.quant.out_features for p in parts], dim=-1)) if isinstance(out, torch.Tensor) else out
+
+
+def shared_input_joined(parts: list[Linear], x: torch.Tensor | None, xq=None) -> torch.Tensor | list[torch.Tensor]:
+    """`shared_input`, but where one stacked GEMM computes every part, its [..., sum N] output unsplit (one
+    Tensor: the parts' outputs side by side, e.g. gate | up for `silu_mul_linear`); else the list of outputs."""
+    first = w4a4_group(parts)
     if xq is None:
-        return [p(x) for p in parts]
+        if not SHARE_ROLLOUT_INPUTS or len(parts) < 2 or first is None:
+            return [p(x) for p in parts]
+        with op_range("linear"):
+            xq = first.backend.quantize_input(x, first.packed, first.act_fmt)
+        if xq is None:
+            return [p(x) for p in parts]
+    elif first is None:
+        raise ValueError(f"shared_input: a pre-quantized input was given for {[p.name for p in parts]}, which do not "
+                         f"share one W4A4 backend and format (w4a4_group is None); pass x only")
     for p in parts:
         if p.activation_hook is not None:
+            if x is None:
+                raise ValueError(f"shared_input: {p.name} has an activation hook but its input was not kept; the "
+                                 f"producer must keep x when a part has a hook")
             p.activation_hook(p, x)
     with op_range("linear"):
-        if STACK_ROLLOUT_OPERANDS:
+        if STACK_ROLLOUT_OPERANDS and len(parts) > 1:
             y = first.backend.linear_stacked(xq, [p.quant.packed for p in parts], [p.quant.bias for p in parts])
             if y is not None:
-                return list(y.split([p.quant.out_features for p in parts], dim=-1))
+                return y
         return [p.quant.backend.linear_quantized(xq, p.quant.packed, p.quant.bias) for p in parts]
+
+
+def silu_mul_linear(layer: Linear, gate_up: torch.Tensor) -> torch.Tensor | None:
+    """`layer(F.silu(gate) * up)` for gate_up [..., 2K] (gate | up) with the SiLU x mul fused into the layer's W4A4
+    input quantization (`Backend.quantize_silu_mul_input`: one launch for torch's SiLU, multiply and the quantize;
+    the same bits). None where that does not apply (not a rollout layer, W4A16, an activation hook, which reads the
+    product, or a backend / device that does not fuse it): the caller computes the product and calls `layer`."""
+    q = layer.quant
+    if q is None or q.act_fmt == "bf16" or layer.activation_hook is not None:
+        return None
+    with op_range("activation"):
+        xq = q.backend.quantize_silu_mul_input(gate_up, q.packed, q.act_fmt)
+    if xq is None:
+        return None
+    with op_range("linear"):
+        return q.backend.linear_quantized(xq, q.packed, q.bias)
