@@ -7,10 +7,11 @@ over a contiguous bf16 cache (cuDNN and the other backends, the best of them), Q
 Variants (GluonAttentionConfig; SASS per K/V element at group 4 from the compile gate): gluon (the shipped default:
 nvfp4 3.08, mxfp4 3.43), lean (paged_attention_gluon.LEAN: N = 8, two tiles per loop iteration, the one-barrier
 column max: nvfp4 2.78, mxfp4 3.21), for nvfp4 also colmax (the column max alone, 2.87: LEAN_WIDE, what groups
-9..16 would run) and lean_s2 (LEAN with 2 stages, 2.73), for mxfp4 fold (the opt-in folded bias, 3.15) and
-fold_lean (2.82). Method of benchmarks/attention.py (reused): CUDA-graph medians (5 calls
-per graph, 9 replays), the read ceiling measured in the same run, fraction = live cache bytes of that format / us
-/ ceiling.
+9..16 would run), lean_s2 (LEAN with 2 stages, 2.73) and the persistent kernel without / with the column max
+(persistent, 3.36 with every wgmma serialised by ptxas; persistent_colmax, 2.91, not serialised), for mxfp4 fold
+(the opt-in folded bias, 3.15) and fold_lean (2.82). Method of benchmarks/attention.py (reused): CUDA-graph medians
+(5 calls per graph, 9 replays), the read ceiling measured in the same run, fraction = live cache bytes of that
+format / us / ceiling.
 Each variant's output is compared with its base's (`vs_base`: bit-identical or the max |diff|; the base is the
 shipped default, gluon, except fold_lean's, fold; fold itself against gluon differs from the exact bias only
 outside its scale window, which the random scales here never reach, and may differ in the last bit where the score
@@ -38,9 +39,11 @@ from kernel_baselines import json_saver  # noqa: E402
 SHAPES = ((3, 130), (2, 257)) if A.SMOKE else ((32, 8192), (313, 8447), (256, 8192), (32, 32768), (313, 257))
 FORMATS = ("nvfp4", "mxfp4")
 LEAN = dict(n_pad=8, unroll=2, col_max=True)       # paged_attention_gluon.LEAN's fields
-VARIANTS = {"nvfp4": {"gluon": dict(), "lean": LEAN, "colmax": dict(col_max=True), "lean_s2": dict(LEAN, stages=2)},
+VARIANTS = {"nvfp4": {"gluon": dict(), "lean": LEAN, "colmax": dict(col_max=True), "lean_s2": dict(LEAN, stages=2),
+                      "persistent": dict(persistent=True), "persistent_colmax": dict(persistent=True, col_max=True)},
             "mxfp4": {"gluon": dict(), "lean": LEAN, "fold": dict(mx_fold=True), "fold_lean": dict(LEAN, mx_fold=True)}}
-BASE = {"fold_lean": "fold"}     # what a variant must be bit-identical to (the rest: the shipped default, gluon)
+# what a variant must be bit-identical to (the rest: the shipped default, gluon)
+BASE = {"fold_lean": "fold", "persistent_colmax": "persistent"}
 DEV = A.DEV
 
 

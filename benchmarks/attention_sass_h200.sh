@@ -12,11 +12,11 @@
 #    NaN K / V scale blocks that stay NaN) and vs the float64 reference (groups 1 / 8 / 16, folded mxfp4, the parts
 #    alone and the persistent LEAN stay in the file: -k sass_variants runs all 13) -> OUT/pytest.{log,xml}
 # 2. benchmarks/attention_sass.py -> OUT/attention_sass.json (+ .log): Qwen3-8B heads, B = 32 x 8k, 313 x 8447,
-#    256 x 8k, 32 x 32k, 313 x 257 (the budget drops the last first), nvfp4 (gluon, lean, colmax, lean_s2) and mxfp4
-#    (gluon, lean, fold, fold_lean) vs the best SDPA backend (cuDNN among them) over a contiguous bf16 cache, CUDA-graph
+#    256 x 8k, 32 x 32k, 313 x 257 (the budget drops the last first), nvfp4 (gluon, lean, colmax, lean_s2, persistent,
+#    persistent_colmax) and mxfp4 (gluon, lean, fold, fold_lean) vs the best SDPA backend (cuDNN among them) over a contiguous bf16 cache, CUDA-graph
 #    medians, fraction of the read ceiling measured in the same run, speedups, bit-identity vs the shipped config.
 # 3. OUT/summary.json: rcs, pytest tail, per row the us / fractions / speedups / bit-identity.
-# What to look for: lean / colmax / lean_s2 / fold_lean vs_base.bit_identical true in every row and speedup_vs_gluon > 1 at the 8k / 32k rows (bw_frac of
+# What to look for: lean / colmax / lean_s2 / fold_lean / persistent_colmax vs_base.bit_identical true in every row and speedup_vs_gluon > 1 at the 8k / 32k rows (bw_frac of
 # lean against gluon's); then paged_attention_gluon.LEAN_LOOP = True makes LEAN (LEAN_WIDE for groups 9..16) the
 # default of calls without a config (the engine's).
 . "$(dirname "$0")/h200_check.sh"
@@ -38,7 +38,7 @@ try:
     s["elapsed_s"] = r.get("elapsed_s")
     keep = ("format", "batch", "context", "roofline_us", "sdpa_best", "sdpa_best_us", "cudnn_us", "sdpa_bw_frac",
             "error")
-    variants = ("gluon", "lean", "colmax", "lean_s2", "fold", "fold_lean")
+    variants = ("gluon", "lean", "colmax", "lean_s2", "persistent", "persistent_colmax", "fold", "fold_lean")
     s["rows"] = [{**{k: row[k] for k in keep if k in row},
                   **{n: {k: v for k, v in row[n].items() if k in ("us", "bw_frac", "speedup_vs_gluon", "speedup_vs_sdpa",
                                                                   "vs_base", "nan", "rel_err_vs_reference", "error")}

@@ -47,6 +47,8 @@ def test_rows_and_summary(tmp_path, monkeypatch):
         for name in S.VARIANTS[row["format"]]:
             assert row[name]["us"] > 0 and row[name]["rel_err_vs_reference"] < 1e-2 and not row[name]["nan"]
         assert row["lean"]["vs_base"]["bit_identical"] and row["lean"]["speedup_vs_gluon"] > 0
+        if row["format"] == "nvfp4":
+            assert row["persistent_colmax"]["vs_base"]["base"] == "persistent"
         if row["format"] == "mxfp4":
             assert not row["fold"]["vs_base"]["bit_identical"] and row["fold"]["vs_base"]["base"] == "gluon"
             assert row["fold_lean"]["vs_base"]["bit_identical"] and row["fold_lean"]["vs_base"]["base"] == "fold"
