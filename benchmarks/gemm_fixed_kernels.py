@@ -11,12 +11,14 @@ n64_k512 nvfp4 bm 16), each step waiting on the one before:
   remainder, so split 6 / 8 take 2 dependent rounds of LDG.E.STRONG.GPU) -> the row factors' LDG (only now: one more
   round trip, from HBM the first time) -> FMUL -> STG.
 Variants (`VARIANTS`, all on n64_k512's config: 64-row tiles, 512-column steps, 3 CTAs/SM):
-- `n64_fin`: `_finish_fast`: the row factors loaded before the partial is stored (under the fence and the ticket),
+- `n64_fin`: `_finish_fast` (now the library's small-M epilogue, fp4_gemm_gluon_epilogue.py): the row factors
+  loaded before the partial is stored (under the fence and the ticket),
   the split a constexpr so the reduction is straight-line code (every partial's loads issued before the first add);
   adds in the same order from the same zeros as `_finish`, so bit-equal to n64_k512;
 - `n64_nosplit`: the shipped kernel at split 1 (192 / 64 programs): its no-K time minus n64_k512's is what the
   split-K epilogue costs; at 4096x12288 also a candidate (no epilogue, x1.37 busiest SM);
-- `n64_fin_pdl`: n64_fin launched as a programmatic dependent launch (PDL, `launch_pdl`; captured into the graph
+- `n64_fin_pdl` (shipped since: fp4_gemm_gluon.SMALL_M with `pdl=True`): n64_fin launched as a programmatic
+  dependent launch (PDL, `launch_pdl`; captured into the graph
   as a programmatic edge): every CTA signals `griddepcontrol.launch_dependents` at once, so the next GEMM's CTAs
   are scheduled as this one's exit and run their launch, barrier init, setmaxnreg and the first STAGES steps' weight
   TMAs (weights: no earlier kernel writes them) under its tail; `griddepcontrol.wait` before the first activation
@@ -36,9 +38,11 @@ from dataclasses import replace
 import gemm_compute_kernels as gc
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
-from trace_rl.kernels.fp4_gemm_gluon import _consumer, _producer, _shared_layouts
+# the shipped small-M kernel's pieces (moved into the library from this probe: fp4_gemm_gluon, its epilogue module)
+from trace_rl.kernels.fp4_gemm_gluon import _fp4_gemm_ws_fin_kernel, _shared_layouts
+from trace_rl.kernels.fp4_gemm_gluon_epilogue import _finish_fast, _gdc_launch, _gdc_wait
 from trace_rl.kernels.hopper_fp4 import COLS, ROWS
 
 BASE = {v.name: v for v in gc.VARIANTS}["n64_k512"]
@@ -52,85 +56,10 @@ FAST = (FIN.name, ) + PDL_VARIANTS          # launched through this module's ker
 
 
 @gluon.jit
-def _gdc_wait():
-    """griddepcontrol.wait: block until the grids this one depends on (programmatic dependent launch) have completed
-    and their memory is visible; at once without PDL."""
-    gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _gdc_launch():
-    """griddepcontrol.launch_dependents: the next kernel's CTAs may be scheduled once every CTA of this grid has
-    issued it (or exited); they run their prologue and wait in `_gdc_wait`."""
-    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
-                              is_pure=False, pack=1)
-
-
-@gluon.jit
-def _producer_pdl(w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, n16_0, row0, m0, kb_lo, n_iters,
-                  BK: gl.constexpr, STAGES: gl.constexpr):
-    """fp4_gemm_gluon._producer under PDL: the first STAGES steps' weight words and scales (no earlier kernel writes
-    them) are requested before `_gdc_wait`, overlapping the previous kernel's tail; every activation tile after it
-    (an earlier kernel may have written x). A slot's `ready` expects all three boxes, so the consumer is unchanged."""
-    nbytes: gl.constexpr = w_desc.block_type.nbytes + s_desc.block_type.nbytes + x_desc.block_type.nbytes
-    for it in range(gl.minimum(n_iters, STAGES)):        # fresh slots: no `empty` wait in the first round
-        bar = ready.index(it)
-        mbarrier.expect(bar, nbytes)
-        kb = kb_lo + it
-        tma.async_copy_global_to_shared(w_desc, [kb * (BK // 128), n16_0, 0], bar, w_bufs.index(it))
-        tma.async_copy_global_to_shared(s_desc, [row0, kb * s_desc.block_type.shape[1]], bar, s_bufs.index(it))
-    _gdc_wait()
-    for it in range(n_iters):
-        slot = it % STAGES
-        bar = ready.index(slot)
-        kb = kb_lo + it
-        if it >= STAGES:
-            mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)
-            mbarrier.expect(bar, nbytes)
-            tma.async_copy_global_to_shared(w_desc, [kb * (BK // 128), n16_0, 0], bar, w_bufs.index(slot))
-            tma.async_copy_global_to_shared(s_desc, [row0, kb * s_desc.block_type.shape[1]], bar,
-                                            s_bufs.index(slot))
-        tma.async_copy_global_to_shared(x_desc, [m0, kb * BK], bar, x_bufs.index(slot))
-
-
-@gluon.jit
 def _x_producer_pdl(x_desc, x_bufs, ready, empty, m0, kb_lo, n_iters, BK: gl.constexpr, STAGES: gl.constexpr):
     """gemm_compute_kernels._x_producer after `_gdc_wait` (the compute-only probe reads only activations)."""
     _gdc_wait()
     gc._x_producer(x_desc, x_bufs, ready, empty, m0, kb_lo, n_iters, BK, STAGES)
-
-
-@gluon.jit
-def _finish_fast(acc, pid_n, pid_m, tile, pid_k, M, N, rf_ptr, out_ptr, part_ptr, count_ptr, stride_om,
-                 BN: gl.constexpr, BM: gl.constexpr, SPLIT: gl.constexpr, PDL: gl.constexpr = False):
-    """fp4_gemm_gluon._finish with the row factors loaded first and the split a constexpr (the reduction
-    unrolled: one round of loads instead of ceil(split / 4)). Same adds, same order: the same bits."""
-    layout: gl.constexpr = acc.type.layout
-    rows = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, layout))
-    offs_m = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, layout))
-    n_mask = rows < N
-    rf = gl.expand_dims(gl.load(rf_ptr + rows, mask=n_mask, other=1.0), 1)    # in flight under the ticket
-    ptrs = out_ptr + gl.expand_dims(offs_m, 0).to(gl.int64) * stride_om + gl.expand_dims(rows, 1)
-    mask = gl.expand_dims(n_mask, 1) & gl.expand_dims(offs_m < M, 0)
-    if PDL:                  # no global write (partials, tickets, out) before the previous kernel has completed
-        _gdc_wait()
-    if SPLIT == 1:
-        gl.store(ptrs, (acc * rf).to(out_ptr.dtype.element_ty), mask=mask)
-    else:
-        base = part_ptr + tile.to(gl.int64) * (SPLIT * BN * BM)
-        offs = gl.expand_dims(gl.arange(0, BM, layout=gl.SliceLayout(0, layout)), 0) * BN + \
-            gl.expand_dims(gl.arange(0, BN, layout=gl.SliceLayout(1, layout)), 1)
-        gl.store(base + pid_k * (BN * BM) + offs, acc)
-        gl.thread_barrier()
-        ticket = gl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        if ticket == SPLIT - 1:
-            total = gl.zeros([BN, BM], gl.float32, layout)
-            for s in gl.static_range(SPLIT):                     # fixed order, straight-line
-                total += gl.load(base + s * (BN * BM) + offs, cache_modifier=".cg")
-            gl.store(ptrs, (total * rf).to(out_ptr.dtype.element_ty), mask=mask)
-            # relaxed: the next launch sees it anyway (kernel boundary); `_finish`'s default acq_rel reset costs a
-            # second MEMBAR.ALL.GPU ahead of the output store
-            gl.atomic_xchg(count_ptr + tile, 0, sem="relaxed", scope="gpu")
 
 
 @gluon.jit
@@ -141,42 +70,6 @@ def _k_range(KB, SPLIT: gl.constexpr):
     kb_lo = pid_k * per_split
     n_iters = gl.minimum(kb_lo + per_split, KB) - kb_lo
     return kb_lo, n_iters
-
-
-@gluon.jit(do_not_specialize=["M", "N", "KB"])
-def _fp4_gemm_ws_fin_kernel(w_desc, s_desc, x_desc, rf_ptr, out_ptr, part_ptr, count_ptr, M, N, KB, stride_om,
-                            BN: gl.constexpr, BK: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr,
-                            OVERLAP: gl.constexpr, MX: gl.constexpr, SPLIT: gl.constexpr,
-                            PDL: gl.constexpr = False):
-    """fp4_gemm_gluon._fp4_gemm_ws_kernel with `_finish_fast` (SPLIT: the grid's second axis, a constexpr)."""
-    pid_n = gl.program_id(0)
-    pid_k = gl.program_id(1)
-    pid_m = gl.program_id(2)
-    tile = pid_m * gl.num_programs(0) + pid_n
-    kb_lo, n_iters = _k_range(KB, SPLIT)
-    w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES] + w_desc.block_type.shape, w_desc.layout)
-    s_bufs = gl.allocate_shared_memory(gl.int32, [STAGES] + s_desc.block_type.shape, s_desc.layout)
-    x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES] + x_desc.block_type.shape, x_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    if PDL:
-        _gdc_launch()
-        (acc, ) = gl.warp_specialize([
-            (_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, n_iters, BN, BK, BM, STAGES, OVERLAP, MX)),
-            (_producer_pdl, (w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, pid_n * (BN // 16),
-                             pid_n * BN, pid_m * BM, kb_lo, n_iters, BK, STAGES)),
-        ], [1], [24])
-    else:
-        (acc, ) = gl.warp_specialize([
-            (_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, n_iters, BN, BK, BM, STAGES, OVERLAP, MX)),
-            (_producer, (w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, pid_n * (BN // 16),
-                         pid_n * BN, pid_m * BM, kb_lo, n_iters, BK, STAGES)),
-        ], [1], [24])
-    _finish_fast(acc, pid_n, pid_m, tile, pid_k, M, N, rf_ptr, out_ptr, part_ptr, count_ptr, stride_om, BN, BM,
-                 SPLIT, PDL)
 
 
 @gluon.jit(do_not_specialize=["M", "N", "KB", "sixteen"])
@@ -211,8 +104,8 @@ def _compute_ws_fin_kernel(w_desc, s_desc, x_desc, rf_ptr, out_ptr, part_ptr, co
                                     OVERLAP, MX, False)),
             (gc._x_producer, (x_desc, x_bufs, ready, empty, pid_m * BM, kb_lo, n_iters, BK, STAGES)),
         ], [1], [24])
-    _finish_fast(acc, pid_n, pid_m, tile, pid_k, M, N, rf_ptr, out_ptr, part_ptr, count_ptr, stride_om, BN, BM,
-                 SPLIT, PDL)
+    _finish_fast(acc, pid_n, pid_m, tile, pid_k, M, N, rf_ptr, out_ptr, part_ptr, count_ptr, stride_om, rf_ptr,
+                 rf_ptr, BN, BM, SPLIT, PDL, False, False)
 
 
 @gluon.jit
@@ -235,7 +128,8 @@ def full(x2, w, v, out):
     p, (w_desc, s_desc, x_desc), part, counters = gc._launch_args(x2, w, v, out)
     c = p["config"]
     kern = _fp4_gemm_ws_fin_kernel[p["grid"]](
-        w_desc, s_desc, x_desc, w.row_factor, out, part, counters, x2.shape[0], w.n, p["kb"], out.stride(0),
+        w_desc, s_desc, x_desc, w.row_factor, out, part, counters, w.row_factor, w.row_factor, x2.shape[0], w.n,
+        p["kb"], out.stride(0),
         BN=c.block_n, BK=p["bk"], BM=p["bm"], STAGES=c.stages, OVERLAP=c.overlap, MX=w.fmt == "mxfp4",
         SPLIT=p["grid"][1], PDL=v.name in PDL_VARIANTS, num_warps=c.num_warps, maxnreg=c.maxnreg,
         **({"launch_pdl": True} if v.name in PDL_VARIANTS else {}))
@@ -279,8 +173,11 @@ def gate_case(v, fmt: str, bm: int, mode: str = "full", split: int = 2):
                part_ptr="*fp32", count_ptr="*i32", M="i32", N="i32", KB="i32", stride_om="i32")
     consts = dict(BN=c.block_n, BK=bk, BM=bm, STAGES=c.stages, OVERLAP=c.overlap, MX=fmt == "mxfp4", SPLIT=split,
                   PDL=v.name in PDL_VARIANTS)
-    if mode == "full":
+    if mode == "full":       # the library kernel: its W4A4 row scale and bias pointers, both off
         kernel = _fp4_gemm_ws_fin_kernel
+        sig = {**{k: s for k, s in sig.items() if k not in ("M", "N", "KB", "stride_om")}, "row_scale_ptr": "*fp32",
+               "bias_ptr": "*fp32", "M": "i32", "N": "i32", "KB": "i32", "stride_om": "i32"}
+        consts |= dict(HAS_ROW_SCALE=False, HAS_BIAS=False)
     else:
         kernel = _compute_ws_fin_kernel
         sig = {**{k: s for k, s in sig.items() if k != "stride_om"}, "stride_om": "i32", "sixteen": "i32"}

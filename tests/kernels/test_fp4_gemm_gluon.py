@@ -11,7 +11,16 @@ import triton
 
 from trace_rl.backends import get_backend
 from trace_rl.kernels.fp4_gemm import GemmConfig
-from trace_rl.kernels.fp4_gemm_gluon import SMEM_LIMIT, WIDE, GluonConfig, auto_split, config_for, fp4_matmul_gluon
+from trace_rl.kernels.fp4_gemm_gluon import (
+    DEFAULT,
+    SMALL_M,
+    SMEM_LIMIT,
+    WIDE,
+    GluonConfig,
+    auto_split,
+    config_for,
+    fp4_matmul_gluon,
+)
 from trace_rl.kernels.hopper_fp4 import to_hopper
 
 pytestmark = [pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning"),
@@ -62,7 +71,9 @@ def test_config_and_launcher_checks(gen):
 
 
 def test_config_for_token_tiles():
-    assert config_for(1) == config_for(16) == GluonConfig()
+    assert config_for(1) == config_for(16) == config_for(16, "mxfp4", 1536) == SMALL_M
+    assert config_for(16, "nvfp4", 768) == DEFAULT          # SMALL_M's 512-column step does not divide 768
+    assert SMALL_M.ctas_per_sm(16, "nvfp4") == SMALL_M.ctas_per_sm(8, "mxfp4") == 3
     assert [config_for(M).tile_m(M) for M in (17, 32, 33, 64, 100, 128, 256, 512)] == [32, 32, 64, 64, 128, 128,
                                                                                         128, 128]
     assert [config_for(M, "mxfp4").tile_m(M) for M in (17, 33, 100, 512)] == [32, 64, 64, 64]
@@ -90,6 +101,7 @@ MX_CONFIGS = [GluonConfig(stages=2), GluonConfig(num_warps=8, maxnreg=80, overla
 GPU_JOBS = [("nvfp4", c, M, 200) for c in CONFIGS for M in (1, 16)] + \
     [("mxfp4", c, M, 200) for c in MX_CONFIGS for M in (1, 16)] + \
     [(f, GluonConfig(), 16, 4096) for f in ("nvfp4", "mxfp4")] + \
+    [(f, SMALL_M, M, 200) for f in ("nvfp4", "mxfp4") for M in (1, 16)] + \
     [(f, c, bm, 200) for f, tiles in WIDE.items() for bm, c in tiles.items()] + \
     [("nvfp4", WIDE["nvfp4"][128], 128, 4096), ("nvfp4", WIDE["nvfp4"][64], 64, 4096)]
 
@@ -237,7 +249,7 @@ def _bf16(bits: torch.Tensor) -> torch.Tensor:
     return (bits.to(torch.int32) << 16).view(torch.float32).double()
 
 
-def _emulate(x: torch.Tensor, h, BN: int = 128, BM: int = 16) -> torch.Tensor:
+def _emulate(x: torch.Tensor, h, BN: int = 128, BM: int = 16, bk: int | None = None) -> torch.Tensor:
     """The Gluon kernel's data path in torch, step by step as the kernel indexes it: the three TMA boxes (the words
     through the [Kp/128, Np/16, 256] view), the row-major `_reinterpret` views of the ring, the scale-pair and decode
     PTX (bit for bit, products rounded to bf16 like mul.rn.bf16x2), the joins / permute / reshape into the
@@ -245,8 +257,9 @@ def _emulate(x: torch.Tensor, h, BN: int = 128, BM: int = 16) -> torch.Tensor:
     pid_m x BM, the store masked to M), split 1. float64 accumulation (the kernel: fp32)."""
     np_, kp = h.padded
     mx = h.fmt == "mxfp4"
-    bk = 512 if mx else 256
+    bk = bk or (512 if mx else 256)
     kc_n = bk // 128
+    sw_n = bk // (128 if mx else 64)          # scale words per row and step
     v3 = h.values.view(np_ // 16, kp // 128, 256).permute(1, 0, 2)
     sc = h.scales.view(torch.int32)
     M, K = x.shape
@@ -256,7 +269,7 @@ def _emulate(x: torch.Tensor, h, BN: int = 128, BM: int = 16) -> torch.Tensor:
         for kb in range(kp // bk):
             w_s = _box(v3, [kc_n * kb, pid_n * BN // 16, 0], [kc_n, BN // 16, 256])
             w_s = w_s.reshape(kc_n, BN // 16, 2, 8, 4, 2, 2)
-            s_s = _box(sc, [pid_n * BN, 4 * kb], [BN, 4])
+            s_s = _box(sc, [pid_n * BN, sw_n * kb], [BN, sw_n])
             s_s = s_s.reshape(BN // 16, 2, 8, kc_n) if mx else s_s.reshape(BN // 16, 2, 8, kc_n, 2)
             x_s = _box(x, [pid_m * BM, bk * kb], [BM, bk])
             for kc in range(kc_n):
@@ -303,7 +316,7 @@ def test_emulated_data_path_matches_reference(fmt, M, N, K, gen):
     h = to_hopper(packed.q)
     x = torch.randn(M, K, generator=gen).to(torch.bfloat16)
     c = config_for(M, fmt)
-    y = _emulate(x, h, c.block_n, c.tile_m(M))
+    y = _emulate(x, h, c.block_n, c.tile_m(M), c.bk(fmt))
     ref = x.double() @ (operand(h).double() * h.row_factor[:N, None].double()).T
     assert torch.allclose(y, ref, rtol=1e-9, atol=1e-9 * ref.abs().max().item())
     assert _rel_err(y, packed, x) < 1e-2

@@ -125,11 +125,17 @@ def _store_blocks(out_ptr, vals, row0, n_rows, k0, K, stride_out, ROWS: tl.const
 def _quantize_dequant_rows_kernel(x_ptr, out_ptr, gscale_ptr, n_rows, K, stride_x, stride_out,
                                   MX: tl.constexpr, ROWS: tl.constexpr, NB: tl.constexpr, NCH: tl.constexpr,
                                   SILU_MUL: tl.constexpr, SILU_EXACT: tl.constexpr = False,
-                                  SILU_INTERP: tl.constexpr = False):
+                                  SILU_INTERP: tl.constexpr = False,
+                                  LAUNCH_DEPENDENTS: tl.constexpr = False):
     """The W4A4 activation path (`quantize_dequant_bf16`): ROWS rows per program, each row held in registers
     as NCH (1..4) chunks of NB blocks of G elements (K <= NCH * NB * G; K = 768 is 3 chunks of 256, not one
     of 1024 with a quarter masked). Row amax (nvfp4:row), then per block the scale, codes, and code value x
-    block step in bf16; the row global scale goes to gscale_ptr. Same bits as `_quantize_rows_kernel`."""
+    block step in bf16; the row global scale goes to gscale_ptr. Same bits as `_quantize_rows_kernel`.
+    LAUNCH_DEPENDENTS (compiled only, never in the interpreter): griddepcontrol.launch_dependents first, so a GEMM
+    launched after it with programmatic dependent launch (the small-M Gluon GEMM) starts its setup and weight
+    prefetch now; that GEMM waits for this kernel's completion before it reads the operand or the row scales."""
+    if LAUNCH_DEPENDENTS:
+        tl.extra.cuda.gdc_launch_dependents()
     G: tl.constexpr = 32 if MX else 16
     CH: tl.constexpr = NB * G
     row0 = tl.program_id(0) * ROWS

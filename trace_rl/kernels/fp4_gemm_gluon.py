@@ -1,5 +1,6 @@
-"""Opt-in Gluon (Triton 3.6 `triton.experimental.gluon`) warp-specialised FP4 W4A16 GEMM (issue 15): M <= 16,
-and wide token tiles (32 / 64 / 128 tokens as the wgmma N) for M = 64 .. 512.
+"""Gluon (Triton 3.6 `triton.experimental.gluon`) warp-specialised FP4 W4A16 / W4A4 GEMM (issue 15): M <= 16 (the
+path `fp4_linear` takes there on sm_90), and opt-in wide token tiles (32 / 64 / 128 tokens as the wgmma N) for
+M = 64 .. 512.
 
 out[M, N] = x[M, K] @ dequant(W)^T, with W in the Hopper FP4 layout (hopper_fp4.py, nvfp4 or mxfp4), as
 `fp4_gemm.py` computes it, but organised against the latency that bounds that kernel at M <= 16 (docs/benchmarks.md,
@@ -28,12 +29,16 @@ Past 16 tokens (`config_for`, WIDE): the decode is per weight element whatever t
 its own split-K partials and ticket). The accumulator grows as BM / 2 fp32 registers per thread per 64 weight rows,
 so the wide configs run two consumer warpgroups of 64 rows each.
 
-Not wired into `fp4_linear`: `fp4_matmul_gluon` is called directly (benchmarks, tests). Gluon has no interpreter,
-so this runs only on an sm_90 GPU; `sass_gate_cases` compiles it for sm_90 on any machine.
+M <= 16 is shipped (`SMALL_M`, the `fin` kernel `_fp4_gemm_ws_fin_kernel`: 64-row tiles, 512-column steps, the
+fast split-K epilogue, W4A4 row scales and bias, programmatic dependent launch; fp4_gemm_gluon_epilogue.py states
+the PDL contract): `kernels.linear` takes it for M <= 16 on sm_90 (`gemm_dispatch.small_m_path`). Gluon has no
+interpreter, so this runs only on an sm_90 GPU; its compile-gate cases (fp4_gemm_gluon_gate.py) compile it for
+sm_90 on any machine.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -50,6 +55,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from trace_rl.kernels.fp4_decode import _DECODE_BODY, _MX_SCALE, _NV_SCALE
+from trace_rl.kernels.fp4_gemm_gluon_epilogue import _finish, _finish_fast, _gdc_launch, _gdc_wait  # noqa: F401 (re-exported)
 from trace_rl.kernels.fp_bits import bf16_halves
 from trace_rl.kernels.hopper_fp4 import COLS, ROWS, HopperFP4
 
@@ -206,42 +212,76 @@ def _fp4_gemm_ws_kernel(w_desc, s_desc, x_desc, rf_ptr, out_ptr, part_ptr, count
 
 
 @gluon.jit
-def _epilogue_store(acc, rows, offs_m, M, N, rf_ptr, out_ptr, stride_om):
-    n_mask = rows < N
-    acc = acc * gl.expand_dims(gl.load(rf_ptr + rows, mask=n_mask, other=1.0), 1)
-    ptrs = out_ptr + gl.expand_dims(offs_m, 0).to(gl.int64) * stride_om + gl.expand_dims(rows, 1)
-    mask = gl.expand_dims(n_mask, 1) & gl.expand_dims(offs_m < M, 0)
-    gl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+def _producer_pdl(w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, n16_0, row0, m0, kb_lo, n_iters,
+                  BK: gl.constexpr, STAGES: gl.constexpr):
+    """`_producer` under PDL: the first STAGES steps' weight words and scales (no earlier kernel of a step writes
+    the weight) are requested before `_gdc_wait`, under the previous kernel's tail; every activation tile after it
+    (an earlier kernel may have written x). A slot's `ready` expects all three boxes, so the consumer is unchanged."""
+    nbytes: gl.constexpr = w_desc.block_type.nbytes + s_desc.block_type.nbytes + x_desc.block_type.nbytes
+    for it in range(gl.minimum(n_iters, STAGES)):        # fresh slots: no `empty` wait in the first round
+        bar = ready.index(it)
+        mbarrier.expect(bar, nbytes)
+        kb = kb_lo + it
+        tma.async_copy_global_to_shared(w_desc, [kb * (BK // 128), n16_0, 0], bar, w_bufs.index(it))
+        tma.async_copy_global_to_shared(s_desc, [row0, kb * s_desc.block_type.shape[1]], bar, s_bufs.index(it))
+    _gdc_wait()
+    for it in range(n_iters):
+        slot = it % STAGES
+        bar = ready.index(slot)
+        kb = kb_lo + it
+        if it >= STAGES:
+            mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)
+            mbarrier.expect(bar, nbytes)
+            tma.async_copy_global_to_shared(w_desc, [kb * (BK // 128), n16_0, 0], bar, w_bufs.index(slot))
+            tma.async_copy_global_to_shared(s_desc, [row0, kb * s_desc.block_type.shape[1]], bar,
+                                            s_bufs.index(slot))
+        tma.async_copy_global_to_shared(x_desc, [m0, kb * BK], bar, x_bufs.index(slot))
 
 
-@gluon.jit
-def _finish(acc, pid_n, pid_m, tile, pid_k, SPLIT_K, M, N, rf_ptr, out_ptr, part_ptr, count_ptr, stride_om,
-            BN: gl.constexpr, BM: gl.constexpr):
-    """As fp4_gemm.finish_tile: direct store, or split pid_k's partial + ticket, the last program reducing the
-    partials in split order (deterministic)."""
-    layout: gl.constexpr = acc.type.layout
-    rows = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, layout))
-    offs_m = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, layout))
-    if SPLIT_K == 1:
-        _epilogue_store(acc, rows, offs_m, M, N, rf_ptr, out_ptr, stride_om)
+@gluon.jit(do_not_specialize=["M", "N", "KB"])
+def _fp4_gemm_ws_fin_kernel(w_desc, s_desc, x_desc, rf_ptr, out_ptr, part_ptr, count_ptr, row_scale_ptr, bias_ptr,
+                            M, N, KB, stride_om, BN: gl.constexpr, BK: gl.constexpr, BM: gl.constexpr,
+                            STAGES: gl.constexpr, OVERLAP: gl.constexpr, MX: gl.constexpr, SPLIT: gl.constexpr,
+                            PDL: gl.constexpr = False, HAS_ROW_SCALE: gl.constexpr = False,
+                            HAS_BIAS: gl.constexpr = False):
+    """The shipped small-M kernel (`GluonConfig.fin`): `_fp4_gemm_ws_kernel`'s pipeline with `_finish_fast` (SPLIT,
+    the grid's second axis, a constexpr), the W4A4 row scale and the bias; PDL: launch dependents at once, weight
+    prefetch before the grid-dependency wait (`_producer_pdl`), no global write before it (fp4_gemm_gluon_epilogue)."""
+    pid_n = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    pid_m = gl.program_id(2)
+    tile = pid_m * gl.num_programs(0) + pid_n
+    per_split = gl.cdiv(KB, SPLIT)
+    kb_lo = pid_k * per_split
+    n_iters = gl.minimum(kb_lo + per_split, KB) - kb_lo
+    w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES] + w_desc.block_type.shape, w_desc.layout)
+    s_bufs = gl.allocate_shared_memory(gl.int32, [STAGES] + s_desc.block_type.shape, s_desc.layout)
+    x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES] + x_desc.block_type.shape, x_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    if PDL:
+        _gdc_launch()    # the next GEMM's CTAs may take this one's SMs as they exit: its setup runs under our tail
+        (acc, ) = gl.warp_specialize([
+            (_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, n_iters, BN, BK, BM, STAGES, OVERLAP, MX)),
+            (_producer_pdl, (w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, pid_n * (BN // 16),
+                             pid_n * BN, pid_m * BM, kb_lo, n_iters, BK, STAGES)),
+        ], [1], [24])
     else:
-        base = part_ptr + tile.to(gl.int64) * (SPLIT_K * BN * BM)
-        offs = gl.expand_dims(gl.arange(0, BM, layout=gl.SliceLayout(0, layout)), 0) * BN + \
-            gl.expand_dims(gl.arange(0, BN, layout=gl.SliceLayout(1, layout)), 1)
-        gl.store(base + pid_k * (BN * BM) + offs, acc)
-        gl.thread_barrier()                                      # every thread's partial is written
-        ticket = gl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        if ticket == SPLIT_K - 1:                                # the last program of this tile reduces
-            total = gl.zeros([BN, BM], gl.float32, layout)
-            for s in range(SPLIT_K):                             # fixed order: deterministic
-                total += gl.load(base + s * (BN * BM) + offs, cache_modifier=".cg")
-            gl.atomic_xchg(count_ptr + tile, 0)                 # ready for the next launch
-            _epilogue_store(total, rows, offs_m, M, N, rf_ptr, out_ptr, stride_om)
+        (acc, ) = gl.warp_specialize([
+            (_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, n_iters, BN, BK, BM, STAGES, OVERLAP, MX)),
+            (_producer, (w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, pid_n * (BN // 16),
+                         pid_n * BN, pid_m * BM, kb_lo, n_iters, BK, STAGES)),
+        ], [1], [24])
+    _finish_fast(acc, pid_n, pid_m, tile, pid_k, M, N, rf_ptr, out_ptr, part_ptr, count_ptr, stride_om,
+                 row_scale_ptr, bias_ptr, BN, BM, SPLIT, PDL, HAS_ROW_SCALE, HAS_BIAS)
 
 
 def step_k(fmt: str) -> int:
-    """Columns per K step: the scale tile [BN rows, 16 bytes] (TMA's minimum box width) covers 256 nvfp4 columns
-    (a byte per 16) or 512 mxfp4 columns (a byte per 32); a step is 2 or 4 decode chunks of 128."""
+    """Columns per K step by default: the scale tile [BN rows, 16 bytes] (TMA's minimum box width) covers 256 nvfp4
+    columns (a byte per 16) or 512 mxfp4 columns (a byte per 32); a step is 2 or 4 decode chunks of 128."""
     if fmt == "nvfp4":
         return 256
     if fmt == "mxfp4":
@@ -249,14 +289,21 @@ def step_k(fmt: str) -> int:
     raise ValueError(f"the Gluon FP4 GEMM takes nvfp4 or mxfp4 weights, got {fmt!r}")
 
 
+def scale_words(fmt: str, bk: int) -> int:
+    """int32 scale words per weight row and K step of `bk` columns: a byte per 16 nvfp4 / 32 mxfp4 columns."""
+    return bk // (64 if fmt == "nvfp4" else 128)
+
+
 @dataclass(frozen=True)
 class GluonConfig:
-    """One launch of the warp-specialised kernel: BN weight rows x `step_k(fmt)` columns per K step against BM
-    tokens (the smallest of 8 .. 128 covering M, at most `block_m`; a grid over token tiles beyond it), `stages`
-    ring slots, `split_k` programs per N and token tile (0: `auto_split`), `num_warps` consumer warps (4 or 8: one
-    or two warpgroups), `overlap` (one wgmma group in flight during the next decode), and
-    `maxnreg`, the per-thread register budget the kernel is compiled for (the producer hands all but 24 of its
-    registers to the consumers with setmaxnreg; maxnreg x (num_warps + 4) x 32 bounds the CTAs per SM)."""
+    """One launch of the warp-specialised kernel: BN weight rows x `bk(fmt)` columns per K step (`block_k`, 0:
+    `step_k(fmt)`; a multiple of it) against BM tokens (the smallest of 8 .. 128 covering M, at most `block_m`; a
+    grid over token tiles beyond it), `stages` ring slots, `split_k` programs per N and token tile (0:
+    `auto_split`), `num_warps` consumer warps (4 or 8: one or two warpgroups), `overlap` (one wgmma group in flight
+    during the next decode), `maxnreg`, the per-thread register budget the kernel is compiled for (the producer
+    hands all but 24 of its registers to the consumers with setmaxnreg; maxnreg x (num_warps + 4) x 32 bounds the
+    CTAs per SM), and `fin`: the small-M kernel (`_fp4_gemm_ws_fin_kernel`: the fast split-K epilogue, W4A4 row
+    scales, bias, programmatic dependent launch) instead of `_fp4_gemm_ws_kernel` (same bits at the same split)."""
 
     block_n: int = 128
     stages: int = 4
@@ -265,8 +312,10 @@ class GluonConfig:
     overlap: bool = False
     maxnreg: int = 128
     block_m: int = 16
+    block_k: int = 0
+    fin: bool = False
 
-    def check(self) -> None:
+    def check(self, fmt: str = "nvfp4") -> None:
         if self.block_m not in TOKEN_TILES:
             raise ValueError(f"GluonConfig {self}: block_m must be one of {TOKEN_TILES} (the wgmma N)")
         if self.num_warps not in (4, 8) or self.block_n % (16 * self.num_warps) or self.block_n > 256:
@@ -274,14 +323,22 @@ class GluonConfig:
                              f"(<= 256: a TMA box holds at most 256 rows)")
         if not 2 <= self.stages <= 8 or self.split_k < 0:
             raise ValueError(f"GluonConfig {self}: stages must be in 2..8 and split_k >= 0")
+        if self.block_k and (self.block_k % step_k(fmt) or self.block_k > 1024):
+            raise ValueError(f"GluonConfig {self}: block_k must be 0 or a multiple of {step_k(fmt)} up to 1024 for "
+                             f"{fmt} (whole 16-byte scale boxes)")
+
+    def bk(self, fmt: str) -> int:
+        """Columns per K step for `fmt`."""
+        return self.block_k or step_k(fmt)
 
     def tile_m(self, M: int) -> int:
         """Tokens per program: the smallest wgmma N of TOKEN_TILES covering M, capped at `block_m`."""
         return next((t for t in TOKEN_TILES if t >= min(M, self.block_m)), self.block_m)
 
     def smem_bytes(self, block_m: int, fmt: str = "nvfp4") -> int:
-        bk = step_k(fmt)
-        return self.stages * (self.block_n * bk // 2 + self.block_n * 16 + block_m * bk * 2) + 1024
+        bk = self.bk(fmt)
+        return self.stages * (self.block_n * bk // 2 + self.block_n * scale_words(fmt, bk) * 4 +
+                              block_m * bk * 2) + 1024
 
     def ctas_per_sm(self, block_m: int, fmt: str = "nvfp4") -> int:
         by_smem = (228 * 1024) // (self.smem_bytes(block_m, fmt) + 1024)   # 228 KB per SM, 1 KB reserved per CTA
@@ -291,6 +348,14 @@ class GluonConfig:
 
 TOKEN_TILES = (8, 16, 32, 64, 128)
 DEFAULT = GluonConfig()
+# M <= 16, shipped (issue 15; benchmarks/gemm_compute_kernels.py "n64_k512", gemm_fixed_kernels.py "n64_fin" /
+# "n64_fin_pdl", measured on the H200 against the first config, DEFAULT): 64-row tiles, 512-column K steps for
+# both formats (four decode chunks per step: the per-step barriers, waits and slot release over twice DEFAULT's
+# nvfp4 weights; the nvfp4 scale box is 32 bytes), a 2-slot ring, 80 registers, overlap: 3 CTAs per SM and twice
+# the tiles, so the auto split spreads the weight more evenly over the SMs; `fin`: the fast split-K epilogue
+# (fp4_gemm_gluon_epilogue) and, launched with `pdl=True`, programmatic dependent launch. K must pad to a multiple
+# of 512 (`small_m_fits`); other K take DEFAULT.
+SMALL_M = GluonConfig(block_n=64, stages=2, maxnreg=80, overlap=True, block_k=512, fin=True)
 # M > 16 (wgmma N = 32 / 64 / 128: each decoded weight tile feeds BM tokens). The accumulator [64 rows, BM] fp32 is
 # BM / 2 registers per thread, so the wide tiles take 64 weight rows per consumer warpgroup (two warpgroups, BN =
 # 128), at the lowest gated register budget with headroom (ptxas serialises every wgmma below a floor: 72 / 96 /
@@ -310,11 +375,17 @@ WIDE_OVERLAP = {64: GluonConfig(num_warps=8, maxnreg=128, block_m=64, stages=4, 
 SMEM_LIMIT = 227 * 1024          # an sm_90 CTA's dynamic shared memory
 
 
-def config_for(M: int, fmt: str = "nvfp4") -> GluonConfig:
-    """DEFAULT at M <= 16, else the format's WIDE config for the smallest token tile covering M (the largest one past
-    it: a grid over token tiles)."""
+def small_m_fits(k_padded: int, fmt: str) -> bool:
+    """Whether SMALL_M's K step divides the weight's padded K (its scale rows must also be 16-byte aligned)."""
+    return k_padded % SMALL_M.bk(fmt) == 0
+
+
+def config_for(M: int, fmt: str = "nvfp4", k_padded: int | None = None) -> GluonConfig:
+    """SMALL_M at M <= 16 (DEFAULT where `k_padded` is given and SMALL_M's K step does not divide it), else the
+    format's WIDE config for the smallest token tile covering M (the largest one past it: a grid over token
+    tiles)."""
     if M <= 16:
-        return DEFAULT
+        return SMALL_M if k_padded is None or small_m_fits(k_padded, fmt) else DEFAULT
     tiles = WIDE[fmt]
     return tiles[next((t for t in sorted(tiles) if t >= M), max(tiles))]
 
@@ -339,50 +410,69 @@ def _shared_layouts(block_m: int, bk: int):
 
 def _descriptors(x2: torch.Tensor, w: HopperFP4, c: GluonConfig, block_m: int):
     np_, kp = w.padded
-    bk = step_k(w.fmt)
+    bk = c.bk(w.fmt)
     wl, sl, xl = _shared_layouts(block_m, bk)
     # the layout words as [Kp/128, Np/16, 256]: a box is one K step's 128-column chunks of BN/16 row blocks
     w_desc = TensorDescriptor(w.values, [kp // COLS, np_ // ROWS, 256], [256, w.values.stride(0), 1],
                               [bk // COLS, c.block_n // ROWS, 256], wl)
     scales = w.scales.view(torch.int32)                                    # [Np, Kp/64] or [Np, Kp/128]
-    s_desc = TensorDescriptor(scales, list(scales.shape), list(scales.stride()), [c.block_n, 4], sl)
+    s_desc = TensorDescriptor(scales, list(scales.shape), list(scales.stride()),
+                              [c.block_n, scale_words(w.fmt, bk)], sl)
     x_desc = TensorDescriptor(x2, list(x2.shape), list(x2.stride()), [block_m, bk], xl)
     return w_desc, s_desc, x_desc
 
 
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
 def fp4_matmul_gluon(x2: torch.Tensor, w: HopperFP4, config: GluonConfig | None = None,
-                     out: torch.Tensor | None = None) -> torch.Tensor:
-    """x2 [M, K] bf16 @ W^T for an nvfp4 or mxfp4 weight W in the Hopper layout -> [M, N] bf16 (no
-    bias, no activation scale: W4A16); `config` defaults to `config_for(M, fmt)`. Needs an sm_90 GPU and Triton 3.6
-    (Gluon is version-pinned)."""
+                     out: torch.Tensor | None = None, row_scale: torch.Tensor | None = None,
+                     bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16,
+                     pdl: bool = False) -> torch.Tensor:
+    """x2 [M, K] bf16 @ W^T for an nvfp4 or mxfp4 weight W in the Hopper layout -> [M, N] `out_dtype`; `config`
+    defaults to `config_for(M, fmt, padded K)`. `row_scale` [M] float32 (W4A4: the nvfp4:row per-token scale) and
+    `bias` [N] need a `fin` config. `pdl`: launch as a programmatic dependent of the previous kernel in the stream
+    (needs a `fin` config; fp4_gemm_gluon_epilogue states the contract). Nothing is allocated but `out` (unless
+    given) and the split-K partials (the caching allocator: a CUDA-graph capture's pool), nothing synchronises, so
+    it can be captured. Needs an sm_90 GPU and Triton 3.6 (Gluon is version-pinned)."""
     from trace_rl.kernels.fp4_gemm import tile_counters
 
     if not isinstance(w, HopperFP4) or w.fmt not in ("nvfp4", "mxfp4") or w.values.dim() != 2:
         got = f"{w.fmt} values {tuple(w.values.shape)}" if isinstance(w, HopperFP4) else type(w).__name__
         raise ValueError(f"fp4_matmul_gluon: the weight must be a 2-D nvfp4 or mxfp4 HopperFP4 layout "
                          f"(hopper_fp4.to_hopper), got {got}")
-    bk = step_k(w.fmt)
     if x2.dim() != 2 or x2.dtype != torch.bfloat16:
         raise ValueError(f"fp4_matmul_gluon: x must be a 2-D bf16 tensor, got {x2.dtype} {tuple(x2.shape)}")
     M, K = x2.shape
     if M < 1:
         raise ValueError(f"fp4_matmul_gluon: M = {M}; needs M >= 1")
-    c = config or config_for(M, w.fmt)
-    c.check()
+    c = config or config_for(M, w.fmt, w.padded[1])
+    c.check(w.fmt)
+    bk = c.bk(w.fmt)
     bm = c.tile_m(M)
     if c.smem_bytes(bm, w.fmt) > SMEM_LIMIT:
         raise ValueError(f"fp4_matmul_gluon: {c} at {bm} tokens x {bk} {w.fmt} columns needs "
                          f"{c.smem_bytes(bm, w.fmt)} bytes of shared memory (> {SMEM_LIMIT}): fewer stages or a "
                          f"smaller block_m")
+    if (row_scale is not None or bias is not None or pdl) and not c.fin:
+        raise ValueError(f"fp4_matmul_gluon: row_scale, bias and pdl need a `fin` config (SMALL_M), got {c}")
     if K != w.k:
         raise ValueError(f"fp4_matmul_gluon: x has {K} columns, the weight {w.k}")
     if w.padded[1] % bk:
         raise ValueError(f"fp4_matmul_gluon: K = {K} pads to {w.padded[1]} layout columns, not a multiple of "
-                         f"{bk} ({w.fmt}): the scale rows ({w.scales.shape[1]} bytes) would not be 16-byte aligned "
-                         f"for TMA (use fp4_matmul)")
+                         f"the {bk}-column K step ({w.fmt}): the scale rows ({w.scales.shape[1]} bytes) would not "
+                         f"be 16-byte aligned for TMA or the last step would be partial (use fp4_matmul)")
     if not (x2.is_cuda and w.values.is_cuda and x2.device == w.values.device):
         raise ValueError("fp4_matmul_gluon: x and the weight must be on the same CUDA device")
-    if torch.cuda.get_device_capability(x2.device) != (9, 0):
+    dev = x2.device.index if x2.device.index is not None else torch.cuda.current_device()
+    if _capability(dev) != (9, 0):
         raise RuntimeError("fp4_matmul_gluon: needs an sm_90 GPU (wgmma, TMA, setmaxnreg)")
     if not triton.__version__.startswith("3.6"):
         raise RuntimeError(f"fp4_matmul_gluon: written against Triton 3.6's experimental Gluon API, found "
@@ -395,80 +485,42 @@ def fp4_matmul_gluon(x2: torch.Tensor, w: HopperFP4, config: GluonConfig | None 
     n_tiles = triton.cdiv(np_, c.block_n)
     m_tiles = triton.cdiv(M, bm)
     kb = kp // bk
-    sms = torch.cuda.get_device_properties(x2.device).multi_processor_count
-    split = c.split_k or auto_split(n_tiles * m_tiles, kb, sms * c.ctas_per_sm(bm, w.fmt))
+    split = c.split_k or auto_split(n_tiles * m_tiles, kb, _sm_count(dev) * c.ctas_per_sm(bm, w.fmt))
     split = triton.cdiv(kb, triton.cdiv(kb, max(1, min(split, kb))))
-    out = torch.empty(M, N, device=x2.device, dtype=torch.bfloat16) if out is None else out
-    if out.shape != (M, N) or out.dtype != torch.bfloat16 or out.stride(1) != 1:
-        raise ValueError(f"fp4_matmul_gluon: out must be a bf16 [{M}, {N}] tensor with unit column stride")
+    out = torch.empty(M, N, device=x2.device, dtype=out_dtype) if out is None else out
+    if out.shape != (M, N) or out.dtype not in (torch.bfloat16, torch.float16, torch.float32) or out.stride(1) != 1:
+        raise ValueError(f"fp4_matmul_gluon: out must be a bf16 / fp16 / fp32 [{M}, {N}] tensor with unit column "
+                         f"stride, got {out.dtype} {tuple(out.shape)}")
     if split > 1:
         part = torch.empty(n_tiles * m_tiles * split * c.block_n * bm, device=x2.device, dtype=torch.float32)
         counters = tile_counters(x2.device, n_tiles * m_tiles)
     else:
         part = counters = w.row_factor      # unused
     w_desc, s_desc, x_desc = _descriptors(x2, w, c, bm)
-    _fp4_gemm_ws_kernel[(n_tiles, split, m_tiles)](
-        w_desc, s_desc, x_desc, w.row_factor, out, part, counters, M, N, kb, split, out.stride(0),
-        BN=c.block_n, BK=bk, BM=bm, STAGES=c.stages, OVERLAP=c.overlap, MX=w.fmt == "mxfp4",
-        num_warps=c.num_warps, maxnreg=c.maxnreg)
+    grid = (n_tiles, split, m_tiles)
+    if not c.fin:
+        _fp4_gemm_ws_kernel[grid](
+            w_desc, s_desc, x_desc, w.row_factor, out, part, counters, M, N, kb, split, out.stride(0),
+            BN=c.block_n, BK=bk, BM=bm, STAGES=c.stages, OVERLAP=c.overlap, MX=w.fmt == "mxfp4",
+            num_warps=c.num_warps, maxnreg=c.maxnreg)
+        return out
+    if row_scale is not None and (row_scale.shape != (M, ) or row_scale.dtype != torch.float32):
+        raise ValueError(f"fp4_matmul_gluon: row_scale must be float32 [{M}], got {row_scale.dtype} "
+                         f"{tuple(row_scale.shape)}")
+    if bias is not None and bias.shape != (N, ):
+        raise ValueError(f"fp4_matmul_gluon: bias must be [{N}], got {tuple(bias.shape)}")
+    _fp4_gemm_ws_fin_kernel[grid](
+        w_desc, s_desc, x_desc, w.row_factor, out, part, counters,
+        row_scale.contiguous() if row_scale is not None else w.row_factor,
+        bias.contiguous() if bias is not None else w.row_factor, M, N, kb, out.stride(0),
+        BN=c.block_n, BK=bk, BM=bm, STAGES=c.stages, OVERLAP=c.overlap, MX=w.fmt == "mxfp4", SPLIT=split,
+        PDL=pdl, HAS_ROW_SCALE=row_scale is not None, HAS_BIAS=bias is not None, num_warps=c.num_warps,
+        maxnreg=c.maxnreg, **({"launch_pdl": True} if pdl else {}))
     return out
 
 
-# Compile gate (sass_gate.py; Triton 3.6 only: the Gluon API is experimental and version-pinned). The consumer's K
-# loop must keep the decoded tile in registers (register-A HGMMA, no STS/LDSM), spill nothing, and the kernel must
-# hold the warp-specialised structure: setmaxnreg (the partitions' register split), mbarrier waits and TMA loads.
-# Measured (Triton 3.6, sm_90, per weight element of the consumer's K step): 2.52 for one consumer warpgroup
-# (LOP3 5, SHF 4, HMUL2 4 per 8 weights; scale pairs PRMT + LEA 0.5 per weight; 2 HGMMA 64x16x16 per 16 K), 2.55
-# with overlap, 2.73 with two warpgroups (the step's fixed bookkeeping over half the weights). Budgets: + ~3%.
-# With both chunks' words loaded at the top of the step, ptxas issues each of the first chunk's HGMMAs as soon as
-# its k16 fragment is decoded and decodes the second chunk under them (its 16 HGMMAs then issue back to back).
-# The register budgets are the benchmark's variants (benchmarks/gemm_gluon.py), each gated: below them ptxas keeps
-# the kernel spill-free by serialising every wgmma (a full wait after each HGMMA: one warpgroup at maxnreg 48-64,
-# or 80 with overlap; two warpgroups at 56), or spills.
-GATE = ((GluonConfig(), 16, 2.6), (GluonConfig(), 8, 2.6), (GluonConfig(overlap=True), 16, 2.65),
-        (GluonConfig(stages=2, maxnreg=72), 16, 2.6), (GluonConfig(stages=3, maxnreg=72), 8, 2.6),
-        (GluonConfig(num_warps=8, maxnreg=80), 16, 2.85),
-        (GluonConfig(num_warps=8, maxnreg=80, overlap=True), 16, 2.85),
-        (GluonConfig(num_warps=8, maxnreg=80, overlap=True), 8, 2.85))
-# mxfp4 (512-column steps: four chunks, loaded and decoded in pairs; one scale word per row and chunk)
-GATE_MX = ((GluonConfig(stages=2), 16, 2.5), (GluonConfig(stages=2), 8, 2.5),
-           (GluonConfig(num_warps=8, maxnreg=80, overlap=True, stages=2), 16, 2.8))
-# Wide token tiles (WIDE; HGMMA 64xBMx16 with the register A operand): the decode per weight element does not depend
-# on BM (2.70-2.77 nvfp4, 2.38-2.40 mxfp4, two warpgroups), so SASS per weight element x token falls as 1 / BM:
-# 0.17 at BM = 16, 0.085 at 32, 0.043 at 64, 0.021 at 128. The register floors (the lowest spill-free budgets whose
-# wgmmas are not serialised: 72 / 96 / 120 at BM = 32 / 64 / 128; 64 / 88 / 112 serialise all 16 HGMMAs) are gated
-# beside WIDE's budgets, so a ptxas that needs more registers shows up here. overlap costs more (BM = 32 at 80
-# serialises) and is not WIDE's choice; WIDE_OVERLAP (BM 64 / 128 at 128 / 168 registers: 2.79 / 2.77, one full
-# wait per step at most) is gated for the benchmark.
-GATE_WIDE = tuple((c, c.block_m, 2.8) for c in WIDE["nvfp4"].values()) + \
-    ((GluonConfig(num_warps=8, maxnreg=72, block_m=32, stages=3), 32, 2.85),
-     (GluonConfig(num_warps=8, maxnreg=96, block_m=64, stages=4), 64, 2.8),
-     (GluonConfig(num_warps=8, maxnreg=120, block_m=128, stages=2), 128, 2.8))
-GATE_WIDE += tuple((c, c.block_m, 2.85) for c in WIDE_OVERLAP.values())
-GATE_WIDE_MX = tuple((c, c.block_m, 2.45) for c in WIDE["mxfp4"].values())
+def gate_case(c: GluonConfig, block_m: int, budget: float, fmt: str = "nvfp4", **kw):
+    """fp4_gemm_gluon_gate.gate_case (the compile gate's cases live there)."""
+    from trace_rl.kernels.fp4_gemm_gluon_gate import gate_case as _gate_case
 
-
-def gate_case(c: GluonConfig, block_m: int, budget: float, fmt: str = "nvfp4"):
-    from trace_rl.kernels.sass_gate import GateCase
-
-    bk = step_k(fmt)
-    wl, sl, xl = _shared_layouts(block_m, bk)
-    sig = dict(w_desc=f"tensordesc<i32[{bk // COLS}, {c.block_n // ROWS}, 256],{wl!r}>",
-               s_desc=f"tensordesc<i32[{c.block_n}, 4],{sl!r}>",
-               x_desc=f"tensordesc<bf16[{block_m}, {bk}],{xl!r}>", rf_ptr="*fp32", out_ptr="*bf16",
-               part_ptr="*fp32", count_ptr="*i32", M="i32", N="i32", KB="i32", SPLIT_K="i32", stride_om="i32")
-    consts = dict(BN=c.block_n, BK=bk, BM=block_m, STAGES=c.stages, OVERLAP=c.overlap, MX=fmt == "mxfp4")
-    return GateCase(f"gemm gluon ws {fmt} {block_m}x{c.block_n}x{bk} w{c.num_warps}s{c.stages}"
-                    f"{' overlap' if c.overlap else ''} r{c.maxnreg}", _fp4_gemm_ws_kernel, sig, consts,
-                    c.num_warps, 1, c.block_n * bk / (32 * c.num_warps), budget,
-                    ("rf_ptr", "out_ptr", "part_ptr", "count_ptr", "stride_om"),
-                    max_full_waits=1 if c.overlap else bk // COLS,
-                    options=(("maxnreg", c.maxnreg), ),
-                    require=("USETMAXREG", "SYNCS.PHASECHK", "UTMALDG", "SYNCS.ARRIVE"))
-
-
-def sass_gate_cases():
-    if not triton.__version__.startswith("3.6"):
-        return []
-    return [gate_case(c, bm, b) for c, bm, b in GATE + GATE_WIDE] + \
-        [gate_case(c, bm, b, "mxfp4") for c, bm, b in GATE_MX + GATE_WIDE_MX]
+    return _gate_case(c, block_m, budget, fmt, **kw)

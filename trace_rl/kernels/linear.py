@@ -8,6 +8,11 @@ From `fp4_dequant.DEQUANT_CUBLAS_MIN_M` rows on (weights up to `DEQUANT_CUBLAS_M
 dequantize the weight to a bf16 scratch and call cuBLAS instead (fp4_dequant.py: same math up to float32
 accumulation order; `use_dequant_cublas(M, N, K)` says which). A weight with a persistent operand cache
 (operand_cache.py, opt-in) takes cuBLAS on that cache instead from the same M on, whatever its size (same bits).
+
+At M <= 16 on an sm_90 GPU with Triton 3.6 both take the Gluon GEMM (fp4_gemm_gluon.SMALL_M, programmatic dependent
+launch; the rule: gemm_dispatch.py, `GLUON_SMALL_M` turns it off), elsewhere the Triton `fp4_matmul`. W4A4 there: the
+activation quantize kernel issues griddepcontrol.launch_dependents at its start, so the GEMM's setup and weight
+prefetch run under it.
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ import torch
 from trace_rl.formats import per_token
 from trace_rl.kernels.fp4_dequant import dequant_matmul, use_dequant_cublas
 from trace_rl.kernels.fp4_gemm import GemmConfig, fp4_matmul
-from trace_rl.kernels.hopper_fp4 import LAYOUT_KEY, HopperFP4, to_hopper
+from trace_rl.kernels.gemm_dispatch import dense_path
+from trace_rl.kernels.hopper_fp4 import LAYOUT_KEY, HopperFP4, padded_shape, to_hopper
 from trace_rl.kernels.operand_cache import operand_cache_matmul, use_operand_cache
 from trace_rl.kernels.row_quantize import quantize_dequant_bf16
 
@@ -53,12 +59,25 @@ def hopper_weight(packed) -> HopperFP4:
     return h
 
 
-def _dense_matmul(x2, packed, row_scale, bias, out_dtype, config):
-    """The FP4 GEMM, or at large M (and no explicit config) cuBLAS on the operand cache or dequantize + cuBLAS."""
+def small_m_gemm(x2, packed, config) -> str:
+    """"gluon" or "triton": the GEMM a dense linear of x2's rows takes below cuBLAS' range (gemm_dispatch)."""
+    return dense_path(x2, packed.fmt, padded_shape(packed.out_features, packed.in_features)[1], config is not None)
+
+
+def _dense_matmul(x2, packed, row_scale, bias, out_dtype, config, path: str | None = None):
+    """The FP4 GEMM, or at large M (and no explicit config) cuBLAS on the operand cache or dequantize + cuBLAS. At
+    M <= 16 on sm_90 (`small_m_gemm`, `path` if the caller already asked) the Gluon GEMM, launched as a
+    programmatic dependent of the kernel before it (fp4_gemm_gluon_epilogue's contract: it reads x and the row
+    scales, and writes, only after that kernel completes)."""
     if config is None and use_operand_cache(x2.shape[0], packed):
         return operand_cache_matmul(x2, packed, row_scale, bias, out_dtype)
     if config is None and use_dequant_cublas(x2.shape[0], packed.out_features, packed.in_features):
         return dequant_matmul(x2, packed.q, hopper_weight(packed), row_scale, bias, out_dtype)
+    if (path or small_m_gemm(x2, packed, config)) == "gluon":
+        from trace_rl.kernels.fp4_gemm_gluon import fp4_matmul_gluon
+
+        return fp4_matmul_gluon(x2, hopper_weight(packed), row_scale=row_scale, bias=bias, out_dtype=out_dtype,
+                                pdl=True)
     return fp4_matmul(x2, hopper_weight(packed), row_scale, bias, out_dtype=out_dtype, config=config)
 
 
@@ -83,12 +102,14 @@ def fp4_linear(x: torch.Tensor, packed, act_fmt: str = "bf16", bias: torch.Tenso
     if x2.shape[0] == 0:
         return x.new_empty(*lead, packed.out_features)
     row_scale = None
+    path = small_m_gemm(x2, packed, config)
     if act_fmt == "bf16":
         xb = x2.to(torch.bfloat16)
         xb = xb if xb.stride(-1) == 1 else xb.contiguous()
-    else:
-        xb, row_scale = quantize_dequant_bf16(x2 if x2.stride(-1) == 1 else x2.contiguous(), per_token(act_fmt))
-    y = _dense_matmul(xb, packed, row_scale, bias, x.dtype, config)
+    else:   # before the Gluon GEMM the quantize kernel lets it launch early (PDL): its prologue under the quantize
+        xb, row_scale = quantize_dequant_bf16(x2 if x2.stride(-1) == 1 else x2.contiguous(), per_token(act_fmt),
+                                              launch_dependents=path == "gluon")
+    y = _dense_matmul(xb, packed, row_scale, bias, x.dtype, config, path)
     return y.reshape(*lead, packed.out_features)
 
 

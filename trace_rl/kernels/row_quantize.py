@@ -158,12 +158,14 @@ def _quantize_rows_kernel(
     FMT: tl.constexpr, HAS_DEST: tl.constexpr, EMIT_BF16: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SINGLE: tl.constexpr,
     SILU_MUL: tl.constexpr = False, FAST_DIV: tl.constexpr = False, SILU_EXACT: tl.constexpr = False,
-    SILU_INTERP: tl.constexpr = False,
+    SILU_INTERP: tl.constexpr = False, LAUNCH_DEPENDENTS: tl.constexpr = False,
 ):
     """SINGLE (K <= BLOCK_K): each row is loaded once, for its amax and its codes. SILU_MUL: the operand is
     SiLU(x[:, :K]) * x[:, K:] (x has 2K columns), the experts' SwiGLU fused in. FAST_DIV (nvfp4:row): divide
     by the block scales as `div_rn_by_reciprocal` where `fast_div_ok` holds for every row amax of the program
-    (else div_rn, as without it); same bits either way."""
+    (else div_rn, as without it); same bits either way. LAUNCH_DEPENDENTS: as `_quantize_dequant_rows_kernel`'s."""
+    if LAUNCH_DEPENDENTS:
+        tl.extra.cuda.gdc_launch_dependents()
     G: tl.constexpr = 16 if FMT <= 1 else (32 if FMT == 2 else BLOCK_K)  # elements per scale
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < n_rows
@@ -241,10 +243,13 @@ def tensor_amax_bits(x2: torch.Tensor) -> torch.Tensor:
 
 
 def launch_quantize_rows(x2, fmt_id, codes, scales, gscale, dest=None, heads=1, emit_bf16=False, silu_mul=False,
-                         fast_div=False):
+                         fast_div=False, launch_dependents=False):
     """Quantize rows of x2 [rows, K] (unit column stride) into preallocated outputs (see kernel). `dest`:
     the KV write's slots, or for nvfp4 (tensor scale) the int32 amax bits from `tensor_amax_bits`.
-    `silu_mul`: x2 is [rows, 2K] gate | up. `fast_div`: the general kernel's FAST_DIV (nvfp4:row)."""
+    `silu_mul`: x2 is [rows, 2K] gate | up. `fast_div`: the general kernel's FAST_DIV (nvfp4:row).
+    `launch_dependents`: the kernel signals griddepcontrol.launch_dependents at its start (a programmatic dependent
+    launch after it may begin; compiled kernels only: off in the interpreter)."""
+    launch_dependents = bool(launch_dependents) and not interpreting()
     n_rows = x2.shape[0]
     K = x2.shape[1] // 2 if silu_mul else x2.shape[1]
     G = BLOCK[fmt_id] if fmt_id != FMT_FP8_ROW else 16
@@ -255,7 +260,8 @@ def launch_quantize_rows(x2, fmt_id, codes, scales, gscale, dest=None, heads=1, 
         rows, nb, nch, warps = tiles
         _quantize_dequant_rows_kernel[(triton.cdiv(n_rows, rows),)](
             x2, codes, gscale if gscale is not None else codes, n_rows, K, x2.stride(0), codes.stride(0),
-            MX=fmt_id == FMT_MXFP4, ROWS=rows, NB=nb, NCH=nch, SILU_MUL=silu_mul, num_warps=warps, **silu)
+            MX=fmt_id == FMT_MXFP4, ROWS=rows, NB=nb, NCH=nch, SILU_MUL=silu_mul, LAUNCH_DEPENDENTS=launch_dependents,
+            num_warps=warps, **silu)
         return
     bm, bk, warps = _tiles(n_rows, K, G)
     grid = (triton.cdiv(n_rows, bm),)
@@ -265,7 +271,7 @@ def launch_quantize_rows(x2, fmt_id, codes, scales, gscale, dest=None, heads=1, 
         n_rows, K, x2.stride(0), codes.stride(0), scales.stride(0) if scales is not None else 0, heads,
         FMT=fmt_id, HAS_DEST=dest is not None and fmt_id != FMT_NVFP4, EMIT_BF16=emit_bf16, BLOCK_M=bm, BLOCK_K=bk,
         SINGLE=K <= bk, SILU_MUL=silu_mul, FAST_DIV=bool(fast_div) and fmt_id == FMT_NVFP4_ROW,
-        num_warps=warps, **silu)
+        LAUNCH_DEPENDENTS=launch_dependents, num_warps=warps, **silu)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -317,14 +323,15 @@ def quantize(x: torch.Tensor, fmt_name: str, fast: bool | None = None) -> QTenso
                    name)
 
 
-def quantize_dequant_bf16(x2: torch.Tensor, fmt_name: str,
-                          silu_mul: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def quantize_dequant_bf16(x2: torch.Tensor, fmt_name: str, silu_mul: bool = False,
+                          launch_dependents: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """W4A4 activations: (bf16 [rows, K] = code value * block scale, float32 [rows] row global or None).
 
     x2 quantized per token with `fmt_name` ("nvfp4:row" or "mxfp4"); value * global reproduces
     `get_format(fmt_name).dequantize(quantize(x2))` up to the float32 rounding of that last product.
     `silu_mul`: x2 is [rows, 2K] (gate | up); quantize `swiglu.silu_mul(x2)` in the same launch (same codes
-    and scales as running it first)."""
+    and scales as running it first). `launch_dependents`: the kernel lets a programmatic dependent launch after it
+    (the small-M Gluon GEMM, `kernels.linear`) start at once (`launch_quantize_rows`)."""
     name = get_format(fmt_name).name
     if name not in ("nvfp4:row", "mxfp4"):
         raise ValueError(f"W4A4 activations are quantized per token to nvfp4:row or mxfp4, not {fmt_name!r}")
@@ -337,5 +344,6 @@ def quantize_dequant_bf16(x2: torch.Tensor, fmt_name: str,
     out = torch.empty(n_rows, K, device=x2.device, dtype=torch.bfloat16)
     gscale = torch.empty(n_rows, device=x2.device, dtype=torch.float32) if fmt_id == FMT_NVFP4_ROW else None
     if n_rows:
-        launch_quantize_rows(x2, fmt_id, out, None, gscale, emit_bf16=True, silu_mul=silu_mul)
+        launch_quantize_rows(x2, fmt_id, out, None, gscale, emit_bf16=True, silu_mul=silu_mul,
+                             launch_dependents=launch_dependents)
     return out, gscale

@@ -56,6 +56,16 @@ def sass_gate_cases():
                               divisible=("x_ptr", "out_ptr", "gscale_ptr", "K", "stride_x", "stride_out"),
                               register_a=False, forbid=(), whole_kernel=True,
                               options=(("enable_fp_fusion", True),) if silu else ()))
+    # the small-M W4A4 linear's quantize launch before the Gluon GEMM (kernels.linear): griddepcontrol
+    # .launch_dependents (PREEXIT) first, at the K = 4096 (one row per program)
+    for name, mx, budget in (("nvfp4:row K4096 launch_dependents", False, 61.0),
+                             ("mxfp4 K4096 launch_dependents", True, 29.0)):
+        rows, nb, nch, warps = _dequant_tiles(16, 4096, 32 if mx else 16)
+        cases.append(GateCase(f"quantize_dequant {name}", _quantize_dequant_rows_kernel, sig,
+                              dict(MX=mx, ROWS=rows, NB=nb, NCH=nch, SILU_MUL=False, LAUNCH_DEPENDENTS=True), warps,
+                              1, rows * 4096 / (32 * warps), budget,
+                              divisible=("x_ptr", "out_ptr", "gscale_ptr", "K", "stride_x", "stride_out"),
+                              register_a=False, forbid=(), whole_kernel=True, require=("PREEXIT", )))
     # `quantize` (codes and scales out): nvfp4:row and fp8 rows, K = 2048
     for name, fmt, budget in (("nvfp4:row K2048", FMT_NVFP4_ROW, 75.0), ("fp8_e4m3:row K2048", FMT_FP8_ROW, 48.0)):
         K = 2048

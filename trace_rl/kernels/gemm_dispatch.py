@@ -1,0 +1,93 @@
+"""Which FP4 GEMM a dense `fp4_linear` runs at small M: the Gluon warp-specialised kernel (fp4_gemm_gluon.SMALL_M,
+launched with programmatic dependent launch) or the Triton `fp4_matmul` (issue 15).
+
+At M <= GLUON_MAX_M on an sm_90 GPU with Triton 3.6's Gluon, the Gluon GEMM is the faster kernel (H200,
+benchmarks/gemm_ship_h200.sh); everywhere else (other GPUs, other Triton versions, larger M, a weight whose padded K
+is not a whole number of its 512-column K steps, an explicit Triton `GemmConfig`) the Triton kernel runs. This is a
+dispatch rule, not a fallback: `small_m_path` is a pure function of what it is given (tested on CPU), and the first
+decision of each kind is logged once per process (`log_path`), so a run's log says which GEMM its small-M linears
+take. `GLUON_SMALL_M = False` turns the Gluon path off.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+log = logging.getLogger("trace_rl.kernels")
+
+GLUON_SMALL_M = True      # module switch: False sends every linear to the Triton fp4_matmul
+GLUON_MAX_M = 16          # SMALL_M's token tiles (8 / 16): wider M takes the Triton kernel (or cuBLAS past it)
+SMALL_M_K_STEP = 512      # fp4_gemm_gluon.SMALL_M.block_k (checked in tests/kernels/test_gemm_dispatch.py)
+
+
+def small_m_path(M: int, fmt: str, k_padded: int, capability: tuple[int, int] | None, gluon: bool,
+                 explicit_config: bool, enabled: bool = True) -> tuple[str, str]:
+    """("gluon" | "triton", why) for a dense FP4 linear of M rows on a weight of format `fmt` whose Hopper layout
+    has `k_padded` columns, on a device of compute `capability` (None: not CUDA), `gluon`: Triton 3.6's Gluon is
+    importable, `explicit_config`: the caller passed a Triton GemmConfig, `enabled`: GLUON_SMALL_M."""
+    if not enabled:
+        return "triton", "GLUON_SMALL_M is off"
+    if explicit_config:
+        return "triton", "an explicit Triton GemmConfig was given"
+    if M > GLUON_MAX_M:
+        return "triton", f"M > {GLUON_MAX_M}"
+    if capability != (9, 0):
+        return "triton", f"not an sm_90 GPU (capability {capability})"
+    if not gluon:
+        return "triton", "Triton 3.6's Gluon is not importable"
+    if fmt not in ("nvfp4", "mxfp4"):
+        return "triton", f"format {fmt}"
+    if k_padded % SMALL_M_K_STEP:
+        return "triton", f"K pads to {k_padded}, not a multiple of the Gluon GEMM's {SMALL_M_K_STEP}-column K step"
+    return "gluon", f"M <= {GLUON_MAX_M} on sm_90: fp4_gemm_gluon.SMALL_M with programmatic dependent launch"
+
+
+@functools.cache
+def gluon_available() -> bool:
+    """Triton 3.6 with its experimental Gluon API and the Gluon GEMM module importable (the launcher is pinned to
+    3.6's API)."""
+    import triton
+
+    if not triton.__version__.startswith("3.6"):
+        return False
+    try:
+        import trace_rl.kernels.fp4_gemm_gluon  # noqa: F401
+    except Exception as e:   # noqa: BLE001 -- the rule's input: reported by `log_path`, not swallowed
+        log.info("the Gluon FP4 GEMM is not importable: %r", e)
+        return False
+    return True
+
+
+@functools.cache
+def device_capability(index: int) -> tuple[int, int]:
+    import torch
+
+    return torch.cuda.get_device_capability(index)
+
+
+_LOGGED: set = set()
+
+
+def log_path(path: str, why: str) -> None:
+    """logger.info once per process and (path, reason): which GEMM the small-M linears take."""
+    key = (path, why)
+    if key not in _LOGGED:
+        _LOGGED.add(key)
+        log.info("small-M FP4 linears (M <= %d) take the %s GEMM: %s", GLUON_MAX_M,
+                 "Gluon" if path == "gluon" else "Triton fp4_matmul", why)
+
+
+def dense_path(x2, fmt: str, k_padded: int, explicit_config: bool) -> str:
+    """`small_m_path` for x2 [M, K] on its device, logged at M <= GLUON_MAX_M; "gluon" or "triton"."""
+    if x2.shape[0] > GLUON_MAX_M:       # no device query or log on the large-M path
+        return "triton"
+    cap = None
+    if x2.is_cuda:
+        import torch
+
+        cap = device_capability(x2.device.index if x2.device.index is not None else torch.cuda.current_device())
+    gluon = cap == (9, 0) and GLUON_SMALL_M and gluon_available()
+    path, why = small_m_path(x2.shape[0], fmt, k_padded, cap, gluon, explicit_config, GLUON_SMALL_M)
+    log_path(path, why)
+    return path
