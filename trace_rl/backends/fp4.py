@@ -11,6 +11,9 @@ Paths (reported in `paths`, never silent):
   with CUDA tensors, the kernels, and the Hopper layout already derived (the layer ran, or `derive_kernel_layout`),
   `quantize_into` writes the codes, scales and layout in one pass (`kernels.quantize_relayout`) into the buffers in
   place; else the weight is quantized (`prepare_weight`), copied in, and the layouts re-derived.
+- `fp4.gluon`: the same at M <= 16 on an sm_90 GPU with Triton 3.6's Gluon (`kernels.gemm_dispatch`): the Gluon
+  warp-specialised FP4 GEMM (`kernels.fp4_gemm_gluon.SMALL_M`, programmatic dependent launch) instead of the Triton
+  one; `kernels.gemm_dispatch.GLUON_SMALL_M = False` turns it off.
 - `fp4.dequant_cublas`: the same on CUDA at M >= `kernels.fp4_dequant.DEQUANT_CUBLAS_MIN_M` rows over weights of
   at most `DEQUANT_CUBLAS_MAX_WEIGHT` elements (`use_dequant_cublas(M, N, K)`): the weight
   dequantized to a bf16 scratch, one cuBLAS GEMM (float32 output), the FP4 GEMM's epilogue
@@ -175,21 +178,23 @@ class FP4Backend(Backend):
         if _on_kernels(x):
             from trace_rl.kernels import fp4_linear
 
-            self._record_dense(x.numel() // x.shape[-1] if x.shape[-1] else 0, packed)
+            self._record_dense(x.numel() // x.shape[-1] if x.shape[-1] else 0, packed, x.device)
             return fp4_linear(x, packed, act_fmt, bias)
         self.paths.record("fp4.emulated")
         return emulated_linear(x, packed, act_fmt, bias)
 
-    def _record_dense(self, rows: int, packed) -> None:
+    def _record_dense(self, rows: int, packed, device) -> None:
         """The path a dense linear of `rows` rows takes on the kernels (the choice `kernels.linear` makes)."""
         from trace_rl.kernels.fp4_dequant import use_dequant_cublas
+        from trace_rl.kernels.linear import small_m_gemm
         from trace_rl.kernels.operand_cache import use_operand_cache
 
         if use_operand_cache(rows, packed):
             self.paths.record("fp4.operand_cache_cublas")
+        elif use_dequant_cublas(rows, packed.out_features, packed.in_features):
+            self.paths.record("fp4.dequant_cublas")
         else:
-            large = use_dequant_cublas(rows, packed.out_features, packed.in_features)
-            self.paths.record("fp4.dequant_cublas" if large else "fp4.triton")
+            self.paths.record("fp4.gluon" if small_m_gemm(rows, device, packed) == "gluon" else "fp4.triton")
 
     def quantize_input(self, x, packed, act_fmt):
         """W4A4 `x` quantized per token once for the layers sharing it (`SharedInput`; models.linear.shared_input):
@@ -251,7 +256,7 @@ class FP4Backend(Backend):
         if xq.kernels:
             from trace_rl.kernels import fp4_linear_prequantized
 
-            self._record_dense(xq.x.shape[0], packed)
+            self._record_dense(xq.x.shape[0], packed, xq.x.device)
             y = fp4_linear_prequantized(xq.x, xq.row_scale, packed, bias, xq.dtype)
             return y.reshape(*xq.shape[:-1], packed.out_features)
         self.paths.record("fp4.emulated")

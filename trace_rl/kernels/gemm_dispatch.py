@@ -78,16 +78,17 @@ def log_path(path: str, why: str) -> None:
                  "Gluon" if path == "gluon" else "Triton fp4_matmul", why)
 
 
-def dense_path(x2, fmt: str, k_padded: int, explicit_config: bool) -> str:
-    """`small_m_path` for x2 [M, K] on its device, logged at M <= GLUON_MAX_M; "gluon" or "triton"."""
-    if x2.shape[0] > GLUON_MAX_M:       # no device query or log on the large-M path
+def dense_path(rows: int, device, fmt: str, k_padded: int, explicit_config: bool) -> str:
+    """`small_m_path` for a linear of `rows` rows on `device` (a torch.device), logged at M <= GLUON_MAX_M;
+    "gluon" or "triton"."""
+    if rows > GLUON_MAX_M:       # no device query or log on the large-M path
         return "triton"
     cap = None
-    if x2.is_cuda:
+    if device.type == "cuda":
         import torch
 
-        cap = device_capability(x2.device.index if x2.device.index is not None else torch.cuda.current_device())
+        cap = device_capability(device.index if device.index is not None else torch.cuda.current_device())
     gluon = cap == (9, 0) and GLUON_SMALL_M and gluon_available()
-    path, why = small_m_path(x2.shape[0], fmt, k_padded, cap, gluon, explicit_config, GLUON_SMALL_M)
+    path, why = small_m_path(rows, fmt, k_padded, cap, gluon, explicit_config, GLUON_SMALL_M)
     log_path(path, why)
     return path

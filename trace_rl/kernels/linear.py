@@ -59,9 +59,11 @@ def hopper_weight(packed) -> HopperFP4:
     return h
 
 
-def small_m_gemm(x2, packed, config) -> str:
-    """"gluon" or "triton": the GEMM a dense linear of x2's rows takes below cuBLAS' range (gemm_dispatch)."""
-    return dense_path(x2, packed.fmt, padded_shape(packed.out_features, packed.in_features)[1], config is not None)
+def small_m_gemm(rows: int, device, packed, config=None) -> str:
+    """"gluon" or "triton": the GEMM a dense linear of `rows` rows on `device` takes below cuBLAS' range
+    (gemm_dispatch)."""
+    return dense_path(rows, device, packed.fmt, padded_shape(packed.out_features, packed.in_features)[1],
+                      config is not None)
 
 
 def _dense_matmul(x2, packed, row_scale, bias, out_dtype, config, path: str | None = None):
@@ -73,7 +75,7 @@ def _dense_matmul(x2, packed, row_scale, bias, out_dtype, config, path: str | No
         return operand_cache_matmul(x2, packed, row_scale, bias, out_dtype)
     if config is None and use_dequant_cublas(x2.shape[0], packed.out_features, packed.in_features):
         return dequant_matmul(x2, packed.q, hopper_weight(packed), row_scale, bias, out_dtype)
-    if (path or small_m_gemm(x2, packed, config)) == "gluon":
+    if (path or small_m_gemm(x2.shape[0], x2.device, packed, config)) == "gluon":
         from trace_rl.kernels.fp4_gemm_gluon import fp4_matmul_gluon
 
         return fp4_matmul_gluon(x2, hopper_weight(packed), row_scale=row_scale, bias=bias, out_dtype=out_dtype,
@@ -102,7 +104,7 @@ def fp4_linear(x: torch.Tensor, packed, act_fmt: str = "bf16", bias: torch.Tenso
     if x2.shape[0] == 0:
         return x.new_empty(*lead, packed.out_features)
     row_scale = None
-    path = small_m_gemm(x2, packed, config)
+    path = small_m_gemm(x2.shape[0], x2.device, packed, config)
     if act_fmt == "bf16":
         xb = x2.to(torch.bfloat16)
         xb = xb if xb.stride(-1) == 1 else xb.contiguous()
