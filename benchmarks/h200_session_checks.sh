@@ -29,6 +29,9 @@
 #            consumer warpgroups / 64x512 tiles at 3 CTAs/SM, full and compute-only, vs cuBLAS (only when named)
 #   gemmfix  benchmarks/gemm_fixed_h200.sh       the Gluon GEMM's fixed cost at M <= 16: empty-kernel floor, setup,
 #            split-K epilogue (n64_k512 vs n64_nosplit), the fast finish (n64_fin), cuBLAS at K = 256 (only when named)
+#   gemmship benchmarks/gemm_ship_h200.sh        the SHIPPED small-M FP4 linear (fp4_linear -> Gluon GEMM + PDL, issue
+#            15) vs cuBLAS BF16, the Triton path and gemlite at M = 1/4/16, W4A16 / W4A4 / prequantized, after an
+#            RMSNorm too, + its GPU tests (8 parallel shards); named only
 #   fp4engine benchmarks/engine_fp4_gluon_h200.sh the FP4 engine's decode step with attention forced to the Triton
 #            kernel vs the Gluon kernel (Qwen3-8B shape, B = 100 / 256, 8k) and the bf16 engine, after the Gluon
 #            engine and kernel GPU tests (which GLUON_IN_AUTO rests on); not in the default list: name it
@@ -100,6 +103,7 @@ for name in $NAMES; do
         gemmcomp) bash benchmarks/gemm_compute_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         gemmfix) bash benchmarks/gemm_fixed_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         normquant) bash benchmarks/norm_quant_h200.sh "$d" > "$d/run.log" 2>&1 ;;
+        gemmship) bash benchmarks/gemm_ship_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         presets) pytest_check "$d" 145 tests/pipelines/test_presets_gpu.py ;;
         engine) pytest_check "$d" 85 tests/engine/test_native_gpu.py -k "not gluon" ;;
         opprof) bash benchmarks/engine_opcache_profile_h200.sh "$d" > "$d/run.log" 2>&1 ;;
