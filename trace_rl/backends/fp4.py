@@ -205,10 +205,14 @@ class FP4Backend(Backend):
         if act_fmt == "bf16" or x.numel() == 0:
             return None
         if _on_kernels(x):
+            from trace_rl.kernels.linear import small_m_gemm
             from trace_rl.kernels.row_quantize import quantize_dequant_bf16
 
             x2 = x.reshape(-1, K)
-            xq, row_scale = quantize_dequant_bf16(x2 if x2.stride(-1) == 1 else x2.contiguous(), per_token(act_fmt))
+            # the first layer sharing the input follows at once: a small-M Gluon GEMM may start under the quantize
+            pdl = small_m_gemm(x2.shape[0], x2.device, packed) == "gluon"
+            xq, row_scale = quantize_dequant_bf16(x2 if x2.stride(-1) == 1 else x2.contiguous(), per_token(act_fmt),
+                                                  launch_dependents=pdl)
             return SharedInput(act_fmt, x.shape, x.dtype, xq, row_scale, kernels=True)
         compute = torch.float64 if x.dtype == torch.float64 else torch.float32
         xf = get_format(per_token(act_fmt)).fake_quantize(x.to(compute))
