@@ -21,7 +21,8 @@ def test_rule_takes_gluon_only_for_small_m_on_sm90_with_gluon():
              ((16, "nvfp4", 4096, (9, 0), True, True), "explicit Triton GemmConfig"),
              ((16, "nvfp4", 1280, (9, 0), True, False), "not a multiple"),     # 1280 = 2.5 x 512-column steps
              ((4, "mxfp4", 768, (9, 0), True, False), "not a multiple"),
-             ((4, "fp8", 4096, (9, 0), True, False), "format")]
+             ((4, "fp8", 4096, (9, 0), True, False), "format"),
+             ((0, "nvfp4", 4096, (9, 0), True, False), "no rows")]
     for args, why in cases:
         path, reason = small_m_path(*args)
         assert path == "triton" and why in reason, (args, reason)

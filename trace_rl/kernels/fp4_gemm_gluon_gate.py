@@ -55,7 +55,7 @@ GATE_WIDE_MX = tuple((c, c.block_m, 2.45) for c in WIDE["mxfp4"].values())
 def gate_case(c: GluonConfig, block_m: int, budget: float, fmt: str = "nvfp4", split: int = 2, pdl: bool = False,
               row_scale: bool = False):
     """The case of config `c` at `block_m` tokens; a `fin` config at the constexpr `split`, `pdl` and `row_scale`
-    (W4A4) it compiles for."""
+    (W4A4, with a bias) it compiles for."""
     from trace_rl.kernels.sass_gate import GateCase
 
     if c.fin:
@@ -87,12 +87,12 @@ def _fin_gate_case(c: GluonConfig, block_m: int, budget: float, fmt: str, split:
                part_ptr="*fp32", count_ptr="*i32", row_scale_ptr="*fp32", bias_ptr="*fp32", M="i32", N="i32",
                KB="i32", stride_om="i32")
     consts = dict(BN=c.block_n, BK=bk, BM=block_m, STAGES=c.stages, OVERLAP=c.overlap, MX=fmt == "mxfp4",
-                  SPLIT=split, PDL=pdl, HAS_ROW_SCALE=row_scale, HAS_BIAS=False)
+                  SPLIT=split, PDL=pdl, HAS_ROW_SCALE=row_scale, HAS_BIAS=row_scale)
     # PDL: griddepcontrol.launch_dependents (PREEXIT) and .wait (ACQBULK) must be there
     require = ("USETMAXREG", "SYNCS.PHASECHK", "UTMALDG", "SYNCS.ARRIVE") + (("PREEXIT", "ACQBULK") if pdl else ())
     return GateCase(f"gemm gluon fin {fmt} {block_m}x{c.block_n}x{bk} w{c.num_warps}s{c.stages}"
                     f"{' overlap' if c.overlap else ''} r{c.maxnreg} split{split}{' pdl' if pdl else ''}"
-                    f"{' w4a4' if row_scale else ''}", _fp4_gemm_ws_fin_kernel, sig, consts,
+                    f"{' w4a4 bias' if row_scale else ''}", _fp4_gemm_ws_fin_kernel, sig, consts,
                     c.num_warps, 1, c.block_n * bk / (32 * c.num_warps), budget,
                     ("rf_ptr", "out_ptr", "part_ptr", "count_ptr", "row_scale_ptr", "bias_ptr", "stride_om"),
                     max_full_waits=1 if c.overlap else bk // COLS,
@@ -102,7 +102,7 @@ def _fin_gate_case(c: GluonConfig, block_m: int, budget: float, fmt: str, split:
 
 # The shipped small-M config (SMALL_M: 64 rows x 512 columns per step, 2 slots, 80 registers, overlap, `fin`) as
 # `fp4_linear` launches it: PDL on, at the splits of the issue's shapes on 132 SMs (4096x12288: 2; 12288x4096: 6;
-# 4096x1024: 4) and token tiles 8 / 16, W4A16 and W4A4 (row scale); one without PDL (the `pdl=False` launch).
+# 4096x1024: 4) and token tiles 8 / 16, W4A16 and W4A4 (row scale, with a bias); one without PDL (`pdl=False`).
 GATE_SMALL_M = ((SMALL_M, 16, "nvfp4", 2, True, False), (SMALL_M, 8, "nvfp4", 6, True, True),
                 (SMALL_M, 16, "nvfp4", 4, False, False), (SMALL_M, 8, "mxfp4", 2, True, False),
                 (SMALL_M, 16, "mxfp4", 6, True, True), (SMALL_M, 16, "nvfp4", 1, True, False))

@@ -32,6 +32,8 @@ def small_m_path(M: int, fmt: str, k_padded: int, capability: tuple[int, int] | 
         return "triton", "an explicit Triton GemmConfig was given"
     if M > GLUON_MAX_M:
         return "triton", f"M > {GLUON_MAX_M}"
+    if M < 1:
+        return "triton", "no rows"
     if capability != (9, 0):
         return "triton", f"not an sm_90 GPU (capability {capability})"
     if not gluon:
