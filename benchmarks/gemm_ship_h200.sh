@@ -58,6 +58,8 @@ for f in sorted(glob.glob(os.path.join(out, "pytest_*.xml"))):
                     failed.append(case.get("name"))
     except Exception as e:   # noqa: BLE001
         failed.append(f"{f}: {e!r}")
+ids = os.path.join(out, "test_ids.txt")
+counts["collected"] = len(open(ids).read().split()) if os.path.exists(ids) else 0   # 0: collection failed
 s["pytest"], s["pytest_failed"] = counts, failed[:20]
 s["pytest_tails"] = {os.path.basename(f): tail(out, os.path.basename(f), 2)
                      for f in sorted(glob.glob(os.path.join(out, "pytest_*.log")))}
