@@ -2,7 +2,7 @@
 programmatic dependent launch) against cuBLAS BF16, the previous Triton path and gemlite, all in one run.
 
     python benchmarks/gemm_ship.py --out gemm_ship.json [--budget-s 40]     # an sm_90 GPU, Triton 3.6
-    python benchmarks/gemm_ship.py --precompile-only                        # fill Triton's cache (16 processes)
+    python benchmarks/gemm_ship.py --precompile-only                        # fill Triton's cache (8 processes)
 
 Per K x N (4096x12288, 12288x4096, 4096x1024), M (1, 4, 16) and format (nvfp4, mxfp4), microseconds per call (one
 CUDA graph of calls over weight copies larger than L2, median of 15 replays after 3 warm-up: benchmarks/gemm_gluon.py's
@@ -110,7 +110,8 @@ def precompile(timeout_s: float = 40.0):
     import gemm_compute as gcb
 
     jobs = [(fmt, K, N, M) for fmt in FMTS for K, N in SHAPES for M in MS]
-    return gcb.precompile(jobs=jobs, job_fn=_compile_job, timeout_s=timeout_s)
+    # 8 workers: the check runs its 8 GPU-test shards (compiling too) at the same time on the machine's 16 cores
+    return gcb.precompile(workers=8, jobs=jobs, job_fn=_compile_job, timeout_s=timeout_s)
 
 
 def _rel(a, b) -> float:

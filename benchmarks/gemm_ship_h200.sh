@@ -5,7 +5,7 @@
 # one H200, device wheels on PYTHONPATH; gemlite's source at .gpu/gemlite_src), < 120 s:
 #     benchmarks/gemm_ship_h200.sh OUT_DIR
 # 0. the GPU tests (step 2) start in the background; meanwhile benchmarks/gemm_ship.py --precompile-only: every
-#    launch of the benchmark (shipped and Triton, W4A16 / W4A4 / prequantized, the RMSNorm, gemlite) in 16 worker
+#    launch of the benchmark (shipped and Triton, W4A16 / W4A4 / prequantized, the RMSNorm, gemlite) in 8 worker
 #    processes into Triton's cache -> OUT/precompile.log; the tests are waited for before any timing starts
 # 1. benchmarks/gemm_ship.py -> OUT/gemm_ship.json (+ .log): per K x N (4096x12288, 12288x4096, 4096x1024), M (1, 4,
 #    16), nvfp4 / mxfp4: cuBLAS BF16, fp4_linear shipped vs the Triton path (GLUON_SMALL_M off) for W4A16, W4A4 (with
