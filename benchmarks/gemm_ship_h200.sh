@@ -13,7 +13,8 @@
 #    bytes / time against the measured read ceiling; CUDA graphs over weight copies > L2, median us; speedups.
 # 2. the GPU tests tests/kernels/test_fp4_gemm_gluon_small.py (the shipped config vs the reference, bit-equal to the
 #    previous launch at the same split, fp4_linear W4A16 / W4A4 / prequantized with bias, the dispatch taking the
-#    Gluon path, NaN rows, a PDL chain replayed in a CUDA graph) and tests/kernels/test_gemm_dispatch.py, in 8
+#    Gluon path, NaN rows, a PDL chain replayed in a CUDA graph), tests/kernels/test_gemm_dispatch.py and
+#    test_quantize.py -k launch_dependents (the quantize kernel's launch_dependents changes no bit), in 8
 #    parallel pytest shards (their kernels compile in parallel), <= 58 s -> OUT/pytest_<i>.{log,xml}
 # 3. OUT/summary.json: rcs, test counts and failures, per row us and speedups (shipped vs cuBLAS, vs Triton, vs gemlite,
 #    W4A4 / W4A16), errors.
@@ -22,6 +23,8 @@ export GEMLITE_SRC=${GEMLITE_SRC:-$PWD/.gpu/gemlite_src}
 TESTS="tests/kernels/test_fp4_gemm_gluon_small.py tests/kernels/test_gemm_dispatch.py"
 # the GPU tests first, in the background (not timed: they may share the GPU with the precompile), 8 shards
 $PY -m pytest --collect-only -q -p no:cacheprovider $TESTS 2>/dev/null | grep "::" > "$OUT/test_ids.txt"
+$PY -m pytest --collect-only -q -p no:cacheprovider tests/kernels/test_quantize.py -k launch_dependents 2>/dev/null \
+    | grep "::" >> "$OUT/test_ids.txt"      # the quantize kernel with launch_dependents: the same bits
 pids=()
 set -f          # test ids carry [params]: no globbing
 for i in 0 1 2 3 4 5 6 7; do

@@ -112,6 +112,24 @@ def test_w4a4_quantize_fuses_swiglu(fmt, device, gen):
         quantize_dequant_bf16(gate_up[:, :-1], fmt, silu_mul=True)
 
 
+@pytest.mark.parametrize("fmt", ["nvfp4:row", "mxfp4"])
+@pytest.mark.parametrize("block_tiles", [True, False])
+def test_w4a4_quantize_launch_dependents_same_bits(fmt, block_tiles, device, gen, monkeypatch):
+    """`launch_dependents=True` (griddepcontrol.launch_dependents first, for the small-M Gluon GEMM's programmatic
+    dependent launch; compiled out in the interpreter) changes no bit, in the block-tile kernel and the general one
+    (`USE_BLOCK_TILES` off)."""
+    from trace_rl.kernels import row_quantize
+    from trace_rl.kernels.row_quantize import quantize_dequant_bf16
+
+    monkeypatch.setattr(row_quantize, "USE_BLOCK_TILES", block_tiles)
+    x = (torch.randn(5, 96, generator=gen) * 3).to(torch.bfloat16).to(device)
+    x[2, 7] = float("nan")
+    got, got_rs = quantize_dequant_bf16(x, fmt, launch_dependents=True)
+    ref, ref_rs = quantize_dequant_bf16(x, fmt)
+    assert torch.equal(got.isnan(), ref.isnan()) and torch.equal(got.nan_to_num(), ref.nan_to_num())
+    assert (got_rs is None and ref_rs is None) or torch.equal(got_rs, ref_rs)
+
+
 def _emitted_reference(x: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor | None]:
     """What `quantize_dequant_bf16` must emit, from the reference QTensor: bf16 code value x block scale (the
     block step without the row global scale), and the row global scale (nvfp4:row) or None."""
