@@ -5,7 +5,8 @@ benchmarks/gemm_compute_kernels.py, each full and compute-only, against cuBLAS B
     python benchmarks/gemm_compute.py --dry --out compile.json                    # CPU: plans + sm_90 SASS facts
 
 Per format (nvfp4, mxfp4), shape (K x N = 4096x12288, 12288x4096) and M (1, 16): cuBLAS BF16 `F.linear`; then for
-`shipped` (the launcher's own config, through this module's launcher, checked bit-equal to `fp4_matmul_gluon`) and
+`shipped` (the launcher's config before SMALL_M shipped, DEFAULT, through this module's launcher, checked bit-equal
+to `fp4_matmul_gluon(..., DEFAULT)`) and
 each variant: the full launch's output against the torch reference (x @ dequantize(W)^T in float32: `rel_ref`,
 relative Frobenius error, must be < 1e-2 before it is timed) and against the shipped output (`rel_shipped`,
 `bit_equal_shipped`: equal where the split and the wgmma k16 order are the same), then the full and the compute-only
@@ -153,7 +154,7 @@ def measure(args) -> None:
 
     from trace_rl.backends import PackedWeight
     from trace_rl.kernels import quantize
-    from trace_rl.kernels.fp4_gemm_gluon import fp4_matmul_gluon
+    from trace_rl.kernels.fp4_gemm_gluon import DEFAULT, fp4_matmul_gluon  # `shipped`: DEFAULT (the probes' baseline)
     from trace_rl.kernels.hopper_fp4 import dequantize
     from trace_rl.kernels.linear import hopper_weight
 
@@ -208,7 +209,7 @@ def measure(args) -> None:
                         r["finite"] = bool(torch.isfinite(y).all())
                         if v is gc.SHIPPED:
                             y_ship = y
-                            r["bit_equal_fp4_matmul_gluon"] = bool(torch.equal(y, fp4_matmul_gluon(x, hws[0])))
+                            r["bit_equal_fp4_matmul_gluon"] = bool(torch.equal(y, fp4_matmul_gluon(x, hws[0], DEFAULT)))
                         elif y_ship is not None:
                             r["rel_shipped"] = _rel(y, y_ship)
                             r["bit_equal_shipped"] = bool(torch.equal(y, y_ship))

@@ -142,7 +142,7 @@ def test_measure_bookkeeping(tmp_path, monkeypatch):
 
     monkeypatch.setattr(gc, "full", fake_full)
     monkeypatch.setattr(gc, "compute_only", lambda x, w, v, out, k_steps=None: (kern, None))
-    monkeypatch.setattr(fp4_gemm_gluon, "fp4_matmul_gluon", lambda x, w: ref(x, w))
+    monkeypatch.setattr(fp4_gemm_gluon, "fp4_matmul_gluon", lambda x, w, *config: ref(x, w))
     out = str(tmp_path / "gemm_compute.json")
     gcb.measure(SimpleNamespace(out=out, budget_s=60.0, no_precompile=True))
     r = json.load(open(out))
