@@ -78,8 +78,12 @@ def _dense_matmul(x2, packed, row_scale, bias, out_dtype, config, path: str | No
     if (path or small_m_gemm(x2.shape[0], x2.device, packed, config)) == "gluon":
         from trace_rl.kernels.fp4_gemm_gluon import fp4_matmul_gluon
 
+        # PDL only inside a CUDA-graph capture: there the node before the GEMM is the model's own kernel (a norm, a
+        # quantize), never a weight writer; in eager mode the kernel before could be a weight sync's in-place layout
+        # refresh, whose writes the GEMM's pre-wait weight prefetch would race (and eager decode is launch-bound:
+        # the overlap buys nothing there).
         return fp4_matmul_gluon(x2, hopper_weight(packed), row_scale=row_scale, bias=bias, out_dtype=out_dtype,
-                                pdl=True)
+                                pdl=torch.cuda.is_current_stream_capturing())
     return fp4_matmul(x2, hopper_weight(packed), row_scale, bias, out_dtype=out_dtype, config=config)
 
 
