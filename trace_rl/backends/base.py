@@ -162,6 +162,13 @@ class Backend(ABC):
         (the caller runs `linear_quantized` per part)."""
         return None
 
+    def linear_stacked_silu_mul_quantize(self, xq, packeds: list[PackedWeight], down: PackedWeight, act_fmt: str):
+        """`quantize_silu_mul_input(linear_stacked(xq, packeds), down, act_fmt)` for packeds = [gate, up] where this
+        backend fuses the stacked GEMM's epilogue into the SiLU x mul quantize (the fp4 backend on its stacked
+        operand cache): the same bits, one launch and the [..., 2K] gate | up intermediate fewer. None where it does
+        not (decided before any work: the caller runs `linear_stacked` and `quantize_silu_mul_input`)."""
+        return None
+
     def fake_quantize(self, x: torch.Tensor, fmt: str, guidance=None) -> torch.Tensor:
         """Trainer-side quantize-dequantize of activations (per token) with a straight-through gradient;
         with `guidance` (a `correction.guided.GuidanceRecord`), TRACE's rollout-guided rounding. Fused

@@ -29,6 +29,9 @@ Paths (reported in `paths`, never silent):
 - `fp4.silu_mul_quantize`: the MLP's SiLU(gate) * up and the down projection's W4A4 input quantization in one
   launch (`quantize_silu_mul_input`, `models.linear.silu_mul_linear`: where the stacked gate/up GEMM gives gate | up
   as one buffer), instead of torch's SiLU, its multiply and the quantize launch; the same bits (exact SiLU).
+- `fp4.operand_stack_silu_mul_quantize`: that gate/up stacked GEMM's FP4 epilogue fused into the SiLU x mul quantize
+  (`linear_stacked_silu_mul_quantize`: cuBLAS's float32 accumulator read by the quantize kernel, the epilogue's
+  math applied there; the same bits as the two launches, the bf16 gate | up never written).
 """
 
 from __future__ import annotations
@@ -285,6 +288,29 @@ class FP4Backend(Backend):
         self.paths.record("fp4.operand_stack_cublas")
         y = stacked_matmul(xq.x, st, xq.row_scale, xq.dtype)
         return y.reshape(*xq.shape[:-1], st.n)
+
+    def linear_stacked_silu_mul_quantize(self, xq, packeds, down, act_fmt):
+        """On the kernels, gate | up one stacked operand cache at a row count that reads it, bf16, no bias (the
+        stack has none), the exact SiLU and rows the one-row tile takes: cuBLAS, then one launch for the FP4
+        epilogue, SiLU x mul and `down`'s W4A4 quantize (`kernels.operand_cache.stacked_silu_mul_quantize`, the bits
+        of `linear_stacked` then `quantize_silu_mul_input`). None otherwise, before any work."""
+        _check_act(act_fmt, down)
+        if not xq.kernels or act_fmt == "bf16" or xq.dtype != torch.bfloat16 or len(packeds) != 2:
+            return None
+        from trace_rl.kernels import swiglu
+        from trace_rl.kernels.epilogue_silu_quantize import fuses
+        from trace_rl.kernels.operand_cache import stacked, stacked_silu_mul_quantize, use_operand_cache
+
+        st = stacked(packeds)
+        k = down.in_features
+        if (st is None or not use_operand_cache(xq.x.shape[0], packeds[0]) or st.sizes != (k, k)
+                or not swiglu.EXACT_SILU or not fuses(k, per_token(act_fmt))):
+            return None
+        for p in packeds:
+            _check_act(xq.act_fmt, p)
+        self.paths.record("fp4.operand_stack_silu_mul_quantize")
+        x, row_scale = stacked_silu_mul_quantize(xq.x, st, xq.row_scale, per_token(act_fmt))
+        return SharedInput(act_fmt, torch.Size((*xq.shape[:-1], k)), xq.dtype, x, row_scale, kernels=True)
 
 
 class SharedInput(NamedTuple):

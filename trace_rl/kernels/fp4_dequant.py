@@ -179,6 +179,14 @@ def operand_matmul(x2: torch.Tensor, w: torch.Tensor, h: HopperFP4, row_scale: t
     return factor_matmul(x2, w, h.row_factor, row_scale, bias, out_dtype)
 
 
+def accumulate(x2: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The GEMM of `factor_matmul` before its epilogue: x2 [M, K] @ w[N, K]^T as float32 [M, N] (cuBLAS with float32
+    output; also the start of `epilogue_silu_quantize`'s fused path, which must see the same accumulator)."""
+    if x2.is_cuda:
+        return torch.mm(x2, w.t(), out_dtype=torch.float32)
+    return x2.float() @ w.float().t()   # CPU has no mm.dtype: bf16 x bf16 products are exact in float32
+
+
 def factor_matmul(x2: torch.Tensor, w: torch.Tensor, rf: torch.Tensor, row_scale: torch.Tensor | None = None,
                   bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """`operand_matmul` with the row factor given as float32 `rf` [>= N] instead of read from a layout: cuBLAS
@@ -189,10 +197,7 @@ def factor_matmul(x2: torch.Tensor, w: torch.Tensor, rf: torch.Tensor, row_scale
     N = w.shape[0]
     if w.shape[1] != K or rf.shape[0] < N:
         raise ValueError(f"factor_matmul: x {tuple(x2.shape)}, operand {tuple(w.shape)}, {rf.shape[0]} row factors")
-    if x2.is_cuda:
-        y = torch.mm(x2, w.t(), out_dtype=torch.float32)
-    else:   # CPU has no mm.dtype: bf16 x bf16 products are exact in float32, accumulated in float32
-        y = x2.float() @ w.float().t()
+    y = accumulate(x2, w)
     if not _use_triton(y):
         y = y * rf[:N]
         if row_scale is not None:
@@ -208,7 +213,7 @@ def factor_matmul(x2: torch.Tensor, w: torch.Tensor, rf: torch.Tensor, row_scale
     return out
 
 
-__all__ = ["DEQUANT_CUBLAS_MAX_WEIGHT", "DEQUANT_CUBLAS_MIN_M", "ENABLED", "dequant_matmul", "dequant_reference",
+__all__ = ["DEQUANT_CUBLAS_MAX_WEIGHT", "DEQUANT_CUBLAS_MIN_M", "ENABLED", "accumulate", "dequant_matmul", "dequant_reference",
            "dequantize_to", "factor_matmul", "operand_matmul", "scratch", "use_dequant_cublas"]
 
 

@@ -161,5 +161,17 @@ def stacked_matmul(x2: torch.Tensor, st: OperandStack, row_scale=None, out_dtype
     return fp4_dequant.factor_matmul(x2, st.buf, st.row_factor, row_scale, None, out_dtype)
 
 
+def stacked_silu_mul_quantize(x2: torch.Tensor, st: OperandStack, row_scale, fmt_name: str):
+    """A gate | up stack (two parts of equal N) feeding a SiLU x mul: the stacked GEMM (float32 accumulator, as
+    `stacked_matmul`) and then, instead of its epilogue and the quantize, `epilogue_silu_quantize`'s one launch ->
+    (bf16 [M, N] W4A4 operand of the down projection, its float32 [M] row scale or None): the bits of
+    `quantize_dequant_bf16(stacked_matmul(x2, st, row_scale), fmt_name, silu_mul=True)`."""
+    from trace_rl.kernels.epilogue_silu_quantize import epilogue_silu_mul_quantize
+
+    if len(st.sizes) != 2 or st.sizes[0] != st.sizes[1]:
+        raise ValueError(f"stacked_silu_mul_quantize: takes a gate | up stack of two equal parts, got {st.sizes}")
+    return epilogue_silu_mul_quantize(fp4_dequant.accumulate(x2, st.buf), st.row_factor, row_scale, fmt_name)
+
+
 __all__ = ["KEY", "OperandCache", "OperandStack", "attach", "attach_stacked", "cached", "operand_cache_matmul",
-           "stacked", "stacked_matmul", "use_operand_cache"]
+           "stacked", "stacked_matmul", "stacked_silu_mul_quantize", "use_operand_cache"]

@@ -23,7 +23,14 @@ from torch import nn
 
 from trace_rl.models.attention import Attention, KVAttend
 from trace_rl.models.config import ModelConfig
-from trace_rl.models.linear import Linear, shared_input_joined, silu_mul_linear
+from trace_rl.models.linear import (
+    Linear,
+    group_input,
+    joined_output,
+    shared_input,
+    silu_mul_linear,
+    stacked_silu_mul_linear,
+)
 from trace_rl.models.moe import Experts, MoEBlock, Router
 from trace_rl.models.norm import RMSNorm
 from trace_rl.models.norm_input import norm_into_group
@@ -35,6 +42,11 @@ from trace_rl.op_ranges import op_range
 # of torch's SiLU, multiply and the quantize launch; the same bits (kernels.swiglu.EXACT_SILU). False: apart (the A/B
 # switch of tests/kernels/test_silu_exact_gpu.py and tests/models/test_silu_mul_linear.py).
 FUSE_ROLLOUT_SILU_QUANTIZE = True
+# ... and where that gate | up comes out of the stacked operand cache's cuBLAS GEMM, its FP4 epilogue fused into the
+# same quantize launch (`linear.stacked_silu_mul_linear`, kernels/epilogue_silu_quantize.py): the quantize reads the
+# float32 accumulator, one launch and the bf16 gate | up buffer fewer, the same bits. False: the epilogue kernel, then
+# the SiLU x mul quantize (the A/B switch of tests/engine/test_mlp_fuse_gpu.py and the `mlpfuse` GPU check).
+FUSE_ROLLOUT_EPILOGUE_SILU_QUANTIZE = True
 
 
 class MLP(nn.Module):
@@ -48,9 +60,15 @@ class MLP(nn.Module):
 
         self.fused = False                          # rollout on a GPU: SiLU*mul in one kernel
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def input_projections(self) -> list[Linear]:
+        """The layers that read this block's input: [gate_up_proj] once stacked, else [gate_proj, up_proj]."""
+        return [self.gate_up_proj] if self.gate_up_proj is not None else [self.gate_proj, self.up_proj]
+
+    def forward(self, x: torch.Tensor | None, xq=None) -> torch.Tensor:
+        """`xq`: x already quantized for `input_projections()` by the norm before (models/norm_input.py); x may
+        then be None (not written: no activation hook)."""
         if self.gate_up_proj is not None:
-            gate_up = self.gate_up_proj(x)
+            gate_up = self.gate_up_proj(x) if xq is None else shared_input([self.gate_up_proj], x, xq)[0]
             if self.fused and gate_up.is_cuda:
                 from trace_rl import kernels
 
@@ -59,15 +77,24 @@ class MLP(nn.Module):
                 return self.down_proj(h)
             gate, up = gate_up.chunk(2, dim=-1)
         else:
-            joined = shared_input_joined([self.gate_proj, self.up_proj], x)
-            if isinstance(joined, torch.Tensor):          # gate | up in one buffer: the stacked GEMM's output
-                if FUSE_ROLLOUT_SILU_QUANTIZE:
-                    y = silu_mul_linear(self.down_proj, joined)
+            parts = [self.gate_proj, self.up_proj]
+            group = group_input(parts, x, xq)
+            if group is None:
+                gate, up = (p(x) for p in parts)
+            else:
+                if FUSE_ROLLOUT_SILU_QUANTIZE and FUSE_ROLLOUT_EPILOGUE_SILU_QUANTIZE:
+                    y = stacked_silu_mul_linear(group, parts, self.down_proj)
                     if y is not None:
                         return y
-                gate, up = joined.chunk(2, dim=-1)
-            else:
-                gate, up = joined
+                joined = joined_output(group, parts)
+                if isinstance(joined, torch.Tensor):      # gate | up in one buffer: the stacked GEMM's output
+                    if FUSE_ROLLOUT_SILU_QUANTIZE:
+                        y = silu_mul_linear(self.down_proj, joined)
+                        if y is not None:
+                            return y
+                    gate, up = joined.chunk(2, dim=-1)
+                else:
+                    gate, up = joined
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -85,7 +112,10 @@ class DecoderLayer(nn.Module):
         as `h = h + attn(norm(h)); h = h + mlp(norm(h))`."""
         h, residual, xq = norm_into_group(self.input_layernorm, x, residual, self.self_attn.input_projections())
         h = self.self_attn(h, cos, sin, kv, xq=xq)
-        h, residual = self.post_attention_layernorm.add(h, residual)
+        if isinstance(self.mlp, MLP):     # its gate/up quantize their input in the norm where the backend fuses it
+            h, residual, xq = norm_into_group(self.post_attention_layernorm, h, residual, self.mlp.input_projections())
+            return self.mlp(h, xq=xq), residual
+        h, residual = self.post_attention_layernorm.add(h, residual)      # MoE: the router reads h
         return self.mlp(h), residual
 
 

@@ -151,14 +151,24 @@ def shared_input(parts: list[Linear], x: torch.Tensor | None, xq=None) -> list[t
 def shared_input_joined(parts: list[Linear], x: torch.Tensor | None, xq=None) -> torch.Tensor | list[torch.Tensor]:
     """`shared_input`, but where one stacked GEMM computes every part, its [..., sum N] output unsplit (one
     Tensor: the parts' outputs side by side, e.g. gate | up for `silu_mul_linear`); else the list of outputs."""
+    group = group_input(parts, x, xq)
+    if group is None:
+        return [p(x) for p in parts]
+    return joined_output(group, parts)
+
+
+def group_input(parts: list[Linear], x: torch.Tensor | None, xq=None):
+    """The first half of `shared_input_joined`: (the parts' `w4a4_group` QuantLinear, their input quantized once:
+    `xq`, or `quantize_input` of x here), with the parts' activation hooks called; None where each part runs on its
+    own (`p(x)`: hooks are then called by `Linear.forward`)."""
     first = w4a4_group(parts)
     if xq is None:
         if not SHARE_ROLLOUT_INPUTS or len(parts) < 2 or first is None:
-            return [p(x) for p in parts]
+            return None
         with op_range("linear"):
             xq = first.backend.quantize_input(x, first.packed, first.act_fmt)
         if xq is None:
-            return [p(x) for p in parts]
+            return None
     elif first is None:
         raise ValueError(f"shared_input: a pre-quantized input was given for {[p.name for p in parts]}, which do not "
                          f"share one W4A4 backend and format (w4a4_group is None); pass x only")
@@ -168,12 +178,38 @@ def shared_input_joined(parts: list[Linear], x: torch.Tensor | None, xq=None) ->
                 raise ValueError(f"shared_input: {p.name} has an activation hook but its input was not kept; the "
                                  f"producer must keep x when a part has a hook")
             p.activation_hook(p, x)
+    return first, xq
+
+
+def joined_output(group, parts: list[Linear]) -> torch.Tensor | list[torch.Tensor]:
+    """The second half of `shared_input_joined`, on `group_input`'s (first, xq): the stacked GEMM's [..., sum N]
+    output where it applies, else the per-part outputs."""
+    first, xq = group
     with op_range("linear"):
         if STACK_ROLLOUT_OPERANDS and len(parts) > 1:
             y = first.backend.linear_stacked(xq, [p.quant.packed for p in parts], [p.quant.bias for p in parts])
             if y is not None:
                 return y
         return [p.quant.backend.linear_quantized(xq, p.quant.packed, p.quant.bias) for p in parts]
+
+
+def stacked_silu_mul_linear(group, parts: list[Linear], layer: Linear) -> torch.Tensor | None:
+    """`layer(F.silu(gate) * up)` for parts = [gate, up] on `group_input`'s (first, xq) where their stacked GEMM
+    applies and its FP4 epilogue fuses into `layer`'s SiLU x mul W4A4 input quantization
+    (`Backend.linear_stacked_silu_mul_quantize`: cuBLAS, then one launch instead of the epilogue and
+    `silu_mul_linear`'s quantize; the same bits, the bf16 gate | up never written). None where it does not (the
+    caller runs `joined_output`, then `silu_mul_linear`): `STACK_ROLLOUT_OPERANDS` off, `layer` not a W4A4 rollout
+    layer of the parts' backend, an activation hook on `layer` (it reads the product), or the backend refuses."""
+    first, xq = group
+    q = layer.quant
+    if (not STACK_ROLLOUT_OPERANDS or len(parts) != 2 or q is None or q.act_fmt == "bf16"
+            or layer.activation_hook is not None or q.backend is not first.backend):
+        return None
+    with op_range("linear"):     # the GEMM dominates this call; the SiLU x mul rides in its epilogue
+        dq = first.backend.linear_stacked_silu_mul_quantize(xq, [p.quant.packed for p in parts], q.packed, q.act_fmt)
+        if dq is None:
+            return None
+        return q.backend.linear_quantized(dq, q.packed, q.bias)
 
 
 def silu_mul_linear(layer: Linear, gate_up: torch.Tensor) -> torch.Tensor | None:
