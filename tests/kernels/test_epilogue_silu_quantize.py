@@ -87,3 +87,33 @@ def test_checks_say_what_is_wrong():
         epilogue_silu_mul_quantize(y, torch.ones(64), None, "fp8_e4m3:row")
     assert fuses(12288, "nvfp4:row") and fuses(12288, "mxfp4") and not fuses(20000, "nvfp4:row")
     assert not fuses(40, "nvfp4:row")
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_backend_stacked_path_equals_stacked_gemm_then_silu_quantize(fmt, monkeypatch, gen):
+    """`FP4Backend.linear_stacked_silu_mul_quantize` on a real gate | up operand stack (interpreted dequantization,
+    epilogue and quantize): the bits of `linear_stacked` then `quantize_silu_mul_input`; its refusals (a 3-part
+    stack, rows under the cache threshold) come before any work."""
+    from tests.kernels.test_operand_stack import _parts
+    from trace_rl.backends.fp4 import FP4Backend, SharedInput
+    from trace_rl.formats import per_token
+    from trace_rl.kernels import fp4_dequant, operand_cache
+
+    k, kin, m = 96, 64, 3
+    gate, up, down = _parts(fmt, (k, k, 32), kin, gen, "cpu")
+    down.in_features = k            # only its format and input width are read
+    operand_cache.attach_stacked([gate, up])
+    act = per_token(fmt)
+    x, rs = quantize_dequant_bf16(torch.randn(m, kin, generator=gen).to(torch.bfloat16), act)
+    xq = SharedInput(fmt, torch.Size((m, kin)), torch.bfloat16, x, rs, kernels=True)
+    backend = FP4Backend()
+    assert backend.linear_stacked_silu_mul_quantize(xq, [gate, up], down, fmt) is None     # m < the threshold
+    monkeypatch.setattr(fp4_dequant, "DEQUANT_CUBLAS_MIN_M", 1)
+    taken = backend.paths.counts.get("fp4.operand_stack_silu_mul_quantize", 0)
+    got = backend.linear_stacked_silu_mul_quantize(xq, [gate, up], down, fmt)
+    assert backend.paths.counts.get("fp4.operand_stack_silu_mul_quantize", 0) == taken + 1
+    st = operand_cache.stacked([gate, up])
+    want, want_rs = quantize_dequant_bf16(operand_cache.stacked_matmul(x, st, rs), act, silu_mul=True)
+    assert got.shape == (m, k) and torch.equal(got.x.view(torch.int16), want.view(torch.int16))
+    assert (got.row_scale is None) == (want_rs is None) and (want_rs is None or torch.equal(got.row_scale, want_rs))

@@ -101,6 +101,8 @@ def test_engine_logits_bit_identical_fused_or_apart(monkeypatch):
     from trace_rl.models import decoder
 
     monkeypatch.setattr(fp4_dequant, "DEQUANT_CUBLAS_MIN_M", 1)     # every step reads the (stacked) operand caches
+    monkeypatch.setattr(decoder, "FUSE_ROLLOUT_EPILOGUE_SILU_QUANTIZE", False)   # this SiLU fusion alone (the
+    # epilogue's fused into it: tests/engine/test_mlp_fuse_gpu.py)
     engine = _tiny_engine()
     count = get_backend("fp4").paths.counts.get
     B, L = 9, 41
