@@ -1,9 +1,10 @@
-"""GPU: the decoder's input norm with the attention projections' W4A4 quantization fused into it (models/norm_input.py,
+"""GPU: the decoder's norms with their projections' W4A4 quantization fused into them (the attention input and, since
+the MLP wiring, the MLP input: post_attention_layernorm -> gate/up) (models/norm_input.py,
 `FP4Backend.norm_quantize_input`, kernels/rmsnorm_quantize.py) on 2 layers of the Qwen3-8B shape: a decode step's
 logits (eager) are bit-identical with the fusion on and off (`norm_input.FUSE_NORM_QUANTIZE`; the kernel gives the
 two kernels' bits, so every GEMM reads the same operand), at B = 313 (operand cache / cuBLAS) and B = 16 (the FP4
-GEMM), nvfp4 (q/k/v apart) and mxfp4 (one stacked qkv_proj); the fused kernel runs once per layer; the captured
-step runs it too."""
+GEMM), nvfp4 (q/k/v, gate/up apart) and mxfp4 (one stacked qkv_proj, gate_up_proj); the fused kernel runs twice per
+layer (attention and MLP input); the captured step runs it too."""
 
 from __future__ import annotations
 
@@ -42,10 +43,10 @@ def test_fused_norm_quantize_engine_logits_bit_identical_gpu(plan_name, monkeypa
         monkeypatch.setattr(norm_input, "FUSE_NORM_QUANTIZE", True)
         before = count()
         fused = _logits(engine, batch)
-        assert count() - before == 2                                  # one fused launch per layer
+        assert count() - before == 4                                  # attention + MLP input, per layer
         monkeypatch.setattr(norm_input, "FUSE_NORM_QUANTIZE", False)
         separate = _logits(engine, batch)
-        assert count() - before == 2
+        assert count() - before == 4
         same = float((fused == separate).float().mean())
         print(f"{plan_name} B={batch}: fused vs separate logits identical {same:.6f}")
         assert torch.equal(fused, separate)
