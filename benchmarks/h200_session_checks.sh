@@ -60,6 +60,10 @@
 #            item 3): GPU tests (bit-identical to the two kernels at B = 1 / 313 / 512 x 4096 with NaN/Inf rows; engine
 #            logits of 2 Qwen3-8B layers bit-identical with the fusion on/off, nvfp4 and mxfp4), then CUDA-graph us of
 #            separate vs fused at B = 1 / 16 / 313 / 512 x 4096 with the bytes floor; < 90 s; named only
+#   mlpfuse  benchmarks/mlp_fuse_h200.sh   the MLP tail (issue 16): the stacked gate/up GEMM's FP4 epilogue fused into
+#            the SiLU x mul quantize and the MLP input norm fused with the gate/up quantize: GPU tests (bit-identity at
+#            313 x 2 x 12288 and odd shapes, NaN rows; engine logits on/off), then CUDA-graph us of today's tail vs the
+#            fused at M = 313 / 1 / 16 / 512 and an 8-layer engine step A/B at B = 313, L = 257; < 100 s; named only
 # The default order puts first what the stability study's runs depend on (wsync presets engine guided trainattn: ~9 min),
 # then the speed checks (grid gemm gemmwide attn gemmbound): a second call,
 # `BUDGET_S=... benchmarks/h200_session_checks.sh OUT grid gemm gemmwide attn gemmbound`; fp4engine only when named
@@ -104,6 +108,7 @@ for name in $NAMES; do
         gemmfix) bash benchmarks/gemm_fixed_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         normquant) bash benchmarks/norm_quant_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         gemmship) bash benchmarks/gemm_ship_h200.sh "$d" > "$d/run.log" 2>&1 ;;
+        mlpfuse) bash benchmarks/mlp_fuse_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         presets) pytest_check "$d" 145 tests/pipelines/test_presets_gpu.py ;;
         engine) pytest_check "$d" 85 tests/engine/test_native_gpu.py -k "not gluon" ;;
         opprof) bash benchmarks/engine_opcache_profile_h200.sh "$d" > "$d/run.log" 2>&1 ;;

@@ -213,8 +213,8 @@ def factor_matmul(x2: torch.Tensor, w: torch.Tensor, rf: torch.Tensor, row_scale
     return out
 
 
-__all__ = ["DEQUANT_CUBLAS_MAX_WEIGHT", "DEQUANT_CUBLAS_MIN_M", "ENABLED", "accumulate", "dequant_matmul", "dequant_reference",
-           "dequantize_to", "factor_matmul", "operand_matmul", "scratch", "use_dequant_cublas"]
+__all__ = ["DEQUANT_CUBLAS_MAX_WEIGHT", "DEQUANT_CUBLAS_MIN_M", "ENABLED", "accumulate", "dequant_matmul",
+           "dequant_reference", "dequantize_to", "factor_matmul", "operand_matmul", "scratch", "use_dequant_cublas"]
 
 
 def sass_gate_cases():
