@@ -17,6 +17,7 @@
    SILU_QUANTIZE` off, (c) that and `norm_input.FUSE_NORM_QUANTIZE` off; logits of (b) and (c) compared with (a)
    (they must be bit-identical), graphs re-captured between.
 Every timing and its baseline come from this run. No new measurement starts after --budget-s.
+MLPFUSE_SMOKE=1: CPU dry run (interpreter, 64 -> 2 x 96 shapes, wall-clock "timings", no engine part): the plumbing.
 """
 
 from __future__ import annotations
@@ -28,13 +29,29 @@ import sys
 import time
 import traceback
 
-import torch
+SMOKE = os.environ.get("MLPFUSE_SMOKE") == "1"
+if SMOKE:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-K_IN, K_MID = 4096, 12288
-ROWS = (313, 1, 16, 512)
-SETS = 4
+DEV = "cpu" if SMOKE else "cuda"
+K_IN, K_MID = (64, 96) if SMOKE else (4096, 12288)
+ROWS = (3, 1) if SMOKE else (313, 1, 16, 512)
+SETS = 2 if SMOKE else 4
+
+
+def graph_median_us(calls, reps=15, warmup=3) -> float:
+    if SMOKE:
+        t = time.perf_counter()
+        for fn in calls:
+            fn()
+        return (time.perf_counter() - t) * 1e6 / len(calls)
+    from trace_rl.engine.timing import graph_median_us as timed
+
+    return timed(calls, reps=reps, warmup=warmup)
 
 
 def same_bits(a, b) -> bool:
@@ -49,7 +66,6 @@ def same_bits(a, b) -> bool:
 
 def kernel_rows(rep, deadline, log):
     from trace_rl.backends import get_backend
-    from trace_rl.engine.timing import graph_median_us
     from trace_rl.kernels.epilogue_silu_quantize import epilogue_silu_mul_quantize
     from trace_rl.kernels.fp4_dequant import accumulate
     from trace_rl.kernels.operand_cache import attach_stacked, stacked_matmul, stacked_silu_mul_quantize
@@ -57,7 +73,7 @@ def kernel_rows(rep, deadline, log):
 
     g = torch.Generator().manual_seed(0)
     backend = get_backend("fp4")
-    parts = [backend.prepare_weight((torch.randn(K_MID, K_IN, generator=g) * s).to(torch.bfloat16).cuda(), "nvfp4")
+    parts = [backend.prepare_weight((torch.randn(K_MID, K_IN, generator=g) * s).to(torch.bfloat16).to(DEV), "nvfp4")
              for s in (0.02, 0.03)]
     st = attach_stacked(parts)
     act = "nvfp4:row"
@@ -68,7 +84,7 @@ def kernel_rows(rep, deadline, log):
         try:
             sets = []
             for _ in range(SETS):
-                xq, rs = quantize_dequant_bf16((torch.randn(m, K_IN, generator=g) * 3).to(torch.bfloat16).cuda(), act)
+                xq, rs = quantize_dequant_bf16((torch.randn(m, K_IN, generator=g) * 3).to(torch.bfloat16).to(DEV), act)
                 sets.append((xq, rs, accumulate(xq, st.buf)))
             xq, rs, y = sets[0]
             fused, fused_rs = stacked_silu_mul_quantize(xq, st, rs, act)
@@ -166,7 +182,8 @@ def main() -> int:
     args = ap.parse_args()
     t0 = time.time()
     deadline = t0 + args.budget_s
-    rep = {"device": torch.cuda.get_device_name(), "kernel": [], "engine": [], "errors": [], "skipped": []}
+    rep = {"device": "cpu (interpreter smoke)" if SMOKE else torch.cuda.get_device_name(), "kernel": [], "engine": [],
+           "errors": [], "skipped": []}
 
     def log(msg):
         print(f"[{time.time() - t0:6.1f}s] {msg}", flush=True)
@@ -178,11 +195,12 @@ def main() -> int:
 
     kernel_rows(rep, deadline, log)
     save()
-    torch.cuda.empty_cache()
-    if time.time() < deadline - 15:
+    if not SMOKE:
+        torch.cuda.empty_cache()
+    if not SMOKE and time.time() < deadline - 15:
         engine_rows(rep, deadline, args.layers, log)
     else:
-        rep["skipped"].append("engine A/B: budget")
+        rep["skipped"].append("engine A/B: " + ("smoke run" if SMOKE else "budget"))
     rep["all_bit_identical"] = all(all(r["bits"].values()) for r in rep["kernel"]) and all(
         r.get("logits_bit_identical_to_all_fused", True) for r in rep["engine"])
     save()
