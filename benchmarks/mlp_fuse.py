@@ -10,7 +10,9 @@
    - CUDA-graph medians (`engine.timing.graph_median_us`: 4 calls over 4 distinct inputs per graph, 15 replays
      after 3 warm-up): `today_us` = cuBLAS + epilogue (`stacked_matmul`) + SiLU x mul quantize
      (`quantize_dequant_bf16(silu_mul=True)`); `fused_us` = cuBLAS + the fused launch (`stacked_silu_mul_quantize`);
-     and the parts alone: `gemm_us` (cuBLAS, float32 out), `epilogue_us`, `silu_quantize_us`, `fused_kernel_us`.
+     and the parts alone: `gemm_us` (cuBLAS, float32 out), `epilogue_us`, `silu_quantize_us`, `fused_kernel_us`;
+     informational `fused_kernel_maxnreg64_us` (the fused kernel capped at 64 registers: 91 -> 64, two programs
+     per SM, 32 bytes spilled; its bits compared too).
 2. Engine level (if the budget allows): Qwen3-8B shape, first `--layers` layers, w4a4-kv4, page pool, Triton
    attention kernels, operand cache stacked, B = 313, L = 257 (KV random): the CUDA-graph step median
    (`decode_grid.time_step`) and the eager logits with (a) every fusion on, (b) `decoder.FUSE_ROLLOUT_EPILOGUE_
@@ -104,6 +106,14 @@ def kernel_rows(rep, deadline, log):
             row["silu_quantize_us"] = graph_median_us(
                 [lambda v=v: quantize_dequant_bf16(v, act, silu_mul=True) for v in gu], reps=15, warmup=3)
             row["fused_kernel_us"] = t(lambda x, r, yy: epilogue_silu_mul_quantize(yy, st.row_factor, r, act))
+            if not SMOKE:   # informational: capped at 64 registers (2 programs of 16 warps per SM; spills 32 B)
+                try:
+                    f64, _ = epilogue_silu_mul_quantize(y, st.row_factor, rs, act, maxnreg=64)
+                    row["maxnreg64_operand_bits"] = same_bits(f64, apart)
+                    row["fused_kernel_maxnreg64_us"] = t(
+                        lambda x, r, yy: epilogue_silu_mul_quantize(yy, st.row_factor, r, act, maxnreg=64))
+                except Exception as err:   # noqa: BLE001 - the shipped rows stand without it
+                    row["maxnreg64_error"] = f"{type(err).__name__}: {str(err)[:200]}"
             row["saved_us"] = row["today_us"] - row["fused_us"]
             row["speedup"] = row["today_us"] / row["fused_us"]
             rep["kernel"].append(row)

@@ -137,10 +137,11 @@ def _check(y: torch.Tensor, rf: torch.Tensor, row_scale: torch.Tensor | None, fm
 
 
 def epilogue_silu_mul_quantize(y: torch.Tensor, rf: torch.Tensor, row_scale: torch.Tensor | None,
-                               fmt_name: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+                               fmt_name: str, maxnreg: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(bf16 [M, K] code value x block step, float32 [M] row global scale or None (mxfp4)) = `quantize_dequant_bf16(
     epilogue(y, rf, row_scale), fmt_name, silu_mul=True)` in one launch, the same bits (module doc); epilogue =
-    `fp4_dequant.factor_matmul`'s after its GEMM, bf16 out, no bias."""
+    `fp4_dequant.factor_matmul`'s after its GEMM, bf16 out, no bias. `maxnreg` (benchmarks only): a register cap
+    for the launch (the same instructions, maybe spilled: the same bits; `sass_gate_cases` says why)."""
     name = _check(y, rf, row_scale, fmt_name)
     m, k = y.shape[0], y.shape[1] // 2
     out = torch.empty(m, k, device=y.device, dtype=torch.bfloat16)
@@ -150,7 +151,8 @@ def epilogue_silu_mul_quantize(y: torch.Tensor, rf: torch.Tensor, row_scale: tor
         _epilogue_silu_quantize_kernel[(triton.cdiv(m, rows),)](
             y, rf, row_scale if row_scale is not None else rf, out, gscale if gscale is not None else rf, m, k,
             y.stride(0), out.stride(0), MX=name == "mxfp4", ROWS=rows, NB=nb, NCH=nch,
-            HAS_ROW_SCALE=row_scale is not None, num_warps=warps, **silu_launch_args())
+            HAS_ROW_SCALE=row_scale is not None, num_warps=warps, **silu_launch_args(),
+            **({} if maxnreg is None else {"maxnreg": maxnreg}))
     return out, gscale
 
 
@@ -171,6 +173,31 @@ def epilogue_silu_mul_quantize_reference(y: torch.Tensor, rf: torch.Tensor, row_
 
     name = _check(y, rf, row_scale, fmt_name)
     return quantize_dequant_reference(silu_mul_reference(epilogue_reference(y, rf, row_scale)), name)
+
+
+def sass_gate_cases():
+    """The sm_90 compile gate (sass_gate.py): the launch at Qwen3-8B's down-projection input (K = 12288, the tile
+    `_dequant_tiles(.., silu_mul=True)` picks), exact SiLU, nvfp4:row (row scale) and mxfp4. Loop-free: the whole
+    kernel counts (up to the last EXIT). Budgets ~10% over Triton 3.6's count (CPU compile, 2026-12-02): nvfp4:row
+    2309 SASS / 24 elements = 96.2 per element, 91 registers (the separate SILU_MUL quantize at this tile: 87.2, 64
+    registers: the epilogue adds the row-factor loads and multiplies), mxfp4 1453 / 24 = 60.5, 76 registers; no
+    spills. 91 registers x 16 warps fit one program per SM where 64 fit two; `maxnreg=64` (benchmarks only) spills
+    32 bytes; which is faster is the `mlpfuse` check's to say."""
+    from trace_rl.kernels.sass_gate import GateCase
+
+    sig = dict(y_ptr="*fp32", rf_ptr="*fp32", rs_ptr="*fp32", out_ptr="*bf16", gscale_ptr="*fp32", n_rows="i32",
+               K="i32", stride_y="i32", stride_out="i32")
+    cases = []
+    for name, mx, budget in (("nvfp4:row", False, 106.0), ("mxfp4", True, 67.0)):
+        k = 12288
+        rows, nb, nch, warps = _dequant_tiles(4096, k, 32 if mx else 16, True)
+        cases.append(GateCase(f"epilogue_silu_quantize {name} K{k}", _epilogue_silu_quantize_kernel, sig,
+                              dict(MX=mx, ROWS=rows, NB=nb, NCH=nch, HAS_ROW_SCALE=not mx, SILU_EXACT=True,
+                                   SILU_INTERP=False), warps, 1, rows * k / (32 * warps), budget,
+                              divisible=("y_ptr", "rf_ptr", "rs_ptr", "out_ptr", "gscale_ptr", "K", "stride_y",
+                                         "stride_out"),
+                              register_a=False, forbid=(), whole_kernel=True, options=(("enable_fp_fusion", True),)))
+    return cases
 
 
 __all__ = ["epilogue_reference", "epilogue_silu_mul_quantize", "epilogue_silu_mul_quantize_reference", "fuses"]
