@@ -71,3 +71,34 @@ def test_emulated_backend_does_not_fuse():
         q = mlp.down_proj.quant
         assert isinstance(parts, list) and len(parts) == 2
         assert q.backend.quantize_silu_mul_input(torch.cat(parts, -1), q.packed, q.act_fmt) is None
+
+
+def test_stacked_epilogue_fusion_wiring(monkeypatch):
+    """`decoder.FUSE_ROLLOUT_EPILOGUE_SILU_QUANTIZE` (the stacked GEMM's epilogue fused into the SiLU x mul quantize,
+    `Backend.linear_stacked_silu_mul_quantize`; stood in on CPU): taken once per layer, before the stacked GEMM +
+    `silu_mul_linear`; not with an activation hook on the down projection (it reads the product); same logits as
+    with it off (then the SiLU-only fusion runs)."""
+    model = _rollout()
+    mlp = model.model.layers[0].mlp
+    fused = _stand_ins(monkeypatch)
+    epilogue = []
+
+    def stacked_silu(self, xq, packeds, down, act_fmt):
+        epilogue.append(xq.shape)
+        gate, up = (self.linear_quantized(xq, p) for p in packeds)
+        return self.quantize_input(F.silu(gate) * up, down, act_fmt)
+
+    monkeypatch.setattr(type(get_backend("fp4")), "linear_stacked_silu_mul_quantize", stacked_silu)
+    tokens = torch.randint(0, 128, (2, 5), generator=torch.Generator().manual_seed(5))
+    n = len(model.model.layers)
+    with torch.no_grad():
+        on = model(tokens)
+        assert len(epilogue) == n and not fused
+        monkeypatch.setattr(decoder, "FUSE_ROLLOUT_EPILOGUE_SILU_QUANTIZE", False)
+        off = model(tokens)
+        assert len(epilogue) == n and len(fused) == n
+        monkeypatch.setattr(decoder, "FUSE_ROLLOUT_EPILOGUE_SILU_QUANTIZE", True)
+        mlp.down_proj.activation_hook = lambda layer, x: None
+        hooked = model(tokens)
+    assert len(epilogue) == 2 * n - 1
+    assert torch.equal(on, off) and torch.equal(on, hooked)
