@@ -62,7 +62,8 @@ def sass_gate_cases():
                              ("mxfp4 K4096 launch_dependents", True, 29.0)):
         rows, nb, nch, warps = _dequant_tiles(16, 4096, 32 if mx else 16)
         cases.append(GateCase(f"quantize_dequant {name}", _quantize_dequant_rows_kernel, sig,
-                              dict(MX=mx, ROWS=rows, NB=nb, NCH=nch, SILU_MUL=False, LAUNCH_DEPENDENTS=True), warps,
+                              dict(MX=mx, ROWS=rows, NB=nb, NCH=nch, SILU_MUL=False, SILU_EXACT=False,
+                                   SILU_INTERP=False, LAUNCH_DEPENDENTS=True), warps,
                               1, rows * 4096 / (32 * warps), budget,
                               divisible=("x_ptr", "out_ptr", "gscale_ptr", "K", "stride_x", "stride_out"),
                               register_a=False, forbid=(), whole_kernel=True, require=("PREEXIT", )))

@@ -90,6 +90,19 @@ class GateReport:
         return not self.violations
 
 
+def _constexpr_defaults(fn, case: GateCase) -> dict:
+    """The kernel's constexpr parameters with a default that the case does not name: Triton 3.9's ASTSource leaves
+    an unnamed constexpr None (a switch added to a kernel would otherwise break every older gate case of it)."""
+    import inspect
+
+    out = {}
+    for name, p in inspect.signature(getattr(fn, "fn", fn)).parameters.items():
+        if (name not in case.constexprs and name not in case.signature and p.default is not inspect.Parameter.empty
+                and "constexpr" in str(p.annotation)):
+            out[name] = p.default
+    return out
+
+
 def compile_sass(case: GateCase) -> tuple[str, dict]:
     """(SASS text, resource usage) of `case` compiled for sm_90: cuobjdump's REG / STACK / SHARED (static) / LOCAL and
     TRITON_SHARED, the shared memory a launch requests (the pipeline's buffers included)."""
@@ -103,9 +116,10 @@ def compile_sass(case: GateCase) -> tuple[str, dict]:
     if not hasattr(fn, "arg_names") or type(fn).__name__ == "InterpretedFunction":
         raise RuntimeError("sass_gate: the kernels were decorated under TRITON_INTERPRET=1 and cannot be "
                            "compiled; run the gate in a process without TRITON_INTERPRET")
-    sig = {**case.signature, **{k: "constexpr" for k in case.constexprs}}
+    constexprs = {**_constexpr_defaults(fn, case), **case.constexprs}
+    sig = {**case.signature, **{k: "constexpr" for k in constexprs}}
     attrs = {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in case.divisible}
-    kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=case.constexprs, attrs=attrs),
+    kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
                             target=GPUTarget("cuda", 90, 32),
                             options=dict(num_warps=case.num_warps, num_stages=case.num_stages, **dict(case.options)))
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
