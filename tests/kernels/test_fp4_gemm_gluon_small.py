@@ -60,7 +60,8 @@ def _auto_split(M, h, c):
 @pytest.mark.parametrize("M", [1, 5, 16])
 @pytest.mark.parametrize("N,K", [(200, 1504), (72, 992)])
 def test_small_m_matches_reference_and_previous_launch(fmt, M, N, K, gen):
-    """N = 200 / 72: partial 64-row tiles (TMA zero fill, masked store); K = 1504 pads to 3 K steps of 512 (992: 2; both multiples of mxfp4's 32-wide blocks);
+    """N = 200 / 72: partial 64-row tiles (TMA zero fill, masked store); K = 1504 pads to 3 K steps of 512 (992: 2;
+    both multiples of mxfp4's 32-wide blocks);
     the auto split and forced splits 1 / 2 / 3, each bit-equal to `_fp4_gemm_ws_kernel` (`fin=False`) at that split,
     with and without PDL."""
     from trace_rl.kernels.fp4_gemm_gluon import SMALL_M, fp4_matmul_gluon
