@@ -123,7 +123,8 @@ def compile_facts(fmt: str) -> dict:
     if triton.__version__.startswith("3.6"):
         import gemm_bound_gluon as gbg
 
-        from trace_rl.kernels.fp4_gemm_gluon import GluonConfig, gate_case
+        from trace_rl.kernels.fp4_gemm_gluon import GluonConfig
+        from trace_rl.kernels.fp4_gemm_gluon_gate import gate_case
 
         c = GluonConfig() if fmt == "nvfp4" else GluonConfig(stages=2)
         for name, case in (("gluon_ws", gate_case(c, 16, 2.6, fmt)), ("gluon_load_only", gbg.gate_case(c, 16, fmt)),

@@ -3,7 +3,6 @@ input of the rule, the module switch, the once-per-process log, and that a CPU l
 
 import logging
 
-import pytest
 import torch
 
 from trace_rl.kernels import gemm_dispatch as gd
@@ -30,10 +29,9 @@ def test_rule_takes_gluon_only_for_small_m_on_sm90_with_gluon():
 
 
 def test_k_step_is_the_shipped_configs():
-    pytest.importorskip("triton.experimental.gluon")
-    from trace_rl.kernels.fp4_gemm_gluon import SMALL_M, small_m_fits
+    from trace_rl.kernels.fp4_gemm_gluon_config import SMALL_M, small_m_fits
 
-    assert SMALL_M.block_k == gd.SMALL_M_K_STEP and SMALL_M.fin
+    assert SMALL_M.block_k == 512 and SMALL_M.fin
     assert gd.GLUON_MAX_M == max(t for t in (8, 16) if SMALL_M.tile_m(t) == t)
     assert small_m_fits(4096, "nvfp4") and not small_m_fits(1280, "nvfp4") and not small_m_fits(768, "mxfp4")
 

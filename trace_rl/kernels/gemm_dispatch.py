@@ -14,11 +14,12 @@ from __future__ import annotations
 import functools
 import logging
 
+from trace_rl.kernels.fp4_gemm_gluon_config import SMALL_M, small_m_fits
+
 log = logging.getLogger("trace_rl.kernels")
 
 GLUON_SMALL_M = True      # module switch: False sends every linear to the Triton fp4_matmul
 GLUON_MAX_M = 16          # SMALL_M's token tiles (8 / 16): wider M takes the Triton kernel (or cuBLAS past it)
-SMALL_M_K_STEP = 512      # fp4_gemm_gluon.SMALL_M.block_k (checked in tests/kernels/test_gemm_dispatch.py)
 
 
 def small_m_path(M: int, fmt: str, k_padded: int, capability: tuple[int, int] | None, gluon: bool,
@@ -40,8 +41,9 @@ def small_m_path(M: int, fmt: str, k_padded: int, capability: tuple[int, int] | 
         return "triton", "Triton 3.6's Gluon is not importable"
     if fmt not in ("nvfp4", "mxfp4"):
         return "triton", f"format {fmt}"
-    if k_padded % SMALL_M_K_STEP:
-        return "triton", f"K pads to {k_padded}, not a multiple of the Gluon GEMM's {SMALL_M_K_STEP}-column K step"
+    if not small_m_fits(k_padded, fmt):
+        return "triton", (f"K pads to {k_padded}, not a multiple of the Gluon GEMM's {SMALL_M.bk(fmt)}-column "
+                          f"K step")
     return "gluon", f"M <= {GLUON_MAX_M} on sm_90: fp4_gemm_gluon.SMALL_M with programmatic dependent launch"
 
 
