@@ -19,8 +19,12 @@ import triton.language as tl
 
 
 @triton.jit
-def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, h_ptr, r_out_ptr, n_rows, N, eps, stride_x, stride_r, stride_h,
-                         stride_ro, HAS_RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _add_rms_norm_rows(x_ptr, r_ptr, w_ptr, r_out_ptr, n_rows, N, eps, stride_x, stride_r, stride_ro,
+                       out_dtype: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr):
+    """One tile of rows: the residual add (x + residual stored to r_out) and the RMSNorm -> (rows, rows64, cols, mask,
+    h in `out_dtype`). Shared by `_add_rms_norm_kernel` and rmsnorm_quantize's fused kernel, so both compute the
+    same float ops in the same layout (the fused kernel's bits are this kernel's)."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     mask = (rows < n_rows)[:, None] & (cols < N)[None, :]
@@ -34,7 +38,16 @@ def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, h_ptr, r_out_ptr, n_rows, N, eps, 
     inv = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / N + eps)
     h = (xf * inv[:, None]).to(x.dtype).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
-    tl.store(h_ptr + rows64 * stride_h + cols[None, :], (h * w[None, :]).to(h_ptr.dtype.element_ty), mask=mask)
+    return rows, rows64, cols, mask, (h * w[None, :]).to(out_dtype)
+
+
+@triton.jit
+def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, h_ptr, r_out_ptr, n_rows, N, eps, stride_x, stride_r, stride_h,
+                         stride_ro, HAS_RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    rows, rows64, cols, mask, h = _add_rms_norm_rows(x_ptr, r_ptr, w_ptr, r_out_ptr, n_rows, N, eps, stride_x,
+                                                     stride_r, stride_ro, h_ptr.dtype.element_ty, HAS_RESIDUAL,
+                                                     BLOCK_M, BLOCK_N)
+    tl.store(h_ptr + rows64 * stride_h + cols[None, :], h, mask=mask)
 
 
 def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,

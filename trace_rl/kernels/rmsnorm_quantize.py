@@ -28,7 +28,7 @@ import triton.language as tl
 from trace_rl.formats import get_format
 from trace_rl.kernels.fp4_block_tiles import _block_stats, _dequant_blocks, _store_blocks
 from trace_rl.kernels.fp_bits import fast_div_ok
-from trace_rl.kernels.rmsnorm import _tiles, add_rms_norm_reference
+from trace_rl.kernels.rmsnorm import _add_rms_norm_rows, _tiles, add_rms_norm_reference
 
 W4A4_ROW_FORMATS = {"nvfp4:row": 16, "mxfp4": 32}   # per-token activation format -> elements per scale block
 
@@ -38,21 +38,10 @@ def _add_rms_norm_quantize_kernel(x_ptr, r_ptr, w_ptr, h_ptr, r_out_ptr, q_ptr, 
                                   stride_x, stride_r, stride_h, stride_ro, stride_q,
                                   HAS_RESIDUAL: tl.constexpr, STORE_H: tl.constexpr, MX: tl.constexpr,
                                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    # -- `_add_rms_norm_kernel`, statement for statement (the same float ops in the same layout) --
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.arange(0, BLOCK_N)
-    mask = (rows < n_rows)[:, None] & (cols < N)[None, :]
-    rows64 = rows.to(tl.int64)[:, None]
-    x = tl.load(x_ptr + rows64 * stride_x + cols[None, :], mask=mask, other=0.0)
-    if HAS_RESIDUAL:
-        r = tl.load(r_ptr + rows64 * stride_r + cols[None, :], mask=mask, other=0.0)
-        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)          # torch's add: float32, rounded once
-        tl.store(r_out_ptr + rows64 * stride_ro + cols[None, :], x, mask=mask)
-    xf = x.to(tl.float32)
-    inv = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / N + eps)
-    h = (xf * inv[:, None]).to(x.dtype).to(tl.float32)
-    w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
-    hb = (h * w[None, :]).to(h_ptr.dtype.element_ty)                      # h as the norm stores it
+    # -- `_add_rms_norm_kernel`'s tile (the same helper: the same float ops in the same layout) --
+    rows, rows64, cols, mask, hb = _add_rms_norm_rows(x_ptr, r_ptr, w_ptr, r_out_ptr, n_rows, N, eps, stride_x,
+                                                      stride_r, stride_ro, h_ptr.dtype.element_ty, HAS_RESIDUAL,
+                                                      BLOCK_M, BLOCK_N)        # h as the norm stores it
     if STORE_H:
         tl.store(h_ptr + rows64 * stride_h + cols[None, :], hb, mask=mask)
     # -- `_quantize_dequant_rows_kernel` on the stored h: one scale block per tile row --
