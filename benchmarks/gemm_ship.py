@@ -106,10 +106,21 @@ def _compile_job(job: tuple) -> str:
         return f"{job}: {e!r}"[:300]
 
 
-def precompile(timeout_s: float = 40.0):
+def _parse_shapes(text: str | None) -> list[tuple[int, int]]:
+    """--shapes "12288x4096,4096x1024" (K x N, a subset of SHAPES); None: all of SHAPES."""
+    if not text:
+        return list(SHAPES)
+    shapes = [tuple(int(d) for d in part.split("x")) for part in text.split(",")]
+    bad = [s for s in shapes if s not in SHAPES]
+    if bad:
+        raise SystemExit(f"--shapes: {bad} not among {SHAPES} (K x N)")
+    return shapes
+
+
+def precompile(timeout_s: float = 40.0, shapes=None):
     import gemm_compute as gcb
 
-    jobs = [(fmt, K, N, M) for fmt in FMTS for K, N in SHAPES for M in MS]
+    jobs = [(fmt, K, N, M) for fmt in FMTS for K, N in (shapes or SHAPES) for M in MS]
     # 8 workers: the check runs its 8 GPU-test shards (compiling too) at the same time on the machine's 16 cores
     return gcb.precompile(workers=8, jobs=jobs, job_fn=_compile_job, timeout_s=timeout_s)
 
@@ -215,7 +226,7 @@ def measure(args) -> None:
     gl_ok, gl_info = gemlite_available()
     res["gemlite"] = gl_info if gl_ok else {"unavailable": gl_info}
     save()
-    for K, N in SHAPES:
+    for K, N in _parse_shapes(args.shapes):
         if time.time() - start > args.budget_s:
             res["skipped"] += [{"K": K, "N": N, "M": M, "fmt": f} for f in FMTS for M in MS]
             continue
@@ -253,12 +264,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="gemm_ship.json")
     ap.add_argument("--budget-s", type=float, default=40.0, help="start no new row after this many seconds")
+    ap.add_argument("--shapes", default=None, help='K x N pairs to run, e.g. "12288x4096,4096x1024" (default: all)')
     ap.add_argument("--precompile-only", action="store_true")
     ap.add_argument("--precompile-timeout-s", type=float, default=40.0)
     args = ap.parse_args()
     if args.precompile_only:
         t0 = time.time()
-        errors, hung = precompile(args.precompile_timeout_s)
+        errors, hung = precompile(args.precompile_timeout_s, _parse_shapes(args.shapes))
         print({"precompile_s": round(time.time() - t0, 1), "errors": errors, "hung": hung}, flush=True)
         return 1 if errors or hung else 0
     measure(args)

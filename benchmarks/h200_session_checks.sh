@@ -32,6 +32,9 @@
 #   gemmship benchmarks/gemm_ship_h200.sh        the SHIPPED small-M FP4 linear (fp4_linear -> Gluon GEMM + PDL, issue
 #            15) vs cuBLAS BF16, the Triton path and gemlite at M = 1/4/16, W4A16 / W4A4 / prequantized, after an
 #            RMSNorm too, + its GPU tests (8 parallel shards); named only
+#   gemmship2 the same bench for 12288x4096 and 4096x1024 only, no tests (the rows a budget-cut gemmship missed)
+#   attnfault benchmarks/attention_fault_h200.sh  the Gluon attention's SASS variants' GPU tests one process each
+#            (which part faults), then compute-sanitizer memcheck on the first faulting one; named only
 #   fp4engine benchmarks/engine_fp4_gluon_h200.sh the FP4 engine's decode step with attention forced to the Triton
 #            kernel vs the Gluon kernel (Qwen3-8B shape, B = 100 / 256, 8k) and the bf16 engine, after the Gluon
 #            engine and kernel GPU tests (which GLUON_IN_AUTO rests on); not in the default list: name it
@@ -108,6 +111,8 @@ for name in $NAMES; do
         gemmfix) bash benchmarks/gemm_fixed_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         normquant) bash benchmarks/norm_quant_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         gemmship) bash benchmarks/gemm_ship_h200.sh "$d" > "$d/run.log" 2>&1 ;;
+        gemmship2) SHIP_TESTS=0 SHIP_SHAPES=12288x4096,4096x1024 bash benchmarks/gemm_ship_h200.sh "$d" > "$d/run.log" 2>&1 ;;
+        attnfault) bash benchmarks/attention_fault_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         mlpfuse) bash benchmarks/mlp_fuse_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         presets) pytest_check "$d" 145 tests/pipelines/test_presets_gpu.py ;;
         engine) pytest_check "$d" 85 tests/engine/test_native_gpu.py -k "not gluon" ;;
