@@ -360,6 +360,10 @@ SASS_VARIANTS = {   # id: (format, group, mx_fold, GluonAttentionConfig fields o
     "nvfp4-g8-lean": ("nvfp4", 8, False, dict(n_pad=8, unroll=2, col_max=True)),
     "nvfp4-g16-colmax-unroll2": ("nvfp4", 16, False, dict(col_max=True, unroll=2)),
     "mxfp4-g16-colmax": ("mxfp4", 16, False, dict(col_max=True)),
+    "nvfp4-g4-colmax-unroll2": ("nvfp4", 4, False, dict(col_max=True, unroll=2)),
+    "mxfp4-g4-colmax": ("mxfp4", 4, False, dict(col_max=True)),
+    "mxfp4-g4-colmax-unroll2": ("mxfp4", 4, False, dict(col_max=True, unroll=2)),
+    "mxfp4-g4-n8": ("mxfp4", 4, False, dict(n_pad=8)),
     # the persistent kernel (5 programs: several items each), against its own default
     "nvfp4-g4-persistent-colmax": ("nvfp4", 4, False, dict(persistent=True, programs=5, col_max=True)),
     "nvfp4-g4-persistent-lean": ("nvfp4", 4, False, dict(persistent=True, programs=5, n_pad=8, unroll=2, col_max=True)),

@@ -287,9 +287,14 @@ def _tile(j, it, m_i, l_acc, acc, vt_prev, q_b, p_s, kc_r, ks_r, kg_r, vc_r, vs_
         p = gl.convert_layout(_pad_half(p, 0.0), s_mma, assert_trivial=True)
     else:
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(0, acc.type.layout)), 0)
-    p_s.store(p.to(gl.bfloat16))
-    fence_async_shared()
-    acc = warpgroup_mma(vt, p_s, acc, is_async=True)
+    if N == 8:        # P^T kept K-major as [N, T] (see _ring): stored transposed, read back as the [T, N] operand
+        p_s.store(gl.permute(p.to(gl.bfloat16), (1, 0)))
+        fence_async_shared()
+        acc = warpgroup_mma(vt, p_s.permute((1, 0)), acc, is_async=True)
+    else:
+        p_s.store(p.to(gl.bfloat16))
+        fence_async_shared()
+        acc = warpgroup_mma(vt, p_s, acc, is_async=True)
     acc, vt = warpgroup_mma_wait(num_outstanding=1, deps=(acc, vt))     # returns at once: PV stays in flight
     return m_new, l_acc, acc, vt
 
@@ -410,7 +415,14 @@ def _ring(kc_desc, ks_desc, kg_desc, vc_desc, vs_desc, vg_desc, N: gl.constexpr,
         kg_b = gl.allocate_shared_memory(gl.float32, [STAGES * NP] + kg_desc.block_type.shape, kg_desc.layout)
         vg_b = gl.allocate_shared_memory(gl.float32, [STAGES * NP] + vg_desc.block_type.shape, vg_desc.layout)
     q_s = gl.allocate_shared_memory(gl.bfloat16, [N, D], gl.NVMMASharedLayout.get_default_for([N, D], gl.bfloat16))
-    p_s = gl.allocate_shared_memory(gl.bfloat16, [T, N], gl.NVMMASharedLayout.get_default_for([T, N], gl.bfloat16))
+    if N == 8:
+        # [T, 8] bf16 rows are 16 bytes: the default layout is MN-major without swizzle, whose wgmma descriptor reads
+        # the wrong elements on the H200 (n_pad=8: wrong bits; with unroll=2 + col_max: compute-sanitizer "Invalid
+        # __shared__ read of size 256 bytes" at the PV wgmma, 2026-12-02). K-major [N, T] (128-byte swizzle) instead,
+        # like q_s.
+        p_s = gl.allocate_shared_memory(gl.bfloat16, [N, T], gl.NVMMASharedLayout.get_default_for([N, T], gl.bfloat16))
+    else:
+        p_s = gl.allocate_shared_memory(gl.bfloat16, [T, N], gl.NVMMASharedLayout.get_default_for([T, N], gl.bfloat16))
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
