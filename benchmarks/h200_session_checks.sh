@@ -67,6 +67,11 @@
 #            the SiLU x mul quantize and the MLP input norm fused with the gate/up quantize: GPU tests (bit-identity at
 #            313 x 2 x 12288 and odd shapes, NaN rows; engine logits on/off), then CUDA-graph us of today's tail vs the
 #            fused at M = 313 / 1 / 16 / 512 and an 8-layer engine step A/B at B = 313, L = 257; < 100 s; named only
+#   w4a4prod benchmarks/w4a4_producers_h200.sh   issue 15's W4A4-within-15%-of-W4A16 on the pairs the decoder runs:
+#            (add + RMSNorm -> 4096x6144, SiLU x mul -> 12288x4096, attention output -> o_proj 4096x4096) W4A4 with the
+#            fused producer + prequantized GEMM vs W4A16 (producer + fp4_linear) vs cuBLAS, W4A4 with its separate
+#            quantize launch, nvfp4 / mxfp4, M = 1-512 (+313 for o_proj's quantize), bits fused = apart; < 120 s;
+#            named only
 # The default order puts first what the stability study's runs depend on (wsync presets engine guided trainattn: ~9 min),
 # then the speed checks (grid gemm gemmwide attn gemmbound): a second call,
 # `BUDGET_S=... benchmarks/h200_session_checks.sh OUT grid gemm gemmwide attn gemmbound`; fp4engine only when named
@@ -114,6 +119,7 @@ for name in $NAMES; do
         gemmship2) SHIP_TESTS=0 SHIP_SHAPES=12288x4096,4096x1024 bash benchmarks/gemm_ship_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         attnfault) bash benchmarks/attention_fault_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         mlpfuse) bash benchmarks/mlp_fuse_h200.sh "$d" > "$d/run.log" 2>&1 ;;
+        w4a4prod) bash benchmarks/w4a4_producers_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         presets) pytest_check "$d" 145 tests/pipelines/test_presets_gpu.py ;;
         engine) pytest_check "$d" 85 tests/engine/test_native_gpu.py -k "not gluon" ;;
         opprof) bash benchmarks/engine_opcache_profile_h200.sh "$d" > "$d/run.log" 2>&1 ;;
