@@ -16,7 +16,9 @@ Pairs (Qwen3-8B, hidden 4096, intermediate 12288, 32 x 128 query heads; K x N of
   `fp4_linear(a, p, fmt)` (its quantize launch + the GEMM); `w4a4` here is the GEMM on an operand quantized once
   outside the graph (what a quantize fused into the attention epilogue would leave); `quantize_alone` the launch that
   fusion would remove.
-Every pair also has `w4a4_apart`: the producer, then `fp4_linear(..., fmt)` (its own quantize launch).
+Every pair also has `w4a4_apart`: the producer, then `fp4_linear(..., fmt)` (its own quantize launch). mlp_down also
+has `w4a16_torch_silu` / `w4a4_torch_silu_apart`: torch's F.silu(gate) * up (two launches) before `fp4_linear`, what
+MLP.forward runs for nvfp4 where gate and up come out of two GEMMs (W4A16 always; W4A4 below the operand stack).
 """
 
 from __future__ import annotations
@@ -82,6 +84,12 @@ def produce_apart(pair: str, inp: dict, fmt: str) -> tuple[torch.Tensor, torch.T
 
 # -- the variants: producer + projection ---------------------------------------------------------------------------
 
+def _torch_silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """MLP.forward's `F.silu(gate) * up` (two launches) where gate and up come out of two GEMMs."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
 def _dtype(inp: dict) -> torch.dtype:
     """The activations' dtype: the output's (`FP4Backend.linear_quantized` passes the input's dtype as out_dtype)."""
     return next(iter(inp.values())).dtype
@@ -95,6 +103,9 @@ def variants(pair: str, fmt: str, prequant: tuple | None = None) -> dict:
         "w4a16": lambda inp, p, w: fp4_linear(produce_bf16(pair, inp), p),
         "w4a4_apart": lambda inp, p, w: fp4_linear(produce_bf16(pair, inp), p, fmt),
     }
+    if pair == "mlp_down":      # nvfp4's engine today, gate/up apart below the operand stack: torch's SiLU and multiply
+        out["w4a16_torch_silu"] = lambda inp, p, w: fp4_linear(_torch_silu_mul(inp["gate_up"]), p)
+        out["w4a4_torch_silu_apart"] = lambda inp, p, w: fp4_linear(_torch_silu_mul(inp["gate_up"]), p, fmt)
     if pair == "o_proj":
         if prequant is not None:
             out["w4a4"] = lambda inp, p, w: fp4_linear_prequantized(prequant[0], prequant[1], p, None, _dtype(inp))

@@ -13,8 +13,9 @@ this run: `bf16` (cuBLAS F.linear after the same producer), `w4a16`, `w4a4` (fus
 o_proj: the GEMM on an operand quantized outside the graph), `w4a4_apart` (producer + `fp4_linear(.., fmt)` with its
 quantize launch: o_proj's path in the engine today, and the MLP's where the SiLU x mul quantize fusion does not
 apply), the producers alone (`producer_w4a16`, `producer_w4a4`) and o_proj's `quantize_alone`. Then
-`w4a4_over_w4a16` (target <= 1.15), `apart_over_w4a16`, `engine_today` (the variant the decoder runs today at
-that pair: `engine_today`'s doc) and its ratio `engine_today_over_w4a16`, the GEMM path (`gemm_path`: gluon / triton /
+`w4a4_over_w4a16` (target <= 1.15), `apart_over_w4a16`, `engine_today` (the W4A4 variant the decoder runs today at
+that pair, `engine_today`'s doc) and `engine_today_over_w4a16` (over the W4A16 plan's own variant there: for nvfp4's
+MLP both run torch's SiLU and multiply, `*_torch_silu*`), the GEMM path (`gemm_path`: gluon / triton /
 dequant_cublas, the choice `fp4_linear` makes at that M), and the bits: the fused producer's operand = the unfused
 producer + the separate quantize, and the W4A4 pair's output = W4A4 apart's, bit for bit (checked outside the graph
 before timing; a row whose check fails is still timed, and says so). The JSON is rewritten after every row; past
@@ -66,19 +67,21 @@ def gemm_path(M: int, p) -> str:
     return small_m_gemm(M, p.q.codes.device, p)
 
 
-def engine_today(pair: str, fmt: str, M: int) -> tuple[str, str]:
-    """(variant, why): which of the pair's variants the decoder runs today (models/decoder.py, models/linear.py,
-    main at 3ff6bd1), without the engine's opt-in operand cache (the bench's weights have none)."""
+def engine_today(pair: str, fmt: str, M: int) -> tuple[str, str, str]:
+    """(W4A4 variant, W4A16 variant, why): which of the pair's variants the decoder runs today (models/decoder.py,
+    models/linear.py at 3ff6bd1), without the engine's opt-in operand cache (the bench's weights have none)."""
     if pair == "layer_input":
-        return "w4a4", "norm_into_group -> FP4Backend.norm_quantize_input (both formats, every M)"
+        return "w4a4", "w4a16", "norm_into_group -> FP4Backend.norm_quantize_input (both formats, every M)"
     if pair == "o_proj":
-        return "w4a4_apart", "Attention.forward -> self.o_proj(out): fp4_linear(x, p, fmt), its own quantize launch"
+        return "w4a4_apart", "w4a16", "Attention.forward -> self.o_proj(out): fp4_linear(x, p, fmt), its own quantize"
     if fmt == "mxfp4":
-        return "w4a4_apart", ("gate/up stacked as gate_up_proj: MLP.forward's first branch runs kernels.silu_mul, "
-                              "then down_proj(h): fp4_linear(h, p, fmt), its own quantize launch (never the fusion)")
-    return "w4a4_apart", ("nvfp4 gate/up apart: silu_mul_linear needs gate | up in one buffer, which only the "
-                          "operand stack gives (M >= 128 with the operand cache: then the epilogue-fused tail); "
-                          "else torch F.silu * up (2 launches, slower than this bench's one) + fp4_linear(h, p, fmt)")
+        return "w4a4_apart", "w4a16", ("gate/up stacked as gate_up_proj: MLP.forward's first branch runs "
+                                       "kernels.silu_mul, then down_proj(h): fp4_linear(h, p, fmt), its own quantize "
+                                       "launch (the SiLU x mul quantize fusion is never reached)")
+    return "w4a4_torch_silu_apart", "w4a16_torch_silu", (
+        "nvfp4 gate/up apart: silu_mul_linear needs gate | up in one buffer, which only the operand stack gives (M >= "
+        "128 with the operand cache: then the epilogue-fused tail, not timed here); else F.silu(gate) * up, then "
+        "down_proj: fp4_linear(h, p, fmt), its own quantize launch")
 
 
 def make_weights(fmt: str, N: int, K: int, n: int, device=DEV) -> list:
@@ -141,9 +144,9 @@ def _ratios(row: dict) -> None:
                 row[f"{'w4a4' if name == 'w4a4' else 'apart'}_over_w4a16"] = round(us[name] / us["w4a16"], 3)
         if "w4a4" in us:
             row["meets_target"] = us["w4a4"] / us["w4a16"] <= TARGET
-        today = row.get("engine_today")
-        if today in us:
-            row["engine_today_over_w4a16"] = round(us[today] / us["w4a16"], 3)
+        today, today16 = row.get("engine_today"), row.get("engine_today_w4a16", "w4a16")
+        if today in us and today16 in us:
+            row["engine_today_over_w4a16"] = round(us[today] / us[today16], 3)
     if "bf16" in us:
         row["speedup_vs_bf16"] = {n: round(us["bf16"] / us[n], 3) for n in ("w4a16", "w4a4", "w4a4_apart") if n in us}
     if "producer_w4a16" in us and "producer_w4a4" in us:
@@ -158,7 +161,7 @@ def measure_row(pair, fmt, M, ps, w_bf16, graph_us, errors) -> dict:
 
     K, N = wp.PAIRS[pair]
     row = {"pair": pair, "fmt": fmt, "K": K, "N": N, "M": M, "copies": len(ps), "gemm_path": gemm_path(M, ps[0])}
-    row["engine_today"], row["engine_today_why"] = engine_today(pair, fmt, M)
+    row["engine_today"], row["engine_today_w4a16"], row["engine_today_why"] = engine_today(pair, fmt, M)
     inp = wp.make_inputs(pair, M, K, DEV)
     try:
         row["check"] = wp.check_pair(pair, fmt, inp, ps[0], w_bf16[0])

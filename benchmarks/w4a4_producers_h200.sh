@@ -10,8 +10,9 @@
 #    4096x6144; mlp_down: SiLU x mul -> 12288x4096; o_proj: attention output -> 4096x4096), nvfp4 / mxfp4,
 #    M = 1/4/16/64/256/512 (o_proj + 313): CUDA-graph us of bf16 (producer + cuBLAS), w4a16 (producer + fp4_linear),
 #    w4a4 (fused producer + fp4_linear_prequantized; o_proj: operand quantized outside the graph), w4a4_apart
-#    (producer + fp4_linear(.., fmt): o_proj's engine path today), the producers alone, o_proj's quantize alone;
-#    w4a4 / w4a16 (target <= 1.15), the GEMM path, operand and output bits fused vs apart.
+#    (producer + fp4_linear(.., fmt): o_proj's engine path today), for the MLP also torch's SiLU x mul before W4A16 /
+#    W4A4 apart (nvfp4's engine path), the producers alone, o_proj's quantize alone; w4a4 / w4a16 (target <= 1.15),
+#    the engine's W4A4 today over its W4A16, the GEMM path, operand and output bits fused vs apart.
 # 2. OUT/summary.json: rcs, headline (worst w4a4 / w4a16 per pair and format, fused and as the engine runs it today,
 #    rows over the target, bits, o_proj's quantize launch at M = 313 and its cost over 36 layers), then the rows.
 # Env: W4A4P_PAIRS="layer_input,mlp_down" / W4A4P_MS="1,16" / W4A4P_FMTS=mxfp4 restrict the rows (a follow-up run
@@ -57,7 +58,7 @@ try:
     s["total_s"] = r.get("total_s")
     s["rows"] = [{"pair": row["pair"], "fmt": row["fmt"], "M": row["M"], "path": row["gemm_path"],
                   "us": {k[:-3]: round(v, 2) for k, v in row.items() if k.endswith("_us")},
-                  "engine_today": row.get("engine_today"),
+                  "engine_today": [row.get("engine_today"), row.get("engine_today_w4a16")],
                   **{k: row[k] for k in ("w4a4_over_w4a16", "apart_over_w4a16", "engine_today_over_w4a16",
                                          "speedup_vs_bf16",
                                          "producer_w4a4_minus_w4a16_us", "quantize_share_of_apart") if k in row},

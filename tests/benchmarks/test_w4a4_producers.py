@@ -55,11 +55,13 @@ def test_rows_and_ratios():
     assert row["speedup_vs_bf16"] == {"w4a16": 2.0, "w4a4": 1.875, "w4a4_apart": 1.5}
     assert row["producer_w4a4_minus_w4a16_us"] == 0.5
     row = {"w4a16_us": 10.0, "w4a4_us": 12.0, "w4a4_apart_us": 14.0, "quantize_alone_us": 3.5,
-           "engine_today": bench.engine_today("o_proj", "nvfp4", 313)[0]}
+           "engine_today": bench.engine_today("o_proj", "nvfp4", 313)[0], "engine_today_w4a16": "w4a16"}
     bench._ratios(row)
     assert not row["meets_target"] and row["quantize_share_of_apart"] == 0.25
     assert row["engine_today"] == "w4a4_apart" and row["engine_today_over_w4a16"] == 1.4
-    assert bench.engine_today("layer_input", "mxfp4", 1)[0] == "w4a4"
+    assert bench.engine_today("layer_input", "mxfp4", 1)[:2] == ("w4a4", "w4a16")
+    today = bench.engine_today("mlp_down", "nvfp4", 16)
+    assert set(today[:2]) <= set(wp.variants("mlp_down", "nvfp4"))
     packed = get_backend("fp4").prepare_weight(torch.randn(40, 64), "nvfp4")
     assert bench.gemm_path(1, packed) == "triton"          # CPU: no sm_90, the dispatch's Triton answer
 
