@@ -41,11 +41,11 @@ def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_")
 
 
-def _checkout(rev: str, tmp: str) -> str:
+def _checkout(rev: str, side: str, tmp: str) -> str:
     """A directory holding `rev`'s tree (this checkout itself for WORKTREE)."""
     if rev == WORKTREE:
         return ROOT
-    dest = os.path.join(tmp, _slug(rev))
+    dest = os.path.join(tmp, side)
     os.makedirs(dest)
     archive = subprocess.run(["git", "-C", ROOT, "archive", rev], capture_output=True, check=True).stdout
     with tempfile.TemporaryFile() as f:
@@ -81,9 +81,9 @@ def _dump(out_dir: str, cases_file: str | None, only: list[str]) -> int:
     return 0
 
 
-def _compile_side(rev: str, tmp: str, args) -> tuple[str, str]:
-    src = _checkout(rev, tmp)
-    out = os.path.join(args.out, _slug(rev))
+def _compile_side(rev: str, side: str, tmp: str, args) -> tuple[str, str]:
+    src = _checkout(rev, side, tmp)
+    out = os.path.join(args.out, side)
     os.makedirs(out, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (args.triton, src) if p)
@@ -141,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out = args.out or tempfile.mkdtemp(prefix="sass_diff_")
     os.makedirs(args.out, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(2) as pool:
-        (dir_b, log_b), (dir_a, log_a) = pool.map(lambda rev: _compile_side(rev, tmp, args), (args.before, args.after))
+        (dir_b, log_b), (dir_a, log_a) = pool.map(lambda side: _compile_side(*side, tmp, args),
+                                                ((args.before, "before"), (args.after, "after")))
     idx_b = json.load(open(os.path.join(dir_b, "index.json")))
     idx_a = json.load(open(os.path.join(dir_a, "index.json")))
     after_cases = {c["name"]: c for c in idx_a["cases"]}
