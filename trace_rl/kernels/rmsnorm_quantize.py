@@ -12,8 +12,8 @@ Same bits, by construction: the norm part is `_add_rms_norm_kernel`'s code on th
 reads the bf16-rounded h (as the separate quantizer loads it), viewed as `fp4_block_tiles`' [rows * blocks, G]
 block tile (a reshape of the row tile: blocks are contiguous), and runs that file's `_block_stats`,
 `_row_global_scales` (the separate kernel's nvfp4:row scale step) and `_dequant_blocks`: block and row amaxes are
-maxima (exact in any order), the rest is element-wise, so the tile shape does not change a bit. NaN/Inf go through the same ops (a NaN/Inf row normalises to NaN where the separate
-kernel's does, and a block holding one emits NaN).
+maxima (exact in any order), the rest is element-wise, so the tile shape does not change a bit. NaN/Inf go through
+the same ops (a NaN/Inf row normalises to NaN where the separate kernel's does, and a block holding one emits NaN).
 
 `store_h=False` skips writing h (8 KB per 4096-wide bf16 row) where nothing reads it. Torch reference:
 `add_rms_norm_quantize_reference` (the composition of the two kernels' references).
