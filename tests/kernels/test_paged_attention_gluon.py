@@ -340,7 +340,8 @@ def test_variant_configs_are_checked():
         with pytest.raises(ValueError, match=what):
             gluon.GluonAttentionConfig(**bad).check()
     assert gluon.default_config(4) == (gluon.LEAN if gluon.LEAN_LOOP else gluon.DEFAULT)
-    assert gluon.default_config(12) == (gluon.LEAN_WIDE if gluon.LEAN_LOOP else gluon.DEFAULT)   # over 8: N = 16
+    assert gluon.default_config(12) == (gluon.LEAN_WIDE if gluon.LEAN_LOOP and gluon.LEAN_WIDE_LOOP
+                                        else gluon.DEFAULT)                          # over 8: N = 16
     assert gluon.LEAN_WIDE.n_pad == 16
     assert gluon.DEFAULT == gluon.GluonAttentionConfig()
     k, v = (PagedKV.allocate("nvfp4", 4, 64, 2, 128, role=r) for r in "kv")
@@ -360,6 +361,7 @@ SASS_VARIANTS = {   # id: (format, group, mx_fold, GluonAttentionConfig fields o
     "nvfp4-g8-lean": ("nvfp4", 8, False, dict(n_pad=8, unroll=2, col_max=True)),
     "nvfp4-g16-colmax-unroll2": ("nvfp4", 16, False, dict(col_max=True, unroll=2)),
     "mxfp4-g16-colmax": ("mxfp4", 16, False, dict(col_max=True)),
+    "nvfp4-g16-colmax": ("nvfp4", 16, False, dict(col_max=True)),
     "nvfp4-g4-colmax-unroll2": ("nvfp4", 4, False, dict(col_max=True, unroll=2)),
     "mxfp4-g4-colmax": ("mxfp4", 4, False, dict(col_max=True)),
     "mxfp4-g4-colmax-unroll2": ("mxfp4", 4, False, dict(col_max=True, unroll=2)),

@@ -151,20 +151,25 @@ DEFAULT = GluonAttentionConfig()
 # The SASS-reduction variants (issue 15; docs/benchmarks.md "Decode attention"; compile gate at group 4: nvfp4 3.08 ->
 # 2.78 SASS per K/V element, mxfp4 exact 3.43 -> 3.21, folded 3.15 -> 2.82), bit-identical to DEFAULT: LEAN (N = 8,
 # two tiles per loop iteration, the one-barrier column max) for GQA groups <= 8 (Qwen3-8B: 4), LEAN_WIDE (the column
-# max alone: 3.29 -> 3.18 at group 16) for 9..16. LEAN_LOOP is the one switch: True makes them what a call without a
-# config runs (the engine's path); False until the H200 check attnsass (benchmarks/attention_sass_h200.sh) confirms
-# them bit-identical and faster.
+# max alone: 3.29 -> 3.18 at group 16) for 9..16. LEAN_LOOP makes LEAN what a call without a config runs (the
+# engine's path): on since the H200 check attnfault (2026-12-02, benchmarks/attention_fault_h200.sh, after the N = 8
+# P^T layout fix) found it bit-identical to DEFAULT (groups 1 / 4 / 8, nvfp4 and mxfp4, NaN scales, the persistent
+# kernel too) and 1.12-1.22x faster at 8k-32k (nvfp4 0.82-0.90 of the read ceiling, mxfp4 0.67-0.73). LEAN_WIDE_LOOP
+# does the same for LEAN_WIDE at groups 9..16: off until its GPU tests (mxfp4-g16-colmax, nvfp4-g16-colmax*) pass.
 LEAN = GluonAttentionConfig(n_pad=8, unroll=2, col_max=True)
 LEAN_WIDE = GluonAttentionConfig(col_max=True)
-LEAN_LOOP = False
+LEAN_LOOP = True
+LEAN_WIDE_LOOP = False
 
 
 def default_config(group: int) -> GluonAttentionConfig:
-    """The config a call without one runs: with LEAN_LOOP set, LEAN where the group fits its N, else LEAN_WIDE;
-    without, DEFAULT."""
+    """The config a call without one runs: with LEAN_LOOP set, LEAN where the group fits its N (else LEAN_WIDE with
+    LEAN_WIDE_LOOP set); DEFAULT otherwise."""
     if not LEAN_LOOP:
         return DEFAULT
-    return LEAN if group <= LEAN.n_pad else LEAN_WIDE
+    if group <= LEAN.n_pad:
+        return LEAN
+    return LEAN_WIDE if LEAN_WIDE_LOOP else DEFAULT
 
 
 def _box(words: int) -> list[int]:
