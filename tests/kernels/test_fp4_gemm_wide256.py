@@ -1,0 +1,129 @@
+"""The opt-in 256-token Gluon FP4 GEMM (fp4_gemm_wide256.py): config and launcher checks and the CPU emulation of its
+128-column-step data path (test_fp4_gemm_gluon._emulate at bk = 128, BM = 256: the words box [1, BN/16, 256], the
+scale words of the step at word 2 kb (nvfp4) / kb (mxfp4)); on an sm_90 GPU with Triton 3.6, against the float64
+reference at odd N / K and M from 17 to 600 (token tiles 64 / 128 / 256, a partial last one, a grid over 256-token
+tiles), both formats, every benchmarked variant, forced splits (deterministic), and against the shipped wide Gluon
+kernel (fp4_matmul_gluon's config_for) on the same inputs."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+import triton
+
+from trace_rl.backends import get_backend
+from trace_rl.kernels.fp4_gemm_wide256 import (
+    SMEM_LIMIT,
+    VARIANTS,
+    WIDE256,
+    Wide256Config,
+    fp4_matmul_wide256,
+)
+from trace_rl.kernels.hopper_fp4 import to_hopper
+
+pytestmark = [pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning"),
+              pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning")]
+
+_SM90_36 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and \
+    triton.__version__.startswith("3.6")
+gpu36 = [pytest.mark.gpu, pytest.mark.skipif(not _SM90_36, reason="needs an sm_90 GPU and Triton 3.6 (Gluon)")]
+
+
+def _weight(N, K, fmt, gen, device="cpu"):
+    w = torch.randn(N, K, generator=gen) * torch.exp(torch.randn(N, 1, generator=gen))
+    return get_backend("fp4").prepare_weight(w.to(device), fmt)
+
+
+def _rel(y, ref):
+    return ((y.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def _rel_err(y, packed, x):
+    return _rel(y, x.double() @ packed.q.to(y.device).dequantize().double().T)
+
+
+def test_config_checks_and_shared_memory():
+    assert [WIDE256.tile_m(M) for M in (1, 17, 64, 65, 128, 129, 256, 600)] == [64, 64, 64, 128, 128, 256, 256, 256]
+    for c in VARIANTS.values():
+        c.check()
+        assert c.smem_bytes(256) <= SMEM_LIMIT, c
+    assert Wide256Config(stages=4).smem_bytes(256) > SMEM_LIMIT
+    with pytest.raises(ValueError, match="block_n"):
+        Wide256Config(block_n=256).check()
+    with pytest.raises(ValueError, match="block_m"):
+        Wide256Config(block_m=32).check()
+
+
+def test_launcher_checks(gen):
+    h = to_hopper(_weight(48, 512, "nvfp4", gen).q)
+    with pytest.raises(ValueError, match="bf16"):
+        fp4_matmul_wide256(torch.zeros(4, 512), h)
+    with pytest.raises(ValueError, match="columns"):
+        fp4_matmul_wide256(torch.zeros(4, 256, dtype=torch.bfloat16), h)
+    with pytest.raises(ValueError, match="shared memory"):
+        fp4_matmul_wide256(torch.zeros(256, 512, dtype=torch.bfloat16), h, Wide256Config(stages=4))
+    with pytest.raises(ValueError, match="CUDA"):
+        fp4_matmul_wide256(torch.zeros(4, 512, dtype=torch.bfloat16), h)
+
+
+@pytest.mark.parametrize("fmt,M,N,K", [("nvfp4", 5, 72, 1008), ("mxfp4", 3, 72, 1504)])
+def test_emulated_128_column_steps_match_reference(fmt, M, N, K, gen):
+    """The kernel's indexing at 128-column steps (one chunk, the step's scale words first in the box) and BM = 256,
+    through the shared torch emulation of the Gluon data path."""
+    from test_fp4_gemm_gluon import _emulate
+
+    from trace_rl.kernels.hopper_fp4 import operand
+
+    packed = _weight(N, K, fmt, gen)
+    h = to_hopper(packed.q)
+    x = torch.randn(M, K, generator=gen).to(torch.bfloat16)
+    y = _emulate(x, h, 128, 256, 128)
+    ref = x.double() @ (operand(h).double() * h.row_factor[:N, None].double()).T
+    assert torch.allclose(y, ref, rtol=1e-9, atol=1e-9 * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("fmt,K", [("nvfp4", 1520), ("mxfp4", 1504)])
+@pytest.mark.parametrize("M", [17, 64, 100, 256, 300])
+def test_wide256_matches_reference_gpu(fmt, M, K, gen):
+    """Odd N (a partial 128-row tile), K padding, token tiles 64 / 128 / 256 and a partial one (TMA zero fill, masked
+    store), auto split; against the float64 reference and the shipped wide Gluon kernel; deterministic."""
+    from trace_rl.kernels.fp4_gemm_gluon import fp4_matmul_gluon
+
+    N = 199
+    packed = _weight(N, K, fmt, gen, "cuda")
+    h = to_hopper(packed.q)
+    x = torch.randn(M, K, generator=gen).to(torch.bfloat16).cuda()
+    y = fp4_matmul_wide256(x, h)
+    assert y.shape == (M, N) and y.dtype == torch.bfloat16
+    assert _rel_err(y, packed, x) < 1e-2
+    assert _rel(y, fp4_matmul_gluon(x, h)) < 8e-3
+    assert torch.equal(y, fp4_matmul_wide256(x, h))
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+@pytest.mark.parametrize("M,split", [(256, 1), (600, 3)])
+def test_wide256_variants_and_splits_gpu(name, M, split, gen):
+    """Each benchmarked variant at a forced split (3: partials and tickets per (token tile, row tile); M = 600:
+    three 256-token tiles, the last partial): against the reference; bit-identical across runs."""
+    packed = _weight(264, 2048, "nvfp4", gen, "cuda")
+    h = to_hopper(packed.q)
+    x = torch.randn(M, 2048, generator=gen).to(torch.bfloat16).cuda()
+    cfg = replace(VARIANTS[name], split_k=split)
+    y = fp4_matmul_wide256(x, h, cfg)
+    assert _rel_err(y, packed, x) < 1e-2
+    assert torch.equal(y, fp4_matmul_wide256(x, h, cfg))
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_wide256_issue_shape_gpu(fmt, gen):
+    """The issue's 12288 x 4096 (K x N) at M = 256 (auto split) against the reference."""
+    packed = _weight(4096, 12288, fmt, gen, "cuda")
+    h = to_hopper(packed.q)
+    x = torch.randn(256, 12288, generator=gen).to(torch.bfloat16).cuda()
+    assert _rel_err(fp4_matmul_wide256(x, h), packed, x) < 1e-2
+
+
+for _m in gpu36:
+    test_wide256_matches_reference_gpu = _m(test_wide256_matches_reference_gpu)
+    test_wide256_variants_and_splits_gpu = _m(test_wide256_variants_and_splits_gpu)
+    test_wide256_issue_shape_gpu = _m(test_wide256_issue_shape_gpu)
