@@ -76,7 +76,8 @@ def precompile_all(Ms: list[int], workers: int = 16) -> list[str]:
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
-    jobs = [("w256", f, v, M, 512) for f in FORMATS for v in VARIANTS for M in Ms]
+    tiles = sorted({VARIANTS["w256"].tile_m(M) for M in Ms}, reverse=True)
+    jobs = [("w256", f, v, t, 512) for t in tiles for f in FORMATS for v in VARIANTS if v == "w256" or t == 256]
     jobs += [("wide", f, tuple(asdict(c).items()), M, 512) for f in FORMATS for M in Ms
              for c in _wide_configs(M, f).values()]
     # the tests': odd N (stride_om not a multiple of 16) at every token tile, the variants at N = 264, N = 4096
@@ -109,59 +110,62 @@ def main() -> None:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     res = {"env": run_env(torch.cuda.get_device_name(0), sms=sms), "rows": [], "skipped": [], "errors": []}
     save = json_saver(res, args.out)
-    for fmt in args.formats.split(","):
+    fmts = args.formats.split(",")
+    weights = {}                       # (fmt, K, N) -> (bf16 copies, Hopper FP4 copies); the bf16 ones per shape
+    for K, N in SHAPES:
+        n_copies = weight_copies(N * K // 2)
+        w_bf16 = [torch.randn(N, K, device=DEV, dtype=torch.bfloat16) * 0.02 for _ in range(n_copies)]
+        for fmt in fmts:
+            weights[fmt, K, N] = (w_bf16, [hopper_weight(PackedWeight(fmt, N, K, q=quantize(w, fmt))) for w in w_bf16])
+    # the most informative rows first (a budget cut drops the tail): M >= 256 of both formats, then the small M
+    order = [(f, M) for M in Ms if M >= 256 for f in fmts] + [(f, M) for M in Ms if M < 256 for f in fmts]
+    for fmt, M in order:
         for K, N in SHAPES:
             if time.time() - start > args.budget_s:
-                res["skipped"] += [{"fmt": fmt, "K": K, "N": N, "M": M} for M in Ms]
+                res["skipped"].append({"fmt": fmt, "K": K, "N": N, "M": M})
                 continue
-            n_copies = weight_copies(N * K // 2)
-            w_bf16 = [torch.randn(N, K, device=DEV, dtype=torch.bfloat16) * 0.02 for _ in range(n_copies)]
-            hw = [hopper_weight(PackedWeight(fmt, N, K, q=quantize(w, fmt))) for w in w_bf16]
-            for M in Ms:
-                if time.time() - start > args.budget_s:
-                    res["skipped"].append({"fmt": fmt, "K": K, "N": N, "M": M})
+            w_bf16, hw = weights[fmt, K, N]
+            x = torch.randn(M, K, device=DEV, dtype=torch.bfloat16)
+            row = {"fmt": fmt, "K": K, "N": N, "M": M, "copies": len(hw)}
+            row["cublas_bf16_us"] = graph_us([lambda w=w, x=x: F.linear(x, w) for w in w_bf16])
+            ref = None
+            for name, cfg in _wide_configs(M, fmt).items():     # the existing wide kernel (baseline)
+                try:
+                    y = fp4_matmul_gluon(x, hw[0], cfg)
+                    torch.cuda.synchronize()
+                    ref = y if ref is None else ref
+                    us = graph_us([lambda h=h, x=x, c=cfg: fp4_matmul_gluon(x, h, c) for h in hw])
+                    row[name] = {"us": us, "speedup": row["cublas_bf16_us"] / us, "rel_diff_vs_wide": _rel(y, ref)}
+                    if us < row.get("best_wide", {}).get("us", 1e30):
+                        row["best_wide"] = {"variant": name, "us": us, "speedup": row["cublas_bf16_us"] / us}
+                except Exception as e:   # noqa: BLE001
+                    res["errors"].append(f"{fmt} K {K} N {N} M {M} {name}: {e!r}"[:400])
+            for name, cfg in VARIANTS.items():
+                bm = cfg.tile_m(M)
+                auto = auto_split(triton.cdiv(hw[0].padded[0], cfg.block_n) * triton.cdiv(M, bm),
+                                  hw[0].padded[1] // BK, sms)
+                splits = sorted({auto, 2 * auto, max(1, auto // 2)}) if name == "w256" else [auto]
+                if M < 256 and name != "w256":
                     continue
-                x = torch.randn(M, K, device=DEV, dtype=torch.bfloat16)
-                row = {"fmt": fmt, "K": K, "N": N, "M": M, "copies": n_copies}
-                row["cublas_bf16_us"] = graph_us([lambda w=w, x=x: F.linear(x, w) for w in w_bf16])
-                ref = None
-                for name, cfg in _wide_configs(M, fmt).items():     # the existing wide kernel (baseline)
+                for split in splits:
+                    key = f"{name}_split{split}"
+                    c = replace(cfg, split_k=split)
                     try:
-                        y = fp4_matmul_gluon(x, hw[0], cfg)
+                        y = fp4_matmul_wide256(x, hw[0], c)
                         torch.cuda.synchronize()
-                        ref = y if ref is None else ref
-                        us = graph_us([lambda h=h, x=x, c=cfg: fp4_matmul_gluon(x, h, c) for h in hw])
-                        row[name] = {"us": us, "speedup": row["cublas_bf16_us"] / us, "rel_diff_vs_wide": _rel(y, ref)}
-                        if us < row.get("best_wide", {}).get("us", 1e30):
-                            row["best_wide"] = {"variant": name, "us": us, "speedup": row["cublas_bf16_us"] / us}
-                    except Exception as e:   # noqa: BLE001
-                        res["errors"].append(f"{fmt} K {K} N {N} M {M} {name}: {e!r}"[:400])
-                for name, cfg in VARIANTS.items():
-                    bm = cfg.tile_m(M)
-                    auto = auto_split(triton.cdiv(hw[0].padded[0], cfg.block_n) * triton.cdiv(M, bm),
-                                      hw[0].padded[1] // BK, sms)
-                    splits = sorted({auto, 2 * auto, max(1, auto // 2)}) if name == "w256" else [auto]
-                    for split in splits:
-                        key = f"{name}_split{split}"
-                        c = replace(cfg, split_k=split)
-                        try:
-                            y = fp4_matmul_wide256(x, hw[0], c)
-                            torch.cuda.synchronize()
-                            rel = _rel(y, ref) if ref is not None else None
-                            us = graph_us([lambda h=h, x=x, c=c: fp4_matmul_wide256(x, h, c) for h in hw])
-                        except Exception as e:   # noqa: BLE001 -- one failing variant must not lose the run
-                            res["errors"].append(f"{fmt} K {K} N {N} M {M} {key}: {e!r}"[:400])
-                            continue
-                        row[key] = {"us": us, "speedup": row["cublas_bf16_us"] / us, "auto": split == auto,
-                                    "rel_diff_vs_wide": rel}
-                        if us < row.get("best_w256", {}).get("us", 1e30):
-                            row["best_w256"] = {"variant": key, "us": us, "speedup": row["cublas_bf16_us"] / us}
-                res["rows"].append(row)
-                save()
-                print({k: (round(v["us"], 2), round(v["speedup"], 3)) if isinstance(v, dict) and "us" in v else v
-                       for k, v in row.items() if k != "copies"}, flush=True)
-            del w_bf16, hw
-            torch.cuda.empty_cache()
+                        rel = _rel(y, ref) if ref is not None else None
+                        us = graph_us([lambda h=h, x=x, c=c: fp4_matmul_wide256(x, h, c) for h in hw])
+                    except Exception as e:   # noqa: BLE001 -- one failing variant must not lose the run
+                        res["errors"].append(f"{fmt} K {K} N {N} M {M} {key}: {e!r}"[:400])
+                        continue
+                    row[key] = {"us": us, "speedup": row["cublas_bf16_us"] / us, "auto": split == auto,
+                                "rel_diff_vs_wide": rel}
+                    if us < row.get("best_w256", {}).get("us", 1e30):
+                        row["best_w256"] = {"variant": key, "us": us, "speedup": row["cublas_bf16_us"] / us}
+            res["rows"].append(row)
+            save()
+            print({k: (round(v["us"], 2), round(v["speedup"], 3)) if isinstance(v, dict) and "us" in v else v
+                   for k, v in row.items() if k != "copies"}, flush=True)
     res["total_s"] = time.time() - start
     save()
 
