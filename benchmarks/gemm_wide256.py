@@ -4,9 +4,11 @@ configs, same run (issue 15: M = 256 / 512 need >= 0.8x cuBLAS, M = 64 >= 1.6x).
     python benchmarks/gemm_wide256.py --out gemm_wide256.json [--M 256,512,64,128] [--budget-s 70]
     python benchmarks/gemm_wide256.py --precompile-only --M 256,512,64,128 --out /dev/null
 
-Per shape (K, N) in SHAPES and M (in the order given: the most informative first): cuBLAS BF16 `F.linear` on bf16
+Rows (M >= 256 of both formats first, then the smaller M: a budget cut drops the tail), per shape (K, N) in SHAPES:
+cuBLAS BF16 `F.linear` on bf16
 weight copies, the existing wide Gluon kernel (`wide`: config_for(M); `wide_overlap`: WIDE_OVERLAP) at its auto
-split, and this kernel's variants (fp4_gemm_wide256.VARIANTS) at the auto split, x2 and /2. Formats: nvfp4, then
+split, and the 256-token kernel: its stream-K schedule (fp4_gemm_wide256_sk: `sk`, `sk_nooverlap`) and its split-K grid
+(fp4_gemm_wide256.VARIANTS; `w256` at the auto split, x2 and /2; at M < 256 only `sk` and `w256`). Formats: nvfp4, then
 mxfp4 (the same rows). Every output is compared with the existing wide kernel's (`rel_diff_vs_wide`) before it is
 timed. Timing as benchmarks/gemm_gluon.py: all calls over weight copies > L2 captured in one CUDA graph, median
 replay us; `speedup` = cuBLAS us / us. The JSON is rewritten after each measurement; past `--budget-s` no new row
@@ -34,11 +36,14 @@ from trace_rl.backends import PackedWeight  # noqa: E402
 from trace_rl.kernels import quantize  # noqa: E402
 from trace_rl.kernels.fp4_gemm_gluon import WIDE_OVERLAP, auto_split, config_for, fp4_matmul_gluon  # noqa: E402
 from trace_rl.kernels.fp4_gemm_wide256 import BK, VARIANTS, fp4_matmul_wide256  # noqa: E402
+from trace_rl.kernels.fp4_gemm_wide256_sk import fp4_matmul_wide256_sk  # noqa: E402
 from trace_rl.kernels.linear import hopper_weight  # noqa: E402
 
 DEV = "cuda"
 SHAPES = [(4096, 12288), (12288, 4096)]   # (K, N)
 FORMATS = ("nvfp4", "mxfp4")
+# the stream-K schedule (one CTA per SM, equal K-step ranges) with fp4_gemm_wide256's configs
+SK_VARIANTS = {"sk": VARIANTS["w256"], "sk_nooverlap": VARIANTS["w256_nooverlap"]}
 
 
 def _wide_configs(M: int, fmt: str) -> dict:
@@ -62,6 +67,8 @@ def _compile_job(job: tuple) -> str:
         x = torch.randn(M, 1024, device=DEV, generator=g).to(torch.bfloat16)
         if kind == "w256":
             fp4_matmul_wide256(x, h, VARIANTS[what])
+        elif kind == "sk":
+            fp4_matmul_wide256_sk(x, h, SK_VARIANTS[what])
         else:
             fp4_matmul_gluon(x, h, GluonConfig(**dict(what)))
         torch.cuda.synchronize()
@@ -77,13 +84,17 @@ def precompile_all(Ms: list[int], workers: int = 16) -> list[str]:
     from multiprocessing import get_context
 
     tiles = sorted({VARIANTS["w256"].tile_m(M) for M in Ms}, reverse=True)
-    jobs = [("w256", f, v, t, 512) for t in tiles for f in FORMATS for v in VARIANTS if v == "w256" or t == 256]
-    jobs += [("wide", f, tuple(asdict(c).items()), M, 512) for f in FORMATS for M in Ms
+    jobs = [("sk", f, v, t, 512) for t in tiles for f in FORMATS for v in SK_VARIANTS if v == "sk" or t == 256]
+    jobs += [("w256", f, v, t, 512) for t in tiles for f in FORMATS for v in VARIANTS if v == "w256" or t == 256]
+    jobs += [("wide", f, tuple(asdict(c).items()), c.tile_m(M), 512) for f in FORMATS for M in Ms
              for c in _wide_configs(M, f).values()]
     # the tests': odd N (stride_om not a multiple of 16) at every token tile, the variants at N = 264, N = 4096
     jobs += [("w256", f, "w256", M, 199) for f in FORMATS for M in (17, 100, 256)]
-    jobs += [("wide", f, tuple(asdict(config_for(M, f)).items()), M, 199) for f in FORMATS for M in (17, 64, 100, 256)]
+    jobs += [("wide", f, tuple(asdict(config_for(M, f)).items()), config_for(M, f).tile_m(M), 199) for f in FORMATS
+             for M in (17, 64, 100, 256)]
     jobs += [("w256", "nvfp4", v, 256, 264) for v in VARIANTS] + [("w256", f, "w256", 256, 4096) for f in FORMATS]
+    jobs += [("sk", f, "sk", t, 199) for f in FORMATS for t in (64, 128, 256)] + \
+        [("sk", "nvfp4", "sk_nooverlap", 256, 199)]
     jobs = list(dict.fromkeys(jobs))
     with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=get_context("spawn")) as pool:
         return [e for e in pool.map(_compile_job, jobs) if e]
@@ -100,6 +111,7 @@ def main() -> None:
     ap.add_argument("--formats", default=",".join(FORMATS))
     ap.add_argument("--budget-s", type=float, default=70.0, help="start no new row after this many seconds")
     ap.add_argument("--precompile-only", action="store_true")
+    ap.add_argument("--skip-sk", action="store_true", help="do not time the stream-K schedule")
     args = ap.parse_args()
     start = time.time()
     Ms = [int(m) for m in args.M.split(",")]
@@ -127,6 +139,7 @@ def main() -> None:
             w_bf16, hw = weights[fmt, K, N]
             x = torch.randn(M, K, device=DEV, dtype=torch.bfloat16)
             row = {"fmt": fmt, "K": K, "N": N, "M": M, "copies": len(hw)}
+            res["rows"].append(row)
             row["cublas_bf16_us"] = graph_us([lambda w=w, x=x: F.linear(x, w) for w in w_bf16])
             ref = None
             for name, cfg in _wide_configs(M, fmt).items():     # the existing wide kernel (baseline)
@@ -162,7 +175,22 @@ def main() -> None:
                                 "rel_diff_vs_wide": rel}
                     if us < row.get("best_w256", {}).get("us", 1e30):
                         row["best_w256"] = {"variant": key, "us": us, "speedup": row["cublas_bf16_us"] / us}
-            res["rows"].append(row)
+                    save()
+            for name, cfg in SK_VARIANTS.items():   # last: a hang here loses only these
+                if args.skip_sk or (M < 256 and name != "sk"):
+                    continue
+                try:
+                    y = fp4_matmul_wide256_sk(x, hw[0], cfg)
+                    torch.cuda.synchronize()
+                    rel = _rel(y, ref) if ref is not None else None
+                    us = graph_us([lambda h=h, x=x, c=cfg: fp4_matmul_wide256_sk(x, h, c) for h in hw])
+                except Exception as e:   # noqa: BLE001
+                    res["errors"].append(f"{fmt} K {K} N {N} M {M} {name}: {e!r}"[:400])
+                    continue
+                row[name] = {"us": us, "speedup": row["cublas_bf16_us"] / us, "rel_diff_vs_wide": rel}
+                if us < row.get("best_w256", {}).get("us", 1e30):
+                    row["best_w256"] = {"variant": name, "us": us, "speedup": row["cublas_bf16_us"] / us}
+                save()
             save()
             print({k: (round(v["us"], 2), round(v["speedup"], 3)) if isinstance(v, dict) and "us" in v else v
                    for k, v in row.items() if k != "copies"}, flush=True)

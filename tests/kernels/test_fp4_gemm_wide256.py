@@ -3,7 +3,8 @@
 scale words of the step at word 2 kb (nvfp4) / kb (mxfp4)); on an sm_90 GPU with Triton 3.6, against the float64
 reference at odd N / K and M from 17 to 600 (token tiles 64 / 128 / 256, a partial last one, a grid over 256-token
 tiles), both formats, every benchmarked variant, forced splits (deterministic), and against the shipped wide Gluon
-kernel (fp4_matmul_gluon's config_for) on the same inputs."""
+kernel (fp4_matmul_gluon's config_for) on the same inputs; the stream-K schedule (fp4_gemm_wide256_sk.py) likewise,
+at one CTA per SM and at a few CTAs (ranges over several tiles, tiles split over two or three CTAs)."""
 
 from dataclasses import replace
 
@@ -123,7 +124,53 @@ def test_wide256_issue_shape_gpu(fmt, gen):
     assert _rel_err(fp4_matmul_wide256(x, h), packed, x) < 1e-2
 
 
+def test_stream_k_segments_bound():
+    """The partial slots per tile (max_segments) bound the CTAs any tile's K steps are spread over, for the ranges
+    the kernel cuts [c T / G, (c + 1) T / G)."""
+    from trace_rl.kernels.fp4_gemm_wide256_sk import max_segments
+
+    for tiles, kb, g in [(96, 32, 132), (32, 96, 132), (192, 32, 132), (3, 16, 7), (2, 12, 5), (1, 12, 6), (4, 2, 3)]:
+        total = tiles * kb
+        cta = [((i + 1) * g - 1) // total for i in range(total)]           # the kernel's _cta_of
+        assert all(c * total // g <= i < (c + 1) * total // g for i, c in enumerate(cta))
+        segs = max(cta[t * kb + kb - 1] - cta[t * kb] + 1 for t in range(tiles))
+        assert segs <= max_segments(total, g, kb), (tiles, kb, g)
+
+
+@pytest.mark.parametrize("fmt,K", [("nvfp4", 1520), ("mxfp4", 1504)])
+@pytest.mark.parametrize("M,grid", [(17, 0), (100, 5), (256, 0), (300, 7), (600, 3)])
+def test_stream_k_matches_reference_gpu(fmt, M, K, grid, gen):
+    """The stream-K schedule: one CTA per SM (grid 0) or a few CTAs (5 / 7 / 3: ranges over several whole tiles and
+    tiles split over two or three CTAs, the ring carried across tile boundaries), odd N, token tiles 64 .. 256 and
+    several of them; against the float64 reference and the split-K grid kernel; deterministic."""
+    from trace_rl.kernels.fp4_gemm_wide256_sk import fp4_matmul_wide256_sk
+
+    N = 199
+    packed = _weight(N, K, fmt, gen, "cuda")
+    h = to_hopper(packed.q)
+    x = torch.randn(M, K, generator=gen).to(torch.bfloat16).cuda()
+    y = fp4_matmul_wide256_sk(x, h, grid=grid)
+    assert y.shape == (M, N)
+    assert _rel_err(y, packed, x) < 1e-2
+    assert _rel(y, fp4_matmul_wide256(x, h)) < 8e-3
+    assert torch.equal(y, fp4_matmul_wide256_sk(x, h, grid=grid))
+
+
+def test_stream_k_issue_shape_and_no_overlap_gpu(gen):
+    """4096 x 12288 (K x N) at M = 256, one CTA per SM (96 tiles of 32 K steps over 132 ranges), both consumer
+    variants, against the reference."""
+    from trace_rl.kernels.fp4_gemm_wide256_sk import fp4_matmul_wide256_sk
+
+    packed = _weight(12288, 4096, "nvfp4", gen, "cuda")
+    h = to_hopper(packed.q)
+    x = torch.randn(256, 4096, generator=gen).to(torch.bfloat16).cuda()
+    for cfg in (VARIANTS["w256"], VARIANTS["w256_nooverlap"]):
+        assert _rel_err(fp4_matmul_wide256_sk(x, h, cfg), packed, x) < 1e-2
+
+
 for _m in gpu36:
+    test_stream_k_matches_reference_gpu = _m(test_stream_k_matches_reference_gpu)
+    test_stream_k_issue_shape_and_no_overlap_gpu = _m(test_stream_k_issue_shape_and_no_overlap_gpu)
     test_wide256_matches_reference_gpu = _m(test_wide256_matches_reference_gpu)
     test_wide256_variants_and_splits_gpu = _m(test_wide256_variants_and_splits_gpu)
     test_wide256_issue_shape_gpu = _m(test_wide256_issue_shape_gpu)

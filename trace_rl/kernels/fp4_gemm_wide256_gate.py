@@ -40,7 +40,33 @@ def gate_case(c: Wide256Config, block_m: int, budget: float, fmt: str = "nvfp4")
                     require=("USETMAXREG", "SYNCS.PHASECHK", "UTMALDG", "SYNCS.ARRIVE"))
 
 
+# the stream-K schedule (fp4_gemm_wide256_sk.py): (config, token tile, budget, format)
+GATE_SK = ((VARIANTS["w256"], 256, 3.2, "nvfp4"), (VARIANTS["w256_nooverlap"], 256, 3.2, "nvfp4"),
+           (VARIANTS["w256"], 64, 3.2, "nvfp4"), (VARIANTS["w256"], 256, 3.0, "mxfp4"))
+
+
 def sass_gate_cases():
     if not triton.__version__.startswith("3.6"):
         return []
-    return [gate_case(c, bm, b) for c, bm, b in GATE] + [gate_case(c, bm, b, "mxfp4") for c, bm, b in GATE_MX]
+    return [gate_case(c, bm, b) for c, bm, b in GATE] + [gate_case(c, bm, b, "mxfp4") for c, bm, b in GATE_MX] + \
+        [sk_gate_case(c, bm, b, f) for c, bm, b, f in GATE_SK]
+
+
+def sk_gate_case(c: Wide256Config, block_m: int, budget: float, fmt: str = "nvfp4", maxseg: int = 3):
+    """The stream-K schedule (fp4_gemm_wide256_sk.py): the same step, the tile loop around it (`innermost`)."""
+    from trace_rl.kernels.fp4_gemm_wide256_sk import _fp4_gemm_wide256_sk_kernel
+    from trace_rl.kernels.sass_gate import GateCase
+
+    wl, sl, xl = shared_layouts(block_m)
+    sig = dict(w_desc=f"tensordesc<i32[{BK // COLS}, {c.block_n // ROWS}, 256],{wl!r}>",
+               s_desc=f"tensordesc<i32[{c.block_n}, {SCALE_BOX_WORDS}],{sl!r}>",
+               x_desc=f"tensordesc<bf16[{block_m}, {BK}],{xl!r}>", rf_ptr="*fp32", out_ptr="*bf16",
+               part_ptr="*fp32", count_ptr="*i32", M="i32", N="i32", KB="i32", n_tiles="i32", TOTAL="i32",
+               stride_om="i32")
+    consts = dict(BN=c.block_n, BM=block_m, STAGES=c.stages, OVERLAP=c.overlap, MX=fmt == "mxfp4", MAXSEG=maxseg)
+    return GateCase(f"gemm wide256 sk {fmt} {block_m}x{c.block_n}x{BK} s{c.stages}"
+                    f"{' overlap' if c.overlap else ''} r{c.maxnreg}", _fp4_gemm_wide256_sk_kernel, sig, consts,
+                    c.num_warps, 1, c.block_n * BK / (32 * c.num_warps), budget,
+                    ("rf_ptr", "out_ptr", "part_ptr", "count_ptr", "stride_om"),
+                    max_full_waits=1, options=(("maxnreg", c.maxnreg), ), innermost=True,
+                    require=("USETMAXREG", "SYNCS.PHASECHK", "UTMALDG", "SYNCS.ARRIVE"))
