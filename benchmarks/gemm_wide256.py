@@ -5,14 +5,14 @@ configs, same run (issue 15: M = 256 / 512 need >= 0.8x cuBLAS, M = 64 >= 1.6x).
     python benchmarks/gemm_wide256.py --precompile-only --M 256,512,64,128 --out /dev/null
 
 Rows (M >= 256 of both formats first, then the smaller M: a budget cut drops the tail), per shape (K, N) in SHAPES:
-cuBLAS BF16 `F.linear` on bf16
-weight copies, the existing wide Gluon kernel (`wide`: config_for(M); `wide_overlap`: WIDE_OVERLAP) at its auto
-split, and the 256-token kernel: its stream-K schedule (fp4_gemm_wide256_sk: `sk`, `sk_nooverlap`) and its split-K grid
-(fp4_gemm_wide256.VARIANTS; `w256` at the auto split, x2 and /2; at M < 256 only `sk` and `w256`). Formats: nvfp4, then
-mxfp4 (the same rows). Every output is compared with the existing wide kernel's (`rel_diff_vs_wide`) before it is
-timed. Timing as benchmarks/gemm_gluon.py: all calls over weight copies > L2 captured in one CUDA graph, median
-replay us; `speedup` = cuBLAS us / us. The JSON is rewritten after each measurement; past `--budget-s` no new row
-starts ("skipped").
+cuBLAS BF16 `F.linear` on bf16 weight copies, the existing wide Gluon kernel (`wide`: config_for(M); `wide_overlap`:
+WIDE_OVERLAP) at its auto split, and the 256-token kernel: its split-K grid (fp4_gemm_wide256.VARIANTS: `w256` at the
+auto split, x2 and /2) and its stream-K schedule (fp4_gemm_wide256_sk: `sk`, last in a row); the other variants
+(`w256_nooverlap`, `w256_s2`, `sk_nooverlap`) only for nvfp4 at M >= 256. Every output is compared with the existing
+wide kernel's (`rel_diff_vs_wide`) before it is timed.
+Timing as benchmarks/gemm_gluon.py: all calls over weight copies > L2 captured in one CUDA graph, median replay us;
+`speedup` = cuBLAS us / us. The JSON is rewritten after each measurement; past `--budget-s` no new row starts
+("skipped").
 """
 
 from __future__ import annotations
@@ -84,15 +84,16 @@ def precompile_all(Ms: list[int], workers: int = 16) -> list[str]:
     from multiprocessing import get_context
 
     tiles = sorted({VARIANTS["w256"].tile_m(M) for M in Ms}, reverse=True)
-    jobs = [("sk", f, v, t, 512) for t in tiles for f in FORMATS for v in SK_VARIANTS if v == "sk" or t == 256]
-    jobs += [("w256", f, v, t, 512) for t in tiles for f in FORMATS for v in VARIANTS if v == "w256" or t == 256]
+    main = lambda f, v, t: v in ("sk", "w256") or (t == 256 and f == "nvfp4")    # noqa: E731 (see main())
+    jobs = [("sk", f, v, t, 512) for t in tiles for f in FORMATS for v in SK_VARIANTS if main(f, v, t)]
+    jobs += [("w256", f, v, t, 512) for t in tiles for f in FORMATS for v in VARIANTS if main(f, v, t)]
     jobs += [("wide", f, tuple(asdict(c).items()), c.tile_m(M), 512) for f in FORMATS for M in Ms
              for c in _wide_configs(M, f).values()]
     # the tests': odd N (stride_om not a multiple of 16) at every token tile, the variants at N = 264, N = 4096
     jobs += [("w256", f, "w256", M, 199) for f in FORMATS for M in (17, 100, 256)]
     jobs += [("wide", f, tuple(asdict(config_for(M, f)).items()), config_for(M, f).tile_m(M), 199) for f in FORMATS
              for M in (17, 64, 100, 256)]
-    jobs += [("w256", "nvfp4", v, 256, 264) for v in VARIANTS] + [("w256", f, "w256", 256, 4096) for f in FORMATS]
+    jobs += [("w256", "nvfp4", v, 256, 264) for v in VARIANTS if v != "w256"]     # (264 specialises as 199 does)
     jobs += [("sk", f, "sk", t, 199) for f in FORMATS for t in (64, 128, 256)] + \
         [("sk", "nvfp4", "sk_nooverlap", 256, 199)]
     jobs = list(dict.fromkeys(jobs))
@@ -158,7 +159,7 @@ def main() -> None:
                 auto = auto_split(triton.cdiv(hw[0].padded[0], cfg.block_n) * triton.cdiv(M, bm),
                                   hw[0].padded[1] // BK, sms)
                 splits = sorted({auto, 2 * auto, max(1, auto // 2)}) if name == "w256" else [auto]
-                if M < 256 and name != "w256":
+                if (M < 256 or fmt != "nvfp4") and name != "w256":     # the variants: nvfp4 at M >= 256
                     continue
                 for split in splits:
                     key = f"{name}_split{split}"
@@ -177,7 +178,7 @@ def main() -> None:
                         row["best_w256"] = {"variant": key, "us": us, "speedup": row["cublas_bf16_us"] / us}
                     save()
             for name, cfg in SK_VARIANTS.items():   # last: a hang here loses only these
-                if args.skip_sk or (M < 256 and name != "sk"):
+                if args.skip_sk or ((M < 256 or fmt != "nvfp4") and name != "sk"):
                     continue
                 try:
                     y = fp4_matmul_wide256_sk(x, hw[0], cfg)
