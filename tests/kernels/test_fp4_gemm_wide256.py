@@ -49,6 +49,8 @@ def test_config_checks_and_shared_memory():
         c.check()
         assert c.smem_bytes(256) <= SMEM_LIMIT, c
     assert Wide256Config(stages=4).smem_bytes(256) > SMEM_LIMIT
+    assert [WIDE256.slots(t) for t in (256, 128, 64)] == [3, 5, 8]
+    assert all(WIDE256.smem_bytes(t) <= SMEM_LIMIT for t in (256, 128, 64))
     with pytest.raises(ValueError, match="block_n"):
         Wide256Config(block_n=256).check()
     with pytest.raises(ValueError, match="block_m"):

@@ -60,13 +60,15 @@ def scale_words_per_step(fmt: str) -> int:
 @dataclass(frozen=True)
 class Wide256Config:
     """BN weight rows (64 per consumer warpgroup: num_warps = BN / 16) x up to `block_m` tokens (the wgmma N: the
-    smallest of 64 / 128 / 256 covering M, a grid over token tiles past it), `stages` ring slots, `split_k` (0:
+    smallest of 64 / 128 / 256 covering M, a grid over token tiles past it), `stages` ring slots (0: as many as fit,
+    up to 8: 3 at 256 tokens, 5 at 128, 8 at 64 — a step's MMA time falls with the token tile while the load latency
+    does not, so the narrower tiles keep more steps in flight), `split_k` (0:
     auto_split over the SMs, one CTA per SM), `overlap`, `maxnreg` (the budget the kernel is compiled for; the
     consumers get more through setmaxnreg)."""
 
     block_n: int = 128
     block_m: int = 256
-    stages: int = 3
+    stages: int = 0
     split_k: int = 0
     overlap: bool = True
     maxnreg: int = 168
@@ -80,14 +82,21 @@ class Wide256Config:
             raise ValueError(f"{self}: block_n must be 64 or 128 (one or two consumer warpgroups of 64 rows)")
         if self.block_m not in TOKEN_TILES:
             raise ValueError(f"{self}: block_m must be one of {TOKEN_TILES} (the wgmma N)")
-        if not 2 <= self.stages <= 8 or self.split_k < 0:
-            raise ValueError(f"{self}: stages must be in 2..8 and split_k >= 0")
+        if not (self.stages == 0 or 2 <= self.stages <= 8) or self.split_k < 0:
+            raise ValueError(f"{self}: stages must be 0 (auto) or in 2..8 and split_k >= 0")
 
     def tile_m(self, M: int) -> int:
         return next((t for t in TOKEN_TILES if t >= min(M, self.block_m)), self.block_m)
 
+    def slot_bytes(self, block_m: int) -> int:
+        return block_m * BK * 2 + self.block_n * BK // 2 + self.block_n * SCALE_BOX_WORDS * 4
+
+    def slots(self, block_m: int) -> int:
+        """Ring slots at `block_m` tokens: `stages`, or as many as fit in SMEM_LIMIT (at most 8)."""
+        return self.stages or min(8, (SMEM_LIMIT - 1024) // self.slot_bytes(block_m))
+
     def smem_bytes(self, block_m: int) -> int:
-        return self.stages * (block_m * BK * 2 + self.block_n * BK // 2 + self.block_n * SCALE_BOX_WORDS * 4) + 1024
+        return self.slots(block_m) * self.slot_bytes(block_m) + 1024
 
 
 TOKEN_TILES = (64, 128, 256)
@@ -245,6 +254,6 @@ def fp4_matmul_wide256(x2: torch.Tensor, w: HopperFP4, config: Wide256Config | N
     x_desc = TensorDescriptor(x2, list(x2.shape), list(x2.stride()), [bm, BK], xl)
     _fp4_gemm_wide256_kernel[(n_tiles, split, m_tiles)](
         w_desc, s_desc, x_desc, w.row_factor, out, part, counters, M, N, kb, split, out.stride(0),
-        BN=c.block_n, BM=bm, STAGES=c.stages, OVERLAP=c.overlap, MX=w.fmt == "mxfp4", num_warps=c.num_warps,
+        BN=c.block_n, BM=bm, STAGES=c.slots(bm), OVERLAP=c.overlap, MX=w.fmt == "mxfp4", num_warps=c.num_warps,
         maxnreg=c.maxnreg)
     return out

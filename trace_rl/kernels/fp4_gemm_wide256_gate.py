@@ -31,9 +31,10 @@ def gate_case(c: Wide256Config, block_m: int, budget: float, fmt: str = "nvfp4")
                s_desc=f"tensordesc<i32[{c.block_n}, {SCALE_BOX_WORDS}],{sl!r}>",
                x_desc=f"tensordesc<bf16[{block_m}, {BK}],{xl!r}>", rf_ptr="*fp32", out_ptr="*bf16",
                part_ptr="*fp32", count_ptr="*i32", M="i32", N="i32", KB="i32", SPLIT_K="i32", stride_om="i32")
-    consts = dict(BN=c.block_n, BM=block_m, STAGES=c.stages, OVERLAP=c.overlap, MX=fmt == "mxfp4")
-    return GateCase(f"gemm wide256 {fmt} {block_m}x{c.block_n}x{BK} s{c.stages}{' overlap' if c.overlap else ''} "
-                    f"r{c.maxnreg}", _fp4_gemm_wide256_kernel, sig, consts, c.num_warps, 1,
+    consts = dict(BN=c.block_n, BM=block_m, STAGES=c.slots(block_m), OVERLAP=c.overlap, MX=fmt == "mxfp4")
+    return GateCase(f"gemm wide256 {fmt} {block_m}x{c.block_n}x{BK} s{c.slots(block_m)}"
+                    f"{' overlap' if c.overlap else ''} r{c.maxnreg}", _fp4_gemm_wide256_kernel, sig, consts,
+                    c.num_warps, 1,
                     c.block_n * BK / (32 * c.num_warps), budget,
                     ("rf_ptr", "out_ptr", "part_ptr", "count_ptr", "stride_om"),
                     max_full_waits=1, options=(("maxnreg", c.maxnreg), ),
@@ -63,8 +64,9 @@ def sk_gate_case(c: Wide256Config, block_m: int, budget: float, fmt: str = "nvfp
                x_desc=f"tensordesc<bf16[{block_m}, {BK}],{xl!r}>", rf_ptr="*fp32", out_ptr="*bf16",
                part_ptr="*fp32", count_ptr="*i32", M="i32", N="i32", KB="i32", n_tiles="i32", TOTAL="i32",
                stride_om="i32")
-    consts = dict(BN=c.block_n, BM=block_m, STAGES=c.stages, OVERLAP=c.overlap, MX=fmt == "mxfp4", MAXSEG=maxseg)
-    return GateCase(f"gemm wide256 sk {fmt} {block_m}x{c.block_n}x{BK} s{c.stages}"
+    consts = dict(BN=c.block_n, BM=block_m, STAGES=c.slots(block_m), OVERLAP=c.overlap, MX=fmt == "mxfp4",
+                  MAXSEG=maxseg)
+    return GateCase(f"gemm wide256 sk {fmt} {block_m}x{c.block_n}x{BK} s{c.slots(block_m)}"
                     f"{' overlap' if c.overlap else ''} r{c.maxnreg}", _fp4_gemm_wide256_sk_kernel, sig, consts,
                     c.num_warps, 1, c.block_n * BK / (32 * c.num_warps), budget,
                     ("rf_ptr", "out_ptr", "part_ptr", "count_ptr", "stride_om"),

@@ -271,6 +271,6 @@ def fp4_matmul_wide256_sk(x2: torch.Tensor, w: HopperFP4, config: Wide256Config 
     x_desc = TensorDescriptor(x2, list(x2.shape), list(x2.stride()), [bm, BK], xl)
     _fp4_gemm_wide256_sk_kernel[(g, )](
         w_desc, s_desc, x_desc, w.row_factor, out, part, counters, M, N, kb, n_tiles, total, out.stride(0),
-        BN=c.block_n, BM=bm, STAGES=c.stages, OVERLAP=c.overlap, MX=w.fmt == "mxfp4", MAXSEG=maxseg,
+        BN=c.block_n, BM=bm, STAGES=c.slots(bm), OVERLAP=c.overlap, MX=w.fmt == "mxfp4", MAXSEG=maxseg,
         num_warps=c.num_warps, maxnreg=c.maxnreg)
     return out
