@@ -33,9 +33,18 @@ s = {"precompile_rc": pre_rc, "bench_rc": bench_rc, "pytest_rc": test_rc,
      "precompile_tail": tail(out, "precompile.log", 3), "pytest_tail": tail(out, "pytest.log", 12)}
 try:
     r = json.load(open(os.path.join(out, "gemm_wide256.json")))
-    s["rows"] = [{k: (round(v, 2) if isinstance(v, float) else
-                      {kk: (round(vv, 3) if isinstance(vv, float) else vv) for kk, vv in v.items()}
-                      if isinstance(v, dict) else v) for k, v in row.items() if k != "copies"} for row in r["rows"]]
+    s["rows"] = []
+    for row in r["rows"]:     # compact: the best of each kernel as [variant, us, speedup], then every variant's us
+        c = {k: row.get(k) for k in ("fmt", "K", "N", "M")}
+        c["cublas_us"] = round(row.get("cublas_bf16_us", 0), 2)
+        for b in ("best_wide", "best_w256"):
+            if b in row:
+                c[b] = [row[b]["variant"], round(row[b]["us"], 2), round(row[b]["speedup"], 3)]
+        c["us"] = {k: round(v["us"], 2) for k, v in row.items() if isinstance(v, dict) and "us" in v
+                   and not k.startswith("best")}
+        c["max_rel_diff_vs_wide"] = max((v.get("rel_diff_vs_wide") or 0 for v in row.values()
+                                         if isinstance(v, dict) and "us" in v), default=None)
+        s["rows"].append(c)
     s["errors"] = r.get("errors", [])[:6]
     s["skipped"] = len(r.get("skipped", []))
 except Exception as e:   # noqa: BLE001
