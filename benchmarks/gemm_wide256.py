@@ -7,8 +7,9 @@ configs, same run (issue 15: M = 256 / 512 need >= 0.8x cuBLAS, M = 64 >= 1.6x).
 Rows (M >= 256 of both formats first, then the smaller M: a budget cut drops the tail), per shape (K, N) in SHAPES:
 cuBLAS BF16 `F.linear` on bf16 weight copies, the existing wide Gluon kernel (`wide`: config_for(M); `wide_overlap`:
 WIDE_OVERLAP) at its auto split, and the 256-token kernel: its split-K grid (fp4_gemm_wide256.VARIANTS: `w256` at the
-auto split, x2 and /2) and its stream-K schedule (fp4_gemm_wide256_sk: `sk`, last in a row); the other variants
-(`w256_nooverlap`, `w256_s2`, `sk_nooverlap`) only for nvfp4 at M >= 256. Every output is compared with the existing
+auto split, x2 and /2) and its stream-K schedule (fp4_gemm_wide256_sk: `sk`, last in a row); `sk_2cta` (64-token
+tiles, two CTAs per SM) at M < 256; the other variants (`w256_nooverlap`, `w256_s2`, `sk_nooverlap`) only for nvfp4
+at M >= 256. Every output is compared with the existing
 wide kernel's (`rel_diff_vs_wide`) before it is timed.
 Timing as benchmarks/gemm_gluon.py: all calls over weight copies > L2 captured in one CUDA graph, median replay us;
 `speedup` = cuBLAS us / us. The JSON is rewritten after each measurement; past `--budget-s` no new row starts
@@ -35,7 +36,7 @@ from kernel_baselines import graph_us, json_saver, run_env, weight_copies  # noq
 from trace_rl.backends import PackedWeight  # noqa: E402
 from trace_rl.kernels import quantize  # noqa: E402
 from trace_rl.kernels.fp4_gemm_gluon import WIDE_OVERLAP, auto_split, config_for, fp4_matmul_gluon  # noqa: E402
-from trace_rl.kernels.fp4_gemm_wide256 import BK, VARIANTS, fp4_matmul_wide256  # noqa: E402
+from trace_rl.kernels.fp4_gemm_wide256 import BK, VARIANTS, WIDE64_2CTA, fp4_matmul_wide256  # noqa: E402
 from trace_rl.kernels.fp4_gemm_wide256_sk import fp4_matmul_wide256_sk  # noqa: E402
 from trace_rl.kernels.linear import hopper_weight  # noqa: E402
 
@@ -43,7 +44,18 @@ DEV = "cuda"
 SHAPES = [(4096, 12288), (12288, 4096)]   # (K, N)
 FORMATS = ("nvfp4", "mxfp4")
 # the stream-K schedule (one CTA per SM, equal K-step ranges) with fp4_gemm_wide256's configs
-SK_VARIANTS = {"sk": VARIANTS["w256"], "sk_nooverlap": VARIANTS["w256_nooverlap"]}
+# (sk_2cta: 64-token tiles at two CTAs per SM, timed at M < 256)
+SK_VARIANTS = {"sk": VARIANTS["w256"], "sk_nooverlap": VARIANTS["w256_nooverlap"], "sk_2cta": WIDE64_2CTA}
+
+
+def times(fmt: str, M: int, name: str) -> bool:
+    """Whether the benchmark times variant `name` at (fmt, M): `sk` and `w256` always, `sk_2cta` at M < 256, the
+    others for nvfp4 at M >= 256."""
+    if name in ("sk", "w256"):
+        return True
+    if name == "sk_2cta":
+        return M < 256
+    return M >= 256 and fmt == "nvfp4"
 
 
 def _wide_configs(M: int, fmt: str) -> dict:
@@ -66,7 +78,7 @@ def _compile_job(job: tuple) -> str:
         h = hopper_weight(PackedWeight(fmt, N, 1024, q=quantize(w, fmt)))
         x = torch.randn(M, 1024, device=DEV, generator=g).to(torch.bfloat16)
         if kind == "w256":
-            fp4_matmul_wide256(x, h, VARIANTS[what])
+            fp4_matmul_wide256(x, h, {**VARIANTS, "w64_2cta": WIDE64_2CTA}[what])
         elif kind == "sk":
             fp4_matmul_wide256_sk(x, h, SK_VARIANTS[what])
         else:
@@ -83,10 +95,11 @@ def precompile_all(Ms: list[int], workers: int = 16) -> list[str]:
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
-    tiles = sorted({VARIANTS["w256"].tile_m(M) for M in Ms}, reverse=True)
-    main = lambda f, v, t: v in ("sk", "w256") or (t == 256 and f == "nvfp4")    # noqa: E731 (see main())
-    jobs = [("sk", f, v, t, 512) for t in tiles for f in FORMATS for v in SK_VARIANTS if main(f, v, t)]
-    jobs += [("w256", f, v, t, 512) for t in tiles for f in FORMATS for v in VARIANTS if main(f, v, t)]
+    kinds = (("sk", SK_VARIANTS), ("w256", VARIANTS))
+    jobs = [(kind, f, v, M, 512) for M in Ms for f in FORMATS for kind, names in kinds for v in names
+            if times(f, M, v)]
+    jobs = list({(k, f, v, (SK_VARIANTS if k == "sk" else VARIANTS)[v].tile_m(M), n): 0
+                 for k, f, v, M, n in jobs})          # one per binary: the token tile, not M
     jobs += [("wide", f, tuple(asdict(c).items()), c.tile_m(M), 512) for f in FORMATS for M in Ms
              for c in _wide_configs(M, f).values()]
     # the tests': odd N (stride_om not a multiple of 16) at every token tile, the variants at N = 264, N = 4096
@@ -95,7 +108,8 @@ def precompile_all(Ms: list[int], workers: int = 16) -> list[str]:
              for M in (17, 64, 100, 256)]
     jobs += [("w256", "nvfp4", v, 256, 264) for v in VARIANTS if v != "w256"]     # (264 specialises as 199 does)
     jobs += [("sk", f, "sk", t, 199) for f in FORMATS for t in (64, 128, 256)] + \
-        [("sk", "nvfp4", "sk_nooverlap", 256, 199)]
+        [("sk", "nvfp4", "sk_nooverlap", 256, 199)] + [(k, f, v, 64, 199) for f in FORMATS
+                                                       for k, v in (("sk", "sk_2cta"), ("w256", "w64_2cta"))]
     jobs = list(dict.fromkeys(jobs))
     with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=get_context("spawn")) as pool:
         return [e for e in pool.map(_compile_job, jobs) if e]
@@ -159,7 +173,7 @@ def main() -> None:
                 auto = auto_split(triton.cdiv(hw[0].padded[0], cfg.block_n) * triton.cdiv(M, bm),
                                   hw[0].padded[1] // BK, sms)
                 splits = sorted({auto, 2 * auto, max(1, auto // 2)}) if name == "w256" else [auto]
-                if (M < 256 or fmt != "nvfp4") and name != "w256":     # the variants: nvfp4 at M >= 256
+                if not times(fmt, M, name):
                     continue
                 for split in splits:
                     key = f"{name}_split{split}"
@@ -178,7 +192,7 @@ def main() -> None:
                         row["best_w256"] = {"variant": key, "us": us, "speedup": row["cublas_bf16_us"] / us}
                     save()
             for name, cfg in SK_VARIANTS.items():   # last: a hang here loses only these
-                if args.skip_sk or ((M < 256 or fmt != "nvfp4") and name != "sk"):
+                if args.skip_sk or not times(fmt, M, name):
                     continue
                 try:
                     y = fp4_matmul_wide256_sk(x, hw[0], cfg)

@@ -44,6 +44,9 @@ def _rel_err(y, packed, x):
 
 
 def test_config_checks_and_shared_memory():
+    from trace_rl.kernels.fp4_gemm_wide256 import WIDE64_2CTA
+
+    assert WIDE64_2CTA.ctas_per_sm(64) == 2 and WIDE256.ctas_per_sm(256) == 1
     assert [WIDE256.tile_m(M) for M in (1, 17, 64, 65, 128, 129, 256, 600)] == [64, 64, 64, 128, 128, 256, 256, 256]
     for c in VARIANTS.values():
         c.check()
@@ -158,6 +161,24 @@ def test_stream_k_matches_reference_gpu(fmt, M, K, grid, gen):
     assert torch.equal(y, fp4_matmul_wide256_sk(x, h, grid=grid))
 
 
+@pytest.mark.parametrize("fmt,K", [("nvfp4", 1520), ("mxfp4", 1504)])
+@pytest.mark.parametrize("M", [33, 100])
+def test_two_ctas_per_sm_matches_reference_gpu(fmt, M, K, gen):
+    """WIDE64_2CTA (64-token tiles, 4 slots, maxnreg 80: two CTAs per SM) under both schedules, M = 100 as two token
+    tiles; against the float64 reference; deterministic."""
+    from trace_rl.kernels.fp4_gemm_wide256 import WIDE64_2CTA
+    from trace_rl.kernels.fp4_gemm_wide256_sk import fp4_matmul_wide256_sk
+
+    assert WIDE64_2CTA.ctas_per_sm(64) == 2 and WIDE256.ctas_per_sm(256) == 1
+    packed = _weight(199, K, fmt, gen, "cuda")
+    h = to_hopper(packed.q)
+    x = torch.randn(M, K, generator=gen).to(torch.bfloat16).cuda()
+    for run in (fp4_matmul_wide256, fp4_matmul_wide256_sk):
+        y = run(x, h, WIDE64_2CTA)
+        assert _rel_err(y, packed, x) < 1e-2
+        assert torch.equal(y, run(x, h, WIDE64_2CTA))
+
+
 def test_stream_k_issue_shape_and_no_overlap_gpu(gen):
     """4096 x 12288 (K x N) at M = 256, one CTA per SM (96 tiles of 32 K steps over 132 ranges), both consumer
     variants, against the reference."""
@@ -173,6 +194,7 @@ def test_stream_k_issue_shape_and_no_overlap_gpu(gen):
 for _m in gpu36:
     test_stream_k_matches_reference_gpu = _m(test_stream_k_matches_reference_gpu)
     test_stream_k_issue_shape_and_no_overlap_gpu = _m(test_stream_k_issue_shape_and_no_overlap_gpu)
+    test_two_ctas_per_sm_matches_reference_gpu = _m(test_two_ctas_per_sm_matches_reference_gpu)
     test_wide256_matches_reference_gpu = _m(test_wide256_matches_reference_gpu)
     test_wide256_variants_and_splits_gpu = _m(test_wide256_variants_and_splits_gpu)
     test_wide256_issue_shape_gpu = _m(test_wide256_issue_shape_gpu)

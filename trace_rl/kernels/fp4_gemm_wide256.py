@@ -98,12 +98,23 @@ class Wide256Config:
     def smem_bytes(self, block_m: int) -> int:
         return self.slots(block_m) * self.slot_bytes(block_m) + 1024
 
+    def ctas_per_sm(self, block_m: int) -> int:
+        """Resident CTAs per SM: by shared memory (228 KB, 1 KB reserved per CTA) and registers (maxnreg for every
+        thread of the consumer warps and the producer's warpgroup)."""
+        by_smem = (228 * 1024) // (self.smem_bytes(block_m) + 1024)
+        by_regs = 65536 // (self.maxnreg * (self.num_warps + 4) * 32)
+        return max(1, min(by_smem, by_regs))
+
 
 TOKEN_TILES = (64, 128, 256)
 WIDE256 = Wide256Config()
 # variants the benchmark times (each gated): no overlap (the two warpgroups' wgmmas still interleave), two slots
 VARIANTS = {"w256": WIDE256, "w256_nooverlap": Wide256Config(overlap=False, maxnreg=168),
             "w256_s2": Wide256Config(stages=2)}
+# M <= 64 (or 64-token tiles past it): two CTAs per SM, 4 slots of 27 KB each, maxnreg 80 (the consumers get 104
+# after setmaxnreg; overlap compiles without spills or serialised wgmmas down to maxnreg 72): two independent
+# consumers per SM to hide the decode's latency at the short 64-token steps
+WIDE64_2CTA = Wide256Config(block_m=64, stages=4, maxnreg=80)
 
 
 @gluon.jit
@@ -236,7 +247,7 @@ def fp4_matmul_wide256(x2: torch.Tensor, w: HopperFP4, config: Wide256Config | N
         x2 = x2.clone(memory_format=torch.contiguous_format)
     N = w.n
     n_tiles, m_tiles, kb = triton.cdiv(np_, c.block_n), triton.cdiv(M, bm), kp // BK
-    split = c.split_k or auto_split(n_tiles * m_tiles, kb, _sm_count(dev))
+    split = c.split_k or auto_split(n_tiles * m_tiles, kb, _sm_count(dev) * c.ctas_per_sm(bm))
     split = triton.cdiv(kb, triton.cdiv(kb, max(1, min(split, kb))))
     out = torch.empty(M, N, device=x2.device, dtype=torch.bfloat16) if out is None else out
     if out.shape != (M, N) or out.stride(1) != 1:

@@ -12,6 +12,7 @@ from trace_rl.kernels.fp4_gemm_wide256 import (
     BK,
     SCALE_BOX_WORDS,
     VARIANTS,
+    WIDE64_2CTA,
     Wide256Config,
     _fp4_gemm_wide256_kernel,
     shared_layouts,
@@ -19,7 +20,8 @@ from trace_rl.kernels.fp4_gemm_wide256 import (
 from trace_rl.kernels.hopper_fp4 import COLS, ROWS
 
 # (config, token tile, SASS budget per weight element): filled from the measured values (+ ~3%)
-GATE = tuple((c, 256, 3.2) for c in VARIANTS.values()) + ((VARIANTS["w256"], 128, 3.2), (VARIANTS["w256"], 64, 3.2))
+GATE = tuple((c, 256, 3.2) for c in VARIANTS.values()) + ((VARIANTS["w256"], 128, 3.2), (VARIANTS["w256"], 64, 3.2),
+                                                         (WIDE64_2CTA, 64, 3.15))
 GATE_MX = ((VARIANTS["w256"], 256, 3.2), )
 
 
@@ -43,7 +45,8 @@ def gate_case(c: Wide256Config, block_m: int, budget: float, fmt: str = "nvfp4")
 
 # the stream-K schedule (fp4_gemm_wide256_sk.py): (config, token tile, budget, format)
 GATE_SK = ((VARIANTS["w256"], 256, 3.2, "nvfp4"), (VARIANTS["w256_nooverlap"], 256, 3.2, "nvfp4"),
-           (VARIANTS["w256"], 64, 3.2, "nvfp4"), (VARIANTS["w256"], 256, 3.0, "mxfp4"))
+           (VARIANTS["w256"], 64, 3.2, "nvfp4"), (VARIANTS["w256"], 256, 3.0, "mxfp4"),
+           (WIDE64_2CTA, 64, 3.15, "nvfp4"), (WIDE64_2CTA, 64, 3.0, "mxfp4"))
 
 
 def sass_gate_cases():

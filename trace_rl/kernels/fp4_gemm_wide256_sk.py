@@ -223,8 +223,9 @@ def max_segments(total: int, grid: int, kb: int) -> int:
 
 def fp4_matmul_wide256_sk(x2: torch.Tensor, w: HopperFP4, config: Wide256Config | None = None,
                           out: torch.Tensor | None = None, grid: int = 0) -> torch.Tensor:
-    """fp4_matmul_wide256 with the stream-K schedule: `grid` CTAs (0: one per SM, fewer where a range would hold
-    fewer than 2 K steps); `config.split_k` is ignored (the schedule decides)."""
+    """fp4_matmul_wide256 with the stream-K schedule: `grid` CTAs (0: every resident one, SMs x
+    `config.ctas_per_sm`, fewer where a range would hold fewer than 2 K steps); `config.split_k` is ignored (the
+    schedule decides)."""
     from trace_rl.kernels.fp4_gemm import tile_counters
 
     c = config or WIDE256
@@ -256,7 +257,7 @@ def fp4_matmul_wide256_sk(x2: torch.Tensor, w: HopperFP4, config: Wide256Config 
     N = w.n
     n_tiles, m_tiles, kb = triton.cdiv(np_, c.block_n), triton.cdiv(M, bm), kp // BK
     total = n_tiles * m_tiles * kb
-    g = max(1, min(grid or _sm_count(dev), total // 2))
+    g = max(1, min(grid or _sm_count(dev) * c.ctas_per_sm(bm), total // 2))
     maxseg = max_segments(total, g, kb)
     out = torch.empty(M, N, device=x2.device, dtype=torch.bfloat16) if out is None else out
     if out.shape != (M, N) or out.stride(1) != 1:
