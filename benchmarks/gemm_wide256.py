@@ -8,9 +8,9 @@ Rows (M >= 256 of both formats first, then the smaller M: a budget cut drops the
 cuBLAS BF16 `F.linear` on bf16 weight copies, the existing wide Gluon kernel (`wide`: config_for(M); `wide_overlap`:
 WIDE_OVERLAP) at its auto split, and the 256-token kernel: its split-K grid (fp4_gemm_wide256.VARIANTS: `w256` at the
 auto split, x2 and /2) and its stream-K schedule (fp4_gemm_wide256_sk: `sk`, last in a row); `sk_2cta` (64-token
-tiles, two CTAs per SM) at M < 256; the other variants (`w256_nooverlap`, `w256_s2`, `sk_nooverlap`) only for nvfp4
-at M >= 256. Every output is compared with the existing
-wide kernel's (`rel_diff_vs_wide`) before it is timed.
+tiles, two CTAs per SM) at M < 256; the other variants (`w256_nooverlap`, `w256_s2`, `sk_nooverlap`, `sk_bm128`:
+128-token tiles) only for nvfp4 at M >= 256. Every output is compared with the existing wide kernel's
+(`rel_diff_vs_wide`) before it is timed.
 Timing as benchmarks/gemm_gluon.py: all calls over weight copies > L2 captured in one CUDA graph, median replay us;
 `speedup` = cuBLAS us / us. The JSON is rewritten after each measurement; past `--budget-s` no new row starts
 ("skipped").
@@ -36,7 +36,7 @@ from kernel_baselines import graph_us, json_saver, run_env, weight_copies  # noq
 from trace_rl.backends import PackedWeight  # noqa: E402
 from trace_rl.kernels import quantize  # noqa: E402
 from trace_rl.kernels.fp4_gemm_gluon import WIDE_OVERLAP, auto_split, config_for, fp4_matmul_gluon  # noqa: E402
-from trace_rl.kernels.fp4_gemm_wide256 import BK, VARIANTS, WIDE64_2CTA, fp4_matmul_wide256  # noqa: E402
+from trace_rl.kernels.fp4_gemm_wide256 import BK, VARIANTS, WIDE64_2CTA, Wide256Config, fp4_matmul_wide256  # noqa: E402,E501
 from trace_rl.kernels.fp4_gemm_wide256_sk import fp4_matmul_wide256_sk  # noqa: E402
 from trace_rl.kernels.linear import hopper_weight  # noqa: E402
 
@@ -44,8 +44,10 @@ DEV = "cuda"
 SHAPES = [(4096, 12288), (12288, 4096)]   # (K, N)
 FORMATS = ("nvfp4", "mxfp4")
 # the stream-K schedule (one CTA per SM, equal K-step ranges) with fp4_gemm_wide256's configs
-# (sk_2cta: 64-token tiles at two CTAs per SM, timed at M < 256)
-SK_VARIANTS = {"sk": VARIANTS["w256"], "sk_nooverlap": VARIANTS["w256_nooverlap"], "sk_2cta": WIDE64_2CTA}
+# (sk_2cta: 64-token tiles at two CTAs per SM, timed at M < 256; sk_bm128: 128-token tiles with 5 slots at M >= 256,
+# nvfp4: twice the decode, a deeper ring -- what the 256-token tile itself brings)
+SK_VARIANTS = {"sk": VARIANTS["w256"], "sk_nooverlap": VARIANTS["w256_nooverlap"], "sk_2cta": WIDE64_2CTA,
+               "sk_bm128": Wide256Config(block_m=128)}
 
 
 def times(fmt: str, M: int, name: str) -> bool:

@@ -45,7 +45,8 @@ def gate_case(c: Wide256Config, block_m: int, budget: float, fmt: str = "nvfp4")
 
 # the stream-K schedule (fp4_gemm_wide256_sk.py): (config, token tile, budget, format)
 GATE_SK = ((VARIANTS["w256"], 256, 3.2, "nvfp4"), (VARIANTS["w256_nooverlap"], 256, 3.2, "nvfp4"),
-           (VARIANTS["w256"], 64, 3.2, "nvfp4"), (VARIANTS["w256"], 256, 3.0, "mxfp4"),
+           (VARIANTS["w256"], 128, 3.2, "nvfp4"), (VARIANTS["w256"], 64, 3.2, "nvfp4"),
+           (VARIANTS["w256"], 256, 3.0, "mxfp4"),
            (WIDE64_2CTA, 64, 3.15, "nvfp4"), (WIDE64_2CTA, 64, 3.0, "mxfp4"))
 
 
