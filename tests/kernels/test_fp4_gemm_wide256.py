@@ -142,6 +142,79 @@ def test_stream_k_segments_bound():
         assert segs <= max_segments(total, g, kb), (tiles, kb, g)
 
 
+def _simulate_stream_k_cta(lo, hi, kb, stages, overlap):
+    """fp4_gemm_wide256_sk's producer and consumer of one CTA as Python, with the kernel's slot / parity / release
+    arithmetic and mbarrier semantics (wait(parity) passes once the barrier's completions have the other parity); the
+    two run interleaved, each as far as it can. Returns the segments [(tile, first step, steps)] the consumer
+    finished; fails on a deadlock, a slot overwritten before its release, or a step read from the wrong slot."""
+    ready, empty = [0] * stages, [0] * stages        # completions
+    slot_step, busy = [None] * stages, [False] * stages
+    p_it = 0
+    segs = []
+    t_first = lo // kb
+    # the consumer as a generator: yields when it must wait
+    def consumer():
+        it0 = 0
+        for t in range(t_first, (hi - 1) // kb + 1):
+            k_lo = max(lo, t * kb)
+            n = min(hi, (t + 1) * kb) - k_lo
+            for j in range(n):
+                it = it0 + j
+                slot = it % stages
+                while (ready[slot] & 1) == ((it // stages) & 1):     # wait(ready, (it // S) & 1)
+                    yield
+                assert slot_step[slot] == lo + it, "a step read from the wrong slot"
+                if overlap:
+                    if j > 0:
+                        rel = (it + stages - 1) % stages
+                        busy[rel] = False
+                        empty[rel] += 1
+                else:
+                    busy[slot] = False
+                    empty[slot] += 1
+            if overlap and n > 0:
+                rel = (it0 + n + stages - 1) % stages
+                busy[rel] = False
+                empty[rel] += 1
+            it0 += n
+            segs.append((t, k_lo - t * kb, n))
+    cons = consumer()
+    blocked = False                                                 # the consumer's last run ended waiting
+    while True:
+        progressed = False
+        while p_it < hi - lo:                                       # the producer, as far as it can
+            slot = p_it % stages
+            if (empty[slot] & 1) == (((p_it // stages) & 1) ^ 1):   # wait(empty, ((it // S) & 1) ^ 1)
+                break
+            assert not busy[slot], "a slot refilled before the consumer released it"
+            slot_step[slot], busy[slot] = lo + p_it, True
+            ready[slot] += 1
+            p_it += 1
+            progressed = True
+        assert progressed or not blocked, f"deadlock: producer at {p_it} of {hi - lo}"
+        try:
+            next(cons)                                              # the consumer, until it waits or ends
+            blocked = True
+        except StopIteration:
+            break
+    return segs
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+@pytest.mark.parametrize("tiles,kb,g,stages", [(96, 32, 132, 3), (3, 16, 7, 3), (4, 2, 3, 5), (2, 12, 5, 8),
+                                               (192, 32, 132, 3), (1, 12, 6, 2)])
+def test_stream_k_ring_and_segments_emulated(tiles, kb, g, stages, overlap):
+    """The stream-K CTA ranges cover every (tile, step) once; each CTA's ring (carried across its tile segments)
+    neither deadlocks nor refills a slot early nor reads a stale one, with and without overlap."""
+    total = tiles * kb
+    covered = []
+    for c in range(g):
+        lo, hi = c * total // g, (c + 1) * total // g
+        for t, k0, n in _simulate_stream_k_cta(lo, hi, kb, stages, overlap):
+            covered += [(t, k0 + i) for i in range(n)]
+    assert sorted(covered) == [(t, k) for t in range(tiles) for k in range(kb)]
+
+
 @pytest.mark.parametrize("fmt,K", [("nvfp4", 1520), ("mxfp4", 1504)])
 @pytest.mark.parametrize("M,grid", [(17, 0), (100, 5), (256, 0), (300, 7), (600, 3)])
 def test_stream_k_matches_reference_gpu(fmt, M, K, grid, gen):
