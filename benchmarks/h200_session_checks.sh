@@ -75,6 +75,10 @@
 #            fused producer + prequantized GEMM vs W4A16 (producer + fp4_linear) vs cuBLAS, W4A4 with its separate
 #            quantize launch, nvfp4 / mxfp4, M = 1-512 (+313 for o_proj's quantize), bits fused = apart; < 120 s;
 #            named only
+#   moegluon benchmarks/moe_gluon_h200.sh  the opt-in Gluon grouped FP4 GEMM (trace_rl/kernels/fp4_grouped_gluon.py):
+#            its GPU tests, then at B = 409 / 512 / 128 / 256 routed tokens gate+up and down vs the Triton grouped
+#            kernel, torch._grouped_mm and the cuBLAS expert loop (graph), nvfp4 / mxfp4 (+ W4A4 prequantized);
+#            < 120 s; named only
 # The default order puts first what the stability study's runs depend on (wsync presets engine guided trainattn: ~9 min),
 # then the speed checks (grid gemm gemmwide attn gemmbound): a second call,
 # `BUDGET_S=... benchmarks/h200_session_checks.sh OUT grid gemm gemmwide attn gemmbound`; fp4engine only when named
@@ -122,6 +126,7 @@ for name in $NAMES; do
         gemmship2) SHIP_TESTS=0 SHIP_SHAPES=12288x4096,4096x1024 bash benchmarks/gemm_ship_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         attnfault) bash benchmarks/attention_fault_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         gemm256) bash benchmarks/gemm_wide256_h200.sh "$d" > "$d/run.log" 2>&1 ;;
+        moegluon) bash benchmarks/moe_gluon_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         mlpfuse) bash benchmarks/mlp_fuse_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         w4a4prod) bash benchmarks/w4a4_producers_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         presets) pytest_check "$d" 145 tests/pipelines/test_presets_gpu.py ;;

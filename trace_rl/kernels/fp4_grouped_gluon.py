@@ -49,14 +49,15 @@ from trace_rl.kernels.fp4_gemm_gluon_config import SMEM_LIMIT, GluonConfig, scal
 from trace_rl.kernels.hopper_fp4 import COLS, ROWS, HopperFP4
 
 # Per token tile (the wgmma N) and format: one consumer warpgroup of 128 rows at 16 tokens (the dense DEFAULT: 2 CTAs
-# per SM), two warpgroups at 32 / 64 (the dense WIDE configs' register budgets + 8: the consumer also holds the
-# item's expert, rows and epilogue pointers across the K loop).
+# per SM), two warpgroups at 32 / 64 (the dense WIDE configs: nvfp4 32 tokens at 80 registers and 3 slots is 2 CTAs
+# per SM; the rest 1, by shared memory). Compile-only (Triton 3.6, sm_90): spill-free with unserialised wgmmas down
+# to 72 registers at 32 tokens and 96 at 64, as the dense kernel (GATE_WIDE's floors).
 GROUPED_GLUON = {
     "nvfp4": {16: GluonConfig(block_n=128, num_warps=4, maxnreg=128, block_m=16, stages=4),
-              32: GluonConfig(block_n=128, num_warps=8, maxnreg=88, block_m=32, stages=3),
+              32: GluonConfig(block_n=128, num_warps=8, maxnreg=80, block_m=32, stages=3),
               64: GluonConfig(block_n=128, num_warps=8, maxnreg=104, block_m=64, stages=4)},
     "mxfp4": {16: GluonConfig(block_n=128, num_warps=4, maxnreg=128, block_m=16, stages=2),
-              32: GluonConfig(block_n=128, num_warps=8, maxnreg=88, block_m=32, stages=3),
+              32: GluonConfig(block_n=128, num_warps=8, maxnreg=80, block_m=32, stages=3),
               64: GluonConfig(block_n=128, num_warps=8, maxnreg=104, block_m=64, stages=2)},
 }
 
@@ -289,8 +290,10 @@ def fp4_grouped_matmul_gluon(x: torch.Tensor, offsets: torch.Tensor, w: HopperFP
     R = x.shape[0]
     c = config or grouped_gluon_config(R, E, w.fmt)
     _check(x, offsets, w, c, row_scale, bias)
-    if x.stride(1) != 1 or (x.stride(0) * 2) % 16 or x.data_ptr() % 16:
-        x = x.clone(memory_format=torch.contiguous_format)        # TMA: 16-byte aligned rows
+    if x.shape[1] % 8:   # TMA needs 16-byte rows: a zero-padded copy (the padded columns meet zero weight codes)
+        x = torch.nn.functional.pad(x, (0, 8 - x.shape[1] % 8))
+    elif x.stride(1) != 1 or (x.stride(0) * 2) % 16 or x.data_ptr() % 16:
+        x = x.clone(memory_format=torch.contiguous_format)        # TMA: 16-byte aligned base and rows
     out = torch.empty(R, w.n, device=x.device, dtype=out_dtype) if out is None else out
     if out.shape != (R, w.n) or out.stride(1) != 1:
         raise ValueError(f"fp4_grouped_matmul_gluon: out must be [{R}, {w.n}] with unit column stride")
