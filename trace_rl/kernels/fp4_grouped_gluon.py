@@ -71,6 +71,26 @@ def token_tile(rows: int, n_experts: int) -> int:
     return 16 if mean <= 12 else 32 if mean <= 20 else 64
 
 
+def schedule(offsets: list[int], n_tiles: int, block_m: int, pid: int, nprog: int) -> list[tuple[int, int, int]]:
+    """Program `pid`'s (expert, N tile, first row) token tiles in order, as both partitions walk them (pure Python:
+    the tests check the kernel's partition against it; each tile is KB ring steps)."""
+    E = len(offsets) - 1
+    out = []
+    for w in range(pid, E * n_tiles, nprog):
+        e, n = divmod(w, n_tiles)
+        rows = max(offsets[e + 1] - offsets[e], 0)
+        out += [(e, n, offsets[e] + mt * block_m) for mt in range(-(-rows // block_m))]
+    return out
+
+
+def tma_rows(x: torch.Tensor) -> torch.Tensor:
+    """x as TMA can load it: 16-byte aligned base and rows, unit column stride (K is a multiple of the FP4 block, 16
+    or 32, so a contiguous copy has aligned rows)."""
+    if x.stride(1) != 1 or (x.stride(0) * 2) % 16 or x.data_ptr() % 16:
+        return x.clone(memory_format=torch.contiguous_format)
+    return x
+
+
 @gluon.jit
 def _grouped_producer(w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, off_ptr, pid, nprog, work,
                       NT, NP, KB, BN: gl.constexpr, BK: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr):
@@ -290,10 +310,7 @@ def fp4_grouped_matmul_gluon(x: torch.Tensor, offsets: torch.Tensor, w: HopperFP
     R = x.shape[0]
     c = config or grouped_gluon_config(R, E, w.fmt)
     _check(x, offsets, w, c, row_scale, bias)
-    if x.shape[1] % 8:   # TMA needs 16-byte rows: a zero-padded copy (the padded columns meet zero weight codes)
-        x = torch.nn.functional.pad(x, (0, 8 - x.shape[1] % 8))
-    elif x.stride(1) != 1 or (x.stride(0) * 2) % 16 or x.data_ptr() % 16:
-        x = x.clone(memory_format=torch.contiguous_format)        # TMA: 16-byte aligned base and rows
+    x = tma_rows(x)
     out = torch.empty(R, w.n, device=x.device, dtype=out_dtype) if out is None else out
     if out.shape != (R, w.n) or out.stride(1) != 1:
         raise ValueError(f"fp4_grouped_matmul_gluon: out must be [{R}, {w.n}] with unit column stride")
