@@ -10,7 +10,7 @@ Qwen3-30B-A3B experts (hidden 2048, 128 experts of intermediate 768, top-8): gat
 (GEMM, B) the row-count stats (min / mean / max rows per expert, active experts). Per format (nvfp4, mxfp4; mxfp4
 down is refused by the Gluon kernel: 24-byte scale rows, see its module doc): W4A16 through the Triton kernel
 (`fp4_grouped_matmul`, default config) and the Gluon kernel at token tiles 16 / 32 / 64 (`default` marks
-`token_tile`'s pick); nvfp4 W4A4 prequantized (row scales; the activations' quantize launch not timed: the same
+`token_tile`'s pick; nvfp4 also GLUON_VARIANTS: 256-row N tiles, a 64-row one); nvfp4 W4A4 prequantized (row scales; the activations' quantize launch not timed: the same
 for both kernels). Every output is checked against the torch reference (`grouped_linear_reference`, rel. error <
 1e-2) before it is timed. Baselines: `torch._grouped_mm` (BF16) and the per-expert cuBLAS loop in a CUDA graph.
 CUDA-graph medians; bw = (active experts' FP4 layout bytes + bf16 activations) / time / the read ceiling measured
@@ -54,7 +54,7 @@ def bench(batches: list[int], gemms: list[str], read_bw: float, log, deadline: f
 
     from trace_rl.backends.fp4 import grouped_linear_reference, prepare_expert_weights
     from trace_rl.kernels.fp4_grouped import fp4_grouped_matmul
-    from trace_rl.kernels.fp4_grouped_gluon import GROUPED_GLUON, fp4_grouped_matmul_gluon, token_tile
+    from trace_rl.kernels.fp4_grouped_gluon import GLUON_VARIANTS, GROUPED_GLUON, fp4_grouped_matmul_gluon, token_tile
     from trace_rl.kernels.linear import hopper_weight
     from trace_rl.kernels.row_quantize import quantize_dequant_bf16
 
@@ -107,7 +107,13 @@ def bench(batches: list[int], gemms: list[str], read_bw: float, log, deadline: f
                     row[f"{fmt}_gluon_{bm}"] = _timed(
                         lambda h=h, c=c: fp4_grouped_matmul_gluon(x, offsets, h, config=c, zero_tail=True), ref,
                         base, read_bytes, read_bw)
-                ok = {bm: row[f"{fmt}_gluon_{bm}"]["us"] for bm in TILES if "us" in row[f"{fmt}_gluon_{bm}"]}
+                if fmt == "nvfp4":
+                    for vname, c in GLUON_VARIANTS.items():
+                        row[f"{fmt}_gluon_{vname}"] = _timed(
+                            lambda h=h, c=c: fp4_grouped_matmul_gluon(x, offsets, h, config=c, zero_tail=True), ref,
+                            base, read_bytes, read_bw)
+                tags = list(TILES) + (list(GLUON_VARIANTS) if fmt == "nvfp4" else [])
+                ok = {bm: row[f"{fmt}_gluon_{bm}"]["us"] for bm in tags if "us" in row[f"{fmt}_gluon_{bm}"]}
                 if ok:
                     best = min(ok, key=ok.get)
                     row[f"{fmt}_gluon_best"] = {"tile": best, "us": ok[best], "x_bf16": round(base / ok[best], 3),
@@ -137,7 +143,7 @@ def precompile(gemms: list[str], fmts: list[str]) -> None:
     timed section does not include a compile; errors are printed, not raised (the benchmark reports them)."""
     from trace_rl.backends.fp4 import prepare_expert_weights
     from trace_rl.kernels.fp4_grouped import GROUPED_M16, GROUPED_M32, fp4_grouped_matmul
-    from trace_rl.kernels.fp4_grouped_gluon import GROUPED_GLUON, fp4_grouped_matmul_gluon
+    from trace_rl.kernels.fp4_grouped_gluon import GLUON_VARIANTS, GROUPED_GLUON, fp4_grouped_matmul_gluon
     from trace_rl.kernels.linear import hopper_weight
 
     for name, N, K in [g for n in gemms for g in GEMMS if g[0] == n]:
@@ -153,7 +159,9 @@ def precompile(gemms: list[str], fmts: list[str]) -> None:
                       [lambda c=c: fp4_grouped_matmul_gluon(x, offs, h, config=c, zero_tail=True)
                        for c in GROUPED_GLUON[fmt].values()] + \
                       [lambda c=c: fp4_grouped_matmul_gluon(x, offs, h, row_scale=rs, config=c, zero_tail=True)
-                       for c in GROUPED_GLUON[fmt].values()]:
+                       for c in GROUPED_GLUON[fmt].values()] + \
+                      [lambda c=c: fp4_grouped_matmul_gluon(x, offs, h, config=c, zero_tail=True)
+                       for c in (GLUON_VARIANTS.values() if fmt == "nvfp4" else ())]:
                 t = time.time()
                 try:
                     fn()

@@ -61,6 +61,15 @@ GROUPED_GLUON = {
               64: GluonConfig(block_n=128, num_warps=8, maxnreg=104, block_m=64, stages=2)},
 }
 
+# Benchmark variants (nvfp4; benchmarks/kernels_moe_gluon.py times them beside the tiles above): 256 weight rows per
+# program (two warpgroups of 128: the activation box, which TMA re-reads per N tile from L2, is shared by twice the
+# weight: at 64 tokens x 128 rows it is 2 bytes per weight byte; the step's bookkeeping over twice the weights: 2.52
+# SASS per weight element), and one warpgroup of 64 rows at 64 tokens (2 CTAs per SM at 96 registers, 2 slots).
+# Spill-free floors (compile-only): 64x256 at 144 registers (128 spills), 32x256 at 128.
+GLUON_VARIANTS = {"64x256": GluonConfig(block_n=256, num_warps=8, maxnreg=144, block_m=64, stages=2),
+                  "32x256": GluonConfig(block_n=256, num_warps=8, maxnreg=128, block_m=32, stages=3),
+                  "64x64": GluonConfig(block_n=64, num_warps=4, maxnreg=96, block_m=64, stages=2)}
+
 
 def token_tile(rows: int, n_experts: int) -> int:
     """The wgmma N from the mean rows per expert (the router's counts are on the device; the launch must not
@@ -363,4 +372,5 @@ def sass_gate_cases():
     if not triton.__version__.startswith("3.6"):
         return []
     return [gate_case(f, c, GATE_BUDGET[f][bm]) for f in ("nvfp4", "mxfp4") for bm, c in GROUPED_GLUON[f].items()] + \
-        [gate_case("nvfp4", GROUPED_GLUON["nvfp4"][32], GATE_BUDGET["nvfp4"][32], row_scale=True)]
+        [gate_case("nvfp4", GROUPED_GLUON["nvfp4"][32], GATE_BUDGET["nvfp4"][32], row_scale=True)] + \
+        [gate_case("nvfp4", c, 2.9) for c in GLUON_VARIANTS.values()]
