@@ -3,9 +3,10 @@
 # baseline for 64-512 tokens): the opt-in Gluon grouped kernel (trace_rl/kernels/fp4_grouped_gluon.py). Usage (repo
 # root; python3, torch, Triton 3.6, one H200), < 120 s:
 #     benchmarks/moe_gluon_h200.sh OUT_DIR
-# 1. in parallel (nothing timed yet): pytest tests/kernels/test_fp4_grouped_gluon.py (its own process, <= 45 s): vs the
+# 1. in parallel (nothing timed yet): pytest tests/kernels/test_fp4_grouped_gluon.py (4 shards, own processes, <= 50 s
+#    each; -v logs show which test hung if one does): vs the
 #    torch reference and the Triton grouped kernel at 0 / 1 / 17 / 46 / 70 rows per expert, every token tile, nvfp4 +
-#    mxfp4, bias, W4A4 prequantized, zero tail, grid-size bit identity -> OUT/pytest.{log,xml}; and
+#    mxfp4, bias, W4A4 prequantized, zero tail, grid-size bit identity -> OUT/pytest_{0..3}.{log,rc}; and
 #    benchmarks/kernels_moe_gluon.py --precompile-only, one process per (GEMM, format) (Triton's disk cache)
 #    -> OUT/precompile_*.log
 # 2. benchmarks/kernels_moe_gluon.py -> OUT/moe_gluon.json (+ .log): B = 409, 512, 128, 256 routed tokens (top-8 of
@@ -15,15 +16,23 @@
 #    measured in the same run. A budget skips the last (GEMM, B) rows ("skipped").
 # 3. OUT/summary.json: rcs, pytest tail, per (GEMM, B) the row stats, bf16 best, Triton vs Gluon us / x_bf16 / bw.
 . "$(dirname "$0")/h200_check.sh"
-( run_pytest 45 tests/kernels/test_fp4_grouped_gluon.py; echo "$test_rc" > "$OUT/pytest.rc" ) &
+T=tests/kernels/test_fp4_grouped_gluon.py
+i=0
+for k in "reference_and_triton and (nvfp4-1 or nvfp4-3 or nvfp4-6)" "reference_and_triton and mxfp4 or w4a4" \
+         "reference_and_triton and nvfp4-v" "not reference_and_triton and not w4a4"; do
+    ( timeout 50 $PY -m pytest -v -p no:cacheprovider -rs -k "$k" "$T" > "$OUT/pytest_$i.log" 2>&1
+      echo $? > "$OUT/pytest_$i.rc" ) &
+    i=$((i + 1))
+done
 for g in gate_up down; do
     for f in nvfp4 mxfp4; do
-        timeout 45 $PY benchmarks/kernels_moe_gluon.py --precompile-only --gemms $g --fmts $f \
+        timeout 50 $PY benchmarks/kernels_moe_gluon.py --precompile-only --gemms $g --fmts $f \
             > "$OUT/precompile_${g}_$f.log" 2>&1 &
     done
 done
 wait
-test_rc=$(cat "$OUT/pytest.rc" 2>/dev/null || echo 99)
+test_rc=$(cat "$OUT"/pytest_*.rc 2>/dev/null | sort -n | tail -1)   # the worst shard's
+test_rc=${test_rc:-99}
 pre_rc=$(grep -l "FAILED\|Traceback" "$OUT"/precompile_*.log 2>/dev/null | wc -l)
 left=$(( 112 - ($(date +%s) - start) ))
 timeout $(( left > 20 ? left : 20 )) $PY benchmarks/kernels_moe_gluon.py --out "$OUT/moe_gluon.json" \
@@ -34,7 +43,7 @@ import json, os, sys
 sys.path.insert(0, "benchmarks")
 from h200_summary import tail, write
 out, pre_rc, bench_rc, test_rc = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-s = {"pytest_rc": test_rc, "precompile_logs_with_errors": pre_rc, "bench_rc": bench_rc, "pytest_tail": tail(out, "pytest.log", 12),
+s = {"pytest_rc": test_rc, "precompile_logs_with_errors": pre_rc, "bench_rc": bench_rc, "pytest_tails": [l for i in range(4) for l in tail(out, f"pytest_{i}.log", 3)],
      "precompile_tail": [l for n in sorted(os.listdir(out)) if n.startswith("precompile_")
                         for l in tail(out, n, 12) if not l.startswith("compiled")][:12]}
 try:
@@ -48,7 +57,7 @@ try:
             keep[f + "_triton"] = {k: v for k, v in row.get(f + "_triton", {}).items() if k != "rel_err"}
             keep[f + "_gluon"] = {bm: row.get(f"{f}_gluon_{bm}", {}).get("us", row.get(f"{f}_gluon_{bm}", {})
                                                                          .get("error", ""))
-                                  for bm in ("16", "32", "64", "64x256", "32x256", "64x64")
+                                  for bm in ("16", "32", "64", "64x256", "32x256", "64x64", "64o")
                                   if f"{f}_gluon_{bm}" in row}
             keep[f + "_gluon_best"] = row.get(f + "_gluon_best")
         keep["nvfp4_a4"] = {k: {kk: vv for kk, vv in row.get(f"nvfp4_a4_{k}", {}).items() if kk != "rel_err"}

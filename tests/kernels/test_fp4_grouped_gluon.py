@@ -1,7 +1,8 @@
 """The opt-in Gluon grouped FP4 GEMM (fp4_grouped_gluon.py): launcher checks and the token-tile rule on CPU; on an
 sm_90 GPU with Triton 3.6, against the torch reference (`grouped_linear_reference`) and the shipped Triton grouped
 kernel at odd row counts (experts with 0, 1, 17, 46 and 70 rows: one and two token tiles), ragged N (an N tile
-past the expert's rows), padded K, every token tile, nvfp4 and mxfp4, with a bias, W4A4 prequantized (row scales),
+past the expert's rows), padded K, every token tile and benchmark variant (overlap included), nvfp4 and mxfp4, with
+a bias, W4A4 prequantized (row scales),
 the zero tail, a persistent grid of 3 programs (the ring's phases across items) bit-identical to the default grid,
 and run-to-run bit identity."""
 
@@ -10,7 +11,7 @@ import torch
 import triton
 
 from trace_rl.backends.fp4 import grouped_linear_reference, prepare_expert_weights
-from trace_rl.kernels.fp4_grouped_gluon import GROUPED_GLUON, fp4_grouped_matmul_gluon, token_tile
+from trace_rl.kernels.fp4_grouped_gluon import GLUON_VARIANTS, GROUPED_GLUON, fp4_grouped_matmul_gluon, token_tile
 from trace_rl.kernels.hopper_fp4 import HopperFP4
 
 pytestmark = [pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning"),
@@ -61,18 +62,21 @@ def _case(fmt, N, K, counts, gen, tail=3, device="cuda"):
     return experts, hopper_weight(experts), offsets, x
 
 
-@pytest.mark.parametrize("fmt,N,K", [("nvfp4", 200, 720), ("mxfp4", 136, 992)])
-@pytest.mark.parametrize("block_m", [16, 32, 64])
-@pytest.mark.parametrize("bias", [False, True])
+_TILES = [(f, N, K, t) for f, N, K in (("nvfp4", 200, 720), ("mxfp4", 136, 992)) for t in ("16", "32", "64")] + \
+    [("nvfp4", 200, 720, "v" + v) for v in GLUON_VARIANTS]
+
+
+@pytest.mark.parametrize("fmt,N,K,tile", _TILES, ids=[f"{f}-{t}" for f, _, _, t in _TILES])
 @gpu
-def test_matches_reference_and_triton_kernel(fmt, N, K, block_m, bias, gen):
+def test_matches_reference_and_triton_kernel(fmt, N, K, tile, gen):
+    """Every token tile (the 32-token one with a bias) and, for nvfp4, every benchmark variant ("v..." ids)."""
     from trace_rl.kernels.fp4_grouped import fp4_grouped_matmul
 
+    c = GLUON_VARIANTS[tile[1:]] if tile.startswith("v") else GROUPED_GLUON[fmt][int(tile)]
     experts, hw, offsets, x = _case(fmt, N, K, COUNTS, gen)
     E, R = len(COUNTS), x.shape[0]
-    b = torch.randn(E, N, generator=gen).cuda() if bias else None
+    b = torch.randn(E, N, generator=gen).cuda() if tile == "32" else None
     ref = grouped_linear_reference(x.cuda(), offsets.cuda(), experts, "bf16", b)
-    c = GROUPED_GLUON[fmt][block_m]
     out = torch.full((R, N), float("nan"), device="cuda", dtype=torch.bfloat16)
     y = fp4_grouped_matmul_gluon(x.cuda(), offsets.cuda(), hw, bias=b, config=c, out=out, zero_tail=True)
     torch.cuda.synchronize()

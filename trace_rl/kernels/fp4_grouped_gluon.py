@@ -65,10 +65,13 @@ GROUPED_GLUON = {
 # program (two warpgroups of 128: the activation box, which TMA re-reads per N tile from L2, is shared by twice the
 # weight: at 64 tokens x 128 rows it is 2 bytes per weight byte; the step's bookkeeping over twice the weights: 2.52
 # SASS per weight element), and one warpgroup of 64 rows at 64 tokens (2 CTAs per SM at 96 registers, 2 slots).
-# Spill-free floors (compile-only): 64x256 at 144 registers (128 spills), 32x256 at 128.
+# Spill-free floors (compile-only): 64x256 at 144 registers (128 spills), 32x256 at 128. "64o": the 64-token tile
+# with `overlap` (one wgmma group in flight under the next chunk's decode, the slot released a chunk later and at
+# the tile's end): 2.86 SASS per weight element at 112 registers, at most one full wgmma wait per step.
 GLUON_VARIANTS = {"64x256": GluonConfig(block_n=256, num_warps=8, maxnreg=144, block_m=64, stages=2),
                   "32x256": GluonConfig(block_n=256, num_warps=8, maxnreg=128, block_m=32, stages=3),
-                  "64x64": GluonConfig(block_n=64, num_warps=4, maxnreg=96, block_m=64, stages=2)}
+                  "64x64": GluonConfig(block_n=64, num_warps=4, maxnreg=96, block_m=64, stages=2),
+                  "64o": GluonConfig(block_n=128, num_warps=8, maxnreg=112, block_m=64, stages=4, overlap=True)}
 
 
 def token_tile(rows: int, n_experts: int) -> int:
@@ -155,7 +158,7 @@ def _grouped_store(acc, e, n, row0, row_end, N, rf_ptr, out_ptr, row_scale_ptr, 
 def _grouped_consumer(w_bufs, s_bufs, x_bufs, ready, empty, off_ptr, rf_ptr, out_ptr, row_scale_ptr, bias_ptr, pid,
                       nprog, work, NT, KB, N, stride_rfe, stride_be, stride_om, BN: gl.constexpr, BK: gl.constexpr,
                       BM: gl.constexpr, STAGES: gl.constexpr, MX: gl.constexpr, HAS_ROW_SCALE: gl.constexpr,
-                      HAS_BIAS: gl.constexpr):
+                      HAS_BIAS: gl.constexpr, OVERLAP: gl.constexpr):
     """The default partition (one or two warpgroups): per K step the dense consumer's body (two chunks' words and
     scales loaded first, decoded in registers, wgmma with the register A operand, the slot released once the step's
     wgmmas have retired); per token tile the epilogue store."""
@@ -185,6 +188,7 @@ def _grouped_consumer(w_bufs, s_bufs, x_bufs, ready, empty, off_ptr, rf_ptr, out
         m_tiles = gl.cdiv(gl.maximum(end - start, 0), BM)
         for mt in range(m_tiles):
             acc = gl.zeros([BN, BM], gl.float32, mma)
+            a_prev = gl.zeros([BN, 128], gl.bfloat16, A_LAYOUT)
             for kb in range(KB):
                 slot = j % STAGES
                 mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
@@ -202,11 +206,23 @@ def _grouped_consumer(w_bufs, s_bufs, x_bufs, ready, empty, off_ptr, rf_ptr, out
                             a = _decode_chunk(w1, s1, W_LAYOUT, A_LAYOUT, BN, MX)
                         acc = warpgroup_mma(a, x_s.slice((2 * kp + kk) * 128, 128, dim=1).permute((1, 0)), acc,
                                             is_async=True)
-                        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-                # the step's wgmmas (which read the activation box) are complete and its words are in registers
-                fence_async_shared()
-                mbarrier.arrive(empty.index(slot), count=1)
+                        if OVERLAP:   # the previous chunk's group retires under this chunk's decode
+                            acc, a_prev = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_prev))
+                            a_prev = a
+                            if kp + kk == 0:   # step j - 1's wgmmas have all retired: refill its slot
+                                fence_async_shared()
+                                mbarrier.arrive(empty.index((j + STAGES - 1) % STAGES), count=1, pred=kb > 0)
+                        else:
+                            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+                if not OVERLAP:
+                    # the step's wgmmas (which read the activation box) are complete and its words are in registers
+                    fence_async_shared()
+                    mbarrier.arrive(empty.index(slot), count=1)
                 j += 1
+            if OVERLAP:   # the tile's last step: its wgmmas retire here, then its slot goes back to the producer
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+                fence_async_shared()
+                mbarrier.arrive(empty.index((j + STAGES - 1) % STAGES), count=1)
             _grouped_store(acc, e, n, start + mt * BM, end, N, rf_ptr, out_ptr, row_scale_ptr, bias_ptr, stride_rfe,
                            stride_be, stride_om, BN, BM, HAS_ROW_SCALE, HAS_BIAS)
 
@@ -215,7 +231,8 @@ def _grouped_consumer(w_bufs, s_bufs, x_bufs, ready, empty, off_ptr, rf_ptr, out
 def _fp4_grouped_gluon_kernel(w_desc, s_desc, x_desc, off_ptr, rf_ptr, out_ptr, row_scale_ptr, bias_ptr, R, N, NT, NP,
                               KB, E, stride_rfe, stride_be, stride_om, BN: gl.constexpr, BK: gl.constexpr,
                               BM: gl.constexpr, STAGES: gl.constexpr, MX: gl.constexpr,
-                              HAS_ROW_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, ZERO_TAIL: gl.constexpr):
+                              HAS_ROW_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, ZERO_TAIL: gl.constexpr,
+                              OVERLAP: gl.constexpr = False):
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
     work = E * NT
@@ -230,7 +247,7 @@ def _fp4_grouped_gluon_kernel(w_desc, s_desc, x_desc, off_ptr, rf_ptr, out_ptr, 
     gl.warp_specialize([
         (_grouped_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, off_ptr, rf_ptr, out_ptr, row_scale_ptr, bias_ptr,
                              pid, nprog, work, NT, KB, N, stride_rfe, stride_be, stride_om, BN, BK, BM, STAGES, MX,
-                             HAS_ROW_SCALE, HAS_BIAS)),
+                             HAS_ROW_SCALE, HAS_BIAS, OVERLAP)),
         (_grouped_producer, (w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, off_ptr, pid, nprog, work,
                              NT, NP, KB, BN, BK, BM, STAGES)),
     ], [1], [24])
@@ -335,7 +352,7 @@ def fp4_grouped_matmul_gluon(x: torch.Tensor, offsets: torch.Tensor, w: HopperFP
         row_scale if row_scale is not None else w.row_factor, bias if bias is not None else w.row_factor,
         R, w.n, nt, np_, kp // c.bk(w.fmt), E, w.row_factor.stride(0), w.n if bias is not None else 0,
         out.stride(0), BN=c.block_n, BK=c.bk(w.fmt), BM=c.block_m, STAGES=c.stages, MX=w.fmt == "mxfp4",
-        HAS_ROW_SCALE=row_scale is not None, HAS_BIAS=bias is not None, ZERO_TAIL=zero_tail,
+        HAS_ROW_SCALE=row_scale is not None, HAS_BIAS=bias is not None, ZERO_TAIL=zero_tail, OVERLAP=c.overlap,
         num_warps=c.num_warps, maxnreg=c.maxnreg)
     return out
 
@@ -354,12 +371,13 @@ def gate_case(fmt: str, c: GluonConfig, budget: float, row_scale: bool = False):
                out_ptr="*bf16", row_scale_ptr="*fp32", bias_ptr="*fp32", R="i32", N="i32", NT="i32", NP="i32",
                KB="i32", E="i32", stride_rfe="i32", stride_be="i32", stride_om="i32")
     consts = dict(BN=c.block_n, BK=bk, BM=c.block_m, STAGES=c.stages, MX=fmt == "mxfp4", HAS_ROW_SCALE=row_scale,
-                  HAS_BIAS=row_scale, ZERO_TAIL=True)
+                  HAS_BIAS=row_scale, ZERO_TAIL=True, OVERLAP=c.overlap)
     return GateCase(f"grouped gluon {fmt} {c.block_m}x{c.block_n}x{bk} w{c.num_warps}s{c.stages} r{c.maxnreg}"
+                    f"{' overlap' if c.overlap else ''}"
                     f"{' w4a4 bias' if row_scale else ''}", _fp4_grouped_gluon_kernel, sig, consts, c.num_warps, 1,
                     c.block_n * bk / (32 * c.num_warps), budget,
                     ("off_ptr", "rf_ptr", "out_ptr", "row_scale_ptr", "bias_ptr", "stride_om", "stride_rfe"),
-                    max_full_waits=bk // COLS, options=(("maxnreg", c.maxnreg), ), innermost=True,
+                    max_full_waits=1 if c.overlap else bk // COLS, options=(("maxnreg", c.maxnreg), ), innermost=True,
                     require=("USETMAXREG", "SYNCS.PHASECHK", "UTMALDG", "SYNCS.ARRIVE"))
 
 
@@ -373,4 +391,4 @@ def sass_gate_cases():
         return []
     return [gate_case(f, c, GATE_BUDGET[f][bm]) for f in ("nvfp4", "mxfp4") for bm, c in GROUPED_GLUON[f].items()] + \
         [gate_case("nvfp4", GROUPED_GLUON["nvfp4"][32], GATE_BUDGET["nvfp4"][32], row_scale=True)] + \
-        [gate_case("nvfp4", c, 2.9) for c in GLUON_VARIANTS.values()]
+        [gate_case("nvfp4", c, 2.95) for c in GLUON_VARIANTS.values()]
