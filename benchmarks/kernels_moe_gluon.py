@@ -138,9 +138,11 @@ def bench(batches: list[int], gemms: list[str], read_bw: float, log, deadline: f
         torch.cuda.empty_cache()
 
 
-def precompile(gemms: list[str], fmts: list[str]) -> None:
+def precompile(gemms: list[str], fmts: list[str], parts: list[int]) -> None:
     """Compile (and run once, on tiny routed inputs of the real K / N) every kernel the benchmark launches, so the
-    timed section does not include a compile; errors are printed, not raised (the benchmark reports them)."""
+    timed section does not include a compile; errors are printed, not raised (the benchmark reports them). Parts
+    (one process each, in parallel): 0 the Triton kernel's configs (+ the W4A4 row scale, nvfp4), 1 the Gluon token
+    tiles, 2 (nvfp4) the Gluon W4A4 row-scale tiles and GLUON_VARIANTS."""
     from trace_rl.backends.fp4 import prepare_expert_weights
     from trace_rl.kernels.fp4_grouped import GROUPED_M16, GROUPED_M32, fp4_grouped_matmul
     from trace_rl.kernels.fp4_grouped_gluon import GLUON_VARIANTS, GROUPED_GLUON, fp4_grouped_matmul_gluon
@@ -148,20 +150,24 @@ def precompile(gemms: list[str], fmts: list[str]) -> None:
 
     for name, N, K in [g for n in gemms for g in GEMMS if g[0] == n]:
         for fmt in fmts:
-            h = hopper_weight(prepare_expert_weights(torch.randn(2, N, K, device="cuda") * 0.02, fmt))
+            E = MOE["experts"]      # all of them: the Triton kernel's constexpr E_POW2 is next_power_of_2(E)
+            h = hopper_weight(prepare_expert_weights(
+                torch.randn(E, N, K, device="cuda", dtype=torch.bfloat16) * 0.02, fmt))
             x = torch.randn(40, K, device="cuda").to(torch.bfloat16)
-            offs = torch.tensor([0, 17, 40], dtype=torch.int32, device="cuda")
+            offs = torch.tensor([0, 17] + [40] * (E - 1), dtype=torch.int32, device="cuda")
             rs = torch.ones(40, device="cuda")
-            for fn in [lambda c=c: fp4_grouped_matmul(x, offs, h, config=c, zero_tail=True)
-                       for c in (GROUPED_M16, GROUPED_M32)] + \
+            nv = fmt == "nvfp4"
+            fns = {0: [lambda c=c: fp4_grouped_matmul(x, offs, h, config=c, zero_tail=True)
+                       for c in (GROUPED_M16, GROUPED_M32)] +
                       [lambda c=c: fp4_grouped_matmul(x, offs, h, row_scale=rs, config=c, zero_tail=True)
-                       for c in (GROUPED_M16, GROUPED_M32)] + \
+                       for c in ((GROUPED_M16, GROUPED_M32) if nv else ())],
+                   1: [lambda c=c: fp4_grouped_matmul_gluon(x, offs, h, config=c, zero_tail=True)
+                       for c in GROUPED_GLUON[fmt].values()],
+                   2: [lambda c=c: fp4_grouped_matmul_gluon(x, offs, h, row_scale=rs, config=c, zero_tail=True)
+                       for c in (GROUPED_GLUON[fmt].values() if nv else ())] +
                       [lambda c=c: fp4_grouped_matmul_gluon(x, offs, h, config=c, zero_tail=True)
-                       for c in GROUPED_GLUON[fmt].values()] + \
-                      [lambda c=c: fp4_grouped_matmul_gluon(x, offs, h, row_scale=rs, config=c, zero_tail=True)
-                       for c in GROUPED_GLUON[fmt].values()] + \
-                      [lambda c=c: fp4_grouped_matmul_gluon(x, offs, h, config=c, zero_tail=True)
-                       for c in (GLUON_VARIANTS.values() if fmt == "nvfp4" else ())]:
+                       for c in (GLUON_VARIANTS.values() if nv else ())]}
+            for fn in [f for p in parts for f in fns[p]]:
                 t = time.time()
                 try:
                     fn()
@@ -181,11 +187,12 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=70.0, help="stop starting new (GEMM, B) rows after this")
     ap.add_argument("--precompile-only", action="store_true")
     ap.add_argument("--fmts", default="nvfp4,mxfp4", help="formats to precompile (--precompile-only)")
+    ap.add_argument("--parts", default="0,1,2", help="kernel groups to precompile (see `precompile`)")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     gemms = args.gemms.split(",")
     if args.precompile_only:
-        precompile(gemms, args.fmts.split(","))
+        precompile(gemms, args.fmts.split(","), [int(p) for p in args.parts.split(",")])
         return 0
     from kernel_baselines import ceilings, json_saver, run_env
 

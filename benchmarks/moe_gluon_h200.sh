@@ -7,7 +7,8 @@
 #    each; -v logs show which test hung if one does): vs the
 #    torch reference and the Triton grouped kernel at 0 / 1 / 17 / 46 / 70 rows per expert, every token tile, nvfp4 +
 #    mxfp4, bias, W4A4 prequantized, zero tail, grid-size bit identity -> OUT/pytest_{0..3}.{log,rc}; and
-#    benchmarks/kernels_moe_gluon.py --precompile-only, one process per (GEMM, format) (Triton's disk cache)
+#    benchmarks/kernels_moe_gluon.py --precompile-only, one process per (GEMM, format, kernel group) (Triton's disk
+#    cache)
 #    -> OUT/precompile_*.log
 # 2. benchmarks/kernels_moe_gluon.py -> OUT/moe_gluon.json (+ .log): B = 409, 512, 128, 256 routed tokens (top-8 of
 #    128, fixed seed; row-count stats), gate+up [1536 x 2048] then down [2048 x 768]: cuBLAS loop (graph) and
@@ -26,8 +27,11 @@ for k in "reference_and_triton and (nvfp4-1 or nvfp4-3 or nvfp4-6)" "reference_a
 done
 for g in gate_up down; do
     for f in nvfp4 mxfp4; do
-        timeout 50 $PY benchmarks/kernels_moe_gluon.py --precompile-only --gemms $g --fmts $f \
-            > "$OUT/precompile_${g}_$f.log" 2>&1 &
+        for p in 0 1 2; do
+            [ "$f$p" = mxfp42 ] && continue
+            timeout 50 $PY benchmarks/kernels_moe_gluon.py --precompile-only --gemms $g --fmts $f --parts $p \
+                > "$OUT/precompile_${g}_${f}_$p.log" 2>&1 &
+        done
     done
 done
 wait
