@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from kernels_moe_shapes import GEMMS, MOE, rel_err, routing, time_us  # noqa: E402
+from kernels_moe_shapes import DEV, GEMMS, MOE, SMOKE, rel_err, routing, time_us  # noqa: E402
 
 TILES = (16, 32, 64)
 
@@ -49,7 +49,8 @@ def _timed(fn, ref, base: float, read_bytes: float, read_bw: float) -> dict:
         return {"error": repr(e)[:300]}
 
 
-def bench(batches: list[int], gemms: list[str], read_bw: float, log, deadline: float) -> None:
+def bench(batches: list[int], gemms: list[str], read_bw: float, log, deadline: float, partial=lambda row: None) -> None:
+    """`log(row)` per finished (GEMM, B) row; `partial(row)` after each measurement (a hang or timeout keeps them)."""
     from kernel_baselines import cublas_expert_loop, grouped_mm_call
 
     from trace_rl.backends.fp4 import grouped_linear_reference, prepare_expert_weights
@@ -60,8 +61,8 @@ def bench(batches: list[int], gemms: list[str], read_bw: float, log, deadline: f
 
     E, k = MOE["experts"], MOE["top_k"]
     for name, N, K in [g for n in gemms for g in GEMMS if g[0] == n]:
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        w = torch.randn(E, N, K, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.02
+        gen = torch.Generator(device=DEV).manual_seed(0)
+        w = torch.randn(E, N, K, device=DEV, dtype=torch.bfloat16, generator=gen) * 0.02
         experts = {f: prepare_expert_weights(w, f) for f in ("nvfp4", "mxfp4")}
         hw = {f: hopper_weight(experts[f]) for f in experts}
         w_t = w.transpose(1, 2)
@@ -69,17 +70,17 @@ def bench(batches: list[int], gemms: list[str], read_bw: float, log, deadline: f
             if time.time() > deadline:
                 log({"skipped": f"{name} B={B}: out of time"})
                 continue
-            rgen = torch.Generator(device="cuda").manual_seed(B)          # fixed routing per B
+            rgen = torch.Generator(device=DEV).manual_seed(B)          # fixed routing per B
             offsets, offs = routing(B, E, k, rgen)
             R = B * k
             counts = [offs[e + 1] - offs[e] for e in range(E)]
-            x = torch.randn(R, K, device="cuda", dtype=torch.bfloat16, generator=rgen)
+            x = torch.randn(R, K, device=DEV, dtype=torch.bfloat16, generator=rgen)
             active = sum(1 for c in counts if c)
             row = {"gemm": name, "N": N, "K": K, "B": B, "rows": R, "active_experts": active,
                    "rows_per_expert": {"min": min(counts), "mean": R / E, "max": max(counts),
                                        "over_32": sum(c > 32 for c in counts), "over_64": sum(c > 64 for c in counts)},
                    "gluon_default_tile": token_tile(R, E)}
-            out = torch.empty(R, N, device="cuda", dtype=torch.bfloat16)
+            out = torch.empty(R, N, device=DEV, dtype=torch.bfloat16)
             try:
                 row["cublas_loop_us"] = round(time_us([cublas_expert_loop(x, w, offs, out)], reps=10), 2)
             except Exception as e:   # noqa: BLE001
@@ -91,6 +92,7 @@ def bench(batches: list[int], gemms: list[str], read_bw: float, log, deadline: f
                 row["grouped_mm_error"] = why
             base = min([row[kk] for kk in ("cublas_loop_us", "grouped_mm_us") if kk in row] or [float("nan")])
             row["bf16_best_us"] = base
+            partial(row)
             for fmt in ("nvfp4", "mxfp4"):
                 h = hw[fmt]
                 read_bytes = h.nbytes * active / E + 2 * R * K
@@ -102,16 +104,19 @@ def bench(batches: list[int], gemms: list[str], read_bw: float, log, deadline: f
                     continue
                 row[f"{fmt}_triton"] = _timed(lambda h=h: fp4_grouped_matmul(x, offsets, h, zero_tail=True), ref,
                                               base, read_bytes, read_bw)
+                partial(row)
                 for bm in TILES:
                     c = GROUPED_GLUON[fmt][bm]
                     row[f"{fmt}_gluon_{bm}"] = _timed(
                         lambda h=h, c=c: fp4_grouped_matmul_gluon(x, offsets, h, config=c, zero_tail=True), ref,
                         base, read_bytes, read_bw)
+                    partial(row)
                 if fmt == "nvfp4":
                     for vname, c in GLUON_VARIANTS.items():
                         row[f"{fmt}_gluon_{vname}"] = _timed(
                             lambda h=h, c=c: fp4_grouped_matmul_gluon(x, offsets, h, config=c, zero_tail=True), ref,
                             base, read_bytes, read_bw)
+                        partial(row)
                 tags = list(TILES) + (list(GLUON_VARIANTS) if fmt == "nvfp4" else [])
                 ok = {bm: row[f"{fmt}_gluon_{bm}"]["us"] for bm in tags if "us" in row[f"{fmt}_gluon_{bm}"]}
                 if ok:
@@ -135,7 +140,8 @@ def bench(batches: list[int], gemms: list[str], read_bw: float, log, deadline: f
                 del ref
             log(row)
         del w, w_t, experts, hw
-        torch.cuda.empty_cache()
+        if not SMOKE:
+            torch.cuda.empty_cache()
 
 
 def precompile(gemms: list[str], fmts: list[str], parts: list[int]) -> None:
@@ -152,10 +158,10 @@ def precompile(gemms: list[str], fmts: list[str], parts: list[int]) -> None:
         for fmt in fmts:
             E = MOE["experts"]      # all of them: the Triton kernel's constexpr E_POW2 is next_power_of_2(E)
             h = hopper_weight(prepare_expert_weights(
-                torch.randn(E, N, K, device="cuda", dtype=torch.bfloat16) * 0.02, fmt))
-            x = torch.randn(40, K, device="cuda").to(torch.bfloat16)
-            offs = torch.tensor([0, 17] + [40] * (E - 1), dtype=torch.int32, device="cuda")
-            rs = torch.ones(40, device="cuda")
+                torch.randn(E, N, K, device=DEV, dtype=torch.bfloat16) * 0.02, fmt))
+            x = torch.randn(40, K, device=DEV).to(torch.bfloat16)
+            offs = torch.tensor([0, 17] + [40] * (E - 1), dtype=torch.int32, device=DEV)
+            rs = torch.ones(40, device=DEV)
             nv = fmt == "nvfp4"
             fns = {0: [lambda c=c: fp4_grouped_matmul(x, offs, h, config=c, zero_tail=True)
                        for c in (GROUPED_M16, GROUPED_M32)] +
@@ -186,6 +192,8 @@ def main() -> int:
     ap.add_argument("--gemms", default="gate_up,down")
     ap.add_argument("--budget-s", type=float, default=70.0, help="stop starting new (GEMM, B) rows after this")
     ap.add_argument("--precompile-only", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="CPU smoke test of this script (interpreter, tiny shapes; "
+                    "the Gluon kernel reports its error: it needs an sm_90 GPU)")
     ap.add_argument("--fmts", default="nvfp4,mxfp4", help="formats to precompile (--precompile-only)")
     ap.add_argument("--parts", default="0,1,2", help="kernel groups to precompile (see `precompile`)")
     args = ap.parse_args()
@@ -197,18 +205,24 @@ def main() -> int:
     from kernel_baselines import ceilings, json_saver, run_env
 
     t0 = time.time()
-    res = {"env": run_env(torch.cuda.get_device_name(0)), "rows": [], "skipped": []}
+    res = {"env": run_env("cpu (smoke)" if SMOKE else torch.cuda.get_device_name(0)), "rows": [], "skipped": []}
     save = json_saver(res, args.out)
 
     def log(obj):
         print(json.dumps(obj)[:3000], flush=True)
         (res["skipped"] if "skipped" in obj else res["rows"]).append(obj)
+        res.pop("unfinished_row", None)
         save()
 
-    res["ceilings"] = ceilings()
+    res["ceilings"] = {"read_TBps": 1.0} if SMOKE else ceilings()
     save()
     try:
-        bench(batches, gemms, res["ceilings"]["read_TBps"] * 1e12, log, t0 + args.budget_s)
+        def partial(row):
+            res["unfinished_row"] = row
+            save()
+
+        bench(batches, gemms, res["ceilings"]["read_TBps"] * 1e12, log, t0 + args.budget_s, partial)
+        res.pop("unfinished_row", None)
     except Exception:   # noqa: BLE001
         res["error"] = traceback.format_exc()[-2000:]
         print(res["error"], flush=True)

@@ -68,6 +68,8 @@ try:
                             for k in ("triton", "gluon")}
         rows.append(keep)
     s["rows"] = rows
+    if "unfinished_row" in r:   # the bench was cut (timeout or a hang): what it had measured of the row
+        s["unfinished_row"] = {k: v for k, v in r["unfinished_row"].items() if not k.endswith("rel_err")}
     s["skipped"] = r.get("skipped", [])
     if "error" in r:
         s["bench_error"] = r["error"][-800:]
