@@ -117,6 +117,14 @@ def bench(batches: list[int], gemms: list[str], read_bw: float, log, deadline: f
                             lambda h=h, c=c: fp4_grouped_matmul_gluon(x, offsets, h, config=c, zero_tail=True), ref,
                             base, read_bytes, read_bw)
                         partial(row)
+                    # the default tile's persistent grid at one program per SM (vs SMs x ctas_per_sm): shows whether
+                    # the occupancy the launcher assumes holds (a second wave of programs would double the time)
+                    c = GROUPED_GLUON[fmt][token_tile(R, E)]
+                    if c.ctas_per_sm(c.block_m, fmt) > 1 and not SMOKE:
+                        sms = torch.cuda.get_device_properties(0).multi_processor_count
+                        row[f"{fmt}_gluon_default_grid_sms"] = _timed(
+                            lambda h=h, c=c: fp4_grouped_matmul_gluon(x, offsets, h, config=c, zero_tail=True,
+                                                                      programs=sms), ref, base, read_bytes, read_bw)
                 tags = list(TILES) + (list(GLUON_VARIANTS) if fmt == "nvfp4" else [])
                 ok = {bm: row[f"{fmt}_gluon_{bm}"]["us"] for bm in tags if "us" in row[f"{fmt}_gluon_{bm}"]}
                 if ok:

@@ -61,7 +61,7 @@ try:
             keep[f + "_triton"] = {k: v for k, v in row.get(f + "_triton", {}).items() if k != "rel_err"}
             keep[f + "_gluon"] = {bm: row.get(f"{f}_gluon_{bm}", {}).get("us", row.get(f"{f}_gluon_{bm}", {})
                                                                          .get("error", ""))
-                                  for bm in ("16", "32", "64", "64x256", "32x256", "64x64", "64o")
+                                  for bm in ("16", "32", "64", "64x256", "32x256", "64x64", "64o", "default_grid_sms")
                                   if f"{f}_gluon_{bm}" in row}
             keep[f + "_gluon_best"] = row.get(f + "_gluon_best")
         keep["nvfp4_a4"] = {k: {kk: vv for kk, vv in row.get(f"nvfp4_a4_{k}", {}).items() if kk != "rel_err"}
