@@ -11,7 +11,8 @@
 #    cache)
 #    -> OUT/precompile_*.log
 # 2. benchmarks/kernels_moe_gluon.py -> OUT/moe_gluon.json (+ .log): B = 409, 512, 128, 256 routed tokens (top-8 of
-#    128, fixed seed; row-count stats), gate+up [1536 x 2048] then down [2048 x 768]: cuBLAS loop (graph) and
+#    128, fixed seed; row-count stats), gate+up [1536 x 2048] and down [2048 x 768] (the missed cells B = 409 / 512
+#    first, a budget cut drops B = 256 last): cuBLAS loop (graph) and
 #    torch._grouped_mm vs the Triton grouped kernel vs Gluon token tiles 16 / 32 / 64, nvfp4 + mxfp4, + nvfp4 W4A4
 #    prequantized; every output checked against the torch reference first; CUDA-graph medians; bw vs the read ceiling
 #    measured in the same run. A budget skips the last (GEMM, B) rows ("skipped").
