@@ -9,9 +9,10 @@ Qwen3-30B-A3B experts (hidden 2048, 128 experts of intermediate 768, top-8): gat
 [2048 x 768]; B tokens routed by a random top-8 router (seed 0: the same routing every run), R = 8 B rows; per
 (GEMM, B) the row-count stats (min / mean / max rows per expert, active experts). Per format (nvfp4, mxfp4; mxfp4
 down is refused by the Gluon kernel: 24-byte scale rows, see its module doc): W4A16 through the Triton kernel
-(`fp4_grouped_matmul`, default config) and the Gluon kernel at token tiles 16 / 32 / 64 (`default` marks
-`token_tile`'s pick; nvfp4 also GLUON_VARIANTS: 256-row N tiles, a 64-row one); nvfp4 W4A4 prequantized (row scales; the activations' quantize launch not timed: the same
-for both kernels). Every output is checked against the torch reference (`grouped_linear_reference`, rel. error <
+(`fp4_grouped_matmul`, default config) and the Gluon kernel at token tiles 16 / 32 / 64 (`gluon_default_tile`:
+`token_tile`'s pick; nvfp4 also GLUON_VARIANTS: 256-row N tiles, a 64-row one, overlap; and the default tile at one
+program per SM); nvfp4 W4A4 prequantized (row scales; the activations' quantize launch not timed: the same for both
+kernels). Every output is checked against the torch reference (`grouped_linear_reference`, rel. error <
 1e-2) before it is timed. Baselines: `torch._grouped_mm` (BF16) and the per-expert cuBLAS loop in a CUDA graph.
 CUDA-graph medians; bw = (active experts' FP4 layout bytes + bf16 activations) / time / the read ceiling measured
 in this run; x_bf16 = best BF16 baseline / time.
@@ -25,6 +26,7 @@ import os
 import sys
 import time
 import traceback
+from functools import partial
 
 import torch
 
@@ -49,8 +51,9 @@ def _timed(fn, ref, base: float, read_bytes: float, read_bw: float) -> dict:
         return {"error": repr(e)[:300]}
 
 
-def bench(batches: list[int], gemms: list[str], read_bw: float, log, deadline: float, partial=lambda row: None) -> None:
-    """`log(row)` per finished (GEMM, B) row; `partial(row)` after each measurement (a hang or timeout keeps them)."""
+def bench(batches: list[int], gemms: list[str], read_bw: float, log, deadline: float,
+          keep=lambda row: None) -> None:
+    """`log(row)` per finished (GEMM, B) row; `keep(row)` after each measurement (a hang or timeout keeps them)."""
     from kernel_baselines import cublas_expert_loop, grouped_mm_call
 
     from trace_rl.backends.fp4 import grouped_linear_reference, prepare_expert_weights
@@ -99,7 +102,7 @@ def bench(batches: list[int], gemms: list[str], read_bw: float, log, deadline: f
             row["grouped_mm_error"] = why
         base = min([row[kk] for kk in ("cublas_loop_us", "grouped_mm_us") if kk in row] or [float("nan")])
         row["bf16_best_us"] = base
-        partial(row)
+        keep(row)
         for fmt in ("nvfp4", "mxfp4"):
             h = hw[fmt]
             read_bytes = h.nbytes * active / E + 2 * R * K
@@ -109,28 +112,28 @@ def bench(batches: list[int], gemms: list[str], read_bw: float, log, deadline: f
             except Exception as e:   # noqa: BLE001
                 row[f"{fmt}_ref_error"] = repr(e)[:300]
                 continue
-            row[f"{fmt}_triton"] = _timed(lambda h=h: fp4_grouped_matmul(x, offsets, h, zero_tail=True), ref,
+            row[f"{fmt}_triton"] = _timed(partial(fp4_grouped_matmul, x, offsets, h, zero_tail=True), ref,
                                           base, read_bytes, read_bw)
-            partial(row)
+            keep(row)
             for bm in TILES:
                 c = GROUPED_GLUON[fmt][bm]
                 row[f"{fmt}_gluon_{bm}"] = _timed(
-                    lambda h=h, c=c: fp4_grouped_matmul_gluon(x, offsets, h, config=c, zero_tail=True), ref,
+                    partial(fp4_grouped_matmul_gluon, x, offsets, h, config=c, zero_tail=True), ref,
                     base, read_bytes, read_bw)
-                partial(row)
+                keep(row)
             if fmt == "nvfp4":
                 for vname, c in GLUON_VARIANTS.items():
                     row[f"{fmt}_gluon_{vname}"] = _timed(
-                        lambda h=h, c=c: fp4_grouped_matmul_gluon(x, offsets, h, config=c, zero_tail=True), ref,
+                        partial(fp4_grouped_matmul_gluon, x, offsets, h, config=c, zero_tail=True), ref,
                         base, read_bytes, read_bw)
-                    partial(row)
+                    keep(row)
                 # the default tile's persistent grid at one program per SM (vs SMs x ctas_per_sm): shows whether
                 # the occupancy the launcher assumes holds (a second wave of programs would double the time)
                 c = GROUPED_GLUON[fmt][token_tile(R, E)]
                 if c.ctas_per_sm(c.block_m, fmt) > 1 and not SMOKE:
                     sms = torch.cuda.get_device_properties(0).multi_processor_count
                     row[f"{fmt}_gluon_default_grid_sms"] = _timed(
-                        lambda h=h, c=c: fp4_grouped_matmul_gluon(x, offsets, h, config=c, zero_tail=True,
+                        partial(fp4_grouped_matmul_gluon, x, offsets, h, config=c, zero_tail=True,
                                                                   programs=sms), ref, base, read_bytes, read_bw)
             tags = list(TILES) + (list(GLUON_VARIANTS) if fmt == "nvfp4" else [])
             ok = {bm: row[f"{fmt}_gluon_{bm}"]["us"] for bm in tags if "us" in row[f"{fmt}_gluon_{bm}"]}
@@ -144,11 +147,11 @@ def bench(batches: list[int], gemms: list[str], read_bw: float, log, deadline: f
                     ref4 = grouped_linear_reference(x, offsets, experts[fmt], fmt)
                     rb = h.nbytes * active / E + 2 * R * K + 4 * R
                     row["nvfp4_a4_triton"] = _timed(
-                        lambda h=h: fp4_grouped_matmul(xb, offsets, h, row_scale=rs, zero_tail=True), ref4, base,
+                        partial(fp4_grouped_matmul, xb, offsets, h, row_scale=rs, zero_tail=True), ref4, base,
                         rb, read_bw)
                     c = GROUPED_GLUON[fmt][token_tile(R, E)]
                     row["nvfp4_a4_gluon"] = _timed(
-                        lambda h=h: fp4_grouped_matmul_gluon(xb, offsets, h, row_scale=rs, config=c,
+                        partial(fp4_grouped_matmul_gluon, xb, offsets, h, row_scale=rs, config=c,
                                                              zero_tail=True), ref4, base, rb, read_bw)
                 except Exception as e:   # noqa: BLE001
                     row["nvfp4_a4_error"] = repr(e)[:300]
@@ -175,15 +178,15 @@ def precompile(gemms: list[str], fmts: list[str], parts: list[int]) -> None:
             offs = torch.tensor([0, 17] + [40] * (E - 1), dtype=torch.int32, device=DEV)
             rs = torch.ones(40, device=DEV)
             nv = fmt == "nvfp4"
-            fns = {0: [lambda c=c: fp4_grouped_matmul(x, offs, h, config=c, zero_tail=True)
+            fns = {0: [partial(fp4_grouped_matmul, x, offs, h, config=c, zero_tail=True)
                        for c in (GROUPED_M16, GROUPED_M32)] +
-                      [lambda c=c: fp4_grouped_matmul(x, offs, h, row_scale=rs, config=c, zero_tail=True)
+                      [partial(fp4_grouped_matmul, x, offs, h, row_scale=rs, config=c, zero_tail=True)
                        for c in ((GROUPED_M16, GROUPED_M32) if nv else ())],
-                   1: [lambda c=c: fp4_grouped_matmul_gluon(x, offs, h, config=c, zero_tail=True)
+                   1: [partial(fp4_grouped_matmul_gluon, x, offs, h, config=c, zero_tail=True)
                        for c in GROUPED_GLUON[fmt].values()],
-                   2: [lambda c=c: fp4_grouped_matmul_gluon(x, offs, h, row_scale=rs, config=c, zero_tail=True)
+                   2: [partial(fp4_grouped_matmul_gluon, x, offs, h, row_scale=rs, config=c, zero_tail=True)
                        for c in (GROUPED_GLUON[fmt].values() if nv else ())] +
-                      [lambda c=c: fp4_grouped_matmul_gluon(x, offs, h, config=c, zero_tail=True)
+                      [partial(fp4_grouped_matmul_gluon, x, offs, h, config=c, zero_tail=True)
                        for c in (GLUON_VARIANTS.values() if nv else ())]}
             for fn in [f for p in parts for f in fns[p]]:
                 t = time.time()
@@ -229,11 +232,11 @@ def main() -> int:
     res["ceilings"] = {"read_TBps": 1.0} if SMOKE else ceilings()
     save()
     try:
-        def partial(row):
+        def keep(row):
             res["unfinished_row"] = row
             save()
 
-        bench(batches, gemms, res["ceilings"]["read_TBps"] * 1e12, log, t0 + args.budget_s, partial)
+        bench(batches, gemms, res["ceilings"]["read_TBps"] * 1e12, log, t0 + args.budget_s, keep)
         res.pop("unfinished_row", None)
     except Exception:   # noqa: BLE001
         res["error"] = traceback.format_exc()[-2000:]

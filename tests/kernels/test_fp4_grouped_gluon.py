@@ -95,9 +95,9 @@ def test_matches_reference_and_triton_kernel(fmt, N, K, tile, gen):
 def test_w4a4_prequantized_matches_triton_kernel(fmt, gen):
     """W4A4 with the activations quantized first (`row_quantize.quantize_dequant_bf16`, the shipped separate launch):
     the same operand and row scales into both kernels; against the torch reference's fake-quantized activations."""
+    from trace_rl.formats import per_token
     from trace_rl.kernels.fp4_grouped import fp4_grouped_matmul
     from trace_rl.kernels.row_quantize import quantize_dequant_bf16
-    from trace_rl.formats import per_token
 
     experts, hw, offsets, x = _case(fmt, 128, 1024, COUNTS, gen, tail=0)
     xb, rs = quantize_dequant_bf16(x.cuda(), per_token(fmt))
