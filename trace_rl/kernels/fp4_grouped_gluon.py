@@ -309,7 +309,10 @@ def _check(x: torch.Tensor, offsets: torch.Tensor, w: HopperFP4, c: GluonConfig,
                          f"{row_scale.dtype} {tuple(row_scale.shape)}")
     if bias is not None and (bias.shape != (E, w.n) or not bias.is_contiguous()):
         raise ValueError(f"fp4_grouped_matmul_gluon: bias must be a contiguous [{E}, {w.n}], got {tuple(bias.shape)}")
-    if not (x.is_cuda and w.values.is_cuda and torch.cuda.get_device_capability(x.device) == (9, 0)):
+    if not (x.device == offsets.device == w.values.device):
+        raise ValueError(f"fp4_grouped_matmul_gluon: x ({x.device}), offsets ({offsets.device}) and the weight "
+                         f"({w.values.device}) must be on one device")
+    if not (x.is_cuda and torch.cuda.get_device_capability(x.device) == (9, 0)):
         raise RuntimeError("fp4_grouped_matmul_gluon: needs x and the weight on an sm_90 GPU (wgmma, TMA)")
     if not triton.__version__.startswith("3.6"):
         raise RuntimeError(f"fp4_grouped_matmul_gluon: written against Triton 3.6's Gluon API, found "
