@@ -72,6 +72,24 @@ def test_launcher_checks(gen):
         fp4_matmul_wide256(torch.zeros(4, 512, dtype=torch.bfloat16), h)
 
 
+@pytest.mark.parametrize("fmt,kp", [("nvfp4", 1536), ("mxfp4", 1536), ("nvfp4", 256), ("mxfp4", 512)])
+def test_scale_box_is_16_byte_aligned_and_holds_the_step(fmt, kp):
+    """The scale box TMA loads per 128-column step (scale_box: what both kernels' producers and
+    `_step_scale_words` compute) starts at a 16-byte aligned word (an unaligned innermost TMA coordinate is an
+    illegal instruction on the H200), lies inside the scale row at every K the launcher accepts, and its words at the
+    step's position are the step's scale words."""
+    from trace_rl.kernels.fp4_gemm_wide256 import BK, SCALE_BOX_WORDS, scale_box, scale_words_per_step
+
+    sw = scale_words_per_step(fmt)
+    row_words = kp // BK * sw
+    scales = torch.arange(3 * row_words, dtype=torch.int32).view(3, row_words)
+    for kb in range(kp // BK):
+        start, sub = scale_box(kb, fmt)
+        assert start * 4 % 16 == 0 and start + SCALE_BOX_WORDS <= row_words
+        box = scales[:, start:start + SCALE_BOX_WORDS]
+        assert torch.equal(box[:, sub * sw:(sub + 1) * sw], scales[:, kb * sw:(kb + 1) * sw])
+
+
 @pytest.mark.parametrize("fmt,M,N,K", [("nvfp4", 5, 72, 1008), ("mxfp4", 3, 72, 1504)])
 def test_emulated_128_column_steps_match_reference(fmt, M, N, K, gen):
     """The kernel's indexing at 128-column steps (one chunk, the step's scale words first in the box) and BM = 256,

@@ -10,9 +10,12 @@ Why a separate kernel and not `block_m=256` of the wide configs: the activation 
 (BM x BK bf16). At 256 tokens and the wide kernel's 256 (nvfp4) / 512 (mxfp4) column K steps one slot is 128 /
 256 KB, so not even two fit in 227 KB. Here a K step is ONE 128-column decode chunk for both formats: a slot is the
 activation box [256, 128] bf16 (64 KB), the layout words [1, BN/16, 256] (8 KB at BN = 128) and the scale words;
-three slots = 222 KB. The scale box stays TMA's narrowest (16 bytes = 4 int32 words per row) but starts at the
-step's first word (`SW_STEP` words per 128 columns: 2 nvfp4, 1 mxfp4); the words past the step's are fetched and
-ignored (a TMA box may start at any element; past the row end it is zero-filled), 2 KB per step.
+three slots = 222 KB. The scale box stays TMA's narrowest (16 bytes = 4 int32 words per row, `SW_STEP` words per
+128 columns: 2 nvfp4, 1 mxfp4, so a box holds the words of `SCALE_BOX_STEPS` = 2 / 4 consecutive steps) and starts at
+the 16-byte aligned word at or below the step's first (`scale_box`): a TMA load's innermost coordinate must be a
+multiple of 16 bytes, and an unaligned one (word 2 kb / kb) raises "an illegal instruction was encountered" on the
+H200 (the GPU check of the first version faulted at every launch). The consumer loads the box's candidate words and
+selects the step's (`_step_scale_words`: 2 / 4 LDS and 1 / 3 SEL per thread and step), 2 KB of TMA per step.
 
 Roles (as fp4_gemm_gluon.py): a producer warp (24 registers after setmaxnreg) streams the three boxes into a
 STAGES-deep ring (`ready` with expect-tx, `empty` released by the consumers); the default partition is two consumer
@@ -55,6 +58,14 @@ def scale_words_per_step(fmt: str) -> int:
     if fmt not in ("nvfp4", "mxfp4"):
         raise ValueError(f"fp4_gemm_wide256 takes nvfp4 or mxfp4 weights, got {fmt!r}")
     return 2 if fmt == "nvfp4" else 1
+
+
+def scale_box(kb: int, fmt: str) -> tuple[int, int]:
+    """(first word of the scale box TMA loads for K step `kb`, the step's position in it, counted in steps): the box
+    starts at a multiple of SCALE_BOX_WORDS words (16 bytes: TMA's innermost coordinate must be 16-byte aligned),
+    the step's words are words sub x SW .. of it. The kernels' `_producer256` / `_step_scale_words` arithmetic."""
+    steps = SCALE_BOX_WORDS // scale_words_per_step(fmt)
+    return (kb // steps) * SCALE_BOX_WORDS, kb % steps
 
 
 @dataclass(frozen=True)
@@ -120,9 +131,10 @@ WIDE64_2CTA = Wide256Config(block_m=64, stages=4, maxnreg=80)
 @gluon.jit
 def _producer256(w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, n16_0, row0, m0, kb_lo, n_iters,
                  SW_STEP: gl.constexpr, STAGES: gl.constexpr):
-    """1 warp: step `kb_lo + it`'s words [1, BN/16, 256], scale words [BN, 4] from word SW_STEP x kb and activations
-    [BM, 128] into slot it % STAGES once the consumers have released it."""
+    """1 warp: step `kb_lo + it`'s words [1, BN/16, 256], the scale box [BN, 4] holding its scale words (`scale_box`)
+    and activations [BM, 128] into slot it % STAGES once the consumers have released it."""
     nbytes: gl.constexpr = w_desc.block_type.nbytes + s_desc.block_type.nbytes + x_desc.block_type.nbytes
+    BOX_STEPS: gl.constexpr = s_desc.block_type.shape[1] // SW_STEP
     for it in range(n_iters):
         slot = it % STAGES
         mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)   # a fresh barrier passes the first round
@@ -130,15 +142,30 @@ def _producer256(w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, n
         mbarrier.expect(bar, nbytes)
         kb = kb_lo + it
         tma.async_copy_global_to_shared(w_desc, [kb, n16_0, 0], bar, w_bufs.index(slot))
-        tma.async_copy_global_to_shared(s_desc, [row0, kb * SW_STEP], bar, s_bufs.index(slot))
+        # the box holding step kb's words, from a 16-byte aligned word (scale_box): an unaligned innermost TMA
+        # coordinate is an illegal instruction
+        tma.async_copy_global_to_shared(s_desc, [row0, (kb // BOX_STEPS) * s_desc.block_type.shape[1]], bar,
+                                        s_bufs.index(slot))
         tma.async_copy_global_to_shared(x_desc, [m0, kb * 128], bar, x_bufs.index(slot))
 
 
 @gluon.jit
-def _consumer256(w_bufs, s_bufs, x_bufs, ready, empty, n_iters, BN: gl.constexpr, BM: gl.constexpr,
+def _step_scale_words(s_s, sub, S_LAYOUT: gl.constexpr, BOX_STEPS: gl.constexpr):
+    """Step `sub`'s scale words (of the BOX_STEPS steps whose words the slot's box holds, dim 3 of the view `s_s`),
+    loaded from every candidate position and selected (the position is a runtime value; a shared-memory view can
+    only be sliced at constant offsets)."""
+    s = s_s.slice(0, 1, dim=3).load(S_LAYOUT)
+    for j in gl.static_range(1, BOX_STEPS):
+        s = gl.where(sub == j, s_s.slice(j, 1, dim=3).load(S_LAYOUT), s)
+    return s
+
+
+@gluon.jit
+def _consumer256(w_bufs, s_bufs, x_bufs, ready, empty, kb_lo, n_iters, BN: gl.constexpr, BM: gl.constexpr,
                  STAGES: gl.constexpr, OVERLAP: gl.constexpr, MX: gl.constexpr):
     """Default partition (BN / 16 warps, warp w owning weight rows 16 w ..): per 128-column step, LDS.128 of the
-    words, decode to the register A operand, HGMMA 64xBMx16 x 8 against the activation slot; returns (acc, )."""
+    words, the step's scale words out of the slot's box (`_step_scale_words`), decode to the register A operand,
+    HGMMA 64xBMx16 x 8 against the activation slot; returns (acc, )."""
     NW: gl.constexpr = gl.num_warps()
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
     A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
@@ -146,11 +173,13 @@ def _consumer256(w_bufs, s_bufs, x_bufs, ready, empty, n_iters, BN: gl.constexpr
                                               [5, 4, 3, 2, 1, 0])
     RAW6: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [5, 4, 3, 2, 1, 0])
     w_raw = w_bufs._reinterpret(gl.int32, [STAGES, BN // 16, 2, 8, 4, 2, 2], RAW6)
-    if MX:   # word 0 of the 4-word box: byte i covers K-slices 2i, 2i + 1
+    if MX:   # word kb % 4 of the 4-word box: byte i covers K-slices 2i, 2i + 1
+        BOX_STEPS: gl.constexpr = 4
         S_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1], [1, 1, 8, 4], [NW, 1, 1, 1], [3, 2, 1, 0])
         s_raw = s_bufs._reinterpret(gl.int32, [STAGES, BN // 16, 2, 8, 4],
                                     gl.SwizzledSharedLayout(1, 1, 1, [3, 2, 1, 0]))
-    else:    # words 0, 1 of the box (as [2, 2]: the first pair): byte b of word j is K-slice 4j + b
+    else:    # pair kb % 2 of the box (as [2, 2]): byte b of word j is K-slice 4j + b
+        BOX_STEPS: gl.constexpr = 2
         S_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 2], [1, 1, 8, 4, 1], [NW, 1, 1, 1, 1],
                                                   [4, 3, 2, 1, 0])
         s_raw = s_bufs._reinterpret(gl.int32, [STAGES, BN // 16, 2, 8, 2, 2],
@@ -161,7 +190,7 @@ def _consumer256(w_bufs, s_bufs, x_bufs, ready, empty, n_iters, BN: gl.constexpr
         slot = it % STAGES
         mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
         w = w_raw.index(slot).load(W_LAYOUT)                          # [BN/16, 2, 8, 4, 2, 2] int32
-        s = s_raw.index(slot).slice(0, 1, dim=3).load(S_LAYOUT)      # [BN/16, 2, 8, 1(, 2)] int32
+        s = _step_scale_words(s_raw.index(slot), (kb_lo + it) % BOX_STEPS, S_LAYOUT, BOX_STEPS)  # [.., 1(, 2)]
         a = _decode_chunk(w, s, W_LAYOUT, A_LAYOUT, BN, MX)
         acc = warpgroup_mma(a, x_bufs.index(slot).permute((1, 0)), acc, is_async=True)
         if OVERLAP:
@@ -199,7 +228,7 @@ def _fp4_gemm_wide256_kernel(w_desc, s_desc, x_desc, rf_ptr, out_ptr, part_ptr, 
         mbarrier.init(empty.index(i), count=1)
     SW_STEP: gl.constexpr = 1 if MX else 2
     (acc, ) = gl.warp_specialize([
-        (_consumer256, (w_bufs, s_bufs, x_bufs, ready, empty, n_iters, BN, BM, STAGES, OVERLAP, MX)),
+        (_consumer256, (w_bufs, s_bufs, x_bufs, ready, empty, kb_lo, n_iters, BN, BM, STAGES, OVERLAP, MX)),
         (_producer256, (w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, pid_n * (BN // 16),
                         pid_n * BN, pid_m * BM, kb_lo, n_iters, SW_STEP, STAGES)),
     ], [1], [24])

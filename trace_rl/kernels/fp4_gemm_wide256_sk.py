@@ -40,6 +40,7 @@ from trace_rl.kernels.fp4_gemm_wide256 import (
     SMEM_LIMIT,
     WIDE256,
     Wide256Config,
+    _step_scale_words,
     scale_words_per_step,
     shared_layouts,
 )
@@ -57,6 +58,7 @@ def _producer_sk(w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, l
                  BN: gl.constexpr, BM: gl.constexpr, SW_STEP: gl.constexpr, STAGES: gl.constexpr):
     """1 warp: flat iterations lo .. hi - 1 (tile g / KB, K step g % KB) into the ring, across tile boundaries."""
     nbytes: gl.constexpr = w_desc.block_type.nbytes + s_desc.block_type.nbytes + x_desc.block_type.nbytes
+    BOX_STEPS: gl.constexpr = s_desc.block_type.shape[1] // SW_STEP
     for it in range(hi - lo):
         slot = it % STAGES
         mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)
@@ -67,7 +69,9 @@ def _producer_sk(w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, l
         kb = g - t * KB
         pid_n = t % n_tiles
         tma.async_copy_global_to_shared(w_desc, [kb, pid_n * (BN // 16), 0], bar, w_bufs.index(slot))
-        tma.async_copy_global_to_shared(s_desc, [pid_n * BN, kb * SW_STEP], bar, s_bufs.index(slot))
+        # the 16-byte aligned box holding step kb's scale words (fp4_gemm_wide256.scale_box)
+        tma.async_copy_global_to_shared(s_desc, [pid_n * BN, (kb // BOX_STEPS) * s_desc.block_type.shape[1]], bar,
+                                        s_bufs.index(slot))
         tma.async_copy_global_to_shared(x_desc, [(t // n_tiles) * BM, kb * 128], bar, x_bufs.index(slot))
 
 
@@ -147,10 +151,12 @@ def _consumer_sk(w_bufs, s_bufs, x_bufs, ready, empty, lo, hi, G, TOTAL, KB, n_t
     RAW6: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [5, 4, 3, 2, 1, 0])
     w_raw = w_bufs._reinterpret(gl.int32, [STAGES, BN // 16, 2, 8, 4, 2, 2], RAW6)
     if MX:
+        BOX_STEPS: gl.constexpr = 4
         S_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1], [1, 1, 8, 4], [NW, 1, 1, 1], [3, 2, 1, 0])
         s_raw = s_bufs._reinterpret(gl.int32, [STAGES, BN // 16, 2, 8, 4],
                                     gl.SwizzledSharedLayout(1, 1, 1, [3, 2, 1, 0]))
     else:
+        BOX_STEPS: gl.constexpr = 2
         S_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 2], [1, 1, 8, 4, 1], [NW, 1, 1, 1, 1],
                                                   [4, 3, 2, 1, 0])
         s_raw = s_bufs._reinterpret(gl.int32, [STAGES, BN // 16, 2, 8, 2, 2],
@@ -167,7 +173,7 @@ def _consumer_sk(w_bufs, s_bufs, x_bufs, ready, empty, lo, hi, G, TOTAL, KB, n_t
             slot = it % STAGES
             mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
             w = w_raw.index(slot).load(W_LAYOUT)
-            s = s_raw.index(slot).slice(0, 1, dim=3).load(S_LAYOUT)
+            s = _step_scale_words(s_raw.index(slot), (k_lo - t * KB + j) % BOX_STEPS, S_LAYOUT, BOX_STEPS)
             a = _decode_chunk(w, s, W_LAYOUT, A_LAYOUT, BN, MX)
             acc = warpgroup_mma(a, x_bufs.index(slot).permute((1, 0)), acc, is_async=True)
             if OVERLAP:
