@@ -1,8 +1,12 @@
 """The 256-token Gluon FP4 W4A16 GEMM (fp4_gemm_wide256.py, opt-in) against cuBLAS BF16 and the existing wide Gluon
 configs, same run (issue 15: M = 256 / 512 need >= 0.8x cuBLAS, M = 64 >= 1.6x).
 
-    python benchmarks/gemm_wide256.py --out gemm_wide256.json [--M 256,512,64,128] [--budget-s 70]
-    python benchmarks/gemm_wide256.py --precompile-only --M 256,512,64,128 --out /dev/null
+    python benchmarks/gemm_wide256.py --out gemm_wide256.json [--M 256,512,64,128] [--budget-s 70] [--families w256,sk]
+    python benchmarks/gemm_wide256.py --precompile-only --M 256,512,64,128 --out /dev/null [--families ...]
+
+`--families` (default all of benchmarks/gemm_wide256_smoke.FAMILIES) limits the new kernel's variants to the families
+whose one-launch smoke passed (`family`: w256 = VARIANTS on the split-K grid, sk = the stream-K WIDE256 variants,
+2cta = WIDE64_2CTA on the grid, sk2cta = `sk_2cta`); the existing wide kernel is always timed.
 
 Rows (M >= 256 of both formats first, then the smaller M: a budget cut drops the tail), per shape (K, N) in SHAPES:
 cuBLAS BF16 `F.linear` on bf16 weight copies, the existing wide Gluon kernel (`wide`: config_for(M); `wide_overlap`:
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from dataclasses import asdict, replace
@@ -50,6 +55,13 @@ SK_VARIANTS = {"sk": VARIANTS["w256"], "sk_nooverlap": VARIANTS["w256_nooverlap"
                "sk_bm128": Wide256Config(block_m=128)}
 
 
+def family(kind: str, name: str) -> str:
+    """The smoke family (benchmarks/gemm_wide256_smoke.py) of variant `name` of `kind` ("w256" / "sk")."""
+    if name in ("w64_2cta", "sk_2cta"):
+        return "2cta" if kind == "w256" else "sk2cta"
+    return kind
+
+
 def times(fmt: str, M: int, name: str) -> bool:
     """Whether the benchmark times variant `name` at (fmt, M): `sk` and `w256` always, `sk_2cta` at M < 256, the
     others for nvfp4 at M >= 256."""
@@ -68,10 +80,21 @@ def _wide_configs(M: int, fmt: str) -> dict:
     return out
 
 
+def is_cuda_error(e: Exception) -> bool:
+    """A CUDA runtime error (torch's "CUDA error: ...", Triton's launcher "Triton Error [CUDA]: ..."): sticky."""
+    return bool(re.search(r"CUDA error|Error \[CUDA\]", repr(e)))
+
+
+_FAULTED = []   # this worker's first job that raised a CUDA error: a CUDA error is sticky, later jobs would inherit it
+
+
 def _compile_job(job: tuple) -> str:
     """One launch in a worker process (fills Triton's cache): ("w256", fmt, variant, M, N) or ("wide", fmt, config
-    items, M, N)."""
+    items, M, N). After a CUDA error in this worker its later jobs are not run but reported as inherited (they would
+    fail whatever their kernel)."""
     kind, fmt, what, M, N = job
+    if _FAULTED:
+        return f"{job}: not run (this worker's CUDA context was poisoned by {_FAULTED[0]})"[:300]
     try:
         from trace_rl.kernels.fp4_gemm_gluon import GluonConfig
 
@@ -88,12 +111,14 @@ def _compile_job(job: tuple) -> str:
         torch.cuda.synchronize()
         return ""
     except Exception as e:   # noqa: BLE001
+        if is_cuda_error(e):
+            _FAULTED.append(job)
         return f"{job}: {e!r}"[:300]
 
 
-def precompile_all(Ms: list[int], workers: int = 16) -> list[str]:
+def precompile_all(Ms: list[int], families: set[str], workers: int = 16) -> list[str]:
     """This benchmark's binaries (N % 16 == 0) and the GPU tests' (tests/kernels/test_fp4_gemm_wide256.py: N = 199 /
-    264 / 4096), in `workers` spawned processes."""
+    264 / 4096) of the new kernel's `families` and the existing wide kernel, in `workers` spawned processes."""
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
@@ -112,9 +137,15 @@ def precompile_all(Ms: list[int], workers: int = 16) -> list[str]:
     jobs += [("sk", f, "sk", t, 199) for f in FORMATS for t in (64, 128, 256)] + \
         [("sk", "nvfp4", "sk_nooverlap", 256, 199)] + [(k, f, v, 64, 199) for f in FORMATS
                                                        for k, v in (("sk", "sk_2cta"), ("w256", "w64_2cta"))]
-    jobs = list(dict.fromkeys(jobs))
+    jobs = [j for j in dict.fromkeys(jobs) if j[0] == "wide" or family(j[0], j[2]) in families]
     with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=get_context("spawn")) as pool:
         return [e for e in pool.map(_compile_job, jobs) if e]
+
+
+def _note_cuda_error(res: dict, e: Exception, what: str) -> None:
+    """The first launch that raised a CUDA error (`poisoned_by`): the error is sticky, so no later row is measured."""
+    if is_cuda_error(e) and "poisoned_by" not in res:
+        res["poisoned_by"] = what
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -129,15 +160,19 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=70.0, help="start no new row after this many seconds")
     ap.add_argument("--precompile-only", action="store_true")
     ap.add_argument("--skip-sk", action="store_true", help="do not time the stream-K schedule")
+    ap.add_argument("--families", default="w256,sk,2cta,sk2cta",
+                    help="the new kernel's families to compile / time (those whose smoke passed)")
     args = ap.parse_args()
     start = time.time()
     Ms = [int(m) for m in args.M.split(",")]
+    fams = set(filter(None, args.families.split(",")))
     if args.precompile_only:
-        errors = precompile_all(Ms)
+        errors = precompile_all(Ms, fams)
         print({"precompile_s": round(time.time() - start, 1), "errors": errors}, flush=True)
         return
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    res = {"env": run_env(torch.cuda.get_device_name(0), sms=sms), "rows": [], "skipped": [], "errors": []}
+    res = {"env": run_env(torch.cuda.get_device_name(0), sms=sms), "families": sorted(fams), "rows": [],
+           "skipped": [], "errors": []}
     save = json_saver(res, args.out)
     fmts = args.formats.split(",")
     weights = {}                       # (fmt, K, N) -> (bf16 copies, Hopper FP4 copies); the bf16 ones per shape
@@ -150,8 +185,10 @@ def main() -> None:
     order = [(f, M) for M in Ms if M >= 256 for f in fmts] + [(f, M) for M in Ms if M < 256 for f in fmts]
     for fmt, M in order:
         for K, N in SHAPES:
-            if time.time() - start > args.budget_s:
-                res["skipped"].append({"fmt": fmt, "K": K, "N": N, "M": M})
+            if time.time() - start > args.budget_s or "poisoned_by" in res:
+                # (after a CUDA error every later launch of this process fails: not measured, not blamed)
+                res["skipped"].append({"fmt": fmt, "K": K, "N": N, "M": M,
+                                       "why": res.get("poisoned_by", "budget")})
                 continue
             w_bf16, hw = weights[fmt, K, N]
             x = torch.randn(M, K, device=DEV, dtype=torch.bfloat16)
@@ -170,12 +207,13 @@ def main() -> None:
                         row["best_wide"] = {"variant": name, "us": us, "speedup": row["cublas_bf16_us"] / us}
                 except Exception as e:   # noqa: BLE001
                     res["errors"].append(f"{fmt} K {K} N {N} M {M} {name}: {e!r}"[:400])
+                    _note_cuda_error(res, e, f"{fmt} K {K} N {N} M {M} {name}")
             for name, cfg in VARIANTS.items():
                 bm = cfg.tile_m(M)
                 auto = auto_split(triton.cdiv(hw[0].padded[0], cfg.block_n) * triton.cdiv(M, bm),
                                   hw[0].padded[1] // BK, sms)
                 splits = sorted({auto, 2 * auto, max(1, auto // 2)}) if name == "w256" else [auto]
-                if not times(fmt, M, name):
+                if not times(fmt, M, name) or family("w256", name) not in fams:
                     continue
                 for split in splits:
                     key = f"{name}_split{split}"
@@ -187,6 +225,7 @@ def main() -> None:
                         us = graph_us([lambda h=h, x=x, c=c: fp4_matmul_wide256(x, h, c) for h in hw])
                     except Exception as e:   # noqa: BLE001 -- one failing variant must not lose the run
                         res["errors"].append(f"{fmt} K {K} N {N} M {M} {key}: {e!r}"[:400])
+                        _note_cuda_error(res, e, f"{fmt} K {K} N {N} M {M} {key}")
                         continue
                     row[key] = {"us": us, "speedup": row["cublas_bf16_us"] / us, "auto": split == auto,
                                 "rel_diff_vs_wide": rel}
@@ -194,7 +233,7 @@ def main() -> None:
                         row["best_w256"] = {"variant": key, "us": us, "speedup": row["cublas_bf16_us"] / us}
                     save()
             for name, cfg in SK_VARIANTS.items():   # last: a hang here loses only these
-                if args.skip_sk or not times(fmt, M, name):
+                if args.skip_sk or not times(fmt, M, name) or family("sk", name) not in fams:
                     continue
                 try:
                     y = fp4_matmul_wide256_sk(x, hw[0], cfg)
@@ -203,6 +242,7 @@ def main() -> None:
                     us = graph_us([lambda h=h, x=x, c=cfg: fp4_matmul_wide256_sk(x, h, c) for h in hw])
                 except Exception as e:   # noqa: BLE001
                     res["errors"].append(f"{fmt} K {K} N {N} M {M} {name}: {e!r}"[:400])
+                    _note_cuda_error(res, e, f"{fmt} K {K} N {N} M {M} {name}")
                     continue
                 row[name] = {"us": us, "speedup": row["cublas_bf16_us"] / us, "rel_diff_vs_wide": rel}
                 if us < row.get("best_w256", {}).get("us", 1e30):

@@ -1,36 +1,101 @@
 #!/usr/bin/env bash
 # benchmarks/gemm_wide256_h200.sh OUT_DIR (check `gemm256`; issue 15 FP4 W4A16 at M = 256 / 512 >= 0.8x cuBLAS, M = 64
-# >= 1.6x): the opt-in 256-token Gluon GEMM (trace_rl/kernels/fp4_gemm_wide256.py). One H200, python3, torch, Triton
-# 3.6, < 120 s:
-# 0. benchmarks/gemm_wide256.py --precompile-only: the binaries of steps 1-2 (both formats, every variant and token
-#    tile, the stream-K schedule, the existing wide configs) in 16 processes into Triton's cache -> OUT/precompile.log
-# 1. pytest tests/kernels/test_fp4_gemm_wide256.py in its own process (-v: a timeout still shows what ran): vs the
-#    float64 reference at M 17..600, odd N / K, both formats, every variant, forced splits (deterministic), vs the
-#    existing wide kernel; the stream-K schedule (fp4_gemm_wide256_sk.py) at one CTA per SM and at 3-7 CTAs (tiles
-#    split over 2-3 CTAs, ranges over several tiles) -> OUT/pytest.{log,xml}
-# 2. benchmarks/gemm_wide256.py -> OUT/gemm_wide256.json (+ .log): per format, shape (K x N = 4096x12288, 12288x4096)
-#    and M (256, 512, 64, 128: the tail is what a budget cut skips), cuBLAS BF16 vs the existing wide Gluon kernel
-#    (config_for, WIDE_OVERLAP) vs this kernel: stream-K (`sk`, `sk_nooverlap`: one CTA per SM, equal K-step ranges)
-#    and the split-K grid (w256 at the auto split, x2, /2; no overlap; 2 slots), all in the same run; CUDA graphs
-#    over weight copies > L2, median us. What to look for: best_w256.speedup >= 0.8 at M = 256 / 512 (vs
-#    best_wide.speedup, the existing kernel), >= 1.6 at M = 64; rel_diff_vs_wide ~1e-3 (a different split).
-# 3. OUT/summary.json: rcs, the pytest tail, per row cuBLAS / best existing wide / best w256 us and speedups.
+# >= 1.6x): the opt-in 256-token Gluon GEMM (trace_rl/kernels/fp4_gemm_wide256.py, fp4_gemm_wide256_sk.py). One H200,
+# python3, torch, Triton 3.6, < 120 s. A CUDA error is sticky (every later launch of its process fails), so each step
+# that launches the new kernels keeps its families in separate processes, and a family whose smoke failed is not
+# launched again:
+# 1. benchmarks/gemm_wide256_smoke.py: ONE launch of each family (w256: split-K grid at 256 tokens; sk: stream-K;
+#    2cta: WIDE64_2CTA on the grid; sk2cta: WIDE64_2CTA stream-K) x format in its OWN process, all at once, against
+#    the float64 reference (K = 1536: every scale-box position) -> OUT/smoke_<family>_<fmt>.{json,log}. The first
+#    version faulted here with "an illegal instruction" (the scale box's unaligned TMA coordinate, fixed).
+# 2. benchmarks/gemm_wide256.py --precompile-only --families <passed>: their binaries and the existing wide kernel's
+#    into Triton's cache, 16 processes (a worker's jobs after its first CUDA error are reported as not run)
+#    -> OUT/precompile.log
+# 3. tests/kernels/test_fp4_gemm_wide256.py, one pytest process per family at once (-k: w256 = the grid tests, sk =
+#    the stream-K tests (they compare with the grid kernel too), 2cta = the two-CTAs-per-SM test under both
+#    schedules), the CPU tests in a fourth -> OUT/pytest_<part>.{log,xml}
+# 4. benchmarks/gemm_wide256.py --families <smoke passed> -> OUT/gemm_wide256.json (+ .log): per format, shape (K x N
+#    = 4096x12288, 12288x4096) and M (256, 512, 64, 128: the tail is what a budget cut skips), cuBLAS BF16 vs the
+#    existing wide Gluon kernel (config_for, WIDE_OVERLAP) vs this kernel's variants, all in the same run; CUDA graphs
+#    over weight copies > L2, median us; after a CUDA error no later row is measured (`poisoned_by`).
+# 5. OUT/summary.json: smoke per family and format (ok, rel_err, error), pytest counts per part, per row cuBLAS / best
+#    existing wide / best w256 us and speedups.
+# What to look for: smoke all ok (rel_err ~3e-3); pytest parts without failures; best_w256.speedup >= 0.8 at M = 256 /
+# 512 (vs best_wide.speedup, the existing kernel), >= 1.6 at M = 64; max_rel_diff_vs_wide ~1e-3 (a different split).
 . "$(dirname "$0")/h200_check.sh"
 W256_M=${W256_M:-256,512,64,128}
-timeout 45 $PY benchmarks/gemm_wide256.py --precompile-only --M "$W256_M" --out /dev/null > "$OUT/precompile.log" 2>&1
-pre_rc=$?
-run_pytest 65 tests/kernels/test_fp4_gemm_wide256.py
-left=$(( 114 - ($(date +%s) - start) ))
-timeout $(( left > 20 ? left : 20 )) $PY benchmarks/gemm_wide256.py --out "$OUT/gemm_wide256.json" --M "$W256_M" \
-    --budget-s $(( left > 30 ? left - 14 : 15 )) > "$OUT/gemm_wide256.log" 2>&1
-bench_rc=$?
-$PY - "$OUT" "$pre_rc" "$bench_rc" "$test_rc" <<'PY'
-import json, os, sys
+FAMILIES="w256 sk 2cta sk2cta"      # benchmarks/gemm_wide256_smoke.FAMILIES
+pids=()
+for f in $FAMILIES; do
+    for fmt in nvfp4 mxfp4; do
+        timeout 40 $PY benchmarks/gemm_wide256_smoke.py "$f" "$fmt" --out "$OUT/smoke_${f}_${fmt}.json" \
+            > "$OUT/smoke_${f}_${fmt}.log" 2>&1 &
+        pids+=($!)
+    done
+done
+for p in "${pids[@]}"; do wait "$p"; done
+passed=""
+for f in $FAMILIES; do
+    grep -q '"ok": true' "$OUT/smoke_${f}_nvfp4.json" 2>/dev/null && grep -q '"ok": true' "$OUT/smoke_${f}_mxfp4.json" \
+        2>/dev/null && passed="$passed,$f"
+done
+passed=${passed#,}
+echo "smoke passed: ${passed:-none} ($(( $(date +%s) - start )) s)"
+pre_rc=-1
+if [ -n "$passed" ]; then
+    timeout 35 $PY benchmarks/gemm_wide256.py --precompile-only --M "$W256_M" --families "$passed" --out /dev/null \
+        > "$OUT/precompile.log" 2>&1
+    pre_rc=$?
+fi
+T=tests/kernels/test_fp4_gemm_wide256.py
+part_args() {   # pytest's selection of part $1 (a family's GPU tests, or the CPU tests)
+    case $1 in
+        cpu) echo "-m not gpu" ;;
+        w256) echo "-k wide256_matches or wide256_variants or wide256_issue" ;;
+        sk) echo "-k stream_k_matches or stream_k_issue" ;;
+        2cta) echo "-k two_ctas" ;;                 # both schedules: the 2cta and sk2cta families
+    esac
+}
+left=$(( 85 - ($(date +%s) - start) ))
+pids=()
+for part in cpu w256 sk 2cta; do
+    read -r opt sel <<< "$(part_args "$part")"
+    ( timeout $(( left > 15 ? left : 15 )) $PY -m pytest -v -p no:cacheprovider -rs --junitxml="$OUT/pytest_$part.xml" \
+        "$opt" "$sel" "$T" > "$OUT/pytest_$part.log" 2>&1; echo $? > "$OUT/pytest_$part.rc" ) &
+    pids+=($!)
+done
+for p in "${pids[@]}"; do wait "$p"; done
+bench_rc=-1
+if [ -n "$passed" ]; then
+    left=$(( 114 - ($(date +%s) - start) ))
+    timeout $(( left > 20 ? left : 20 )) $PY benchmarks/gemm_wide256.py --out "$OUT/gemm_wide256.json" \
+        --M "$W256_M" --families "$passed" --budget-s $(( left > 30 ? left - 14 : 15 )) > "$OUT/gemm_wide256.log" 2>&1
+    bench_rc=$?
+fi
+$PY - "$OUT" "$pre_rc" "$bench_rc" "$passed" $FAMILIES <<'PY'
+import glob, json, os, re, sys
 sys.path.insert(0, "benchmarks")
 from h200_summary import tail, write
-out, pre_rc, bench_rc, test_rc = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-s = {"precompile_rc": pre_rc, "bench_rc": bench_rc, "pytest_rc": test_rc,
-     "precompile_tail": tail(out, "precompile.log", 3), "pytest_tail": tail(out, "pytest.log", 12)}
+out, pre_rc, bench_rc, passed, families = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5:]
+s = {"smoke_passed": passed.split(",") if passed else [], "precompile_rc": pre_rc, "bench_rc": bench_rc, "smoke": {}}
+for f in families:
+    for fmt in ("nvfp4", "mxfp4"):
+        p = os.path.join(out, f"smoke_{f}_{fmt}.json")
+        if os.path.exists(p):
+            r = json.load(open(p))
+            s["smoke"][f"{f}_{fmt}"] = {k: r.get(k) for k in ("ok", "rel_err", "launch_s", "error") if k in r}
+        else:
+            s["smoke"][f"{f}_{fmt}"] = {"ok": False, "log_tail": tail(out, f"smoke_{f}_{fmt}.log", 4)}
+pre = tail(out, "precompile.log", 1)
+s["precompile_errors"] = pre[0][:1500] if pre and "'errors': []" not in pre[0] else []
+s["pytest"] = {}
+for p in sorted(glob.glob(os.path.join(out, "pytest_*.log"))):
+    part = os.path.basename(p)[len("pytest_"):-len(".log")]
+    text = open(p).read()
+    last = [l for l in text.splitlines() if re.search(r"\d+ (passed|failed|error|skipped|deselected)", l)][-1:]
+    rc = open(p[:-4] + ".rc").read().strip() if os.path.exists(p[:-4] + ".rc") else None
+    s["pytest"][part] = {"rc": rc, "result": last[0].strip("= ") if last else None,
+                         "failed": re.findall(r"^(?:FAILED|ERROR) (\S+)", text, re.M)[:8]}
 try:
     r = json.load(open(os.path.join(out, "gemm_wide256.json")))
     s["rows"] = []
@@ -46,9 +111,10 @@ try:
                                          if isinstance(v, dict) and "us" in v), default=None)
         s["rows"].append(c)
     s["errors"] = r.get("errors", [])[:6]
+    s["poisoned_by"] = r.get("poisoned_by")
     s["skipped"] = len(r.get("skipped", []))
 except Exception as e:   # noqa: BLE001
-    s["bench_error"] = repr(e)
+    s["bench_error"] = "not run: no family passed its smoke" if bench_rc == -1 else repr(e)
     s["bench_log_tail"] = tail(out, "gemm_wide256.log", 15)
 write(out, s, 8000)
 PY
