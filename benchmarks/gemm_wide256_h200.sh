@@ -7,7 +7,11 @@
 # 1. benchmarks/gemm_wide256_smoke.py: ONE launch of each family (w256: split-K grid at 256 tokens; sk: stream-K;
 #    2cta: WIDE64_2CTA on the grid; sk2cta: WIDE64_2CTA stream-K) x format in its OWN process, all at once, against
 #    the float64 reference (K = 1536: every scale-box position) -> OUT/smoke_<family>_<fmt>.{json,log}. The first
-#    version faulted here with "an illegal instruction" (the scale box's unaligned TMA coordinate, fixed).
+#    version faulted here with "an illegal instruction" (the scale box's unaligned TMA coordinate, fixed). Beside
+#    them, benchmarks/tma_alignment_probe.py COL, each column in its own process: one TMA load of the [128, 4] int32
+#    scale box at innermost word 4 (aligned: must copy exactly; beside the smokes), 2 and 1 (the first version's
+#    nvfp4 / mxfp4 odd steps: expected to fault; after the smokes) -> OUT/tma_probe_<col>.{json,log}: the rule the fix
+#    rests on, on this GPU.
 # 2. benchmarks/gemm_wide256.py --precompile-only --families <passed>: their binaries and the existing wide kernel's
 #    into Triton's cache, 16 processes (a worker's jobs after its first CUDA error are reported as not run)
 #    -> OUT/precompile.log
@@ -20,8 +24,9 @@
 #    over weight copies > L2, median us; after a CUDA error no later row is measured (`poisoned_by`).
 # 5. OUT/summary.json: smoke per family and format (ok, rel_err, error), pytest counts per part, per row cuBLAS / best
 #    existing wide / best w256 us and speedups.
-# What to look for: smoke all ok (rel_err ~3e-3); pytest parts without failures; best_w256.speedup >= 0.8 at M = 256 /
-# 512 (vs best_wide.speedup, the existing kernel), >= 1.6 at M = 64; max_rel_diff_vs_wide ~1e-3 (a different split).
+# What to look for: tma_probe 4 ok, 2 / 1 "illegal instruction" (the cause confirmed); smoke all ok (rel_err ~3e-3);
+# pytest parts without failures; best_w256.speedup >= 0.8 at M = 256 / 512 (vs best_wide.speedup, the existing
+# kernel), >= 1.6 at M = 64; max_rel_diff_vs_wide ~1e-3 (a different split).
 . "$(dirname "$0")/h200_check.sh"
 W256_M=${W256_M:-256,512,64,128}
 FAMILIES="w256 sk 2cta sk2cta"      # benchmarks/gemm_wide256_smoke.FAMILIES
@@ -33,7 +38,14 @@ for f in $FAMILIES; do
         pids+=($!)
     done
 done
+tma_probe() { timeout 20 $PY benchmarks/tma_alignment_probe.py "$1" --out "$OUT/tma_probe_$1.json" > "$OUT/tma_probe_$1.log" 2>&1; }
+tma_probe 4 &
+pids+=($!)
 for p in "${pids[@]}"; do wait "$p"; done
+# the probes expected to fault after the smokes, not beside them (a fault is its process's, but nothing is left to doubt)
+tma_probe 2 & p2=$!
+tma_probe 1 & p1=$!
+wait $p2 $p1
 passed=""
 for f in $FAMILIES; do
     grep -q '"ok": true' "$OUT/smoke_${f}_nvfp4.json" 2>/dev/null && grep -q '"ok": true' "$OUT/smoke_${f}_mxfp4.json" \
@@ -43,7 +55,8 @@ passed=${passed#,}
 echo "smoke passed: ${passed:-none} ($(( $(date +%s) - start )) s)"
 pre_rc=-1
 if [ -n "$passed" ]; then
-    timeout 35 $PY benchmarks/gemm_wide256.py --precompile-only --M "$W256_M" --families "$passed" --out /dev/null \
+    left=$(( 55 - ($(date +%s) - start) ))
+    timeout $(( left > 10 ? left : 10 )) $PY benchmarks/gemm_wide256.py --precompile-only --M "$W256_M" --families "$passed" --out /dev/null \
         > "$OUT/precompile.log" 2>&1
     pre_rc=$?
 fi
@@ -86,6 +99,11 @@ for f in families:
             s["smoke"][f"{f}_{fmt}"] = {k: r.get(k) for k in ("ok", "rel_err", "launch_s", "error") if k in r}
         else:
             s["smoke"][f"{f}_{fmt}"] = {"ok": False, "log_tail": tail(out, f"smoke_{f}_{fmt}.log", 4)}
+s["tma_probe"] = {}   # innermost TMA coordinate (words) -> ok / the error: 4 ok, 2 and 1 expected to fault
+for col in (4, 2, 1):
+    p = os.path.join(out, f"tma_probe_{col}.json")
+    s["tma_probe"][col] = ({k: v for k, v in json.load(open(p)).items() if k in ("ok", "error")} if os.path.exists(p)
+                           else {"ok": False, "log_tail": tail(out, f"tma_probe_{col}.log", 3)})
 pre = tail(out, "precompile.log", 1)
 s["precompile_errors"] = pre[0][:1500] if pre and "'errors': []" not in pre[0] else []
 s["pytest"] = {}
