@@ -11,11 +11,12 @@ Why a separate kernel and not `block_m=256` of the wide configs: the activation 
 256 KB, so not even two fit in 227 KB. Here a K step is ONE 128-column decode chunk for both formats: a slot is the
 activation box [256, 128] bf16 (64 KB), the layout words [1, BN/16, 256] (8 KB at BN = 128) and the scale words;
 three slots = 222 KB. The scale box stays TMA's narrowest (16 bytes = 4 int32 words per row, `SW_STEP` words per
-128 columns: 2 nvfp4, 1 mxfp4, so a box holds the words of `SCALE_BOX_STEPS` = 2 / 4 consecutive steps) and starts at
+128 columns: 2 nvfp4, 1 mxfp4, so a box holds the words of 2 / 4 consecutive steps: `BOX_STEPS`) and starts at
 the 16-byte aligned word at or below the step's first (`scale_box`): a TMA load's innermost coordinate must be a
 multiple of 16 bytes, and an unaligned one (word 2 kb / kb) raises "an illegal instruction was encountered" on the
 H200 (the GPU check of the first version faulted at every launch). The consumer loads the box's candidate words and
-selects the step's (`_step_scale_words`: 2 / 4 LDS and 1 / 3 SEL per thread and step), 2 KB of TMA per step.
+selects the step's (`_step_scale_words`: 2 / 4 LDS and 1 / 3 SEL per scale word a thread holds), 2 KB of TMA per
+step.
 
 Roles (as fp4_gemm_gluon.py): a producer warp (24 registers after setmaxnreg) streams the three boxes into a
 STAGES-deep ring (`ready` with expect-tx, `empty` released by the consumers); the default partition is two consumer
