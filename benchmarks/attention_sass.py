@@ -116,7 +116,13 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget-s", type=float, default=80.0)
     ap.add_argument("--formats", default=",".join(FORMATS))
+    ap.add_argument("--variants", default="", help="comma-separated variant names to time besides gluon (default: all "
+                    "of VARIANTS; names a format does not have are ignored)")
     args = ap.parse_args()
+    if args.variants:
+        keep = {"gluon", *args.variants.split(",")} | {BASE.get(n, "gluon") for n in args.variants.split(",")}
+        for fmt in VARIANTS:
+            VARIANTS[fmt] = {n: kw for n, kw in VARIANTS[fmt].items() if n in keep}
     start = time.time()
     import triton
 

@@ -35,6 +35,10 @@
 #   gemmship2 the same bench for 12288x4096 and 4096x1024 only, no tests (the rows a budget-cut gemmship missed)
 #   attnfault benchmarks/attention_fault_h200.sh  the Gluon attention's SASS variants' GPU tests one process each
 #            (which part faults), then compute-sanitizer memcheck on the first faulting one; named only
+#   attnfix  benchmarks/attention_fix_h200.sh    issue 15's LEAN illegal address: each SASS variant part (n_pad=8,
+#            unroll=2, col_max, pairs, LEAN, the default against itself) in its own process with
+#            CUDA_LAUNCH_BLOCKING=1 (which launch faults), memcheck on the first faulting one, then the passing
+#            variants timed vs the shipped config in a fresh process; named only
 #   fp4engine benchmarks/engine_fp4_gluon_h200.sh the FP4 engine's decode step with attention forced to the Triton
 #            kernel vs the Gluon kernel (Qwen3-8B shape, B = 100 / 256, 8k) and the bf16 engine, after the Gluon
 #            engine and kernel GPU tests (which GLUON_IN_AUTO rests on); not in the default list: name it
@@ -113,6 +117,7 @@ for name in $NAMES; do
         gemmship) bash benchmarks/gemm_ship_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         gemmship2) SHIP_TESTS=0 SHIP_SHAPES=12288x4096,4096x1024 bash benchmarks/gemm_ship_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         attnfault) bash benchmarks/attention_fault_h200.sh "$d" > "$d/run.log" 2>&1 ;;
+        attnfix) bash benchmarks/attention_fix_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         mlpfuse) bash benchmarks/mlp_fuse_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         presets) pytest_check "$d" 145 tests/pipelines/test_presets_gpu.py ;;
         engine) pytest_check "$d" 85 tests/engine/test_native_gpu.py -k "not gluon" ;;
