@@ -3,24 +3,28 @@
 # address on 2026-12-02, benchmarks/results/attention_sass_h200_1202d_pytest.log: only the FIRST test, nvfp4 LEAN,
 # faulted; the 3 after it failed in PagedKV.allocate, the sticky error of the first). Usage:
 # benchmarks/attention_fix_h200.sh OUT_DIR (repo root; python3, torch, Triton 3.6, one H200). < 120 s.
-# 1. benchmarks/attention_fault_case.py: every case (the default against itself, each of n_pad=8 / unroll=2 / col_max
-#    alone, the pairs, LEAN, mxfp4 LEAN, group 16 col_max, the persistent kernel) in its OWN process with
-#    CUDA_LAUNCH_BLOCKING=1, 8 at once: base launch, sync, variant launch, sync (so a fault names its launch), bit
-#    identity (NaN scales too) and the float64 reference -> OUT/case_<id>.json / .log
-# 2. compute-sanitizer --tool memcheck on the first faulting case, smallest first (where the runtime allows it)
-#    -> OUT/memcheck.log: kernel, PC, address, the access size.
-# 3. benchmarks/attention_sass.py timing ONLY the variants whose cases passed, in a fresh process (never in one that
-#    saw a fault) -> OUT/attention_sass.json: us, fraction of the read ceiling, speedup vs the shipped config and
-#    bit-identity, each measured in the same run as the shipped gluon baseline.
-# 4. OUT/summary.json.
+# 1. benchmarks/attention_fault_case.py: every case in its OWN process with CUDA_LAUNCH_BLOCKING=1, 10 at once: base
+#    (the default config) launch, sync, variant launch, sync (so a fault names its launch), bit identity (NaN scales
+#    too) and the float64 reference -> OUT/case_<id>.json / .log. Cases: the default against itself; n_pad=8 /
+#    unroll=2 / col_max alone and in pairs; LEAN (nvfp4, mxfp4); the fix candidate pad_smem=True (n_pad=8's shared
+#    B operands allocated 16 wide: n8-pad, lean-pad at groups 4 / 8, mxfp4 lean-pad, persistent lean-pad); group
+#    16 col_max; the persistent kernel with col_max / LEAN.
+# 2. benchmarks/attention_sass.py, per format in a fresh process, timing ONLY the variants whose case passed (lean,
+#    lean_pad, colmax, persistent_colmax; mxfp4 lean / lean_pad and their folded forms) against the shipped gluon
+#    config measured in the same process -> OUT/attention_sass_<fmt>.json: us, fraction of the read ceiling,
+#    speedup, bit-identity to the base.
+# 3. compute-sanitizer --tool memcheck on the first failing case of the parts (col_max, n8, unroll2, pairs, LEAN)
+#    with the time left -> OUT/memcheck.log: kernel, PC, address.
+# 4. OUT/summary.json. What to look for: cases.*.failed_at ("variant": that config faults or is wrong;
+#    "base": the default faulted), passed for the -pad cases, rows[].lean_pad.speedup_vs_gluon.
 . "$(dirname "$0")/h200_check.sh"
 CASES=$($PY benchmarks/attention_fault_case.py --list)
 export CUDA_LAUNCH_BLOCKING=1 OMP_NUM_THREADS=2
 running=0
 for c in $CASES; do
-    timeout 75 $PY benchmarks/attention_fault_case.py --case "$c" --out "$OUT/case_$c.json" > "$OUT/case_$c.log" 2>&1 &
+    timeout 50 $PY benchmarks/attention_fault_case.py --case "$c" --out "$OUT/case_$c.json" > "$OUT/case_$c.log" 2>&1 &
     running=$((running + 1))
-    if [ "$running" -ge 8 ]; then wait -n; running=$((running - 1)); fi
+    if [ "$running" -ge 10 ]; then wait -n; running=$((running - 1)); fi
 done
 wait
 unset CUDA_LAUNCH_BLOCKING
@@ -32,38 +36,39 @@ for c in nvfp4-g4-self nvfp4-g4-colmax nvfp4-g4-n8 nvfp4-g4-unroll2 nvfp4-g4-n8-
     if ! passed "$c"; then first=$c; break; fi
 done
 echo "first failing case: ${first:-none} after $(( $(date +%s) - start )) s"
-if [ -n "$first" ] && command -v compute-sanitizer > /dev/null; then
-    left=$(( 70 - ($(date +%s) - start) ))
-    timeout $(( left > 20 ? left : 20 )) compute-sanitizer --tool memcheck --print-limit 6 --show-backtrace device \
-        $PY benchmarks/attention_fault_case.py --case "$first" --out "$OUT/memcheck_case.json" \
-        > "$OUT/memcheck.log" 2>&1
+# timing: per format in its own fresh process, only the variants whose GPU case passed (a faulting one never runs
+# in a process whose numbers count), each row's shipped gluon baseline measured in the same process
+nv="" mx=""
+passed nvfp4-g4-lean && nv="$nv,lean"
+passed nvfp4-g4-lean-pad && nv="$nv,lean_pad"
+passed nvfp4-g4-colmax && nv="$nv,colmax"
+passed nvfp4-g4-persistent-colmax && nv="$nv,persistent_colmax"
+passed mxfp4-g4-lean && mx="$mx,lean,fold_lean"
+passed mxfp4-g4-lean-pad && mx="$mx,lean_pad,fold_lean_pad"
+bench() {   # FORMAT VARIANTS SECONDS
+    [ -z "$2" ] && return
+    [ "$3" -lt 20 ] && { echo "bench $1 skipped: $3 s"; return; }
+    timeout "$3" $PY benchmarks/attention_sass.py --out "$OUT/attention_sass_$1.json" --formats "$1" \
+        --variants "${2#,}" --budget-s $(( $3 - 12 )) > "$OUT/attention_sass_$1.log" 2>&1
+    echo "bench $1 rc $?"
+}
+left=$(( 112 - ($(date +%s) - start) ))
+[ -n "$mx" ] && nv_s=$(( left * 3 / 5 )) || nv_s=$left
+bench nvfp4 "$nv" "$nv_s"
+bench mxfp4 "$mx" $(( 112 - ($(date +%s) - start) ))
+# memcheck on the first failing case with what is left (a bonus: which kernel, PC, address)
+left=$(( 116 - ($(date +%s) - start) ))
+if [ -n "$first" ] && [ "$left" -ge 15 ] && command -v compute-sanitizer > /dev/null; then
+    CUDA_LAUNCH_BLOCKING=1 timeout "$left" compute-sanitizer --tool memcheck --print-limit 6 \
+        --show-backtrace device $PY benchmarks/attention_fault_case.py --case "$first" \
+        --out "$OUT/memcheck_case.json" > "$OUT/memcheck.log" 2>&1
 fi
-# nvfp4 rows time the nvfp4 variants that passed; mxfp4 rows only when mxfp4 LEAN passed as well as every nvfp4
-# variant timed (the bench runs both formats' variants by name: a failing one must not run in it)
-variants="" formats=nvfp4
-passed nvfp4-g4-lean && variants="$variants,lean,lean_s2"
-passed nvfp4-g4-colmax && variants="$variants,colmax"
-passed nvfp4-g4-persistent-colmax && variants="$variants,persistent_colmax"
-if passed mxfp4-g4-lean && { passed nvfp4-g4-lean || [ -z "$variants" ]; }; then
-    variants="$variants,lean,fold_lean"
-    formats=$([ "$variants" = ",lean,fold_lean" ] && echo mxfp4 || echo nvfp4,mxfp4)
-fi
-bench_rc=skipped
-if [ -n "$variants" ]; then
-    left=$(( 114 - ($(date +%s) - start) ))
-    if [ "$left" -gt 25 ]; then
-        timeout "$left" $PY benchmarks/attention_sass.py --out "$OUT/attention_sass.json" --variants "${variants#,}" \
-            --formats "$formats" \
-            --budget-s $(( left - 18 )) > "$OUT/attention_sass.log" 2>&1
-        bench_rc=$?
-    fi
-fi
-$PY - "$OUT" "$first" "$bench_rc" "${variants#,}" $CASES <<'PY'
+$PY - "$OUT" "$first" "${nv#,}" "${mx#,}" $CASES <<'PY'
 import json, os, sys
 sys.path.insert(0, "benchmarks")
 from h200_summary import tail, write
-out, first, bench_rc, variants, cases = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
-s = {"first_failing": first or None, "bench_rc": bench_rc, "timed_variants": variants, "cases": {}}
+out, first, nv, mx, cases = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
+s = {"first_failing": first or None, "timed": {"nvfp4": nv, "mxfp4": mx}, "cases": {}}
 for c in cases:
     try:
         r = json.load(open(os.path.join(out, f"case_{c}.json")))
@@ -77,17 +82,22 @@ mc = os.path.join(out, "memcheck.log")
 if os.path.exists(mc):
     lines = open(mc).read().splitlines()
     s["memcheck"] = [l for l in lines if l.startswith("=========")][:40] or lines[-20:]
-try:
-    r = json.load(open(os.path.join(out, "attention_sass.json")))
-    s["read_TBps"] = r["ceilings"]["read_TBps"]
-    names = ("gluon", "lean", "colmax", "lean_s2", "persistent", "persistent_colmax", "fold", "fold_lean")
-    s["rows"] = [{"format": row["format"], "batch": row["batch"], "context": row["context"], "error": row.get("error"),
-                  **{n: {k: v for k, v in row[n].items() if k in ("us", "bw_frac", "speedup_vs_gluon", "vs_base",
-                                                                  "error")} for n in names if n in row}}
-                 for row in r["rows"]]
-    s["skipped"] = r.get("skipped", [])
-except Exception as e:   # noqa: BLE001
-    s["bench_error"] = repr(e)[:300]
-    s["bench_log_tail"] = tail(out, "attention_sass.log", 12)
+names = ("gluon", "lean", "lean_pad", "colmax", "lean_s2", "lean_pad_s2", "persistent", "persistent_colmax", "fold",
+         "fold_lean", "fold_lean_pad")
+s["rows"], s["skipped"] = [], []
+for fmt in ("nvfp4", "mxfp4"):
+    try:
+        r = json.load(open(os.path.join(out, f"attention_sass_{fmt}.json")))
+        s["read_TBps_" + fmt] = r["ceilings"]["read_TBps"]
+        s["rows"] += [{"format": row["format"], "batch": row["batch"], "context": row["context"],
+                       "error": row.get("error"),
+                       **{n: {k: v for k, v in row[n].items() if k in ("us", "bw_frac", "speedup_vs_gluon", "vs_base",
+                                                                       "error")} for n in names if n in row}}
+                      for row in r["rows"]]
+        s["skipped"] += r.get("skipped", [])
+    except Exception as e:   # noqa: BLE001
+        if (nv if fmt == "nvfp4" else mx):
+            s["bench_error_" + fmt] = repr(e)[:200]
+            s["bench_log_tail_" + fmt] = tail(out, f"attention_sass_{fmt}.log", 10)
 write(out, s, 9000)
 PY

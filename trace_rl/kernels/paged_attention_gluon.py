@@ -77,14 +77,15 @@ def _decode_attention_ws_kernel(q_ptr, out_ptr, bt_ptr, lens_ptr, kc_desc, ks_de
                                 vg_desc, qk_scale, stride_qb, stride_qh, stride_ob, stride_oh, stride_bt,
                                 HKV: gl.constexpr, GROUP: gl.constexpr, N: gl.constexpr, D: gl.constexpr,
                                 DV: gl.constexpr, PAGE: gl.constexpr, T: gl.constexpr, STAGES: gl.constexpr,
-                                MX: gl.constexpr, UNROLL: gl.constexpr = 1, COLMAX: gl.constexpr = False):
+                                MX: gl.constexpr, UNROLL: gl.constexpr = 1, COLMAX: gl.constexpr = False,
+                                PAD_N: gl.constexpr = False):
     h = gl.program_id(0)
     b = gl.program_id(1)
     seq_len = gl.load(lens_ptr + b)
     n_tiles = gl.cdiv(seq_len, T)
     NP: gl.constexpr = T // PAGE
     kc_b, ks_b, kg_b, vc_b, vs_b, vg_b, q_s, p_s, ready, empty = _ring(kc_desc, ks_desc, kg_desc, vc_desc, vs_desc,
-                                                                       vg_desc, N, D, T, PAGE, STAGES, MX)
+                                                                       vg_desc, N, D, T, PAGE, STAGES, MX, PAD_N)
     bt_row = bt_ptr + b.to(gl.int64) * stride_bt
     acc, m_i, l_i = gl.warp_specialize([
         (_consumer, (q_ptr, b, h, seq_len, n_tiles, qk_scale, stride_qb, stride_qh, q_s, p_s, kc_b, ks_b, kg_b, vc_b,
@@ -125,6 +126,10 @@ class GluonAttentionConfig:
     # max). In the persistent kernel it also ends ptxas's serialisation of every nvfp4 wgmma (C7513;
     # paged_attention_gluon_gate.GATE_SERIALISED): 3.36 -> 2.91 SASS per element, 2 full waits per tile.
     col_max: bool = False
+    # n_pad=8 only: the MMA's shared B operands (q^T, P^T) allocated 16 wide and used through 8-wide views
+    # (paged_attention_gluon_tiles._ring: an 8-wide wgmma operand is unpadded, unswizzled and at the end of shared
+    # memory; the suspect of the LEAN variants' illegal address on the H200, 2026-12-02). Same arithmetic.
+    pad_smem: bool = False
     # persistent only: programs to launch (0: SMs x ctas_per_sm(), one per resident CTA slot; tests set a few to
     # give each program several items)
     programs: int = 0
@@ -136,12 +141,15 @@ class GluonAttentionConfig:
             raise ValueError(f"GluonAttentionConfig {self}: n_pad (the MMA's N) must be 8 or 16")
         if self.unroll not in (1, 2):
             raise ValueError(f"GluonAttentionConfig {self}: unroll (full tiles per loop iteration) is 1 or 2")
+        if self.pad_smem and self.n_pad != 8:
+            raise ValueError(f"GluonAttentionConfig {self}: pad_smem pads the N = 8 operands; it needs n_pad=8")
         if self.programs < 0 or (self.programs and not self.persistent):
             raise ValueError(f"GluonAttentionConfig {self}: programs is a count >= 1 of the persistent kernel's")
 
     def smem_bytes(self, kv_format: str = "nvfp4:row") -> int:
         per_page = 4 * sum(_words(kv_format).values())
-        return self.stages * (BLOCK_T // PAGE) * per_page + 2 * self.n_pad * HEAD_DIM * 2 + 2048
+        n = 16 if self.pad_smem else self.n_pad
+        return self.stages * (BLOCK_T // PAGE) * per_page + 2 * n * HEAD_DIM * 2 + 2048
 
     def ctas_per_sm(self) -> int:
         return max(1, min(65536 // (self.maxnreg * 8 * 32), (228 * 1024) // (self.smem_bytes() + 1024)))
@@ -279,10 +287,10 @@ def decode_attention_gluon(q: torch.Tensor, k, v, block_table: torch.Tensor, seq
         grid = min(B * hkv, c.programs) if c.programs else persistent_grid(B * hkv, _sms(q.device), c.ctas_per_sm())
         if grid:
             _decode_attention_persistent_kernel[(grid, )](*args, B * hkv, **consts, UNROLL=c.unroll, COLMAX=c.col_max,
-                                                          num_warps=4, maxnreg=c.maxnreg)
+                                                          PAD_N=c.pad_smem, num_warps=4, maxnreg=c.maxnreg)
         return out
-    _decode_attention_ws_kernel[(hkv, B)](*args, **consts, UNROLL=c.unroll, COLMAX=c.col_max, num_warps=4,
-                                          maxnreg=c.maxnreg)
+    _decode_attention_ws_kernel[(hkv, B)](*args, **consts, UNROLL=c.unroll, COLMAX=c.col_max, PAD_N=c.pad_smem,
+                                          num_warps=4, maxnreg=c.maxnreg)
     return out
 
 

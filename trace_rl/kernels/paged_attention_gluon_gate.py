@@ -43,10 +43,13 @@ def gate_case(c: GluonAttentionConfig, group: int = 4, kv_heads: int = 8, budget
         sig["work"] = "i32"
     consts["UNROLL"] = c.unroll       # an iteration of the tile loop runs `unroll` tiles, each with its 2 full waits
     consts["COLMAX"] = c.col_max
+    if c.pad_smem:                    # only when set: the other cases compile exactly as before
+        consts["PAD_N"] = True
     full_waits *= c.unroll
     kind += "" if c.unroll == 1 else f" u{c.unroll}"
     kind += "" if c.n_pad == 16 else f" n{c.n_pad}"
     kind += " colmax" if c.col_max else ""
+    kind += " pad" if c.pad_smem else ""
     return GateCase(f"attention gluon {kind} {name} g{group} s{c.stages} r{c.maxnreg}", kernel, sig,
                     consts, 4, 1, c.unroll * BLOCK_T * (HEAD_DIM + L.v_rows(HEAD_DIM)) / 128, budget,
                     ("q_ptr", "out_ptr", "bt_ptr", "lens_ptr", "stride_qb", "stride_qh", "stride_ob", "stride_oh",
@@ -100,6 +103,11 @@ GATE = ((GluonAttentionConfig(), 4, 3.15, "nvfp4:row"), (GluonAttentionConfig(st
         (GluonAttentionConfig(n_pad=8, unroll=2, col_max=True), 4, 3.23, "mxfp4"),
         (GluonAttentionConfig(n_pad=8, unroll=2, col_max=True, mx_fold=True), 4, 2.84, "mxfp4"),
         (GluonAttentionConfig(col_max=True, unroll=2), 16, 3.13, "nvfp4:row"),
+        # pad_smem (n_pad=8's q^T / P^T allocated 16 wide, the fix candidate for LEAN's illegal address): P^T 32-byte
+        # swizzled as at N = 16 instead of unswizzled; the loop's SASS count unchanged (LEAN 2.78, mxfp4 3.21)
+        (GluonAttentionConfig(n_pad=8, unroll=2, col_max=True, pad_smem=True), 4, 2.8, "nvfp4:row"),
+        (GluonAttentionConfig(n_pad=8, unroll=2, col_max=True, pad_smem=True), 4, 3.23, "mxfp4"),
+        (GluonAttentionConfig(persistent=True, n_pad=8, unroll=2, col_max=True, pad_smem=True), 4, 2.81, "nvfp4:row"),
         # the persistent variant (paged_attention_gluon_persistent.py; its tile loop, inside the item loop). With
         # col_max its nvfp4 loop is no longer serialised (below): 2.91 at group 4 (3.23 at 16), LEAN 2.79 / mxfp4 3.22
         (GluonAttentionConfig(persistent=True, col_max=True), 4, 2.95, "nvfp4:row"),

@@ -395,7 +395,7 @@ def _epilogue(acc, l_i, out_ptr, b, h, stride_ob, stride_oh, GROUP: gl.constexpr
 
 @gluon.jit
 def _ring(kc_desc, ks_desc, kg_desc, vc_desc, vs_desc, vg_desc, N: gl.constexpr, D: gl.constexpr, T: gl.constexpr,
-          PAGE: gl.constexpr, STAGES: gl.constexpr, MX: gl.constexpr):
+          PAGE: gl.constexpr, STAGES: gl.constexpr, MX: gl.constexpr, PAD_N: gl.constexpr = False):
     """The shared memory of one program: the STAGES-slot TMA ring (NP pages per slot per tensor), q^T, P^T and the
     ready / empty barriers (initialised)."""
     NP: gl.constexpr = T // PAGE
@@ -409,8 +409,26 @@ def _ring(kc_desc, ks_desc, kg_desc, vc_desc, vs_desc, vg_desc, N: gl.constexpr,
     else:
         kg_b = gl.allocate_shared_memory(gl.float32, [STAGES * NP] + kg_desc.block_type.shape, kg_desc.layout)
         vg_b = gl.allocate_shared_memory(gl.float32, [STAGES * NP] + vg_desc.block_type.shape, vg_desc.layout)
-    q_s = gl.allocate_shared_memory(gl.bfloat16, [N, D], gl.NVMMASharedLayout.get_default_for([N, D], gl.bfloat16))
-    p_s = gl.allocate_shared_memory(gl.bfloat16, [T, N], gl.NVMMASharedLayout.get_default_for([T, N], gl.bfloat16))
+    if N < 16 and PAD_N:
+        # GluonAttentionConfig(n_pad=8, pad_smem=True): the MMA's N = 8, its shared B operands allocated 16 wide and
+        # used through N-wide views (q^T's first 8 rows, P^T's first 8 columns). Why (issue 15, the LEAN variants'
+        # illegal address): an 8-wide B operand is what only n_pad=8 has. 8 wide, P^T [T, 8] is the one
+        # unswizzled N-major wgmma operand of the kernel (descriptor LBO 128, SBO 0: 16-byte rows) and sits at the
+        # end of shared memory (324 bytes before its end: scratch, barriers); Triton keeps its own wgmma at N >= 16
+        # because "N = 8 would require padding the shared memory" (triton PR 7981; issue 10629: an unpadded N = 8
+        # operand read out of bounds, an illegal address on the H100). 16 wide, P^T is 32-byte swizzled as at
+        # N = 16 (the shipped kernel's descriptor: LBO 0, SBO 256) and any over-read stays inside the allocation.
+        q16 = gl.allocate_shared_memory(gl.bfloat16, [16, D], gl.NVMMASharedLayout.get_default_for([16, D],
+                                                                                                   gl.bfloat16))
+        p16 = gl.allocate_shared_memory(gl.bfloat16, [T, 16], gl.NVMMASharedLayout.get_default_for([T, 16],
+                                                                                                   gl.bfloat16))
+        q_s = q16.slice(0, N, dim=0)
+        p_s = p16.slice(0, N, dim=1)
+    else:
+        q_s = gl.allocate_shared_memory(gl.bfloat16, [N, D], gl.NVMMASharedLayout.get_default_for([N, D],
+                                                                                                  gl.bfloat16))
+        p_s = gl.allocate_shared_memory(gl.bfloat16, [T, N], gl.NVMMASharedLayout.get_default_for([T, N],
+                                                                                                  gl.bfloat16))
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
