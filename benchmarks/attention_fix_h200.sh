@@ -6,17 +6,18 @@
 # 1. benchmarks/attention_fault_case.py: every case in its OWN process with CUDA_LAUNCH_BLOCKING=1, 10 at once: base
 #    (the default config) launch, sync, variant launch, sync (so a fault names its launch), bit identity (NaN scales
 #    too) and the float64 reference -> OUT/case_<id>.json / .log. Cases: the default against itself; n_pad=8 /
-#    unroll=2 / col_max alone and in pairs; LEAN (nvfp4, mxfp4); the fix candidate pad_smem=True (n_pad=8's shared
-#    B operands allocated 16 wide: n8-pad, lean-pad at groups 4 / 8, mxfp4 lean-pad, persistent lean-pad); group
-#    16 col_max; the persistent kernel with col_max / LEAN.
+#    unroll=2 / col_max alone and in pairs; LEAN at groups 1 / 4 / 8, mxfp4 LEAN (n_pad=8 padded: the fix,
+#    pad_smem=True, the default); n8-nopad / lean-nopad (pad_smem=False: 8-wide q^T / P^T, the build that faulted);
+#    group 16 col_max; the persistent kernel with col_max / LEAN.
 # 2. benchmarks/attention_sass.py, per format in a fresh process, timing ONLY the variants whose case passed (lean,
-#    lean_pad, colmax, persistent_colmax; mxfp4 lean / lean_pad and their folded forms) against the shipped gluon
+#    colmax, persistent_colmax; mxfp4 lean and fold_lean) against the shipped gluon
 #    config measured in the same process -> OUT/attention_sass_<fmt>.json: us, fraction of the read ceiling,
 #    speedup, bit-identity to the base.
-# 3. compute-sanitizer --tool memcheck on the first failing case of the parts (col_max, n8, unroll2, pairs, LEAN)
-#    with the time left -> OUT/memcheck.log: kernel, PC, address.
-# 4. OUT/summary.json. What to look for: cases.*.failed_at ("variant": that config faults or is wrong;
-#    "base": the default faulted), passed for the -pad cases, rows[].lean_pad.speedup_vs_gluon.
+# 3. compute-sanitizer --tool memcheck on the first failing case (the fixed ones first, then the -nopad ones that
+#    are expected to fault) with the time left -> OUT/memcheck.log: kernel, PC, address.
+# 4. OUT/summary.json. What to look for: every case passed except n8-nopad / lean-nopad (failed_at "variant": an
+#    illegal address, the bug reproduced; memcheck: an HGMMA's shared read out of bounds); rows[].lean
+#    bit_identical (vs_base) and speedup_vs_gluon > 1 at 8k / 32k; then LEAN_LOOP = True.
 . "$(dirname "$0")/h200_check.sh"
 CASES=$($PY benchmarks/attention_fault_case.py --list)
 export CUDA_LAUNCH_BLOCKING=1 OMP_NUM_THREADS=2
@@ -32,7 +33,7 @@ passed() { $PY -c "import json,sys; sys.exit(0 if json.load(open('$OUT/case_$1.j
     2> /dev/null; }
 first=""
 for c in nvfp4-g4-self nvfp4-g4-colmax nvfp4-g4-n8 nvfp4-g4-unroll2 nvfp4-g4-n8-unroll2 nvfp4-g4-n8-colmax \
-         nvfp4-g4-unroll2-colmax nvfp4-g4-lean; do
+         nvfp4-g4-unroll2-colmax nvfp4-g4-lean nvfp4-g4-n8-nopad nvfp4-g4-lean-nopad; do
     if ! passed "$c"; then first=$c; break; fi
 done
 echo "first failing case: ${first:-none} after $(( $(date +%s) - start )) s"
@@ -40,11 +41,9 @@ echo "first failing case: ${first:-none} after $(( $(date +%s) - start )) s"
 # in a process whose numbers count), each row's shipped gluon baseline measured in the same process
 nv="" mx=""
 passed nvfp4-g4-lean && nv="$nv,lean"
-passed nvfp4-g4-lean-pad && nv="$nv,lean_pad"
 passed nvfp4-g4-colmax && nv="$nv,colmax"
 passed nvfp4-g4-persistent-colmax && nv="$nv,persistent_colmax"
 passed mxfp4-g4-lean && mx="$mx,lean,fold_lean"
-passed mxfp4-g4-lean-pad && mx="$mx,lean_pad,fold_lean_pad"
 bench() {   # FORMAT VARIANTS SECONDS
     [ -z "$2" ] && return
     [ "$3" -lt 20 ] && { echo "bench $1 skipped: $3 s"; return; }
@@ -82,8 +81,7 @@ mc = os.path.join(out, "memcheck.log")
 if os.path.exists(mc):
     lines = open(mc).read().splitlines()
     s["memcheck"] = [l for l in lines if l.startswith("=========")][:40] or lines[-20:]
-names = ("gluon", "lean", "lean_pad", "colmax", "lean_s2", "lean_pad_s2", "persistent", "persistent_colmax", "fold",
-         "fold_lean", "fold_lean_pad")
+names = ("gluon", "lean", "colmax", "persistent", "persistent_colmax", "fold", "fold_lean")
 s["rows"], s["skipped"] = [], []
 for fmt in ("nvfp4", "mxfp4"):
     try:

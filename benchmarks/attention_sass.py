@@ -39,14 +39,11 @@ from kernel_baselines import json_saver  # noqa: E402
 SHAPES = ((3, 130), (2, 257)) if A.SMOKE else ((32, 8192), (313, 8447), (256, 8192), (32, 32768), (313, 257))
 FORMATS = ("nvfp4", "mxfp4")
 LEAN = dict(n_pad=8, unroll=2, col_max=True)       # paged_attention_gluon.LEAN's fields
-LEAN_PAD = dict(LEAN, pad_smem=True)              # the same with the N = 8 shared operands allocated 16 wide
-VARIANTS = {"nvfp4": {"gluon": dict(), "lean": LEAN, "lean_pad": LEAN_PAD, "colmax": dict(col_max=True),
-                      "lean_s2": dict(LEAN, stages=2), "lean_pad_s2": dict(LEAN_PAD, stages=2),
+VARIANTS = {"nvfp4": {"gluon": dict(), "lean": LEAN, "colmax": dict(col_max=True), "lean_s2": dict(LEAN, stages=2),
                       "persistent": dict(persistent=True), "persistent_colmax": dict(persistent=True, col_max=True)},
-            "mxfp4": {"gluon": dict(), "lean": LEAN, "lean_pad": LEAN_PAD, "fold": dict(mx_fold=True),
-                      "fold_lean": dict(LEAN, mx_fold=True), "fold_lean_pad": dict(LEAN_PAD, mx_fold=True)}}
+            "mxfp4": {"gluon": dict(), "lean": LEAN, "fold": dict(mx_fold=True), "fold_lean": dict(LEAN, mx_fold=True)}}
 # what a variant must be bit-identical to (the rest: the shipped default, gluon)
-BASE = {"fold_lean": "fold", "fold_lean_pad": "fold", "persistent_colmax": "persistent"}
+BASE = {"fold_lean": "fold", "persistent_colmax": "persistent"}
 DEV = A.DEV
 
 

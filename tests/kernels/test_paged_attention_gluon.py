@@ -335,10 +335,10 @@ def test_variant_configs_are_checked():
     gluon.LEAN.check()
     gluon.LEAN_WIDE.check()
     gluon.GluonAttentionConfig(persistent=True, n_pad=8, unroll=2, col_max=True).check()
-    gluon.GluonAttentionConfig(n_pad=8, pad_smem=True).check()
-    assert gluon.GluonAttentionConfig(n_pad=8, pad_smem=True).smem_bytes() == gluon.DEFAULT.smem_bytes()
+    assert gluon.LEAN.pad_smem and gluon.LEAN.pads() and not gluon.DEFAULT.pads()   # PAD_N only where N = 8
+    assert gluon.LEAN.smem_bytes() == gluon.DEFAULT.smem_bytes()                        # q^T / P^T 16 wide
     for bad, what in ((dict(unroll=3), "unroll"), (dict(unroll=0), "unroll"), (dict(n_pad=4), "n_pad"),
-                      (dict(n_pad=32), "n_pad"), (dict(pad_smem=True), "pad_smem")):
+                      (dict(n_pad=32), "n_pad")):
         with pytest.raises(ValueError, match=what):
             gluon.GluonAttentionConfig(**bad).check()
     assert gluon.default_config(4) == (gluon.LEAN if gluon.LEAN_LOOP else gluon.DEFAULT)
@@ -366,13 +366,7 @@ SASS_VARIANTS = {   # id: (format, group, mx_fold, GluonAttentionConfig fields o
     "nvfp4-g4-persistent-colmax": ("nvfp4", 4, False, dict(persistent=True, programs=5, col_max=True)),
     "nvfp4-g4-persistent-lean": ("nvfp4", 4, False, dict(persistent=True, programs=5, n_pad=8, unroll=2, col_max=True)),
     "mxfp4-g4-persistent-lean": ("mxfp4", 4, False, dict(persistent=True, programs=5, n_pad=8, unroll=2, col_max=True)),
-    # pad_smem: n_pad=8's shared B operands (q^T, P^T) allocated 16 wide (the fix candidate for the LEAN variants'
-    # illegal address; benchmarks/attention_fix_h200.sh)
-    "nvfp4-g4-n8-pad": ("nvfp4", 4, False, dict(n_pad=8, pad_smem=True)),
-    "nvfp4-g4-lean-pad": ("nvfp4", 4, False, dict(n_pad=8, unroll=2, col_max=True, pad_smem=True)),
-    "mxfp4-g4-lean-pad": ("mxfp4", 4, False, dict(n_pad=8, unroll=2, col_max=True, pad_smem=True)),
-    "nvfp4-g4-persistent-lean-pad": ("nvfp4", 4, False, dict(persistent=True, programs=5, n_pad=8, unroll=2,
-                                                              col_max=True, pad_smem=True)),
+    # n_pad=8 is padded by default (pad_smem: q^T / P^T allocated 16 wide); unpadded it faulted on the H200 (issue 15)
 }
 
 

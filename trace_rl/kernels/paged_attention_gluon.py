@@ -127,9 +127,13 @@ class GluonAttentionConfig:
     # paged_attention_gluon_gate.GATE_SERIALISED): 3.36 -> 2.91 SASS per element, 2 full waits per tile.
     col_max: bool = False
     # n_pad=8 only: the MMA's shared B operands (q^T, P^T) allocated 16 wide and used through 8-wide views
-    # (paged_attention_gluon_tiles._ring: an 8-wide wgmma operand is unpadded, unswizzled and at the end of shared
-    # memory; the suspect of the LEAN variants' illegal address on the H200, 2026-12-02). Same arithmetic.
-    pad_smem: bool = False
+    # (paged_attention_gluon_tiles._ring). True (the default): what makes n_pad=8 run. False (8-wide operands)
+    # faults on the H200 (issue 15, 2026-12-02: "an illegal memory access"): Triton 3.6 builds the unswizzled 8-wide
+    # P^T's wgmma descriptors with bits in the base-offset field (2, 4, 6 for k-steps 1-3 of every 4) and ptxas
+    # computes k-steps 2 and 3's from uniform registers the consumer warps never write (UR38/UR39, UR42/UR43: only
+    # the producer warp's code does), so those PV HGMMAs read shared memory at an undefined address (0x200 when the
+    # registers hold 0, below the CTA's allocation). Kept only to reproduce it (benchmarks/attention_fix_h200.sh).
+    pad_smem: bool = True
     # persistent only: programs to launch (0: SMs x ctas_per_sm(), one per resident CTA slot; tests set a few to
     # give each program several items)
     programs: int = 0
@@ -141,14 +145,17 @@ class GluonAttentionConfig:
             raise ValueError(f"GluonAttentionConfig {self}: n_pad (the MMA's N) must be 8 or 16")
         if self.unroll not in (1, 2):
             raise ValueError(f"GluonAttentionConfig {self}: unroll (full tiles per loop iteration) is 1 or 2")
-        if self.pad_smem and self.n_pad != 8:
-            raise ValueError(f"GluonAttentionConfig {self}: pad_smem pads the N = 8 operands; it needs n_pad=8")
         if self.programs < 0 or (self.programs and not self.persistent):
             raise ValueError(f"GluonAttentionConfig {self}: programs is a count >= 1 of the persistent kernel's")
 
+    def pads(self) -> bool:
+        """The PAD_N constexpr: n_pad=8 with its shared operands 16 wide (False at n_pad=16: nothing to pad, the
+        shipped kernel's compile constants)."""
+        return self.pad_smem and self.n_pad < 16
+
     def smem_bytes(self, kv_format: str = "nvfp4:row") -> int:
         per_page = 4 * sum(_words(kv_format).values())
-        n = 16 if self.pad_smem else self.n_pad
+        n = 16 if self.pad_smem else self.n_pad          # n_pad=8 with pad_smem: 16-wide q^T / P^T
         return self.stages * (BLOCK_T // PAGE) * per_page + 2 * n * HEAD_DIM * 2 + 2048
 
     def ctas_per_sm(self) -> int:
@@ -287,9 +294,9 @@ def decode_attention_gluon(q: torch.Tensor, k, v, block_table: torch.Tensor, seq
         grid = min(B * hkv, c.programs) if c.programs else persistent_grid(B * hkv, _sms(q.device), c.ctas_per_sm())
         if grid:
             _decode_attention_persistent_kernel[(grid, )](*args, B * hkv, **consts, UNROLL=c.unroll, COLMAX=c.col_max,
-                                                          PAD_N=c.pad_smem, num_warps=4, maxnreg=c.maxnreg)
+                                                          PAD_N=c.pads(), num_warps=4, maxnreg=c.maxnreg)
         return out
-    _decode_attention_ws_kernel[(hkv, B)](*args, **consts, UNROLL=c.unroll, COLMAX=c.col_max, PAD_N=c.pad_smem,
+    _decode_attention_ws_kernel[(hkv, B)](*args, **consts, UNROLL=c.unroll, COLMAX=c.col_max, PAD_N=c.pads(),
                                           num_warps=4, maxnreg=c.maxnreg)
     return out
 
