@@ -167,8 +167,9 @@ DEFAULT = GluonAttentionConfig()
 # 2.78 SASS per K/V element, mxfp4 exact 3.43 -> 3.21, folded 3.15 -> 2.82), bit-identical to DEFAULT: LEAN (N = 8,
 # two tiles per loop iteration, the one-barrier column max) for GQA groups <= 8 (Qwen3-8B: 4), LEAN_WIDE (the column
 # max alone: 3.29 -> 3.18 at group 16) for 9..16. LEAN_LOOP is the one switch: True makes them what a call without a
-# config runs (the engine's path); False until the H200 check attnsass (benchmarks/attention_sass_h200.sh) confirms
-# them bit-identical and faster.
+# config runs (the engine's path); False until the H200 check attnfix (benchmarks/attention_fix_h200.sh) confirms
+# them bit-identical and faster. LEAN's N = 8 operands are padded (pad_smem, the default): unpadded, LEAN faulted
+# with an illegal address on the H200 (2026-12-02; GluonAttentionConfig.pad_smem says why).
 LEAN = GluonAttentionConfig(n_pad=8, unroll=2, col_max=True)
 LEAN_WIDE = GluonAttentionConfig(col_max=True)
 LEAN_LOOP = False
