@@ -312,6 +312,27 @@ class SassEmu:
                 self.err("R2UR non-uniform", f"pc {pc:#x} {self.cur}")
         self.setr(ops[0], v, t, mask)
 
+    def op_P2R(self, pc, op, ops, mask):
+        # P2R Rd, PR, Rs, mask: the predicates P0..P6 as bits 0..6, merged into Rs under mask
+        src, ts = self.rv(ops[2])
+        m = int(ops[3], 0)
+        bits = np.zeros(self.n, np.int64)
+        t = ts
+        for i in range(7):
+            if m >> i & 1:
+                p, tp = self.pv(f"P{i}")
+                bits |= p.astype(np.int64) << i
+                t |= tp
+        self.setr(ops[0], (src & ~m) | (bits & m), t, mask)
+
+    def op_R2P(self, pc, op, ops, mask):
+        # R2P PR, Rs, mask: bits 0..6 of Rs into P0..P6 under mask
+        src, t = self.rv(ops[1])
+        m = int(ops[2], 0)
+        for i in range(7):
+            if m >> i & 1:
+                self.setp(f"P{i}", (src >> i) & 1 == 1, t, mask)
+
     def op_VOTEU(self, pc, op, ops, mask):
         # VOTEU.ALL UPx, Py  /  VOTEU.ANY
         p, t = self.pv(ops[-1])
