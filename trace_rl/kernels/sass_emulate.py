@@ -132,6 +132,8 @@ class SassEmu(SassAluOps):
         if name in ("RZ", "URZ"):
             return
         v = np.broadcast_to(np.asarray(v, dtype=np.int64) & M32, (self.n,)).copy()
+        if mask is not None and mask.all():      # every thread writes: the old value (and its taint) is gone
+            mask = None
         if mask is None:
             self.R[name] = v
             self.T[name] = bool(t)
@@ -143,6 +145,8 @@ class SassEmu(SassAluOps):
         if name in ("PT", "UPT"):
             return
         v = np.broadcast_to(np.asarray(v, bool), (self.n,)).copy()
+        if mask is not None and mask.all():
+            mask = None
         if mask is None:
             self.P[name] = v
             self.PT[name] = bool(t)
