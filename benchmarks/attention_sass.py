@@ -39,12 +39,16 @@ from kernel_baselines import json_saver  # noqa: E402
 SHAPES = ((3, 130), (2, 257)) if A.SMOKE else ((32, 8192), (313, 8447), (256, 8192), (32, 32768), (313, 257))
 FORMATS = ("nvfp4", "mxfp4")
 LEAN = dict(n_pad=8, unroll=2, col_max=True)       # paged_attention_gluon.LEAN's fields
-VARIANTS = {"nvfp4": {"gluon": dict(), "lean": LEAN, "colmax": dict(col_max=True), "lean_s2": dict(LEAN, stages=2),
+VARIANTS = {"nvfp4": {"gluon": dict(), "lean": LEAN, "colmax": dict(col_max=True),
+                      "colmax_u2": dict(col_max=True, unroll=2), "lean_s2": dict(LEAN, stages=2),
                       "persistent": dict(persistent=True), "persistent_colmax": dict(persistent=True, col_max=True)},
-            "mxfp4": {"gluon": dict(), "lean": LEAN, "fold": dict(mx_fold=True), "fold_lean": dict(LEAN, mx_fold=True)}}
+            "mxfp4": {"gluon": dict(), "lean": LEAN, "colmax": dict(col_max=True),
+                      "colmax_u2": dict(col_max=True, unroll=2), "fold": dict(mx_fold=True),
+                      "fold_lean": dict(LEAN, mx_fold=True)}}
 # what a variant must be bit-identical to (the rest: the shipped default, gluon)
 BASE = {"fold_lean": "fold", "persistent_colmax": "persistent"}
 DEV = A.DEV
+ONLY: set[str] = set()      # --variants
 
 
 def _diff(a: torch.Tensor, b: torch.Tensor) -> dict:
@@ -73,6 +77,8 @@ def row(fmt: str, batch: int, ctx: int, read_bw: float, gen, log, sdpa: dict | N
     want = decode_attention_reference(q[sub], k, v, table[sub], lens[sub], scale).float()
     outs = {}
     for name, kw in VARIANTS[fmt].items():
+        if ONLY and name not in ONLY and name != "gluon":
+            continue
         try:
             c = GluonAttentionConfig(**kw)
             got = outs[name] = decode_attention_gluon(q, k, v, table, lens, scale, config=c)
@@ -89,7 +95,7 @@ def row(fmt: str, batch: int, ctx: int, read_bw: float, gen, log, sdpa: dict | N
         log({name: res})
     base = r.get("gluon", {}).get("us")
     for name in VARIANTS[fmt]:
-        if name != "gluon" and base and "us" in r[name]:
+        if name != "gluon" and base and "us" in r.get(name, {}):
             r[name]["speedup_vs_gluon"] = base / r[name]["us"]
     del k, v, outs
     if not A.SMOKE:
@@ -105,7 +111,7 @@ def row(fmt: str, batch: int, ctx: int, read_bw: float, gen, log, sdpa: dict | N
         r["sdpa_best"], r["sdpa_best_us"], r["cudnn_us"] = sdpa["best"], sdpa["best_us"], sdpa.get("cudnn_us")
         r["sdpa_bw_frac"] = sdpa.get("bw_frac")
         for name in VARIANTS[fmt]:
-            if "us" in r[name]:
+            if "us" in r.get(name, {}):
                 r[name]["speedup_vs_sdpa"] = sdpa["best_us"] / r[name]["us"]
     r["elapsed_s"] = time.time() - t0
     return r, sdpa
@@ -116,13 +122,10 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget-s", type=float, default=80.0)
     ap.add_argument("--formats", default=",".join(FORMATS))
-    ap.add_argument("--variants", default="", help="comma-separated variant names to time besides gluon (default: all "
-                    "of VARIANTS; names a format does not have are ignored)")
+    ap.add_argument("--variants", default="", help="comma list of variant names to time (gluon always; default all): "
+                    "a variant whose kernel faults poisons the process's CUDA context for every later row")
     args = ap.parse_args()
-    if args.variants:
-        keep = {"gluon", *args.variants.split(",")} | {BASE.get(n, "gluon") for n in args.variants.split(",")}
-        for fmt in VARIANTS:
-            VARIANTS[fmt] = {n: kw for n, kw in VARIANTS[fmt].items() if n in keep}
+    ONLY.update(v for v in args.variants.split(",") if v)
     start = time.time()
     import triton
 

@@ -12,7 +12,8 @@ Needs Triton 3.6 (Gluon) and an sm_90 GPU to run; compiles for sm_90 on any mach
 
 from __future__ import annotations
 
-import triton
+from dataclasses import replace
+
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -30,7 +31,8 @@ from trace_rl.kernels.fp4_gemm_gluon import (
     _finish,
     _producer,
     _shared_layouts,
-    auto_split,
+    launch_grid,
+    split_k_scratch,
     step_k,
 )
 from trace_rl.kernels.hopper_fp4 import COLS, ROWS
@@ -175,16 +177,8 @@ def _compute_only_ws_kernel(w_desc, s_desc, x_desc, rf_ptr, out_ptr, part_ptr, c
 def gluon_compute_only(x2, w, c: GluonConfig, out, split: int = 0):
     """`fp4_matmul_gluon(x2, w, c, out)`'s launch with `_compute_only_ws_kernel` (c.overlap is ignored: the
     non-overlapped consumer). Returns (CompiledKernel, programs)."""
-    import torch
-
-    from trace_rl.kernels.fp4_gemm import tile_counters
-
     bm, bk, (n_tiles, m_tiles, kb, split) = _grid(x2, w, c, split)
-    if split > 1:
-        part = torch.empty(n_tiles * m_tiles * split * c.block_n * bm, device=x2.device, dtype=torch.float32)
-        counters = tile_counters(x2.device, n_tiles * m_tiles)
-    else:
-        part = counters = w.row_factor
+    part, counters = split_k_scratch(x2.device, c, bm, (n_tiles, split, m_tiles), w.row_factor)
     w_desc, s_desc, x_desc = _descriptors(x2, w, c, bm)
     kern = _compute_only_ws_kernel[(n_tiles, split, m_tiles)](
         w_desc, s_desc, x_desc, w.row_factor, out, part, counters, x2.shape[0], w.n, kb, split, out.stride(0),
@@ -193,16 +187,15 @@ def gluon_compute_only(x2, w, c: GluonConfig, out, split: int = 0):
 
 
 def _grid(x2, w, c: GluonConfig, split: int):
-    """(BM, BK, (n tiles, m tiles, K steps, split)) as `fp4_matmul_gluon` computes them."""
+    """(BM, BK, (n tiles, m tiles, K steps, split)) as `fp4_matmul_gluon` computes them (`launch_grid`; `split`,
+    when given, in place of the config's)."""
     import torch
 
     bm = c.tile_m(x2.shape[0])
     bk = step_k(w.fmt)
-    np_, kp = w.padded
-    n_tiles, m_tiles, kb = triton.cdiv(np_, c.block_n), triton.cdiv(x2.shape[0], bm), kp // bk
     sms = torch.cuda.get_device_properties(x2.device).multi_processor_count
-    split = split or c.split_k or auto_split(n_tiles * m_tiles, kb, sms * c.ctas_per_sm(bm, w.fmt))
-    return bm, bk, (n_tiles, m_tiles, kb, triton.cdiv(kb, triton.cdiv(kb, max(1, min(split, kb)))))
+    c = replace(c, split_k=split) if split else c
+    return bm, bk, launch_grid(x2.shape[0], w.padded, c, bm, bk, lambda: sms * c.ctas_per_sm(bm, w.fmt))
 
 
 def gluon_load_only(x2, w, c: GluonConfig, sink, split: int = 0):

@@ -59,9 +59,10 @@ from trace_rl.kernels.fp4_gemm_gluon import (
     _fp4_gemm_ws_kernel,
     _producer,
     _shared_layouts,
-    auto_split,
     config_for,
+    launch_grid,
     scale_words,
+    split_k_scratch,
 )
 from trace_rl.kernels.fp_bits import bf16_halves
 from trace_rl.kernels.hopper_fp4 import COLS, ROWS
@@ -138,10 +139,8 @@ def plan(M: int, N: int, K: int, fmt: str, v: Variant, sms: int = 132) -> dict:
         raise ValueError(f"{v.name}: K = {K} pads to {kp}, not a multiple of the {bk}-column step")
     if smem_bytes(c, bm, bk, fmt) > SMEM_LIMIT:
         raise ValueError(f"{v.name}: {smem_bytes(c, bm, bk, fmt)} bytes of shared memory")
-    n_tiles, m_tiles, kb = triton.cdiv(np_, c.block_n), triton.cdiv(M, bm), kp // bk
     ctas = ctas_per_sm(c, bm, bk, fmt)
-    split = c.split_k or auto_split(n_tiles * m_tiles, kb, sms * ctas)
-    split = triton.cdiv(kb, triton.cdiv(kb, max(1, min(split, kb))))
+    n_tiles, m_tiles, kb, split = launch_grid(M, (np_, kp), c, bm, bk, lambda: sms * ctas)
     per = triton.cdiv(kb, split)
     programs = n_tiles * split * m_tiles
     busiest = triton.cdiv(programs, sms) * per * c.block_n * bk
@@ -161,8 +160,6 @@ def _descriptors(x2, w, c: GluonConfig, bm: int, bk: int):
 def _launch_args(x2, w, v: Variant, out):
     import torch
 
-    from trace_rl.kernels.fp4_gemm import tile_counters
-
     M, K = x2.shape
     if x2.dtype != torch.bfloat16 or x2.stride(1) != 1 or x2.data_ptr() % 16 or (x2.stride(0) * 2) % 16:
         raise ValueError("x must be a contiguous, 16-byte aligned bf16 [M, K]")
@@ -171,12 +168,7 @@ def _launch_args(x2, w, v: Variant, out):
     sms = torch.cuda.get_device_properties(x2.device).multi_processor_count
     p = plan(M, w.n, K, w.fmt, v, sms)
     c, bm, bk = p["config"], p["bm"], p["bk"]
-    n_tiles, split, m_tiles = p["grid"]
-    if split > 1:
-        part = torch.empty(n_tiles * m_tiles * split * c.block_n * bm, device=x2.device, dtype=torch.float32)
-        counters = tile_counters(x2.device, n_tiles * m_tiles)
-    else:
-        part = counters = w.row_factor
+    part, counters = split_k_scratch(x2.device, c, bm, p["grid"], w.row_factor)
     return p, _descriptors(x2, w, c, bm, bk), part, counters
 
 

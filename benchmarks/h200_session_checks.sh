@@ -35,10 +35,9 @@
 #   gemmship2 the same bench for 12288x4096 and 4096x1024 only, no tests (the rows a budget-cut gemmship missed)
 #   attnfault benchmarks/attention_fault_h200.sh  the Gluon attention's SASS variants' GPU tests one process each
 #            (which part faults), then compute-sanitizer memcheck on the first faulting one; named only
-#   attnfix  benchmarks/attention_fix_h200.sh    issue 15's LEAN illegal address: each SASS variant part (n_pad=8,
-#            unroll=2, col_max, pairs, LEAN, the default against itself) in its own process with
-#            CUDA_LAUNCH_BLOCKING=1 (which launch faults), memcheck on the first faulting one, then the passing
-#            variants timed vs the shipped config in a fresh process; named only
+#   gemm256  benchmarks/gemm_wide256_h200.sh       the 256-token Gluon FP4 GEMM (fp4_gemm_wide256, opt-in) vs
+#            cuBLAS BF16 and the existing wide Gluon configs at M = 256/512/64/128, both formats, + its GPU
+#            tests; named only
 #   fp4engine benchmarks/engine_fp4_gluon_h200.sh the FP4 engine's decode step with attention forced to the Triton
 #            kernel vs the Gluon kernel (Qwen3-8B shape, B = 100 / 256, 8k) and the bf16 engine, after the Gluon
 #            engine and kernel GPU tests (which GLUON_IN_AUTO rests on); not in the default list: name it
@@ -71,6 +70,15 @@
 #            the SiLU x mul quantize and the MLP input norm fused with the gate/up quantize: GPU tests (bit-identity at
 #            313 x 2 x 12288 and odd shapes, NaN rows; engine logits on/off), then CUDA-graph us of today's tail vs the
 #            fused at M = 313 / 1 / 16 / 512 and an 8-layer engine step A/B at B = 313, L = 257; < 100 s; named only
+#   w4a4prod benchmarks/w4a4_producers_h200.sh   issue 15's W4A4-within-15%-of-W4A16 on the pairs the decoder runs:
+#            (add + RMSNorm -> 4096x6144, SiLU x mul -> 12288x4096, attention output -> o_proj 4096x4096) W4A4 with the
+#            fused producer + prequantized GEMM vs W4A16 (producer + fp4_linear) vs cuBLAS, W4A4 with its separate
+#            quantize launch, nvfp4 / mxfp4, M = 1-512 (+313 for o_proj's quantize), bits fused = apart; < 120 s;
+#            named only
+#   moegluon benchmarks/moe_gluon_h200.sh  the opt-in Gluon grouped FP4 GEMM (trace_rl/kernels/fp4_grouped_gluon.py):
+#            its GPU tests, then at B = 409 / 512 / 128 / 256 routed tokens gate+up and down vs the Triton grouped
+#            kernel, torch._grouped_mm and the cuBLAS expert loop (graph), nvfp4 / mxfp4 (+ W4A4 prequantized);
+#            < 120 s; named only
 # The default order puts first what the stability study's runs depend on (wsync presets engine guided trainattn: ~9 min),
 # then the speed checks (grid gemm gemmwide attn gemmbound): a second call,
 # `BUDGET_S=... benchmarks/h200_session_checks.sh OUT grid gemm gemmwide attn gemmbound`; fp4engine only when named
@@ -117,8 +125,10 @@ for name in $NAMES; do
         gemmship) bash benchmarks/gemm_ship_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         gemmship2) SHIP_TESTS=0 SHIP_SHAPES=12288x4096,4096x1024 bash benchmarks/gemm_ship_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         attnfault) bash benchmarks/attention_fault_h200.sh "$d" > "$d/run.log" 2>&1 ;;
-        attnfix) bash benchmarks/attention_fix_h200.sh "$d" > "$d/run.log" 2>&1 ;;
+        gemm256) bash benchmarks/gemm_wide256_h200.sh "$d" > "$d/run.log" 2>&1 ;;
+        moegluon) bash benchmarks/moe_gluon_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         mlpfuse) bash benchmarks/mlp_fuse_h200.sh "$d" > "$d/run.log" 2>&1 ;;
+        w4a4prod) bash benchmarks/w4a4_producers_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         presets) pytest_check "$d" 145 tests/pipelines/test_presets_gpu.py ;;
         engine) pytest_check "$d" 85 tests/engine/test_native_gpu.py -k "not gluon" ;;
         opprof) bash benchmarks/engine_opcache_profile_h200.sh "$d" > "$d/run.log" 2>&1 ;;

@@ -335,14 +335,13 @@ def test_variant_configs_are_checked():
     gluon.LEAN.check()
     gluon.LEAN_WIDE.check()
     gluon.GluonAttentionConfig(persistent=True, n_pad=8, unroll=2, col_max=True).check()
-    assert gluon.LEAN.pad_smem and gluon.LEAN.pads() and not gluon.DEFAULT.pads()   # PAD_N only where N = 8
-    assert gluon.LEAN.smem_bytes() == gluon.DEFAULT.smem_bytes()                        # q^T / P^T 16 wide
     for bad, what in ((dict(unroll=3), "unroll"), (dict(unroll=0), "unroll"), (dict(n_pad=4), "n_pad"),
                       (dict(n_pad=32), "n_pad")):
         with pytest.raises(ValueError, match=what):
             gluon.GluonAttentionConfig(**bad).check()
     assert gluon.default_config(4) == (gluon.LEAN if gluon.LEAN_LOOP else gluon.DEFAULT)
-    assert gluon.default_config(12) == (gluon.LEAN_WIDE if gluon.LEAN_LOOP else gluon.DEFAULT)   # over 8: N = 16
+    assert gluon.default_config(12) == (gluon.LEAN_WIDE if gluon.LEAN_LOOP and gluon.LEAN_WIDE_LOOP
+                                        else gluon.DEFAULT)                          # over 8: N = 16
     assert gluon.LEAN_WIDE.n_pad == 16
     assert gluon.DEFAULT == gluon.GluonAttentionConfig()
     k, v = (PagedKV.allocate("nvfp4", 4, 64, 2, 128, role=r) for r in "kv")
@@ -362,11 +361,15 @@ SASS_VARIANTS = {   # id: (format, group, mx_fold, GluonAttentionConfig fields o
     "nvfp4-g8-lean": ("nvfp4", 8, False, dict(n_pad=8, unroll=2, col_max=True)),
     "nvfp4-g16-colmax-unroll2": ("nvfp4", 16, False, dict(col_max=True, unroll=2)),
     "mxfp4-g16-colmax": ("mxfp4", 16, False, dict(col_max=True)),
+    "nvfp4-g16-colmax": ("nvfp4", 16, False, dict(col_max=True)),
+    "nvfp4-g4-colmax-unroll2": ("nvfp4", 4, False, dict(col_max=True, unroll=2)),
+    "mxfp4-g4-colmax": ("mxfp4", 4, False, dict(col_max=True)),
+    "mxfp4-g4-colmax-unroll2": ("mxfp4", 4, False, dict(col_max=True, unroll=2)),
+    "mxfp4-g4-n8": ("mxfp4", 4, False, dict(n_pad=8)),
     # the persistent kernel (5 programs: several items each), against its own default
     "nvfp4-g4-persistent-colmax": ("nvfp4", 4, False, dict(persistent=True, programs=5, col_max=True)),
     "nvfp4-g4-persistent-lean": ("nvfp4", 4, False, dict(persistent=True, programs=5, n_pad=8, unroll=2, col_max=True)),
     "mxfp4-g4-persistent-lean": ("mxfp4", 4, False, dict(persistent=True, programs=5, n_pad=8, unroll=2, col_max=True)),
-    # n_pad=8 is padded by default (pad_smem: q^T / P^T allocated 16 wide); unpadded it faulted on the H200 (issue 15)
 }
 
 

@@ -83,27 +83,30 @@ def test_fused_quantize_bit_identical_with_separate(fmt, rows, i):
         assert torch.equal(fused_scale.view(torch.int32), apart_scale.view(torch.int32))
 
 
-def _tiny_engine():
+def _tiny_engine(preset: str = "w4a4-kv4"):
     from trace_rl.engine.native import NativeEngine
     from trace_rl.models import tiny_model
     from trace_rl.plan import PrecisionPlan
 
-    plan = PrecisionPlan.preset("w4a4-kv4")
+    plan = PrecisionPlan.preset(preset)
     model, _ = tiny_model("tiny", seed=3, device="cuda", dtype=torch.bfloat16)
     return NativeEngine(model, plan, max_batch=9, max_seq_len=96, block_size=16, attention="kernels",
                         operand_cache=True, graph_buckets=[9])
 
 
-def test_engine_logits_bit_identical_fused_or_apart(monkeypatch):
+@pytest.mark.parametrize("plan", ["w4a4-kv4", "w4a4-kv4-mx"])
+def test_engine_logits_bit_identical_fused_or_apart(monkeypatch, plan):
     from trace_rl.backends import get_backend
     from trace_rl.bench.decode_grid import prime_decode
     from trace_rl.kernels import fp4_dequant
-    from trace_rl.models import decoder
+    from trace_rl.models import decoder, linear
+
+    monkeypatch.setattr(linear, "SILU_QUANTIZE_MIN_ROWS", 1)        # B = 9: fused too
 
     monkeypatch.setattr(fp4_dequant, "DEQUANT_CUBLAS_MIN_M", 1)     # every step reads the (stacked) operand caches
     monkeypatch.setattr(decoder, "FUSE_ROLLOUT_EPILOGUE_SILU_QUANTIZE", False)   # this SiLU fusion alone (the
     # epilogue's fused into it: tests/engine/test_mlp_fuse_gpu.py)
-    engine = _tiny_engine()
+    engine = _tiny_engine(plan)
     count = get_backend("fp4").paths.counts.get
     B, L = 9, 41
 
@@ -118,7 +121,8 @@ def test_engine_logits_bit_identical_fused_or_apart(monkeypatch):
     before, stacked = count("fp4.silu_mul_quantize", 0), count("fp4.operand_stack_cublas", 0)
     fused = logits()
     assert count("fp4.silu_mul_quantize", 0) - before == layers
-    assert count("fp4.operand_stack_cublas", 0) - stacked == 2 * layers
+    if plan == "w4a4-kv4":          # nvfp4: q/k/v and gate/up stacked by the operand cache (mxfp4: fused Linears)
+        assert count("fp4.operand_stack_cublas", 0) - stacked == 2 * layers
     monkeypatch.setattr(decoder, "FUSE_ROLLOUT_SILU_QUANTIZE", False)
     apart = logits()
     assert count("fp4.silu_mul_quantize", 0) - before == layers

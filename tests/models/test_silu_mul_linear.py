@@ -9,13 +9,13 @@ import torch
 import torch.nn.functional as F
 
 from trace_rl.backends import get_backend
-from trace_rl.models import build, decoder, preset
+from trace_rl.models import build, decoder, linear, preset
 from trace_rl.models.linear import shared_input_joined
 from trace_rl.plan import PrecisionPlan
 
 
-def _rollout():
-    model = build(preset("tiny"), dtype=torch.float32, plan=PrecisionPlan.preset("w4a4-kv4"))
+def _rollout(plan: str = "w4a4-kv4"):
+    model = build(preset("tiny"), dtype=torch.float32, plan=PrecisionPlan.preset(plan))
     model.init_random(generator=torch.Generator().manual_seed(0))
     return model.to_rollout()
 
@@ -34,6 +34,7 @@ def _stand_ins(monkeypatch):
 
     monkeypatch.setattr(backend, "linear_stacked", linear_stacked)
     monkeypatch.setattr(backend, "quantize_silu_mul_input", quantize_silu_mul_input)
+    monkeypatch.setattr(linear, "SILU_QUANTIZE_MIN_ROWS", 1)     # the tiny batches here: fused at every M
     return fused
 
 
@@ -102,3 +103,33 @@ def test_stacked_epilogue_fusion_wiring(monkeypatch):
         hooked = model(tokens)
     assert len(epilogue) == 2 * n - 1
     assert torch.equal(on, off) and torch.equal(on, hooked)
+
+
+def test_stacked_gate_up_fuses_silu_quantize(monkeypatch):
+    """mxfp4 stacks gate/up into one Linear (`gate_up_proj`): its SiLU x mul goes into the down projection's
+    quantize too (it used to run silu_mul, then a separate quantize), once per layer, the same logits as off."""
+    model = _rollout("w4a4-kv4-mx")
+    mlp = model.model.layers[0].mlp
+    assert mlp.gate_up_proj is not None
+    fused = _stand_ins(monkeypatch)
+    tokens = torch.randint(0, 128, (3, 7), generator=torch.Generator().manual_seed(2))
+    n = len(model.model.layers)
+    with torch.no_grad():
+        on = model(tokens)
+        assert len(fused) == n and fused[0][-1] == 2 * mlp.down_proj.in_features
+        monkeypatch.setattr(decoder, "FUSE_ROLLOUT_SILU_QUANTIZE", False)
+        off = model(tokens)
+    assert len(fused) == n and torch.equal(on, off)
+
+
+def test_small_batches_keep_the_two_launches(monkeypatch):
+    """Below SILU_QUANTIZE_MIN_ROWS rows the fused SiLU x mul quantize loses to silu_mul + the quantize (measured,
+    models/linear.py): silu_mul_linear says None there, at and above it fuses."""
+    _stand_ins(monkeypatch)
+    monkeypatch.setattr(linear, "SILU_QUANTIZE_MIN_ROWS", 64)
+    model = _rollout()
+    down = model.model.layers[0].mlp.down_proj
+    with torch.no_grad():
+        assert linear.silu_mul_linear(down, torch.randn(63, 2 * down.in_features)) is None
+        y = linear.silu_mul_linear(down, torch.randn(2, 32, 2 * down.in_features))
+    assert y is not None and y.shape == (2, 32, down.out_features)

@@ -15,8 +15,9 @@ add `+ bias[n]` after the products, which a fused-multiply-add contraction could
 `epilogue_silu_mul_quantize` refuses it rather than risk other bits. Output bf16 only (the epilogue's out_dtype of
 a bf16 model); rows up to 16384 wide (the block-tile kernel's one row in registers, `fuses`).
 
-The kernel is `fp4_block_tiles._quantize_dequant_rows_kernel`'s body with this file's loader (`_load_epilogue`):
-the same chunks, block stats, rounding and stores. Torch reference: `epilogue_silu_mul_quantize_reference`, the
+The kernel is `fp4_block_tiles._quantize_dequant_rows_kernel`'s body (the one helper both call,
+`_quantize_dequant_row_chunks`) with this file's loader (`_load_epilogue`): the same chunks, block stats, rounding
+and stores. Torch reference: `epilogue_silu_mul_quantize_reference`, the
 composition of the three references (the epilogue in torch, `swiglu.silu_mul_reference`,
 `rmsnorm_quantize.quantize_dequant_reference`).
 """
@@ -28,20 +29,20 @@ import triton
 import triton.language as tl
 
 from trace_rl.formats import get_format
-from trace_rl.kernels.fp4_block_tiles import _block_stats, _dequant_blocks, _dequant_tiles, _store_blocks
-from trace_rl.kernels.fp_bits import fast_div_ok
+from trace_rl.kernels.fp4_block_tiles import _dequant_tiles, _quantize_dequant_row_chunks
 from trace_rl.kernels.swiglu import silu_launch_args, silu_mul_f32
 
 W4A4_ROW_FORMATS = {"nvfp4:row": 16, "mxfp4": 32}
 
 
 @triton.jit
-def _load_epilogue(y_ptr, rf_ptr, rs_ptr, row0, n_rows, k0, K, stride_y, ROWS: tl.constexpr, NB: tl.constexpr,
-                   G: tl.constexpr, HAS_ROW_SCALE: tl.constexpr, SILU_EXACT: tl.constexpr,
-                   SILU_INTERP: tl.constexpr):
-    """Columns k0 .. k0 + NB*G of the SiLU x mul operand as a [ROWS * NB, G] float32 block tile (`_load_blocks`'s
-    shape), from the float32 accumulator y [rows, 2K]: gate = bf16(y[:, c] * rf[c] * rs), up = bf16(y[:, K + c] *
-    rf[K + c] * rs) (the epilogue's operations in its order), then `silu_mul_f32` as the SILU_MUL loader does."""
+def _load_epilogue(src, row0, n_rows, k0, K, ROWS: tl.constexpr, NB: tl.constexpr, G: tl.constexpr):
+    """Columns k0 .. k0 + NB*G of the SiLU x mul operand as a [ROWS * NB, G] float32 block tile
+    (`fp4_block_tiles._quantize_dequant_row_chunks`' loader; src = (y_ptr, rf_ptr, rs_ptr, stride_y, HAS_ROW_SCALE,
+    SILU_EXACT, SILU_INTERP)), from the float32 accumulator y [rows, 2K]: gate = bf16(y[:, c] * rf[c] * rs),
+    up = bf16(y[:, K + c] * rf[K + c] * rs) (the epilogue's operations in its order), then `silu_mul_f32` as the
+    SILU_MUL loader does."""
+    y_ptr, rf_ptr, rs_ptr, stride_y, HAS_ROW_SCALE, SILU_EXACT, SILU_INTERP = src
     i = tl.arange(0, ROWS * NB)
     rows = row0 + i // NB
     cols = (k0 + (i % NB) * G)[:, None] + tl.arange(0, G)[None, :]
@@ -62,50 +63,14 @@ def _epilogue_silu_quantize_kernel(y_ptr, rf_ptr, rs_ptr, out_ptr, gscale_ptr, n
                                    MX: tl.constexpr, ROWS: tl.constexpr, NB: tl.constexpr, NCH: tl.constexpr,
                                    HAS_ROW_SCALE: tl.constexpr, SILU_EXACT: tl.constexpr = False,
                                    SILU_INTERP: tl.constexpr = False):
-    """`_quantize_dequant_rows_kernel(SILU_MUL=True)` on the epilogue of y (module doc): ROWS rows per program, a
-    row as NCH (1..4) chunks of NB blocks of G; row amax, block scales, code value x block step in bf16 to out,
-    the nvfp4:row global scale to gscale_ptr."""
-    G: tl.constexpr = 32 if MX else 16
-    CH: tl.constexpr = NB * G
-    row0 = tl.program_id(0) * ROWS
-    x0 = _load_epilogue(y_ptr, rf_ptr, rs_ptr, row0, n_rows, 0, K, stride_y, ROWS, NB, G, HAS_ROW_SCALE,
-                        SILU_EXACT, SILU_INTERP)
-    a0, b0, amax = _block_stats(x0, ROWS, NB)
-    if NCH > 1:
-        x1 = _load_epilogue(y_ptr, rf_ptr, rs_ptr, row0, n_rows, CH, K, stride_y, ROWS, NB, G, HAS_ROW_SCALE,
-                            SILU_EXACT, SILU_INTERP)
-        a1, b1, m1 = _block_stats(x1, ROWS, NB)
-        amax = tl.maximum(amax, m1)
-    if NCH > 2:
-        x2 = _load_epilogue(y_ptr, rf_ptr, rs_ptr, row0, n_rows, 2 * CH, K, stride_y, ROWS, NB, G, HAS_ROW_SCALE,
-                            SILU_EXACT, SILU_INTERP)
-        a2, b2, m2 = _block_stats(x2, ROWS, NB)
-        amax = tl.maximum(amax, m2)
-    if NCH > 3:
-        x3 = _load_epilogue(y_ptr, rf_ptr, rs_ptr, row0, n_rows, 3 * CH, K, stride_y, ROWS, NB, G, HAS_ROW_SCALE,
-                            SILU_EXACT, SILU_INTERP)
-        a3, b3, m3 = _block_stats(x3, ROWS, NB)
-        amax = tl.maximum(amax, m3)
-    if MX:
-        gs = tl.full([ROWS * NB], 1.0, dtype=tl.float32)
-        fast_div = True
-    else:
-        gscale = tl.where(amax > 0, tl.math.div_rn(amax, 2688.0), 1.0)          # [ROWS]
-        fast_div = tl.min(fast_div_ok(amax).to(tl.int32), axis=0) == 1
-        rows = row0 + tl.arange(0, ROWS)
-        tl.store(gscale_ptr + rows, gscale, mask=rows < n_rows)
-        gs = tl.reshape(tl.broadcast_to(gscale[:, None], [ROWS, NB]), [ROWS * NB])
-    _store_blocks(out_ptr, _dequant_blocks(x0, a0, b0, gs, fast_div, MX), row0, n_rows, 0, K, stride_out,
-                  ROWS, NB, G)
-    if NCH > 1:
-        _store_blocks(out_ptr, _dequant_blocks(x1, a1, b1, gs, fast_div, MX), row0, n_rows, CH, K, stride_out,
-                      ROWS, NB, G)
-    if NCH > 2:
-        _store_blocks(out_ptr, _dequant_blocks(x2, a2, b2, gs, fast_div, MX), row0, n_rows, 2 * CH, K,
-                      stride_out, ROWS, NB, G)
-    if NCH > 3:
-        _store_blocks(out_ptr, _dequant_blocks(x3, a3, b3, gs, fast_div, MX), row0, n_rows, 3 * CH, K,
-                      stride_out, ROWS, NB, G)
+    """`_quantize_dequant_rows_kernel(SILU_MUL=True)` on the epilogue of y (module doc): the same
+    `_quantize_dequant_row_chunks` (ROWS rows per program, a row as NCH (1..4) chunks of NB blocks of G; row amax,
+    block scales, code value x block step in bf16 to out, the nvfp4:row global scale to gscale_ptr) with this
+    file's loader."""
+    _quantize_dequant_row_chunks(_load_epilogue, (y_ptr, rf_ptr, rs_ptr, stride_y, HAS_ROW_SCALE, SILU_EXACT,
+                                                  SILU_INTERP),
+                                 out_ptr, gscale_ptr, tl.program_id(0) * ROWS, n_rows, K, stride_out, MX, ROWS, NB,
+                                 NCH)
 
 
 def fuses(k: int, fmt_name: str) -> bool:

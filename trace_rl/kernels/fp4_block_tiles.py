@@ -49,12 +49,13 @@ def _load_operand(ptrs, mask, K, SILU_MUL: tl.constexpr, SILU_EXACT: tl.constexp
 
 
 @triton.jit
-def _load_blocks(x_ptr, row0, n_rows, k0, K, stride_x, ROWS: tl.constexpr, NB: tl.constexpr, G: tl.constexpr,
-                 SILU_MUL: tl.constexpr, SILU_EXACT: tl.constexpr = False, SILU_INTERP: tl.constexpr = False):
-    """Columns k0 .. k0 + NB*G of rows row0 .. row0 + ROWS as a [ROWS * NB, G] float32 tile, one scale block
+def _load_blocks(src, row0, n_rows, k0, K, ROWS: tl.constexpr, NB: tl.constexpr, G: tl.constexpr):
+    """Columns k0 .. k0 + NB*G of rows row0 .. row0 + ROWS of x as a [ROWS * NB, G] float32 tile, one scale block
     per tile row (blocks are contiguous in memory): the block amax is a reduction along axis 1 and its
     result broadcasts back without a layout conversion (the [rows, K] -> [rows, K/G, G] reshape did one,
-    through shared memory, for every block-level value)."""
+    through shared memory, for every block-level value). `_quantize_dequant_row_chunks`' loader for x itself:
+    src = (x_ptr, stride_x, SILU_MUL, SILU_EXACT, SILU_INTERP) (`_load_operand`)."""
+    x_ptr, stride_x, SILU_MUL, SILU_EXACT, SILU_INTERP = src
     i = tl.arange(0, ROWS * NB)
     rows = row0 + i // NB
     cols = k0 + (i % NB) * G
@@ -122,50 +123,52 @@ def _store_blocks(out_ptr, vals, row0, n_rows, k0, K, stride_out, ROWS: tl.const
 
 
 @triton.jit
-def _quantize_dequant_rows_kernel(x_ptr, out_ptr, gscale_ptr, n_rows, K, stride_x, stride_out,
-                                  MX: tl.constexpr, ROWS: tl.constexpr, NB: tl.constexpr, NCH: tl.constexpr,
-                                  SILU_MUL: tl.constexpr, SILU_EXACT: tl.constexpr = False,
-                                  SILU_INTERP: tl.constexpr = False,
-                                  LAUNCH_DEPENDENTS: tl.constexpr = False):
-    """The W4A4 activation path (`quantize_dequant_bf16`): ROWS rows per program, each row held in registers
-    as NCH (1..4) chunks of NB blocks of G elements (K <= NCH * NB * G; K = 768 is 3 chunks of 256, not one
-    of 1024 with a quarter masked). Row amax (nvfp4:row), then per block the scale, codes, and code value x
-    block step in bf16; the row global scale goes to gscale_ptr. Same bits as `_quantize_rows_kernel`.
-    LAUNCH_DEPENDENTS (compiled only, never in the interpreter): griddepcontrol.launch_dependents first, so a GEMM
-    launched after it with programmatic dependent launch (the small-M Gluon GEMM) starts its setup and weight
-    prefetch now; that GEMM waits for this kernel's completion before it reads the operand or the row scales."""
-    if LAUNCH_DEPENDENTS:
-        tl.extra.cuda.gdc_launch_dependents()
-    G: tl.constexpr = 32 if MX else 16
-    CH: tl.constexpr = NB * G
-    row0 = tl.program_id(0) * ROWS
-    x0 = _load_blocks(x_ptr, row0, n_rows, 0, K, stride_x, ROWS, NB, G, SILU_MUL, SILU_EXACT,
-                      SILU_INTERP)
-    a0, b0, amax = _block_stats(x0, ROWS, NB)
-    if NCH > 1:
-        x1 = _load_blocks(x_ptr, row0, n_rows, CH, K, stride_x, ROWS, NB, G, SILU_MUL, SILU_EXACT,
-                          SILU_INTERP)
-        a1, b1, m1 = _block_stats(x1, ROWS, NB)
-        amax = tl.maximum(amax, m1)
-    if NCH > 2:
-        x2 = _load_blocks(x_ptr, row0, n_rows, 2 * CH, K, stride_x, ROWS, NB, G, SILU_MUL, SILU_EXACT,
-                          SILU_INTERP)
-        a2, b2, m2 = _block_stats(x2, ROWS, NB)
-        amax = tl.maximum(amax, m2)
-    if NCH > 3:
-        x3 = _load_blocks(x_ptr, row0, n_rows, 3 * CH, K, stride_x, ROWS, NB, G, SILU_MUL, SILU_EXACT,
-                          SILU_INTERP)
-        a3, b3, m3 = _block_stats(x3, ROWS, NB)
-        amax = tl.maximum(amax, m3)
+def _row_global_scales(amax, row0, n_rows, gscale_ptr, MX: tl.constexpr, ROWS: tl.constexpr, NB: tl.constexpr):
+    """The global-scale step after the row amax [ROWS] of rows row0 .. row0 + ROWS: nvfp4:row stores each row's
+    global scale (amax / 2688; 1.0 for an all-zero row) to gscale_ptr and returns it once per block ([ROWS * NB],
+    the block tile's layout) with whether `fast_div_ok` holds for every row of the tile (a scalar); mxfp4 has no
+    global scale: ones, and True (its division is by a power of two). Shared by every per-token W4A4 kernel
+    (`_quantize_dequant_row_chunks`, rmsnorm_quantize.py) so the row scales they store are one definition."""
     if MX:
         gs = tl.full([ROWS * NB], 1.0, dtype=tl.float32)
         fast_div = True
     else:
         gscale = tl.where(amax > 0, tl.math.div_rn(amax, 2688.0), 1.0)          # [ROWS]
-        fast_div = tl.min(fast_div_ok(amax).to(tl.int32), axis=0) == 1
+        fast_div = tl.min(fast_div_ok(amax).to(tl.int32), axis=0) == 1      # same bits either way
         rows = row0 + tl.arange(0, ROWS)
         tl.store(gscale_ptr + rows, gscale, mask=rows < n_rows)
         gs = tl.reshape(tl.broadcast_to(gscale[:, None], [ROWS, NB]), [ROWS * NB])
+    return gs, fast_div
+
+
+@triton.jit
+def _quantize_dequant_row_chunks(LOAD: tl.constexpr, src, out_ptr, gscale_ptr, row0, n_rows, K, stride_out,
+                                 MX: tl.constexpr, ROWS: tl.constexpr, NB: tl.constexpr, NCH: tl.constexpr):
+    """The body of the per-token W4A4 block-tile quantizers: ROWS rows from row0, each held in registers as NCH
+    (1..4) chunks of NB blocks of G elements (K <= NCH * NB * G; K = 768 is 3 chunks of 256, not one of 1024 with
+    a quarter masked). Row amax (nvfp4:row), then per block the scale, codes, and code value x block step in bf16
+    to out_ptr; the row global scale to gscale_ptr (`_row_global_scales`). The operand comes from the loader
+    `LOAD(src, row0, n_rows, k0, K, ROWS, NB, G)` -> the [ROWS * NB, G] float32 chunk at column k0 (`src`: the
+    loader's pointers, strides and switches as one tuple): `_load_blocks` for `_quantize_dequant_rows_kernel`,
+    epilogue_silu_quantize.py's for the GEMM epilogue. A @triton.jit helper is inlined, so each kernel compiles to
+    what its own copy of this code did."""
+    G: tl.constexpr = 32 if MX else 16
+    CH: tl.constexpr = NB * G
+    x0 = LOAD(src, row0, n_rows, 0, K, ROWS, NB, G)
+    a0, b0, amax = _block_stats(x0, ROWS, NB)
+    if NCH > 1:
+        x1 = LOAD(src, row0, n_rows, CH, K, ROWS, NB, G)
+        a1, b1, m1 = _block_stats(x1, ROWS, NB)
+        amax = tl.maximum(amax, m1)
+    if NCH > 2:
+        x2 = LOAD(src, row0, n_rows, 2 * CH, K, ROWS, NB, G)
+        a2, b2, m2 = _block_stats(x2, ROWS, NB)
+        amax = tl.maximum(amax, m2)
+    if NCH > 3:
+        x3 = LOAD(src, row0, n_rows, 3 * CH, K, ROWS, NB, G)
+        a3, b3, m3 = _block_stats(x3, ROWS, NB)
+        amax = tl.maximum(amax, m3)
+    gs, fast_div = _row_global_scales(amax, row0, n_rows, gscale_ptr, MX, ROWS, NB)
     _store_blocks(out_ptr, _dequant_blocks(x0, a0, b0, gs, fast_div, MX), row0, n_rows, 0, K, stride_out,
                   ROWS, NB, G)
     if NCH > 1:
@@ -177,6 +180,23 @@ def _quantize_dequant_rows_kernel(x_ptr, out_ptr, gscale_ptr, n_rows, K, stride_
     if NCH > 3:
         _store_blocks(out_ptr, _dequant_blocks(x3, a3, b3, gs, fast_div, MX), row0, n_rows, 3 * CH, K,
                       stride_out, ROWS, NB, G)
+
+
+@triton.jit
+def _quantize_dequant_rows_kernel(x_ptr, out_ptr, gscale_ptr, n_rows, K, stride_x, stride_out,
+                                  MX: tl.constexpr, ROWS: tl.constexpr, NB: tl.constexpr, NCH: tl.constexpr,
+                                  SILU_MUL: tl.constexpr, SILU_EXACT: tl.constexpr = False,
+                                  SILU_INTERP: tl.constexpr = False,
+                                  LAUNCH_DEPENDENTS: tl.constexpr = False):
+    """The W4A4 activation path (`quantize_dequant_bf16`): `_quantize_dequant_row_chunks` on rows of x (SILU_MUL:
+    of SiLU(x[:, :K]) * x[:, K:]). Same bits as `_quantize_rows_kernel`.
+    LAUNCH_DEPENDENTS (compiled only, never in the interpreter): griddepcontrol.launch_dependents first, so a GEMM
+    launched after it with programmatic dependent launch (the small-M Gluon GEMM) starts its setup and weight
+    prefetch now; that GEMM waits for this kernel's completion before it reads the operand or the row scales."""
+    if LAUNCH_DEPENDENTS:
+        tl.extra.cuda.gdc_launch_dependents()
+    _quantize_dequant_row_chunks(_load_blocks, (x_ptr, stride_x, SILU_MUL, SILU_EXACT, SILU_INTERP), out_ptr,
+                                 gscale_ptr, tl.program_id(0) * ROWS, n_rows, K, stride_out, MX, ROWS, NB, NCH)
 
 
 @functools.cache

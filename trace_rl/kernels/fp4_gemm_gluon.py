@@ -314,6 +314,29 @@ def _descriptors(x2: torch.Tensor, w: HopperFP4, c: GluonConfig, block_m: int):
     return w_desc, s_desc, x_desc
 
 
+def launch_grid(M: int, padded: tuple[int, int], c: GluonConfig, bm: int, bk: int, resident) -> tuple:
+    """(N tiles, M tiles, K steps, split) of a launch over a [Np, Kp] padded weight (`HopperFP4.padded`) with M
+    tokens, `bm` per program and `bk` columns per K step: the config's split_k, else `auto_split` for `resident()`
+    programs at once (SMs x CTAs per SM; a callable, asked only then), evened out so no split is empty. The one
+    definition for `fp4_matmul_gluon` and the benchmark probes that launch other kernels on its grid."""
+    np_, kp = padded
+    n_tiles, m_tiles, kb = triton.cdiv(np_, c.block_n), triton.cdiv(M, bm), kp // bk
+    split = c.split_k or auto_split(n_tiles * m_tiles, kb, resident())
+    return n_tiles, m_tiles, kb, triton.cdiv(kb, triton.cdiv(kb, max(1, min(split, kb))))
+
+
+def split_k_scratch(device, c: GluonConfig, bm: int, grid: tuple[int, int, int], unused: torch.Tensor) -> tuple:
+    """(float32 partials, tile counters) a launch on `grid` = (N tiles, split, M tiles) needs for its split-K
+    reduction, or (unused, unused) (any tensor: the kernel does not touch them) when it does not split."""
+    from trace_rl.kernels.fp4_gemm import tile_counters
+
+    n_tiles, split, m_tiles = grid
+    if split == 1:
+        return unused, unused
+    part = torch.empty(n_tiles * m_tiles * split * c.block_n * bm, device=device, dtype=torch.float32)
+    return part, tile_counters(device, n_tiles * m_tiles)
+
+
 @functools.cache
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
@@ -334,8 +357,6 @@ def fp4_matmul_gluon(x2: torch.Tensor, w: HopperFP4, config: GluonConfig | None 
     (needs a `fin` config; fp4_gemm_gluon_epilogue states the contract). Nothing is allocated but `out` (unless
     given) and the split-K partials (the caching allocator: a CUDA-graph capture's pool), nothing synchronises, so
     it can be captured. Needs an sm_90 GPU and Triton 3.6 (Gluon is version-pinned)."""
-    from trace_rl.kernels.fp4_gemm import tile_counters
-
     if not isinstance(w, HopperFP4) or w.fmt not in ("nvfp4", "mxfp4") or w.values.dim() != 2:
         got = f"{w.fmt} values {tuple(w.values.shape)}" if isinstance(w, HopperFP4) else type(w).__name__
         raise ValueError(f"fp4_matmul_gluon: the weight must be a 2-D nvfp4 or mxfp4 HopperFP4 layout "
@@ -373,21 +394,13 @@ def fp4_matmul_gluon(x2: torch.Tensor, w: HopperFP4, config: GluonConfig | None 
         # TMA: unit column stride, 16-byte aligned base and rows (K % 16 == 0 for FP4); a fresh copy is aligned
         x2 = x2.clone(memory_format=torch.contiguous_format)
     N = w.n
-    np_, kp = w.padded
-    n_tiles = triton.cdiv(np_, c.block_n)
-    m_tiles = triton.cdiv(M, bm)
-    kb = kp // bk
-    split = c.split_k or auto_split(n_tiles * m_tiles, kb, _sm_count(dev) * c.ctas_per_sm(bm, w.fmt))
-    split = triton.cdiv(kb, triton.cdiv(kb, max(1, min(split, kb))))
+    n_tiles, m_tiles, kb, split = launch_grid(M, w.padded, c, bm, bk,
+                                              lambda: _sm_count(dev) * c.ctas_per_sm(bm, w.fmt))
     out = torch.empty(M, N, device=x2.device, dtype=out_dtype) if out is None else out
     if out.shape != (M, N) or out.dtype not in (torch.bfloat16, torch.float16, torch.float32) or out.stride(1) != 1:
         raise ValueError(f"fp4_matmul_gluon: out must be a bf16 / fp16 / fp32 [{M}, {N}] tensor with unit column "
                          f"stride, got {out.dtype} {tuple(out.shape)}")
-    if split > 1:
-        part = torch.empty(n_tiles * m_tiles * split * c.block_n * bm, device=x2.device, dtype=torch.float32)
-        counters = tile_counters(x2.device, n_tiles * m_tiles)
-    else:
-        part = counters = w.row_factor      # unused
+    part, counters = split_k_scratch(x2.device, c, bm, (n_tiles, split, m_tiles), w.row_factor)
     w_desc, s_desc, x_desc = _descriptors(x2, w, c, bm)
     grid = (n_tiles, split, m_tiles)
     if not c.fin:

@@ -77,15 +77,14 @@ def _decode_attention_ws_kernel(q_ptr, out_ptr, bt_ptr, lens_ptr, kc_desc, ks_de
                                 vg_desc, qk_scale, stride_qb, stride_qh, stride_ob, stride_oh, stride_bt,
                                 HKV: gl.constexpr, GROUP: gl.constexpr, N: gl.constexpr, D: gl.constexpr,
                                 DV: gl.constexpr, PAGE: gl.constexpr, T: gl.constexpr, STAGES: gl.constexpr,
-                                MX: gl.constexpr, UNROLL: gl.constexpr = 1, COLMAX: gl.constexpr = False,
-                                PAD_N: gl.constexpr = False):
+                                MX: gl.constexpr, UNROLL: gl.constexpr = 1, COLMAX: gl.constexpr = False):
     h = gl.program_id(0)
     b = gl.program_id(1)
     seq_len = gl.load(lens_ptr + b)
     n_tiles = gl.cdiv(seq_len, T)
     NP: gl.constexpr = T // PAGE
     kc_b, ks_b, kg_b, vc_b, vs_b, vg_b, q_s, p_s, ready, empty = _ring(kc_desc, ks_desc, kg_desc, vc_desc, vs_desc,
-                                                                       vg_desc, N, D, T, PAGE, STAGES, MX, PAD_N)
+                                                                       vg_desc, N, D, T, PAGE, STAGES, MX)
     bt_row = bt_ptr + b.to(gl.int64) * stride_bt
     acc, m_i, l_i = gl.warp_specialize([
         (_consumer, (q_ptr, b, h, seq_len, n_tiles, qk_scale, stride_qb, stride_qh, q_s, p_s, kc_b, ks_b, kg_b, vc_b,
@@ -126,14 +125,6 @@ class GluonAttentionConfig:
     # max). In the persistent kernel it also ends ptxas's serialisation of every nvfp4 wgmma (C7513;
     # paged_attention_gluon_gate.GATE_SERIALISED): 3.36 -> 2.91 SASS per element, 2 full waits per tile.
     col_max: bool = False
-    # n_pad=8 only: the MMA's shared B operands (q^T, P^T) allocated 16 wide and used through 8-wide views
-    # (paged_attention_gluon_tiles._ring). True (the default): what makes n_pad=8 run. False (8-wide operands)
-    # faults on the H200 (issue 15, 2026-12-02: "an illegal memory access"): Triton 3.6 builds the unswizzled 8-wide
-    # P^T's wgmma descriptors with bits in the base-offset field (2, 4, 6 for k-steps 1-3 of every 4) and ptxas
-    # computes k-steps 2 and 3's from uniform registers the consumer warps never write (UR38/UR39, UR42/UR43: only
-    # the producer warp's code does), so those PV HGMMAs read shared memory at an undefined address (0x200 when the
-    # registers hold 0, below the CTA's allocation). Kept only to reproduce it (benchmarks/attention_fix_h200.sh).
-    pad_smem: bool = True
     # persistent only: programs to launch (0: SMs x ctas_per_sm(), one per resident CTA slot; tests set a few to
     # give each program several items)
     programs: int = 0
@@ -148,15 +139,9 @@ class GluonAttentionConfig:
         if self.programs < 0 or (self.programs and not self.persistent):
             raise ValueError(f"GluonAttentionConfig {self}: programs is a count >= 1 of the persistent kernel's")
 
-    def pads(self) -> bool:
-        """The PAD_N constexpr: n_pad=8 with its shared operands 16 wide (False at n_pad=16: nothing to pad, the
-        shipped kernel's compile constants)."""
-        return self.pad_smem and self.n_pad < 16
-
     def smem_bytes(self, kv_format: str = "nvfp4:row") -> int:
         per_page = 4 * sum(_words(kv_format).values())
-        n = 16 if self.pad_smem else self.n_pad          # n_pad=8 with pad_smem: 16-wide q^T / P^T
-        return self.stages * (BLOCK_T // PAGE) * per_page + 2 * n * HEAD_DIM * 2 + 2048
+        return self.stages * (BLOCK_T // PAGE) * per_page + 2 * self.n_pad * HEAD_DIM * 2 + 2048
 
     def ctas_per_sm(self) -> int:
         return max(1, min(65536 // (self.maxnreg * 8 * 32), (228 * 1024) // (self.smem_bytes() + 1024)))
@@ -166,21 +151,25 @@ DEFAULT = GluonAttentionConfig()
 # The SASS-reduction variants (issue 15; docs/benchmarks.md "Decode attention"; compile gate at group 4: nvfp4 3.08 ->
 # 2.78 SASS per K/V element, mxfp4 exact 3.43 -> 3.21, folded 3.15 -> 2.82), bit-identical to DEFAULT: LEAN (N = 8,
 # two tiles per loop iteration, the one-barrier column max) for GQA groups <= 8 (Qwen3-8B: 4), LEAN_WIDE (the column
-# max alone: 3.29 -> 3.18 at group 16) for 9..16. LEAN_LOOP is the one switch: True makes them what a call without a
-# config runs (the engine's path); False until the H200 check attnfix (benchmarks/attention_fix_h200.sh) confirms
-# them bit-identical and faster. LEAN's N = 8 operands are padded (pad_smem, the default): unpadded, LEAN faulted
-# with an illegal address on the H200 (2026-12-02; GluonAttentionConfig.pad_smem says why).
+# max alone: 3.29 -> 3.18 at group 16) for 9..16. LEAN_LOOP makes LEAN what a call without a config runs (the
+# engine's path): on since the H200 check attnfault (2026-12-02, benchmarks/attention_fault_h200.sh, after the N = 8
+# P^T layout fix) found it bit-identical to DEFAULT (groups 1 / 4 / 8, nvfp4 and mxfp4, NaN scales, the persistent
+# kernel too) and 1.12-1.22x faster at 8k-32k (nvfp4 0.82-0.90 of the read ceiling, mxfp4 0.67-0.73). LEAN_WIDE_LOOP
+# does the same for LEAN_WIDE at groups 9..16: off until its GPU tests (mxfp4-g16-colmax, nvfp4-g16-colmax*) pass.
 LEAN = GluonAttentionConfig(n_pad=8, unroll=2, col_max=True)
 LEAN_WIDE = GluonAttentionConfig(col_max=True)
-LEAN_LOOP = False
+LEAN_LOOP = True
+LEAN_WIDE_LOOP = False
 
 
 def default_config(group: int) -> GluonAttentionConfig:
-    """The config a call without one runs: with LEAN_LOOP set, LEAN where the group fits its N, else LEAN_WIDE;
-    without, DEFAULT."""
+    """The config a call without one runs: with LEAN_LOOP set, LEAN where the group fits its N (else LEAN_WIDE with
+    LEAN_WIDE_LOOP set); DEFAULT otherwise."""
     if not LEAN_LOOP:
         return DEFAULT
-    return LEAN if group <= LEAN.n_pad else LEAN_WIDE
+    if group <= LEAN.n_pad:
+        return LEAN
+    return LEAN_WIDE if LEAN_WIDE_LOOP else DEFAULT
 
 
 def _box(words: int) -> list[int]:
@@ -295,10 +284,10 @@ def decode_attention_gluon(q: torch.Tensor, k, v, block_table: torch.Tensor, seq
         grid = min(B * hkv, c.programs) if c.programs else persistent_grid(B * hkv, _sms(q.device), c.ctas_per_sm())
         if grid:
             _decode_attention_persistent_kernel[(grid, )](*args, B * hkv, **consts, UNROLL=c.unroll, COLMAX=c.col_max,
-                                                          PAD_N=c.pads(), num_warps=4, maxnreg=c.maxnreg)
+                                                          num_warps=4, maxnreg=c.maxnreg)
         return out
-    _decode_attention_ws_kernel[(hkv, B)](*args, **consts, UNROLL=c.unroll, COLMAX=c.col_max, PAD_N=c.pads(),
-                                          num_warps=4, maxnreg=c.maxnreg)
+    _decode_attention_ws_kernel[(hkv, B)](*args, **consts, UNROLL=c.unroll, COLMAX=c.col_max, num_warps=4,
+                                          maxnreg=c.maxnreg)
     return out
 
 

@@ -1,8 +1,9 @@
 """The Gluon FP4-KV decode attention's consumer partition (paged_attention_gluon._decode_attention_ws_kernel, tids
 0-127) run through the SASS emulator (sass_emulate.py) for a few sequence lengths, on CPU (Triton 3.6's compiler):
 shared / global accesses and HGMMA B operands out of the allocation, registers read before any write (issue 15:
-n_pad=8's unpadded P^T made ptxas read two of every four PV wgmma descriptors from uniform registers only the
-producer warp's code writes: an illegal address on the H200). tests/kernels/test_sass_emulate.py runs it.
+n_pad=8's P^T as an unswizzled [T, 8] N-major operand made ptxas read two of every four PV wgmma descriptors from
+uniform registers only the producer warp's code writes: an illegal address on the H200; P^T is K-major since).
+tests/kernels/test_sass_emulate.py runs it.
 
     PYTHONPATH=/work/triton36:$PWD python -m trace_rl.kernels.paged_attention_gluon_emulate
 """
@@ -65,14 +66,12 @@ def gluon_attention_report(config, kv_format: str = "nvfp4:row", group: int = 4,
 def main() -> int:
     import json
 
-    from trace_rl.kernels.paged_attention_gluon import DEFAULT, LEAN, GluonAttentionConfig
+    from trace_rl.kernels.paged_attention_gluon import DEFAULT, LEAN
 
-    cases = {"default": DEFAULT, "lean": LEAN, "lean_unpadded": GluonAttentionConfig(n_pad=8, unroll=2, col_max=True,
-                                                                                     pad_smem=False)}
-    for name, c in cases.items():
+    for name, c in (("default", DEFAULT), ("lean", LEAN)):
         for fmt in ("nvfp4:row", "mxfp4"):
             r = gluon_attention_report(c, fmt)
-            print(name, fmt, json.dumps({k: r[k] for k in ("errors", "first", "uninitialised")}, default=str))
+            print(name, fmt, json.dumps({k: r[k] for k in ("errors", "first", "uninitialised", "hgmma")}, default=str))
     return 0
 
 

@@ -43,13 +43,10 @@ def gate_case(c: GluonAttentionConfig, group: int = 4, kv_heads: int = 8, budget
         sig["work"] = "i32"
     consts["UNROLL"] = c.unroll       # an iteration of the tile loop runs `unroll` tiles, each with its 2 full waits
     consts["COLMAX"] = c.col_max
-    if c.pads():                      # n_pad=8 (padded, the default): PAD_N; n_pad=16 compiles as before
-        consts["PAD_N"] = True
     full_waits *= c.unroll
     kind += "" if c.unroll == 1 else f" u{c.unroll}"
     kind += "" if c.n_pad == 16 else f" n{c.n_pad}"
     kind += " colmax" if c.col_max else ""
-    kind += " unpadded" if c.n_pad < 16 and not c.pad_smem else ""
     return GateCase(f"attention gluon {kind} {name} g{group} s{c.stages} r{c.maxnreg}", kernel, sig,
                     consts, 4, 1, c.unroll * BLOCK_T * (HEAD_DIM + L.v_rows(HEAD_DIM)) / 128, budget,
                     ("q_ptr", "out_ptr", "bt_ptr", "lens_ptr", "stride_qb", "stride_qh", "stride_ob", "stride_oh",
@@ -93,7 +90,7 @@ GATE = ((GluonAttentionConfig(), 4, 3.15, "nvfp4:row"), (GluonAttentionConfig(st
         # 2.73 with 2 stages), mxfp4 3.21 exact / 2.82 folded; the register copies 0.32 -> 0.12 per element (nvfp4),
         # the max's 3 barriers -> 1. Unroll 3 / 4 (N = 8, gl.max): 3.02 / 2.95, worse than 2 (2.86)
         (GluonAttentionConfig(unroll=2), 4, 3.08, "nvfp4:row"), (GluonAttentionConfig(unroll=2), 16, 3.23, "nvfp4:row"),
-        (GluonAttentionConfig(n_pad=8), 4, 3.06, "nvfp4:row"),
+        (GluonAttentionConfig(n_pad=8), 4, 3.05, "nvfp4:row"),
         (GluonAttentionConfig(col_max=True), 4, 2.9, "nvfp4:row"),
         (GluonAttentionConfig(col_max=True), 16, 3.2, "nvfp4:row"),
         (GluonAttentionConfig(col_max=True), 4, 3.3, "mxfp4"),
@@ -103,14 +100,14 @@ GATE = ((GluonAttentionConfig(), 4, 3.15, "nvfp4:row"), (GluonAttentionConfig(st
         (GluonAttentionConfig(n_pad=8, unroll=2, col_max=True), 4, 3.23, "mxfp4"),
         (GluonAttentionConfig(n_pad=8, unroll=2, col_max=True, mx_fold=True), 4, 2.84, "mxfp4"),
         (GluonAttentionConfig(col_max=True, unroll=2), 16, 3.13, "nvfp4:row"),
-        # n_pad=8 unpadded (pad_smem=False: 8-wide q^T / P^T, what faulted on the H200; same SASS count as padded)
-        (GluonAttentionConfig(n_pad=8, unroll=2, col_max=True, pad_smem=False), 4, 2.8, "nvfp4:row"),
+        (GluonAttentionConfig(col_max=True, unroll=2), 4, 2.85, "nvfp4:row"),
+        (GluonAttentionConfig(col_max=True, unroll=2), 4, 3.3, "mxfp4"),
         # the persistent variant (paged_attention_gluon_persistent.py; its tile loop, inside the item loop). With
         # col_max its nvfp4 loop is no longer serialised (below): 2.91 at group 4 (3.23 at 16), LEAN 2.79 / mxfp4 3.22
         (GluonAttentionConfig(persistent=True, col_max=True), 4, 2.95, "nvfp4:row"),
         (GluonAttentionConfig(persistent=True, col_max=True), 16, 3.25, "nvfp4:row"),
         (GluonAttentionConfig(persistent=True, n_pad=8, unroll=2, col_max=True), 4, 2.81, "nvfp4:row"),
-        (GluonAttentionConfig(persistent=True, n_pad=8, unroll=2, col_max=True), 4, 3.25, "mxfp4"),   # padded: 3.24
+        (GluonAttentionConfig(persistent=True, n_pad=8, unroll=2, col_max=True), 4, 3.25, "mxfp4"),
         (GluonAttentionConfig(persistent=True), 4, 3.5, "mxfp4"),
         (GluonAttentionConfig(persistent=True), 16, 3.8, "mxfp4"),
         (GluonAttentionConfig(persistent=True, mx_fold=True), 4, 3.25, "mxfp4"))

@@ -113,12 +113,12 @@ def _decode_attention_persistent_kernel(q_ptr, out_ptr, bt_ptr, lens_ptr, kc_des
                                         HKV: gl.constexpr, GROUP: gl.constexpr, N: gl.constexpr, D: gl.constexpr,
                                         DV: gl.constexpr, PAGE: gl.constexpr, T: gl.constexpr,
                                         STAGES: gl.constexpr, MX: gl.constexpr, UNROLL: gl.constexpr = 1,
-                                        COLMAX: gl.constexpr = False, PAD_N: gl.constexpr = False):
+                                        COLMAX: gl.constexpr = False):
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
     NP: gl.constexpr = T // PAGE
     kc_b, ks_b, kg_b, vc_b, vs_b, vg_b, q_s, p_s, ready, empty = _ring(kc_desc, ks_desc, kg_desc, vc_desc, vs_desc,
-                                                                       vg_desc, N, D, T, PAGE, STAGES, MX, PAD_N)
+                                                                       vg_desc, N, D, T, PAGE, STAGES, MX)
     gl.warp_specialize([
         (_consumer_persistent, (q_ptr, out_ptr, lens_ptr, pid, nprog, work, qk_scale, stride_qb, stride_qh, stride_ob,
                                 stride_oh, q_s, p_s, kc_b, ks_b, kg_b, vc_b, vs_b, vg_b, ready, empty, HKV, GROUP, N,

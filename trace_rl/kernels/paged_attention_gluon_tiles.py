@@ -287,9 +287,14 @@ def _tile(j, it, m_i, l_acc, acc, vt_prev, q_b, p_s, kc_r, ks_r, kg_r, vc_r, vs_
         p = gl.convert_layout(_pad_half(p, 0.0), s_mma, assert_trivial=True)
     else:
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(0, acc.type.layout)), 0)
-    p_s.store(p.to(gl.bfloat16))
-    fence_async_shared()
-    acc = warpgroup_mma(vt, p_s, acc, is_async=True)
+    if N == 8:        # P^T kept K-major as [N, T] (see _ring): stored transposed, read back as the [T, N] operand
+        p_s.store(gl.permute(p.to(gl.bfloat16), (1, 0)))
+        fence_async_shared()
+        acc = warpgroup_mma(vt, p_s.permute((1, 0)), acc, is_async=True)
+    else:
+        p_s.store(p.to(gl.bfloat16))
+        fence_async_shared()
+        acc = warpgroup_mma(vt, p_s, acc, is_async=True)
     acc, vt = warpgroup_mma_wait(num_outstanding=1, deps=(acc, vt))     # returns at once: PV stays in flight
     return m_new, l_acc, acc, vt
 
@@ -395,7 +400,7 @@ def _epilogue(acc, l_i, out_ptr, b, h, stride_ob, stride_oh, GROUP: gl.constexpr
 
 @gluon.jit
 def _ring(kc_desc, ks_desc, kg_desc, vc_desc, vs_desc, vg_desc, N: gl.constexpr, D: gl.constexpr, T: gl.constexpr,
-          PAGE: gl.constexpr, STAGES: gl.constexpr, MX: gl.constexpr, PAD_N: gl.constexpr = False):
+          PAGE: gl.constexpr, STAGES: gl.constexpr, MX: gl.constexpr):
     """The shared memory of one program: the STAGES-slot TMA ring (NP pages per slot per tensor), q^T, P^T and the
     ready / empty barriers (initialised)."""
     NP: gl.constexpr = T // PAGE
@@ -409,26 +414,15 @@ def _ring(kc_desc, ks_desc, kg_desc, vc_desc, vs_desc, vg_desc, N: gl.constexpr,
     else:
         kg_b = gl.allocate_shared_memory(gl.float32, [STAGES * NP] + kg_desc.block_type.shape, kg_desc.layout)
         vg_b = gl.allocate_shared_memory(gl.float32, [STAGES * NP] + vg_desc.block_type.shape, vg_desc.layout)
-    if N < 16 and PAD_N:
-        # GluonAttentionConfig(n_pad=8, pad_smem=True): the MMA's N = 8, its shared B operands allocated 16 wide and
-        # used through N-wide views (q^T's first 8 rows, P^T's first 8 columns). Why (issue 15, the LEAN variants'
-        # illegal address): an 8-wide B operand is what only n_pad=8 has. 8 wide, P^T [T, 8] is the one
-        # unswizzled N-major wgmma operand of the kernel (descriptor LBO 128, SBO 0: 16-byte rows) and sits at the
-        # end of shared memory (324 bytes before its end: scratch, barriers); Triton keeps its own wgmma at N >= 16
-        # because "N = 8 would require padding the shared memory" (triton PR 7981; issue 10629: an unpadded N = 8
-        # operand read out of bounds, an illegal address on the H100). 16 wide, P^T is 32-byte swizzled as at
-        # N = 16 (the shipped kernel's descriptor: LBO 0, SBO 256) and any over-read stays inside the allocation.
-        q16 = gl.allocate_shared_memory(gl.bfloat16, [16, D], gl.NVMMASharedLayout.get_default_for([16, D],
-                                                                                                   gl.bfloat16))
-        p16 = gl.allocate_shared_memory(gl.bfloat16, [T, 16], gl.NVMMASharedLayout.get_default_for([T, 16],
-                                                                                                   gl.bfloat16))
-        q_s = q16.slice(0, N, dim=0)
-        p_s = p16.slice(0, N, dim=1)
+    q_s = gl.allocate_shared_memory(gl.bfloat16, [N, D], gl.NVMMASharedLayout.get_default_for([N, D], gl.bfloat16))
+    if N == 8:
+        # [T, 8] bf16 rows are 16 bytes: the default layout is MN-major without swizzle, whose wgmma descriptor reads
+        # the wrong elements on the H200 (n_pad=8: wrong bits; with unroll=2 + col_max: compute-sanitizer "Invalid
+        # __shared__ read of size 256 bytes" at the PV wgmma, 2026-12-02). K-major [N, T] (128-byte swizzle) instead,
+        # like q_s.
+        p_s = gl.allocate_shared_memory(gl.bfloat16, [N, T], gl.NVMMASharedLayout.get_default_for([N, T], gl.bfloat16))
     else:
-        q_s = gl.allocate_shared_memory(gl.bfloat16, [N, D], gl.NVMMASharedLayout.get_default_for([N, D],
-                                                                                                  gl.bfloat16))
-        p_s = gl.allocate_shared_memory(gl.bfloat16, [T, N], gl.NVMMASharedLayout.get_default_for([T, N],
-                                                                                                  gl.bfloat16))
+        p_s = gl.allocate_shared_memory(gl.bfloat16, [T, N], gl.NVMMASharedLayout.get_default_for([T, N], gl.bfloat16))
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):

@@ -10,10 +10,10 @@ activation); here it quantizes h from registers.
 Same bits, by construction: the norm part is `_add_rms_norm_kernel`'s code on the same [BLOCK_M, BLOCK_N] tile
 (`rmsnorm._tiles`, same warps), so the float32 sum of squares reduces in the same layout and order; the quantizer
 reads the bf16-rounded h (as the separate quantizer loads it), viewed as `fp4_block_tiles`' [rows * blocks, G]
-block tile (a reshape of the row tile: blocks are contiguous), and runs that file's `_block_stats` /
-`_dequant_blocks`: block and row amaxes are maxima (exact in any order), the rest is element-wise, so the tile
-shape does not change a bit. NaN/Inf go through the same ops (a NaN/Inf row normalises to NaN where the separate
-kernel's does, and a block holding one emits NaN).
+block tile (a reshape of the row tile: blocks are contiguous), and runs that file's `_block_stats`,
+`_row_global_scales` (the separate kernel's nvfp4:row scale step) and `_dequant_blocks`: block and row amaxes are
+maxima (exact in any order), the rest is element-wise, so the tile shape does not change a bit. NaN/Inf go through
+the same ops (a NaN/Inf row normalises to NaN where the separate kernel's does, and a block holding one emits NaN).
 
 `store_h=False` skips writing h (8 KB per 4096-wide bf16 row) where nothing reads it. Torch reference:
 `add_rms_norm_quantize_reference` (the composition of the two kernels' references).
@@ -26,8 +26,7 @@ import triton
 import triton.language as tl
 
 from trace_rl.formats import get_format
-from trace_rl.kernels.fp4_block_tiles import _block_stats, _dequant_blocks, _store_blocks
-from trace_rl.kernels.fp_bits import fast_div_ok
+from trace_rl.kernels.fp4_block_tiles import _block_stats, _dequant_blocks, _row_global_scales, _store_blocks
 from trace_rl.kernels.rmsnorm import _add_rms_norm_rows, _tiles, add_rms_norm_reference
 
 W4A4_ROW_FORMATS = {"nvfp4:row": 16, "mxfp4": 32}   # per-token activation format -> elements per scale block
@@ -50,14 +49,7 @@ def _add_rms_norm_quantize_kernel(x_ptr, r_ptr, w_ptr, h_ptr, r_out_ptr, q_ptr, 
     hq = tl.reshape(hb.to(tl.float32), [BLOCK_M * NB, G])        # padding columns / rows are 0: amax unchanged
     block_amax, bad, amax = _block_stats(hq, BLOCK_M, NB)
     row0 = tl.program_id(0) * BLOCK_M
-    if MX:
-        gs = tl.full([BLOCK_M * NB], 1.0, dtype=tl.float32)
-        fast_div = True
-    else:
-        gscale = tl.where(amax > 0, tl.math.div_rn(amax, 2688.0), 1.0)          # [BLOCK_M]
-        fast_div = tl.min(fast_div_ok(amax).to(tl.int32), axis=0) == 1      # same bits either way
-        tl.store(gscale_ptr + rows, gscale, mask=rows < n_rows)
-        gs = tl.reshape(tl.broadcast_to(gscale[:, None], [BLOCK_M, NB]), [BLOCK_M * NB])
+    gs, fast_div = _row_global_scales(amax, row0, n_rows, gscale_ptr, MX, BLOCK_M, NB)
     _store_blocks(q_ptr, _dequant_blocks(hq, block_amax, bad, gs, fast_div, MX), row0, n_rows, 0, N, stride_q,
                   BLOCK_M, NB, G)
 

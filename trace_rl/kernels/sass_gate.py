@@ -46,8 +46,10 @@ from dataclasses import dataclass, field
 GATE_MODULES = ("trace_rl.kernels.fp4_gemm", "trace_rl.kernels.fp4_gemm_tma", "trace_rl.kernels.fp4_grouped",
                 "trace_rl.kernels.fp4_relayout", "trace_rl.kernels.paged_attention",
                 "trace_rl.kernels.row_quantize_gate", "trace_rl.kernels.swiglu", "trace_rl.kernels.fp4_dequant",
-                "trace_rl.kernels.fp4_gemm_gluon_gate", "trace_rl.kernels.paged_attention_gluon_gate",
-                "trace_rl.kernels.rmsnorm_quantize", "trace_rl.kernels.epilogue_silu_quantize")
+                "trace_rl.kernels.fp4_gemm_gluon_gate", "trace_rl.kernels.fp4_gemm_wide256_gate",
+                "trace_rl.kernels.paged_attention_gluon_gate",
+                "trace_rl.kernels.rmsnorm_quantize", "trace_rl.kernels.epilogue_silu_quantize",
+                "trace_rl.kernels.fp4_grouped_gluon")
 _LINE = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 _OPCODE = re.compile(r"^(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)")
 

@@ -69,6 +69,10 @@ class MLP(nn.Module):
         then be None (not written: no activation hook)."""
         if self.gate_up_proj is not None:
             gate_up = self.gate_up_proj(x) if xq is None else shared_input([self.gate_up_proj], x, xq)[0]
+            if FUSE_ROLLOUT_SILU_QUANTIZE:     # mxfp4 (and any stacked W4A4 gate/up): SiLU x mul into down's quantize
+                y = silu_mul_linear(self.down_proj, gate_up)
+                if y is not None:
+                    return y
             if self.fused and gate_up.is_cuda:
                 from trace_rl import kernels
 

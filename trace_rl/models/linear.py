@@ -212,13 +212,23 @@ def stacked_silu_mul_linear(group, parts: list[Linear], layer: Linear) -> torch.
         return q.backend.linear_quantized(dq, q.packed, q.bias)
 
 
+# Rows below which the fused SiLU x mul + quantize loses to the two launches (silu_mul, then the quantize): its row
+# programs are few and long at small M. H200, 12288 -> 4096 down projection with its GEMM, us (check w4a4prod,
+# benchmarks/results/w4a4_producers_h200_1202e.json): nvfp4 fused / apart 22.6 / 19.8 (M = 1), 24.4 / 22.4 (16),
+# 37.4 / 38.7 (64), 80.5 / 85.9 (256); mxfp4 19.4 / 18.4 (1), 21.2 / 21.4 (16), 33.5 / 35.8 (64).
+SILU_QUANTIZE_MIN_ROWS = 64
+
+
 def silu_mul_linear(layer: Linear, gate_up: torch.Tensor) -> torch.Tensor | None:
     """`layer(F.silu(gate) * up)` for gate_up [..., 2K] (gate | up) with the SiLU x mul fused into the layer's W4A4
     input quantization (`Backend.quantize_silu_mul_input`: one launch for torch's SiLU, multiply and the quantize;
     the same bits). None where that does not apply (not a rollout layer, W4A16, an activation hook, which reads the
-    product, or a backend / device that does not fuse it): the caller computes the product and calls `layer`."""
+    product, fewer than SILU_QUANTIZE_MIN_ROWS rows, or a backend / device that does not fuse it): the caller computes
+    the product and calls `layer`."""
     q = layer.quant
     if q is None or q.act_fmt == "bf16" or layer.activation_hook is not None:
+        return None
+    if gate_up.numel() // max(gate_up.shape[-1], 1) < SILU_QUANTIZE_MIN_ROWS:
         return None
     with op_range("activation"):
         xq = q.backend.quantize_silu_mul_input(gate_up, q.packed, q.act_fmt)

@@ -1,0 +1,78 @@
+"""Compile-gate cases (sass_gate.py) of the 256-token Gluon FP4 GEMM (fp4_gemm_wide256.py), Triton 3.6 only.
+
+What the gate holds it to: the decoded tile stays in registers (register-A HGMMA, no STS/LDSM in the loop), no spills,
+at most one full wgmma wait per step (overlap: none but the loop's one), the warp-specialised structure (setmaxnreg,
+mbarrier waits, TMA), and SASS per weight element of the consumer's 128-column step within budget."""
+
+from __future__ import annotations
+
+import triton
+
+from trace_rl.kernels.fp4_gemm_wide256 import (
+    BK,
+    SCALE_BOX_WORDS,
+    VARIANTS,
+    WIDE64_2CTA,
+    Wide256Config,
+    _fp4_gemm_wide256_kernel,
+    shared_layouts,
+)
+from trace_rl.kernels.hopper_fp4 import COLS, ROWS
+
+# (config, token tile, SASS budget per weight element): filled from the measured values (+ ~3%)
+GATE = tuple((c, 256, 3.2) for c in VARIANTS.values()) + ((VARIANTS["w256"], 128, 3.2), (VARIANTS["w256"], 64, 3.2),
+                                                         (WIDE64_2CTA, 64, 3.15))
+GATE_MX = ((VARIANTS["w256"], 256, 3.2), )
+
+
+def gate_case(c: Wide256Config, block_m: int, budget: float, fmt: str = "nvfp4"):
+    from trace_rl.kernels.sass_gate import GateCase
+
+    wl, sl, xl = shared_layouts(block_m)
+    sig = dict(w_desc=f"tensordesc<i32[{BK // COLS}, {c.block_n // ROWS}, 256],{wl!r}>",
+               s_desc=f"tensordesc<i32[{c.block_n}, {SCALE_BOX_WORDS}],{sl!r}>",
+               x_desc=f"tensordesc<bf16[{block_m}, {BK}],{xl!r}>", rf_ptr="*fp32", out_ptr="*bf16",
+               part_ptr="*fp32", count_ptr="*i32", M="i32", N="i32", KB="i32", SPLIT_K="i32", stride_om="i32")
+    consts = dict(BN=c.block_n, BM=block_m, STAGES=c.slots(block_m), OVERLAP=c.overlap, MX=fmt == "mxfp4")
+    return GateCase(f"gemm wide256 {fmt} {block_m}x{c.block_n}x{BK} s{c.slots(block_m)}"
+                    f"{' overlap' if c.overlap else ''} r{c.maxnreg}", _fp4_gemm_wide256_kernel, sig, consts,
+                    c.num_warps, 1,
+                    c.block_n * BK / (32 * c.num_warps), budget,
+                    ("rf_ptr", "out_ptr", "part_ptr", "count_ptr", "stride_om"),
+                    max_full_waits=1, options=(("maxnreg", c.maxnreg), ),
+                    require=("USETMAXREG", "SYNCS.PHASECHK", "UTMALDG", "SYNCS.ARRIVE"))
+
+
+# the stream-K schedule (fp4_gemm_wide256_sk.py): (config, token tile, budget, format)
+GATE_SK = ((VARIANTS["w256"], 256, 3.2, "nvfp4"), (VARIANTS["w256_nooverlap"], 256, 3.2, "nvfp4"),
+           (VARIANTS["w256"], 128, 3.2, "nvfp4"), (VARIANTS["w256"], 64, 3.2, "nvfp4"),
+           (VARIANTS["w256"], 256, 3.0, "mxfp4"),
+           (WIDE64_2CTA, 64, 3.15, "nvfp4"), (WIDE64_2CTA, 64, 3.0, "mxfp4"))
+
+
+def sass_gate_cases():
+    if not triton.__version__.startswith("3.6"):
+        return []
+    return [gate_case(c, bm, b) for c, bm, b in GATE] + [gate_case(c, bm, b, "mxfp4") for c, bm, b in GATE_MX] + \
+        [sk_gate_case(c, bm, b, f) for c, bm, b, f in GATE_SK]
+
+
+def sk_gate_case(c: Wide256Config, block_m: int, budget: float, fmt: str = "nvfp4", maxseg: int = 3):
+    """The stream-K schedule (fp4_gemm_wide256_sk.py): the same step, the tile loop around it (`innermost`)."""
+    from trace_rl.kernels.fp4_gemm_wide256_sk import _fp4_gemm_wide256_sk_kernel
+    from trace_rl.kernels.sass_gate import GateCase
+
+    wl, sl, xl = shared_layouts(block_m)
+    sig = dict(w_desc=f"tensordesc<i32[{BK // COLS}, {c.block_n // ROWS}, 256],{wl!r}>",
+               s_desc=f"tensordesc<i32[{c.block_n}, {SCALE_BOX_WORDS}],{sl!r}>",
+               x_desc=f"tensordesc<bf16[{block_m}, {BK}],{xl!r}>", rf_ptr="*fp32", out_ptr="*bf16",
+               part_ptr="*fp32", count_ptr="*i32", M="i32", N="i32", KB="i32", n_tiles="i32", TOTAL="i32",
+               stride_om="i32")
+    consts = dict(BN=c.block_n, BM=block_m, STAGES=c.slots(block_m), OVERLAP=c.overlap, MX=fmt == "mxfp4",
+                  MAXSEG=maxseg)
+    return GateCase(f"gemm wide256 sk {fmt} {block_m}x{c.block_n}x{BK} s{c.slots(block_m)}"
+                    f"{' overlap' if c.overlap else ''} r{c.maxnreg}", _fp4_gemm_wide256_sk_kernel, sig, consts,
+                    c.num_warps, 1, c.block_n * BK / (32 * c.num_warps), budget,
+                    ("rf_ptr", "out_ptr", "part_ptr", "count_ptr", "stride_om"),
+                    max_full_waits=1, options=(("maxnreg", c.maxnreg), ), innermost=True,
+                    require=("USETMAXREG", "SYNCS.PHASECHK", "UTMALDG", "SYNCS.ARRIVE"))
