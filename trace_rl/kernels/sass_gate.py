@@ -105,9 +105,8 @@ def _constexpr_defaults(fn, case: GateCase) -> dict:
     return out
 
 
-def compile_sass(case: GateCase) -> tuple[str, dict]:
-    """(SASS text, resource usage) of `case` compiled for sm_90: cuobjdump's REG / STACK / SHARED (static) / LOCAL and
-    TRITON_SHARED, the shared memory a launch requests (the pipeline's buffers included)."""
+def compile_kernel(case: GateCase):
+    """`case` compiled for sm_90 (Triton's CompiledKernel: .asm["ptx"] / ["cubin"], .metadata)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -121,9 +120,28 @@ def compile_sass(case: GateCase) -> tuple[str, dict]:
     constexprs = {**_constexpr_defaults(fn, case), **case.constexprs}
     sig = {**case.signature, **{k: "constexpr" for k in constexprs}}
     attrs = {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in case.divisible}
-    kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
-                            target=GPUTarget("cuda", 90, 32),
-                            options=dict(num_warps=case.num_warps, num_stages=case.num_stages, **dict(case.options)))
+    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
+                          target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=case.num_warps, num_stages=case.num_stages, **dict(case.options)))
+
+
+def sass_text(cubin: bytes) -> str:
+    """cuobjdump -sass of a cubin (Triton's wheel carries cuobjdump)."""
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+
+
+def compile_sass(case: GateCase) -> tuple[str, dict]:
+    """(SASS text, resource usage) of `case` compiled for sm_90: cuobjdump's REG / STACK / SHARED (static) / LOCAL and
+    TRITON_SHARED, the shared memory a launch requests (the pipeline's buffers included)."""
+    import triton
+
+    kernel = compile_kernel(case)
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
