@@ -58,8 +58,13 @@ def bench(batches: list[int], gemms: list[str], read_bw: float, log, deadline: f
 
     from trace_rl.backends.fp4 import grouped_linear_reference, prepare_expert_weights
     from trace_rl.kernels.fp4_grouped import fp4_grouped_matmul
-    from trace_rl.kernels.fp4_grouped_gluon import (GLUON_VARIANTS, GROUPED_GLUON, fp4_grouped_matmul_gluon,
-                                                     tile_config, token_tile)
+    from trace_rl.kernels.fp4_grouped_gluon import (
+        GLUON_VARIANTS,
+        GROUPED_GLUON,
+        fp4_grouped_matmul_gluon,
+        tile_config,
+        token_tile,
+    )
     from trace_rl.kernels.linear import hopper_weight
     from trace_rl.kernels.row_quantize import quantize_dequant_bf16
 

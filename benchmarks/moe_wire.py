@@ -5,8 +5,8 @@ un-permute excluded. Per plan (nvfp4 W4A16, mxfp4 W4A16, nvfp4 W4A4) and B route
 `kernels.grouped_dispatch.GLUON_GROUPED` off (every GEMM on the Triton grouped kernel) and on (the dispatch rule
 picks per GEMM), each timed twice, interleaved off / on / off / on (CUDA-graph medians, us, one process: every number
 beside its baseline); the kernels each setting ran (the backend's `experts.fp4_grouped.gluon` / `.triton` counts of
-one eager call); whether the captured layer (on) replays eager's bits; the on-vs-off output difference (the two kernels sum in different orders) and both against the bf16
-`torch._grouped_mm` layer.
+one eager call); whether the captured layer (on) replays eager's bits; the on-vs-off output difference (the two
+kernels sum in different orders) and both against the bf16 `torch._grouped_mm` layer.
 
     python benchmarks/moe_wire.py --out OUT.json [--batches 128,256,512] [--budget-s 60] [--precompile-only]
     python benchmarks/moe_wire.py --smoke          # CPU: interpreter, tiny shapes, wall clock (tests the script)
@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import time
+from functools import partial
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -108,7 +109,7 @@ def run(batches: list[int], deadline: float, precompile_only: bool, log) -> None
                     us = {"off": [], "on": []}
                     for on in SETTINGS:
                         grouped_dispatch.GLUON_GROUPED = on
-                        us["on" if on else "off"].append(round(time_us([lambda: layer(gu, dn, x, perm)], reps=10),
+                        us["on" if on else "off"].append(round(time_us([partial(layer, gu, dn, x, perm)], reps=10),
                                                                2))
                     row["us_off"], row["us_on"] = us["off"], us["on"]
                     row["speedup"] = round(min(us["off"]) / min(us["on"]), 3)
@@ -130,11 +131,6 @@ def main() -> None:
     args = ap.parse_args()
     batches = [4, 6] if SMOKE else [int(b) for b in args.batches.split(",")]
     result = {"moe": MOE, "rows": [], "skipped": []}
-    if not SMOKE:
-        result["device"] = torch.cuda.get_device_name()
-        import triton
-
-        result["triton"] = triton.__version__
 
     def log(row):
         (result["skipped"].append(row["skipped"]) if "skipped" in row else result["rows"].append(row))
@@ -144,6 +140,10 @@ def main() -> None:
                 json.dump(result, f, indent=1)
 
     try:
+        if not SMOKE:
+            import triton
+
+            result["device"], result["triton"] = torch.cuda.get_device_name(), triton.__version__
         run(batches, time.time() + args.budget_s, args.precompile_only, log)
     except Exception as e:   # noqa: BLE001 -- saved with what was measured
         import traceback

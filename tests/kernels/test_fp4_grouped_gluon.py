@@ -1,10 +1,9 @@
-"""The Gluon grouped FP4 GEMM (fp4_grouped_gluon.py; which calls take it: grouped_dispatch.py): launcher checks and the token-tile rule on CPU; on an
-sm_90 GPU with Triton 3.6, against the torch reference (`grouped_linear_reference`) and the shipped Triton grouped
-kernel at odd row counts (experts with 0, 1, 17, 46 and 70 rows: one and two token tiles), ragged N (an N tile
-past the expert's rows), padded K, every token tile and benchmark variant (overlap included), nvfp4 and mxfp4, with
-a bias, W4A4 prequantized (row scales),
-the zero tail, a persistent grid of 3 programs (the ring's phases across items) bit-identical to the default grid,
-and run-to-run bit identity."""
+"""The Gluon grouped FP4 GEMM (fp4_grouped_gluon.py; which calls take it: grouped_dispatch.py): launcher checks and
+the token-tile rule on CPU; on an sm_90 GPU with Triton 3.6, against the torch reference (`grouped_linear_reference`)
+and the shipped Triton grouped kernel at odd row counts (experts with 0, 1, 17, 46 and 70 rows: one and two token
+tiles), ragged N (an N tile past the expert's rows), padded K, every token tile and benchmark variant (overlap
+included), nvfp4 and mxfp4, with a bias, W4A4 prequantized (row scales), the zero tail, a persistent grid of 3
+programs (the ring's phases across items) bit-identical to the default grid, and run-to-run bit identity."""
 
 import pytest
 import torch

@@ -2,9 +2,9 @@
 nvfp4 gate | up stacked (`GroupedQuantLinear(parts=2)`, one grouped FP4 GEMM launch, the tokens quantized once)
 equals the unstacked gate and up pair bit for bit (buffers quantized by the CUDA quantize kernel, layouts derived
 by the relayout kernel with per-row globals, the grouped kernel's per-row factor in its epilogue); the MoE block
-equals the unstacked pair's outputs fed to the same fused SiLU x up quantize launch, bit for bit. At 200 tokens (12.5 rows
-per expert) on sm_90 with Triton 3.6 the grouped GEMMs are the Gluon kernel's (kernels.grouped_dispatch: nvfp4, K =
-2048 and 768; the rule has no N input, so the stacked and unstacked GEMMs take the same kernel and tile)."""
+equals the unstacked pair's outputs fed to the same fused SiLU x up quantize launch, bit for bit. At 200 tokens
+(12.5 rows per expert) on sm_90 with Triton 3.6 the grouped GEMMs are the Gluon kernel's (kernels.grouped_dispatch:
+nvfp4, K = 2048 and 768; the rule has no N input, so the stacked and unstacked GEMMs take the same kernel and tile)."""
 
 from __future__ import annotations
 
