@@ -41,12 +41,13 @@ FORMATS = ("nvfp4", "mxfp4")
 LEAN = dict(n_pad=8, unroll=2, col_max=True)       # paged_attention_gluon.LEAN's fields
 VARIANTS = {"nvfp4": {"gluon": dict(), "lean": LEAN, "colmax": dict(col_max=True),
                       "colmax_u2": dict(col_max=True, unroll=2), "lean_s2": dict(LEAN, stages=2),
-                      "persistent": dict(persistent=True), "persistent_colmax": dict(persistent=True, col_max=True)},
+                      "persistent": dict(persistent=True), "persistent_colmax": dict(persistent=True, col_max=True),
+                      "persistent_lean": dict(LEAN, persistent=True)},
             "mxfp4": {"gluon": dict(), "lean": LEAN, "colmax": dict(col_max=True),
                       "colmax_u2": dict(col_max=True, unroll=2), "fold": dict(mx_fold=True),
-                      "fold_lean": dict(LEAN, mx_fold=True)}}
+                      "fold_lean": dict(LEAN, mx_fold=True), "persistent_lean": dict(LEAN, persistent=True)}}
 # what a variant must be bit-identical to (the rest: the shipped default, gluon)
-BASE = {"fold_lean": "fold", "persistent_colmax": "persistent"}
+BASE = {"fold_lean": "fold", "persistent_colmax": "persistent"}   # persistent_lean: against gluon (same bits)
 DEV = A.DEV
 ONLY: set[str] = set()      # --variants
 
@@ -122,6 +123,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget-s", type=float, default=80.0)
     ap.add_argument("--formats", default=",".join(FORMATS))
+    ap.add_argument("--shapes", default="", help='B x L rows to run instead of SHAPES, e.g. "313x4352,313x8447"')
     ap.add_argument("--variants", default="", help="comma list of variant names to time (gluon always; default all): "
                     "a variant whose kernel faults poisons the process's CUDA context for every later row")
     args = ap.parse_args()
@@ -140,7 +142,8 @@ def main() -> None:
     log(res["ceilings"])
     read_bw = res["ceilings"]["read_TBps"] * 1e12
     gen = torch.Generator(device=DEV).manual_seed(0)
-    for batch, ctx in SHAPES:
+    shapes = [tuple(int(v) for v in t.split("x")) for t in args.shapes.split(",") if t] or SHAPES
+    for batch, ctx in shapes:
         sdpa = None                   # once per shape (the bf16 cache is the same for both formats)
         for fmt in args.formats.split(","):
             if time.time() - start > args.budget_s:

@@ -33,6 +33,9 @@
 #            15) vs cuBLAS BF16, the Triton path and gemlite at M = 1/4/16, W4A16 / W4A4 / prequantized, after an
 #            RMSNorm too, + its GPU tests (8 parallel shards); named only
 #   gemmship2 the same bench for 12288x4096 and 4096x1024 only, no tests (the rows a budget-cut gemmship missed)
+#   gluontests the Gluon attention's GPU tests (every variant, LEAN now the default) + the engine's Gluon path tests
+#   attnmid  benchmarks/attention_sass.py at the fixed workload's mid contexts (313 x 2048 / 4352 / 8447): the shipped
+#            first config vs LEAN vs the persistent LEAN (tail waves), both formats; named only
 #   attnfault benchmarks/attention_fault_h200.sh  the Gluon attention's SASS variants' GPU tests one process each
 #            (which part faults), then compute-sanitizer memcheck on the first faulting one; named only
 #   gemm256  benchmarks/gemm_wide256_h200.sh       the 256-token Gluon FP4 GEMM (fp4_gemm_wide256, opt-in) vs
@@ -130,6 +133,11 @@ for name in $NAMES; do
         gemmship) bash benchmarks/gemm_ship_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         gemmship2) SHIP_TESTS=0 SHIP_SHAPES=12288x4096,4096x1024 bash benchmarks/gemm_ship_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         attnfault) bash benchmarks/attention_fault_h200.sh "$d" > "$d/run.log" 2>&1 ;;
+        gluontests) pytest_check "$d" 115 -m gpu tests/kernels/test_paged_attention_gluon.py tests/kv/test_gluon_path.py \
+                        "tests/engine/test_native_gpu.py::test_gluon_attention_equals_kernels_in_graphs" \
+                        "tests/engine/test_native_gpu.py::test_gluon_engine_log_probs_match_trainer" ;;
+        attnmid) timeout 110 $PYTHON benchmarks/attention_sass.py --out "$d/attention_sass.json" --budget-s 90 \
+                     --shapes 313x4352,313x2048,313x8447 --variants lean,persistent_lean > "$d/run.log" 2>&1 ;;
         gemm256) bash benchmarks/gemm_wide256_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         moegluon) bash benchmarks/moe_gluon_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         moewire) bash benchmarks/moe_wire_h200.sh "$d" > "$d/run.log" 2>&1 ;;
