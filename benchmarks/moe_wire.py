@@ -9,6 +9,7 @@ one eager call); whether the captured layer (on) replays eager's bits; the on-vs
 kernels sum in different orders) and both against the bf16 `torch._grouped_mm` layer.
 
     python benchmarks/moe_wire.py --out OUT.json [--batches 128,256,512] [--budget-s 60] [--precompile-only]
+                                  [--plans nvfp4_w4a16,mxfp4_w4a16,nvfp4_w4a4]
     python benchmarks/moe_wire.py --smoke          # CPU: interpreter, tiny shapes, wall clock (tests the script)
 """
 
@@ -50,7 +51,11 @@ def bf16_layer(w_gu, w_d, x, perm):
     return grouped_mm(F.silu(g) * u, w_d, perm.ends)
 
 
-def run(batches: list[int], deadline: float, precompile_only: bool, log) -> None:
+def plan_name(fmt: str, act: str) -> str:
+    return f"{fmt}_{'w4a16' if act == 'bf16' else 'w4a4'}"
+
+
+def run(batches: list[int], deadline: float, precompile_only: bool, log, plans=PLANS) -> None:
     from trace_rl.backends.grouped_linear import GroupedQuantLinear
     from trace_rl.kernels import grouped_dispatch
     from trace_rl.models.grouped import permute
@@ -66,7 +71,7 @@ def run(batches: list[int], deadline: float, precompile_only: bool, log) -> None
         ids = torch.randn(B, E, device=DEV, generator=g).topk(k, dim=1).indices
         perm = permute(ids, E)
         inputs[B] = (x, perm, bf16_layer(w_gu, w_d, x, perm))
-    for fmt, act in PLANS:
+    for fmt, act in plans:
         if time.time() > deadline:
             log({"skipped": f"{fmt} {act}: out of time"})
             continue
@@ -81,7 +86,7 @@ def run(batches: list[int], deadline: float, precompile_only: bool, log) -> None
                 log({"skipped": f"{fmt} {act} B={B}: out of time"})
                 continue
             x, perm, ref = inputs[B]
-            row = {"plan": f"{fmt}_{'w4a16' if act == 'bf16' else 'w4a4'}", "B": B, "rows": B * k,
+            row = {"plan": plan_name(fmt, act), "B": B, "rows": B * k,
                    "mean_rows_per_expert": B * k / E}
             outs = {}
             try:
@@ -127,6 +132,7 @@ def main() -> None:
     ap.add_argument("--batches", default="128,256,512")
     ap.add_argument("--budget-s", type=float, default=60)
     ap.add_argument("--precompile-only", action="store_true", help="eager calls only (Triton's disk cache), no timing")
+    ap.add_argument("--plans", default=",".join(plan_name(*p) for p in PLANS))
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
     batches = [4, 6] if SMOKE else [int(b) for b in args.batches.split(",")]
@@ -144,7 +150,8 @@ def main() -> None:
             import triton
 
             result["device"], result["triton"] = torch.cuda.get_device_name(), triton.__version__
-        run(batches, time.time() + args.budget_s, args.precompile_only, log)
+        plans = [p for p in PLANS if plan_name(*p) in args.plans.split(",")]
+        run(batches, time.time() + args.budget_s, args.precompile_only, log, plans)
     except Exception as e:   # noqa: BLE001 -- saved with what was measured
         import traceback
 

@@ -10,7 +10,8 @@
 #      unstacked pair bit for bit, both on the Gluon kernel, the MoE block's paths), tests/backends/
 #      test_grouped_linear.py (on the GPU: the grouped path vs the per-expert loop, nvfp4 on Gluon), the dispatch rule's
 #      CPU tests -> OUT/pytest_1.{log,rc}
-#    benchmarks/moe_wire.py --precompile-only (every kernel the timing runs, into Triton's disk cache)
+#    benchmarks/moe_wire.py --precompile-only, one process per plan (every kernel the timing runs, eager and
+#    captured, into Triton's disk cache) -> OUT/precompile_<plan>.log
 # 2. benchmarks/moe_wire.py -> OUT/moe_wire.json (+ .log): one MoE layer's experts (gate|up stacked, SwiGLU fused
 #    into down's input, as models.moe runs them) at B = 128 / 256 / 512, nvfp4 W4A16 / mxfp4 W4A16 / nvfp4 W4A4,
 #    GLUON_GROUPED off vs on interleaved (off, on, off, on; CUDA-graph us), the kernels each setting ran, graph ==
@@ -25,7 +26,10 @@
 ( timeout 60 $PY -m pytest -v -p no:cacheprovider -rs tests/models/test_moe_gateup_gpu.py \
       tests/backends/test_grouped_linear.py tests/kernels/test_grouped_dispatch.py > "$OUT/pytest_1.log" 2>&1
   echo $? > "$OUT/pytest_1.rc" ) &
-timeout 60 $PY benchmarks/moe_wire.py --precompile-only --budget-s 50 > "$OUT/precompile.log" 2>&1 &
+for plan in nvfp4_w4a16 mxfp4_w4a16 nvfp4_w4a4; do     # one process per plan: the compiles run side by side
+    timeout 60 $PY benchmarks/moe_wire.py --precompile-only --budget-s 50 --plans $plan \
+        > "$OUT/precompile_$plan.log" 2>&1 &
+done
 wait
 test_rc=$(cat "$OUT"/pytest_*.rc 2>/dev/null | sort -n | tail -1)   # the worst shard's
 test_rc=${test_rc:-99}
@@ -41,7 +45,8 @@ out, bench_rc, test_rc = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 s = {"pytest_rc": test_rc, "bench_rc": bench_rc,
      "pytest_tails": [l for i in range(2) for l in tail(out, f"pytest_{i}.log", 3)],
      "pytest_failed": [l for i in range(2) for l in tail(out, f"pytest_{i}.log", 400) if l.startswith("FAILED")][:12],
-     "precompile_errors": [l for l in tail(out, "precompile.log", 200) if "error" in l.lower()][:6]}
+     "precompile_errors": [l for n in sorted(os.listdir(out)) if n.startswith("precompile_")
+                           for l in tail(out, n, 200) if "error" in l.lower()][:6]}
 try:
     r = json.load(open(os.path.join(out, "moe_wire.json")))
     s["device"], s["triton"] = r.get("device"), r.get("triton")
