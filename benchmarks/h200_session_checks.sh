@@ -83,6 +83,11 @@
 #            its GPU tests, then at B = 409 / 512 / 128 / 256 routed tokens gate+up and down vs the Triton grouped
 #            kernel, torch._grouped_mm and the cuBLAS expert loop (graph), nvfp4 / mxfp4 (+ W4A4 prequantized);
 #            < 120 s; named only
+#   moewire  benchmarks/moe_wire_h200.sh  the MoE rollout's grouped GEMMs on the Gluon kernel where
+#            kernels/grouped_dispatch.py says: the MoE GPU tests (engine decode, gate|up stacked == unstacked at the
+#            Qwen3-30B-A3B shape on Gluon, grouped linear vs loop), then one MoE layer's experts with GLUON_GROUPED
+#            off vs on (interleaved, same run) at B = 128 / 256 / 512, nvfp4 / mxfp4 W4A16, nvfp4 W4A4: us, kernels
+#            taken, graph == eager; < 120 s; named only
 # The default order puts first what the stability study's runs depend on (wsync presets engine guided trainattn: ~9 min),
 # then the speed checks (grid gemm gemmwide attn gemmbound): a second call,
 # `BUDGET_S=... benchmarks/h200_session_checks.sh OUT grid gemm gemmwide attn gemmbound`; fp4engine only when named
@@ -140,6 +145,7 @@ for name in $NAMES; do
                      --shapes 313x4352,313x2048,313x8447 --variants lean,persistent_lean > "$d/run.log" 2>&1 ;;
         gemm256) bash benchmarks/gemm_wide256_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         moegluon) bash benchmarks/moe_gluon_h200.sh "$d" > "$d/run.log" 2>&1 ;;
+        moewire) bash benchmarks/moe_wire_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         mlpfuse) bash benchmarks/mlp_fuse_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         w4a4prod) bash benchmarks/w4a4_producers_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         presets) pytest_check "$d" 145 tests/pipelines/test_presets_gpu.py ;;

@@ -58,7 +58,13 @@ def bench(batches: list[int], gemms: list[str], read_bw: float, log, deadline: f
 
     from trace_rl.backends.fp4 import grouped_linear_reference, prepare_expert_weights
     from trace_rl.kernels.fp4_grouped import fp4_grouped_matmul
-    from trace_rl.kernels.fp4_grouped_gluon import GLUON_VARIANTS, GROUPED_GLUON, fp4_grouped_matmul_gluon, token_tile
+    from trace_rl.kernels.fp4_grouped_gluon import (
+        GLUON_VARIANTS,
+        GROUPED_GLUON,
+        fp4_grouped_matmul_gluon,
+        tile_config,
+        token_tile,
+    )
     from trace_rl.kernels.linear import hopper_weight
     from trace_rl.kernels.row_quantize import quantize_dequant_bf16
 
@@ -89,7 +95,7 @@ def bench(batches: list[int], gemms: list[str], read_bw: float, log, deadline: f
         row = {"gemm": name, "N": N, "K": K, "B": B, "rows": R, "active_experts": active,
                "rows_per_expert": {"min": min(counts), "mean": R / E, "max": max(counts),
                                    "over_32": sum(c > 32 for c in counts), "over_64": sum(c > 64 for c in counts)},
-               "gluon_default_tile": token_tile(R, E)}
+               "gluon_default_tile": {f: token_tile(R, E, f) for f in ("nvfp4", "mxfp4")}}
         out = torch.empty(R, N, device=DEV, dtype=torch.bfloat16)
         try:
             row["cublas_loop_us"] = round(time_us([cublas_expert_loop(x, w, offs, out)], reps=10), 2)
@@ -129,7 +135,7 @@ def bench(batches: list[int], gemms: list[str], read_bw: float, log, deadline: f
                     keep(row)
                 # the default tile's persistent grid at one program per SM (vs SMs x ctas_per_sm): shows whether
                 # the occupancy the launcher assumes holds (a second wave of programs would double the time)
-                c = GROUPED_GLUON[fmt][token_tile(R, E)]
+                c = tile_config(fmt, token_tile(R, E, fmt))
                 if c.ctas_per_sm(c.block_m, fmt) > 1 and not SMOKE:
                     sms = torch.cuda.get_device_properties(0).multi_processor_count
                     row[f"{fmt}_gluon_default_grid_sms"] = _timed(
@@ -149,7 +155,7 @@ def bench(batches: list[int], gemms: list[str], read_bw: float, log, deadline: f
                     row["nvfp4_a4_triton"] = _timed(
                         partial(fp4_grouped_matmul, xb, offsets, h, row_scale=rs, zero_tail=True), ref4, base,
                         rb, read_bw)
-                    c = GROUPED_GLUON[fmt][token_tile(R, E)]
+                    c = tile_config(fmt, token_tile(R, E, fmt))
                     row["nvfp4_a4_gluon"] = _timed(
                         partial(fp4_grouped_matmul_gluon, xb, offsets, h, row_scale=rs, config=c,
                                                              zero_tail=True), ref4, base, rb, read_bw)

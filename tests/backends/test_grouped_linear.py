@@ -71,8 +71,11 @@ def test_fp4_grouped_equals_loop(fmt, act, rng):
         loop = g(x, ends)
         assert g.backend.paths.counts["experts.loop"] == seen.get("experts.loop", 0) + 1
         g.force_path = "fp4_grouped"
+        seen = dict(g.backend.paths.counts)
         got = g(x, ends)
-        assert g.backend.paths.last == "experts.fp4_grouped"                 # recorded, and no emulated linear ran
+        # recorded, the kernel too (CPU: the Triton one, kernels.grouped_dispatch), and no emulated linear ran
+        assert g.backend.paths.counts["experts.fp4_grouped"] == seen.get("experts.fp4_grouped", 0) + 1
+        assert g.backend.paths.last == "experts.fp4_grouped.triton"
         used = int(ends[-1])
         assert got.shape == loop.shape and got.dtype == torch.bfloat16
         _assert_bf16_close(got[:used], loop[:used])
@@ -264,7 +267,12 @@ def test_cuda_takes_the_grouped_path(fmt, act, rng):
     x, ends = x.cuda(), ends.cuda()
     assert g.path(x) == "fp4_grouped" and g.capturable(x.device, torch.bfloat16) and g.row_align(x) == 1
     got = g(x, ends)
-    assert g.backend.paths.last == "experts.fp4_grouped"
+    # the kernel by kernels.grouped_dispatch: nvfp4 (K = 256, ~6 rows per expert) Gluon on sm_90 with Triton 3.6,
+    # mxfp4 Triton (K = 256 is half its Gluon K step)
+    from trace_rl.kernels.grouped_dispatch import grouped_gluon_available
+
+    sm90 = torch.cuda.get_device_capability() == (9, 0) and grouped_gluon_available()
+    assert g.backend.paths.last == f"experts.fp4_grouped.{'gluon' if sm90 and fmt == 'nvfp4' else 'triton'}"
     g.force_path = "loop"                         # each expert through fp4.triton's dense GEMM
     loop = g(x, ends)
     used = int(ends[-1])

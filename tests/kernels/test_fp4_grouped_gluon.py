@@ -1,10 +1,9 @@
-"""The opt-in Gluon grouped FP4 GEMM (fp4_grouped_gluon.py): launcher checks and the token-tile rule on CPU; on an
-sm_90 GPU with Triton 3.6, against the torch reference (`grouped_linear_reference`) and the shipped Triton grouped
-kernel at odd row counts (experts with 0, 1, 17, 46 and 70 rows: one and two token tiles), ragged N (an N tile
-past the expert's rows), padded K, every token tile and benchmark variant (overlap included), nvfp4 and mxfp4, with
-a bias, W4A4 prequantized (row scales),
-the zero tail, a persistent grid of 3 programs (the ring's phases across items) bit-identical to the default grid,
-and run-to-run bit identity."""
+"""The Gluon grouped FP4 GEMM (fp4_grouped_gluon.py; which calls take it: grouped_dispatch.py): launcher checks and
+the token-tile rule on CPU; on an sm_90 GPU with Triton 3.6, against the torch reference (`grouped_linear_reference`)
+and the shipped Triton grouped kernel at odd row counts (experts with 0, 1, 17, 46 and 70 rows: one and two token
+tiles), ragged N (an N tile past the expert's rows), padded K, every token tile and benchmark variant (overlap
+included), nvfp4 and mxfp4, with a bias, W4A4 prequantized (row scales), the zero tail, a persistent grid of 3
+programs (the ring's phases across items) bit-identical to the default grid, and run-to-run bit identity."""
 
 import pytest
 import torch
@@ -33,7 +32,10 @@ def _rel_err(y, ref):
 
 
 def test_token_tile_by_mean_rows_per_expert():
-    assert [token_tile(8 * b, 128) for b in (64, 128, 192, 256, 320, 409, 512)] == [16, 16, 16, 32, 32, 64, 64]
+    """TILE_RULE (the H200 measurements; the dispatch's cases: tests/kernels/test_grouped_dispatch.py)."""
+    batches = (64, 128, 192, 256, 320, 409, 512)
+    assert [token_tile(8 * b, 128) for b in batches] == [16, 16, 16, 32, 32, 32, "64x64"]
+    assert [token_tile(8 * b, 128, "mxfp4") for b in batches] == [16, 16, 16, 32, 32, 64, 64]
     assert token_tile(0, 128) == 16
 
 

@@ -2,7 +2,9 @@
 nvfp4 gate | up stacked (`GroupedQuantLinear(parts=2)`, one grouped FP4 GEMM launch, the tokens quantized once)
 equals the unstacked gate and up pair bit for bit (buffers quantized by the CUDA quantize kernel, layouts derived
 by the relayout kernel with per-row globals, the grouped kernel's per-row factor in its epilogue); the MoE block
-equals the unstacked pair's outputs fed to the same fused SiLU x up quantize launch, bit for bit."""
+equals the unstacked pair's outputs fed to the same fused SiLU x up quantize launch, bit for bit. At 200 tokens
+(12.5 rows per expert) on sm_90 with Triton 3.6 the grouped GEMMs are the Gluon kernel's (kernels.grouped_dispatch:
+nvfp4, K = 2048 and 768; the rule has no N input, so the stacked and unstacked GEMMs take the same kernel and tile)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,14 @@ from trace_rl.models.grouped import permute
 pytestmark = pytest.mark.gpu
 
 TOKENS = 200
+
+
+def _kernel() -> str:
+    """The grouped kernel kernels.grouped_dispatch picks here for nvfp4 at 200 x 8 rows over 128 experts."""
+    from trace_rl.kernels.grouped_dispatch import GLUON_GROUPED, grouped_gluon_available
+
+    on = torch.cuda.get_device_capability() == (9, 0) and GLUON_GROUPED and grouped_gluon_available()
+    return "gluon" if on else "triton"
 
 
 def _routing(e: int, k: int, gen: torch.Generator):
@@ -62,6 +72,7 @@ def test_stacked_gate_up_equals_the_unstacked_pair_at_qwen3_30b_shape(act):
     perm = permute(ids, e, st.row_align(x))
     assert all(m.path(x) == "fp4_grouped" for m in (st, gate, up))
     got = st(x, perm.ends, src_rows=perm.token_of_row, src_padded=perm.padded)
+    assert st.backend.paths.last == f"experts.fp4_grouped.{_kernel()}"
     pair = [m(x, perm.ends, src_rows=perm.token_of_row, src_padded=perm.padded) for m in (gate, up)]
     assert got.shape == (perm.token_of_row.shape[0], 2 * i)
     assert torch.equal(got, torch.cat(pair, dim=1))
@@ -81,9 +92,12 @@ def test_moe_block_stacked_equals_unstacked_at_qwen3_30b_shape():
     x = torch.randn(TOKENS, h, device="cuda", generator=gen).to(torch.bfloat16)
     backend = new.rollout["gate_up"].backend
     before = backend.paths.counts.get("experts.fp4_grouped", 0)
+    kernel = f"experts.fp4_grouped.{_kernel()}"
+    before_kernel = backend.paths.counts.get(kernel, 0)
     with torch.no_grad():
         got = new(x, ids, route_w)
         assert backend.paths.counts["experts.fp4_grouped"] == before + 2          # gate_up and down: 2 launches
+        assert backend.paths.counts[kernel] == before_kernel + 2                  # both on the dispatch's kernel
         assert torch.equal(got, unstacked_with_fused_silu(old, x, ids, route_w))
         # before the change: torch's F.silu(gate) * up; the fused launch rounds SiLU as torch does, with Triton's exp
         prev = old(x, ids, route_w)

@@ -32,7 +32,10 @@ device. Paths (recorded as `experts.<path>` in the backend's `paths`, never sile
   `kernels.linear.fp4_grouped_linear` over the stacked Hopper layout, one launch (W4A4: plus the per-token
   activation quantization launch), offsets [0, *ends] built on the device: no host sync, CUDA-graph
   capturable. The layout (the kernel's arrangement of the codes and scales, like a dense FP4 `QuantLinear`'s)
-  is derived on the first forward, or ahead of it with `derive_kernel_layout()`.
+  is derived on the first forward, or ahead of it with `derive_kernel_layout()`. The GEMM is the Gluon grouped
+  kernel or the Triton one by `kernels.grouped_dispatch`'s rule (sm_90, Triton 3.6, the launcher's shapes, the
+  mean rows per expert where the H200 measured it faster; `GLUON_GROUPED = False` turns it off), recorded as
+  `experts.fp4_grouped.gluon` / `experts.fp4_grouped.triton` after `experts.fp4_grouped`.
 - `fp8_grouped` (E4M3 weights per row or per tensor, E4M3 activations per token, where the fp8 backend's dense
   linears take `fp8.scaled_mm.rowwise`, on sm_90): `torch._scaled_grouped_mm` (CUTLASS, 2-D x 3-D with
   `offs` = ends) over the stacked codes, scale_a [rows] (each row's per-token scale: the quantize kernel, bit for
@@ -470,11 +473,16 @@ class GroupedQuantLinear(nn.Module):
         if not (x.is_cuda or interpreting()):
             raise RuntimeError("GroupedQuantLinear: the fp4_grouped path runs the Triton kernel on CUDA tensors "
                                "(on CPU only under TRITON_INTERPRET=1, for tests); leave force_path None here")
-        from trace_rl.kernels.linear import fp4_grouped_linear
+        from trace_rl.kernels.fp4_grouped import FUSE_ACT_QUANT
+        from trace_rl.kernels.linear import fp4_grouped_linear, grouped_gemm_path
 
+        experts = self.stacked()
+        rows = x.shape[0] if src_rows is None else src_rows.shape[0]
+        gemm = grouped_gemm_path(rows, x.device, experts, self.act_fmt, FUSE_ACT_QUANT)
+        self.backend.paths.record(f"experts.fp4_grouped.{gemm}")
         offsets = torch.cat([ends.new_zeros(1), ends]).to(torch.int32)     # [0, *ends] on the device, no sync
-        return fp4_grouped_linear(x, offsets, self.stacked(), self.act_fmt, src_rows=src_rows, silu_mul=silu_mul,
-                                  src_padded=src_padded)
+        return fp4_grouped_linear(x, offsets, experts, self.act_fmt, src_rows=src_rows, silu_mul=silu_mul,
+                                  src_padded=src_padded, path=gemm)
 
     def _fp8_grouped(self, x: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
         why = self.fp8_why_not(x.device) if x.is_cuda else "the inputs are not on a CUDA device"

@@ -1,6 +1,7 @@
 """Gluon (Triton 3.6) grouped (mixture-of-experts) FP4 GEMM, W4A16 and prequantized W4A4: the warp-specialised
-swap-AB pipeline of fp4_gemm_gluon.py over all experts in one persistent launch. Opt-in (issue 15 item 3): no
-dispatch takes it; `fp4_grouped.fp4_grouped_matmul` (Triton) is the shipped path and this takes the same inputs.
+swap-AB pipeline of fp4_gemm_gluon.py over all experts in one persistent launch, with `fp4_grouped.fp4_grouped_matmul`'s
+(Triton) inputs. `kernels.linear.fp4_grouped_linear` takes it where grouped_dispatch.py's rule says (sm_90, Triton
+3.6, a shape the launcher takes, the mean rows per expert where the H200 measured it faster: TILE_RULE below).
 
     out[r] = x[r] @ dequant(W[e])^T (x row_scale[r]) (+ bias[e])   for offsets[e] <= r < offsets[e + 1]
 
@@ -14,7 +15,7 @@ weight twice; its per-program prologue has no producer running ahead). Here:
   `ready`/`empty` mbarriers, the dense kernel's) streams across items: the producer fetches the next item's first
   steps while the consumers run this item's epilogue, and an expert with no rows costs two scalar loads;
 - an item loops over its expert's token tiles of BM rows (16 / 32 / 64: the wgmma N; `token_tile` picks it from
-  the mean rows per expert); when an expert's rows fit one tile, each weight element is decoded exactly once;
+  the mean rows per expert, TILE_RULE); when an expert's rows fit one tile, each weight element is decoded exactly once;
 - the consumers decode the layout words in registers (fp4_gemm_gluon._decode_chunk: the shipped shift/mask PTX)
   as wgmma's register A operand, the activation tile [BM, BK] is the shared-memory B operand; fp32 accumulation,
   no split-K (the items fill the GPU), so the result is deterministic;
@@ -74,13 +75,46 @@ GLUON_VARIANTS = {"64x256": GluonConfig(block_n=256, num_warps=8, maxnreg=144, b
                   "64o": GluonConfig(block_n=128, num_warps=8, maxnreg=112, block_m=64, stages=4, overlap=True)}
 
 
-def token_tile(rows: int, n_experts: int) -> int:
-    """The wgmma N from the mean rows per expert (the router's counts are on the device; the launch must not
-    synchronise): 16 up to 12 rows, 32 up to 20, else 64. An expert above the tile loops over tiles (its weight
-    decoded once per tile); at top-8 of 128 experts and 409-512 tokens the largest experts hold ~43-46 rows, so 64
-    decodes every weight element once. Provisional: benchmarks/kernels_moe_gluon.py sweeps all three per batch."""
+# The token tile by mean rows per expert, per format (H200, 2026-12-02, benchmarks/kernels_moe_gluon.py, check
+# `moegluon`; Qwen3-30B-A3B experts, top-8 of 128, W4A16, CUDA-graph medians in us, one run; mean = 8 B / 128):
+#   nvfp4 gate_up [1536 x 2048]  Triton | Gluon 16 / 32 / 64 / 64x64
+#     B = 128 (mean 8):    85.5 |  84.0 /  93.6 / 135.5 / 123.6
+#     B = 256 (mean 16):  119.2 | 130.4 /  94.6 / 136.8 / 125.0
+#     B = 409 (mean 25.6):118.6 | 167.2 / 117.6 / 141.2 / 128.0
+#     B = 512 (mean 32):  148.4 | 207.8 / 158.4 / 138.1 / 126.5
+#   nvfp4 down [2048 x 768]: 128: 53.2 | 52.6 (16); 256: 70.7 | 55.5 (32); 409: 72.0 | 61.1 (32);
+#     512: 92.1 | 76.4 (64x64; 32: 86.4, 64: 86.5)
+#   mxfp4 gate_up: 128: 77.4 | 75.9 (16); 256: 106.9 | 96.1 (32); 409: 105.7 | 116.4 (32; 64: 124.9: Triton wins);
+#     512: 130.9 | 126.1 (64; 64x64 not measured for mxfp4). mxfp4 down (K = 768): refused (scale rows, K step).
+# So nvfp4: 16 up to 12 rows, 32 up to 28 (between 25.6, where 32 wins, and 32, where 64x64 does), then "64x64"
+# (GLUON_VARIANTS: one warpgroup of 64 weight rows x 64 tokens, 2 CTAs per SM; 8-12% faster than the 128-row
+# 64-token tile at mean 32 in both GEMMs). mxfp4: 16 / 32 (up to 20 rows) / 64; between 20 and 28 rows no Gluon tile
+# beat Triton. Above 32 rows nothing was measured. (Where Gluon runs at all: grouped_dispatch.py, which takes Triton
+# in those two ranges.) W4A4 prequantized (row scale in the epilogue) measured with the previous rule (64 from 20 rows):
+# 128: 85.3 | 83.7, 256: 118.4 | 94.2, 409: 116.4 | 138.4 (tile 64, the pick this rule replaces), 512: 149.3 | 138.9.
+TILE_RULE = {"nvfp4": ((12, 16), (28, 32), (None, "64x64")),
+             "mxfp4": ((12, 16), (20, 32), (None, 64))}
+
+
+def token_tile(rows: int, n_experts: int, fmt: str = "nvfp4") -> int | str:
+    """The token tile (a key of GROUPED_GLUON[fmt] or of GLUON_VARIANTS: `tile_config`) from the mean rows per
+    expert (the router's counts are on the device; the launch must not synchronise), by TILE_RULE. An expert above
+    the tile loops over tiles (its weight decoded once per tile); at top-8 of 128 experts and 409-512 tokens the
+    largest experts hold ~37-46 rows."""
+    if fmt not in TILE_RULE:
+        raise ValueError(f"token_tile: format {fmt!r}; the Gluon grouped GEMM takes {', '.join(TILE_RULE)}")
     mean = rows / max(n_experts, 1)
-    return 16 if mean <= 12 else 32 if mean <= 20 else 64
+    return next(tile for bound, tile in TILE_RULE[fmt] if bound is None or mean <= bound)
+
+
+def tile_config(fmt: str, tile: int | str) -> GluonConfig:
+    """The GluonConfig of token tile `tile`: GROUPED_GLUON[fmt][tile] (16 / 32 / 64) or GLUON_VARIANTS[tile]."""
+    if tile in GROUPED_GLUON[fmt]:
+        return GROUPED_GLUON[fmt][tile]
+    if tile in GLUON_VARIANTS:
+        return GLUON_VARIANTS[tile]
+    raise ValueError(f"tile_config: no {fmt} tile {tile!r}; known: {list(GROUPED_GLUON[fmt])} + "
+                     f"{list(GLUON_VARIANTS)}")
 
 
 def schedule(offsets: list[int], n_tiles: int, block_m: int, pid: int, nprog: int) -> list[tuple[int, int, int]]:
@@ -319,8 +353,9 @@ def _check(x: torch.Tensor, offsets: torch.Tensor, w: HopperFP4, c: GluonConfig,
                            f"{triton.__version__}")
 
 
-def grouped_gluon_config(rows: int, n_experts: int, fmt: str, block_m: int | None = None) -> GluonConfig:
-    return GROUPED_GLUON[fmt][block_m or token_tile(rows, n_experts)]
+def grouped_gluon_config(rows: int, n_experts: int, fmt: str, tile: int | str | None = None) -> GluonConfig:
+    """The config of `tile`, default `token_tile(rows, n_experts, fmt)`."""
+    return tile_config(fmt, tile or token_tile(rows, n_experts, fmt))
 
 
 def fp4_grouped_matmul_gluon(x: torch.Tensor, offsets: torch.Tensor, w: HopperFP4,

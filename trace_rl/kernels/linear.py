@@ -13,6 +13,9 @@ At M <= 16 on an sm_90 GPU with Triton 3.6 both take the Gluon GEMM (fp4_gemm_gl
 launch; the rule: gemm_dispatch.py, `GLUON_SMALL_M` turns it off), elsewhere the Triton `fp4_matmul`. W4A4 there: the
 activation quantize kernel issues griddepcontrol.launch_dependents at its start, so the GEMM's setup and weight
 prefetch run under it.
+
+`fp4_grouped_linear` (mixture of experts) takes the Gluon grouped GEMM (fp4_grouped_gluon.py) or the Triton
+`fp4_grouped_matmul` by grouped_dispatch.py's rule (`GLUON_GROUPED` turns the Gluon one off).
 """
 
 from __future__ import annotations
@@ -144,7 +147,7 @@ def fp4_linear_prequantized(xq: torch.Tensor, row_scale: torch.Tensor | None, pa
 def fp4_grouped_linear(x_sorted: torch.Tensor, expert_offsets: torch.Tensor, experts, act_fmt: str = "bf16",
                        bias: torch.Tensor | None = None, config: GemmConfig | None = None,
                        fuse_act_quant: bool | None = None, src_rows: torch.Tensor | None = None,
-                       silu_mul: bool = False, src_padded: bool = True) -> torch.Tensor:
+                       silu_mul: bool = False, src_padded: bool = True, path: str | None = None) -> torch.Tensor:
     """Mixture-of-experts linear in one launch: rows of `x_sorted` [R, K] (tokens sorted by expert; a token
     routed to k experts appears k times) offsets[e] <= r < offsets[e + 1] go through expert e of `experts`
     (a PackedWeight with q [E, N, K], `backends.fp4.prepare_expert_weights`). `expert_offsets` int32 [E + 1]
@@ -159,8 +162,10 @@ def fp4_grouped_linear(x_sorted: torch.Tensor, expert_offsets: torch.Tensor, exp
       gathers the quantized rows and their scales (per-token quantization: the same codes as quantizing the
       gathered rows, at 1/k of the quantize work for top-k routing);
     - `silu_mul`: `x_sorted` is [R, 2K] (gate | up) and the rows are SiLU(gate) * up (`swiglu.silu_mul`),
-      fused into the W4A4 quantize launch."""
-    from trace_rl.kernels.fp4_grouped import FUSE_ACT_QUANT, fp4_grouped_matmul
+      fused into the W4A4 quantize launch.
+    The GEMM: the Gluon grouped kernel or the Triton one by `grouped_gemm_path` (kernels.grouped_dispatch's rule;
+    `path` if the caller already asked, as `GroupedQuantLinear` does to record it)."""
+    from trace_rl.kernels.fp4_grouped import FUSE_ACT_QUANT
 
     if experts.q is None or len(experts.q.shape) != 3:
         raise ValueError("fp4_grouped_linear: `experts` must hold [E, N, K] weights "
@@ -171,6 +176,11 @@ def fp4_grouped_linear(x_sorted: torch.Tensor, expert_offsets: torch.Tensor, exp
     K = x_sorted.shape[-1] // 2 if silu_mul else x_sorted.shape[-1]
     _check(experts, act_fmt, K)
     fuse = FUSE_ACT_QUANT if fuse_act_quant is None else fuse_act_quant
+    rows = x_sorted.shape[0] if src_rows is None else src_rows.shape[0]
+    path = path or grouped_gemm_path(rows, x_sorted.device, experts, act_fmt, fuse, config, bias)
+    if path == "gluon" and act_fmt != "bf16" and fuse:
+        raise ValueError("fp4_grouped_linear: the Gluon grouped GEMM takes prequantized W4A4 rows; pass "
+                         "fuse_act_quant=False or path None")
     if act_fmt != "bf16" and not fuse:     # the quantize launch, producers fused in
         xb, row_scale = quantize_dequant_bf16(x_sorted.contiguous(), per_token(act_fmt), silu_mul)
         if src_rows is not None and src_padded:   # zero padding row: codes 0, row scale 1 (= quantizing zeros)
@@ -178,8 +188,7 @@ def fp4_grouped_linear(x_sorted: torch.Tensor, expert_offsets: torch.Tensor, exp
             row_scale = None if row_scale is None else torch.cat([row_scale, row_scale.new_ones(1)])
         if src_rows is not None:
             xb, row_scale = xb[src_rows], None if row_scale is None else row_scale[src_rows]
-        return fp4_grouped_matmul(xb, expert_offsets, hopper_weight(experts), row_scale, bias, x_sorted.dtype,
-                                  config, zero_tail=True)
+        return _grouped_matmul(path, xb, expert_offsets, experts, row_scale, bias, x_sorted.dtype, config)
     if src_rows is not None:
         x_sorted = (torch.cat([x_sorted, x_sorted.new_zeros(1, K)]) if src_padded else x_sorted)[src_rows]
     elif silu_mul:
@@ -189,5 +198,33 @@ def fp4_grouped_linear(x_sorted: torch.Tensor, expert_offsets: torch.Tensor, exp
     xb = x_sorted.to(torch.bfloat16)
     xb = xb if xb.stride(-1) == 1 else xb.contiguous()
     act_quant = None if act_fmt == "bf16" else per_token(act_fmt)   # W4A4 quantized in the grouped kernel
-    return fp4_grouped_matmul(xb, expert_offsets, hopper_weight(experts), None, bias, x_sorted.dtype, config,
+    return _grouped_matmul(path, xb, expert_offsets, experts, None, bias, x_sorted.dtype, config, act_quant)
+
+
+def grouped_gemm_path(rows: int, device, experts, act_fmt: str = "bf16", fuse_act_quant: bool = False,
+                      config: GemmConfig | None = None, bias: torch.Tensor | None = None) -> str:
+    """"gluon" or "triton": the grouped GEMM `fp4_grouped_linear` runs for `rows` buffer rows on `device`
+    (kernels.grouped_dispatch.grouped_gemm, logged)."""
+    from trace_rl.kernels.grouped_dispatch import grouped_gemm
+
+    E, N, K = experts.q.shape
+    bias_ok = bias is None or (bias.shape == (E, N) and bias.is_contiguous())
+    return grouped_gemm(rows, device, experts.fmt, padded_shape(N, K)[1], E, config is not None,
+                        act_fmt != "bf16" and fuse_act_quant, bias_ok)
+
+
+def _grouped_matmul(path: str, xb, offsets, experts, row_scale, bias, out_dtype, config, act_quant=None):
+    """The grouped GEMM of `path` over the experts' stacked Hopper layout; rows >= offsets[E] zeroed."""
+    if path == "gluon":
+        from trace_rl.kernels.fp4_grouped_gluon import fp4_grouped_matmul_gluon
+
+        if act_quant is not None:
+            raise ValueError("fp4_grouped_linear: the Gluon grouped GEMM takes prequantized W4A4 rows")
+        return fp4_grouped_matmul_gluon(xb, offsets, hopper_weight(experts), row_scale, bias, out_dtype,
+                                        zero_tail=True)
+    if path != "triton":
+        raise ValueError(f"fp4_grouped_linear: path {path!r}; known: gluon, triton")
+    from trace_rl.kernels.fp4_grouped import fp4_grouped_matmul
+
+    return fp4_grouped_matmul(xb, offsets, hopper_weight(experts), row_scale, bias, out_dtype, config,
                               act_quant=act_quant, zero_tail=True)
