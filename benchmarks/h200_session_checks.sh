@@ -35,6 +35,8 @@
 #   gemmship2 the same bench for 12288x4096 and 4096x1024 only, no tests (the rows a budget-cut gemmship missed)
 #   gluoneng the engine's Gluon path GPU tests alone (LEAN the default)
 #   gluontests the Gluon attention's GPU tests (every variant, LEAN now the default) + the engine's Gluon path tests
+#   attnintf benchmarks/attention_interference.py  the attention alone / the layer's bf16 GEMMs alone / both interleaved
+#            (B = 313 x 8447, nvfp4): does what runs around it slow the attention (SM clock under the GEMMs' power)?
 #   attnmid  benchmarks/attention_sass.py at the fixed workload's mid contexts (313 x 2048 / 4352 / 8447): the shipped
 #            first config vs LEAN vs the persistent LEAN (tail waves), both formats; named only
 #   attnfault benchmarks/attention_fault_h200.sh  the Gluon attention's SASS variants' GPU tests one process each
@@ -141,6 +143,7 @@ for name in $NAMES; do
                       "tests/engine/test_native_gpu.py::test_gluon_attention_equals_kernels_in_graphs" \
                       "tests/engine/test_native_gpu.py::test_gluon_engine_log_probs_match_trainer" \
                       "tests/engine/test_native_gpu.py::test_auto_times_gluon_beside_the_kernel" ;;
+        attnintf) timeout 100 $PYTHON benchmarks/attention_interference.py --out "$d/interference.json" > "$d/run.log" 2>&1 ;;
         attnmid) timeout 110 $PYTHON benchmarks/attention_sass.py --out "$d/attention_sass.json" --budget-s 90 \
                      --shapes 313x4352,313x2048,313x8447 --variants lean,persistent_lean > "$d/run.log" 2>&1 ;;
         gemm256) bash benchmarks/gemm_wide256_h200.sh "$d" > "$d/run.log" 2>&1 ;;
