@@ -125,13 +125,14 @@ def test_wide256_matches_reference_gpu(fmt, M, K, gen):
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
-@pytest.mark.parametrize("M,split", [(256, 1), (600, 3)])
+@pytest.mark.parametrize("M,split", [(256, 1), (600, 5)])
 def test_wide256_variants_and_splits_gpu(name, M, split, gen):
-    """Each benchmarked variant at a forced split (3: partials and tickets per (token tile, row tile); M = 600:
+    """Each benchmarked variant at a forced split of K = 1536's 12 steps (1: six overlapped pairs; 5 -> 4 splits of 3
+    steps: a pair and the unoverlapped tail of _steps256, partials and tickets per (token tile, row tile); M = 600:
     three 256-token tiles, the last partial): against the reference; bit-identical across runs."""
-    packed = _weight(264, 2048, "nvfp4", gen, "cuda")
+    packed = _weight(264, 1536, "nvfp4", gen, "cuda")
     h = to_hopper(packed.q)
-    x = torch.randn(M, 2048, generator=gen).to(torch.bfloat16).cuda()
+    x = torch.randn(M, 1536, generator=gen).to(torch.bfloat16).cuda()
     cfg = replace(VARIANTS[name], split_k=split)
     y = fp4_matmul_wide256(x, h, cfg)
     assert _rel_err(y, packed, x) < 1e-2
@@ -162,7 +163,7 @@ def test_stream_k_segments_bound():
 
 def _simulate_stream_k_cta(lo, hi, kb, stages, overlap):
     """fp4_gemm_wide256_sk's producer and consumer of one CTA as Python, with the kernel's slot / parity / release
-    arithmetic and mbarrier semantics (wait(parity) passes once the barrier's completions have the other parity); the
+    arithmetic (fp4_gemm_wide256._steps256: overlapped steps in pairs, an odd count's last one not overlapped) and mbarrier semantics (wait(parity) passes once the barrier's completions have the other parity); the
     two run interleaved, each as far as it can. Returns the segments [(tile, first step, steps)] the consumer
     finished; fails on a deadlock, a slot overwritten before its release, or a step read from the wrong slot."""
     ready, empty = [0] * stages, [0] * stages        # completions
@@ -176,24 +177,24 @@ def _simulate_stream_k_cta(lo, hi, kb, stages, overlap):
         for t in range(t_first, (hi - 1) // kb + 1):
             k_lo = max(lo, t * kb)
             n = min(hi, (t + 1) * kb) - k_lo
+            n_even = n - n % 2                                     # _steps256: overlapped pairs, then the tail
             for j in range(n):
                 it = it0 + j
                 slot = it % stages
                 while (ready[slot] & 1) == ((it // stages) & 1):     # wait(ready, (it // S) & 1)
                     yield
                 assert slot_step[slot] == lo + it, "a step read from the wrong slot"
-                if overlap:
-                    if j > 0:
+                if overlap and j < n_even:
+                    if j > 0:                                           # wait(1) retired step it - 1
                         rel = (it + stages - 1) % stages
                         busy[rel] = False
                         empty[rel] += 1
+                    if j == n_even - 1:                                 # wait(0) after the pairs
+                        busy[slot] = False
+                        empty[slot] += 1
                 else:
                     busy[slot] = False
                     empty[slot] += 1
-            if overlap and n > 0:
-                rel = (it0 + n + stages - 1) % stages
-                busy[rel] = False
-                empty[rel] += 1
             it0 += n
             segs.append((t, k_lo - t * kb, n))
     cons = consumer()

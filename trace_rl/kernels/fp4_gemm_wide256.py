@@ -124,9 +124,11 @@ WIDE256 = Wide256Config()
 VARIANTS = {"w256": WIDE256, "w256_nooverlap": Wide256Config(overlap=False, maxnreg=168),
             "w256_s2": Wide256Config(stages=2)}
 # M <= 64 (or 64-token tiles past it): two CTAs per SM, 4 slots of 27 KB each, maxnreg 80 (the consumers get 104
-# after setmaxnreg; overlap compiles without spills or serialised wgmmas down to maxnreg 72): two independent
-# consumers per SM to hide the decode's latency at the short 64-token steps
-WIDE64_2CTA = Wide256Config(block_m=64, stages=4, maxnreg=80)
+# after setmaxnreg): two independent consumers per SM hide the decode's latency at the short 64-token steps, so
+# no overlap: the overlap's two operand register sets (_steps256) do not fit in 104 registers next to the
+# accumulator (ptxas serialises every wgmma), and the first version's single set was the in-flight A-register
+# hazard (sass_wgmma_hazard.py), correct on the H200 only by timing
+WIDE64_2CTA = Wide256Config(block_m=64, stages=4, maxnreg=80, overlap=False)
 
 
 @gluon.jit
@@ -162,6 +164,68 @@ def _step_scale_words(s_s, sub, S_LAYOUT: gl.constexpr, BOX_STEPS: gl.constexpr)
 
 
 @gluon.jit
+def _step256(w_raw, s_raw, x_bufs, ready, empty, it, sub, acc, a_in_flight, release_prev, W_LAYOUT: gl.constexpr,
+             A_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+             MX: gl.constexpr, BOX_STEPS: gl.constexpr, OVERLAP: gl.constexpr):
+    """Ring step `it` (box sub-step `sub`): words, scale words, decode, HGMMA 64xBMx16 x 8; returns (acc, the decoded
+    operand). OVERLAP: wait(1) retires step it - 1 (whose operand `a_in_flight` must be a different SSA value than
+    this step's, see _steps256) and releases its slot (`release_prev`); else wait(0) and release this step's slot."""
+    slot = it % STAGES
+    mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
+    w = w_raw.index(slot).load(W_LAYOUT)                          # [BN/16, 2, 8, 4, 2, 2] int32
+    s = _step_scale_words(s_raw.index(slot), sub, S_LAYOUT, BOX_STEPS)   # [.., 1(, 2)]
+    a = _decode_chunk(w, s, W_LAYOUT, A_LAYOUT, BN, MX)
+    acc = warpgroup_mma(a, x_bufs.index(slot).permute((1, 0)), acc, is_async=True)
+    if OVERLAP:
+        acc, a_in_flight = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_in_flight))
+        fence_async_shared()
+        mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), count=1, pred=release_prev)
+    else:
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        fence_async_shared()
+        mbarrier.arrive(empty.index(slot), count=1)
+    return acc, a
+
+
+@gluon.jit
+def _steps256(w_raw, s_raw, x_bufs, ready, empty, it0, kb0, n, acc, W_LAYOUT: gl.constexpr, A_LAYOUT: gl.constexpr,
+              S_LAYOUT: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, MX: gl.constexpr,
+              BOX_STEPS: gl.constexpr, OVERLAP: gl.constexpr):
+    """`n` steps from ring position `it0` (K step kb0 + j of the box grid), accumulated into `acc`; returns acc with
+    every wgmma retired and all n slots released.
+
+    OVERLAP runs the steps in PAIRS (even step: operand a0, odd step: a1). Why: a register-A wgmma reads its A
+    registers while in flight, and with one step per loop iteration the decoded operand is the same SSA value
+    every iteration, so LLVM gives it the same PTX registers and the next step's decode overwrote the operand of
+    the step still in flight (wait(1)): PTX-level undefined behaviour that the H200 showed as nan / inf at the
+    256-token tile (the longest HGMMAs; the 64 / 128-token tiles hid it by timing). With two SSA values per
+    iteration each set is rewritten only after the wait(1) that retired its previous reader (as in
+    fp4_gemm_gluon._consumer, whose >= 2 chunks per step give the same property). An odd count's last step runs
+    unoverlapped after the pairs."""
+    if OVERLAP:
+        a0 = gl.zeros([BN, 128], gl.bfloat16, A_LAYOUT)
+        a1 = gl.zeros([BN, 128], gl.bfloat16, A_LAYOUT)
+        n_even = n - n % 2
+        for j in range(0, n_even, 2):
+            acc, a0 = _step256(w_raw, s_raw, x_bufs, ready, empty, it0 + j, (kb0 + j) % BOX_STEPS, acc, a1, j > 0,
+                               W_LAYOUT, A_LAYOUT, S_LAYOUT, BN, STAGES, MX, BOX_STEPS, True)
+            acc, a1 = _step256(w_raw, s_raw, x_bufs, ready, empty, it0 + j + 1, (kb0 + j + 1) % BOX_STEPS, acc,
+                               a0, True, W_LAYOUT, A_LAYOUT, S_LAYOUT, BN, STAGES, MX, BOX_STEPS, True)
+        acc, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a1))
+        fence_async_shared()     # the last pair's odd step retired: its slot can be refilled
+        mbarrier.arrive(empty.index((it0 + n_even + STAGES - 1) % STAGES), count=1, pred=n_even > 0)
+        for j in range(n_even, n):
+            acc, a0 = _step256(w_raw, s_raw, x_bufs, ready, empty, it0 + j, (kb0 + j) % BOX_STEPS, acc, a0, True,
+                               W_LAYOUT, A_LAYOUT, S_LAYOUT, BN, STAGES, MX, BOX_STEPS, False)
+    else:
+        a = gl.zeros([BN, 128], gl.bfloat16, A_LAYOUT)
+        for j in range(n):
+            acc, a = _step256(w_raw, s_raw, x_bufs, ready, empty, it0 + j, (kb0 + j) % BOX_STEPS, acc, a, True,
+                              W_LAYOUT, A_LAYOUT, S_LAYOUT, BN, STAGES, MX, BOX_STEPS, False)
+    return acc
+
+
+@gluon.jit
 def _consumer256(w_bufs, s_bufs, x_bufs, ready, empty, kb_lo, n_iters, BN: gl.constexpr, BM: gl.constexpr,
                  STAGES: gl.constexpr, OVERLAP: gl.constexpr, MX: gl.constexpr):
     """Default partition (BN / 16 warps, warp w owning weight rows 16 w ..): per 128-column step, LDS.128 of the
@@ -185,26 +249,8 @@ def _consumer256(w_bufs, s_bufs, x_bufs, ready, empty, kb_lo, n_iters, BN: gl.co
                                                   [4, 3, 2, 1, 0])
         s_raw = s_bufs._reinterpret(gl.int32, [STAGES, BN // 16, 2, 8, 2, 2],
                                     gl.SwizzledSharedLayout(1, 1, 1, [4, 3, 2, 1, 0]))
-    acc = gl.zeros([BN, BM], gl.float32, mma)
-    a_prev = gl.zeros([BN, 128], gl.bfloat16, A_LAYOUT)
-    for it in range(n_iters):
-        slot = it % STAGES
-        mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
-        w = w_raw.index(slot).load(W_LAYOUT)                          # [BN/16, 2, 8, 4, 2, 2] int32
-        s = _step_scale_words(s_raw.index(slot), (kb_lo + it) % BOX_STEPS, S_LAYOUT, BOX_STEPS)  # [.., 1(, 2)]
-        a = _decode_chunk(w, s, W_LAYOUT, A_LAYOUT, BN, MX)
-        acc = warpgroup_mma(a, x_bufs.index(slot).permute((1, 0)), acc, is_async=True)
-        if OVERLAP:
-            acc, a_prev = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_prev))
-            a_prev = a
-            # step it - 1's wgmmas have retired: its slot can be refilled
-            fence_async_shared()
-            mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), count=1, pred=it > 0)
-        else:
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-            fence_async_shared()
-            mbarrier.arrive(empty.index(slot), count=1)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    acc = _steps256(w_raw, s_raw, x_bufs, ready, empty, 0, kb_lo, n_iters, gl.zeros([BN, BM], gl.float32, mma),
+                    W_LAYOUT, A_LAYOUT, S_LAYOUT, BN, STAGES, MX, BOX_STEPS, OVERLAP)
     return (acc, )
 
 

@@ -1,7 +1,8 @@
 """Compile-gate cases (sass_gate.py) of the 256-token Gluon FP4 GEMM (fp4_gemm_wide256.py), Triton 3.6 only.
 
 What the gate holds it to: the decoded tile stays in registers (register-A HGMMA, no STS/LDSM in the loop), no spills,
-at most one full wgmma wait per step (overlap: none but the loop's one), the warp-specialised structure (setmaxnreg,
+at most one full wgmma wait per step (overlap: none but the loop's one), no write of an in-flight HGMMA's A registers
+(`a_in_flight`: the overlap loop's first version did that, nan / inf on the H200), the warp-specialised structure (setmaxnreg,
 mbarrier waits, TMA), and SASS per weight element of the consumer's 128-column step within budget."""
 
 from __future__ import annotations
@@ -40,10 +41,15 @@ def gate_case(c: Wide256Config, block_m: int, budget: float, fmt: str = "nvfp4")
     return GateCase(f"gemm wide256 {fmt} {block_m}x{c.block_n}x{BK} s{c.slots(block_m)}"
                     f"{' overlap' if c.overlap else ''} r{c.maxnreg}", _fp4_gemm_wide256_kernel, sig, consts,
                     c.num_warps, 1,
-                    c.block_n * BK / (32 * c.num_warps), budget,
+                    _steps_per_iteration(c) * c.block_n * BK / (32 * c.num_warps), budget,
                     ("rf_ptr", "out_ptr", "part_ptr", "count_ptr", "stride_om"),
-                    max_full_waits=1, options=(("maxnreg", c.maxnreg), ),
+                    max_full_waits=1, options=(("maxnreg", c.maxnreg), ), a_in_flight=True,
                     require=("USETMAXREG", "SYNCS.PHASECHK", "UTMALDG", "SYNCS.ARRIVE"))
+
+
+def _steps_per_iteration(c: Wide256Config) -> int:
+    """K steps per iteration of the main loop: overlap runs them in pairs (fp4_gemm_wide256._steps256)."""
+    return 2 if c.overlap else 1
 
 
 # the stream-K schedule (fp4_gemm_wide256_sk.py): (config, token tile, budget, format)
@@ -75,7 +81,7 @@ def sk_gate_case(c: Wide256Config, block_m: int, budget: float, fmt: str = "nvfp
                   MAXSEG=maxseg)
     return GateCase(f"gemm wide256 sk {fmt} {block_m}x{c.block_n}x{BK} s{c.slots(block_m)}"
                     f"{' overlap' if c.overlap else ''} r{c.maxnreg}", _fp4_gemm_wide256_sk_kernel, sig, consts,
-                    c.num_warps, 1, c.block_n * BK / (32 * c.num_warps), budget,
+                    c.num_warps, 1, _steps_per_iteration(c) * c.block_n * BK / (32 * c.num_warps), budget,
                     ("rf_ptr", "out_ptr", "part_ptr", "count_ptr", "stride_om"),
-                    max_full_waits=1, options=(("maxnreg", c.maxnreg), ), innermost=True,
+                    max_full_waits=1, options=(("maxnreg", c.maxnreg), ), innermost=True, a_in_flight=True,
                     require=("USETMAXREG", "SYNCS.PHASECHK", "UTMALDG", "SYNCS.ARRIVE"))

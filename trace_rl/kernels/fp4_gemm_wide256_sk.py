@@ -25,11 +25,8 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared,
     mbarrier,
     tma,
-    warpgroup_mma,
-    warpgroup_mma_wait,
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -40,7 +37,7 @@ from trace_rl.kernels.fp4_gemm_wide256 import (
     SMEM_LIMIT,
     WIDE256,
     Wide256Config,
-    _step_scale_words,
+    _steps256,
     scale_words_per_step,
     shared_layouts,
 )
@@ -166,29 +163,11 @@ def _consumer_sk(w_bufs, s_bufs, x_bufs, ready, empty, lo, hi, G, TOTAL, KB, n_t
     for t in range(t_first, (hi - 1) // KB + 1):
         k_lo = gl.maximum(lo, t * KB)
         n = gl.minimum(hi, (t + 1) * KB) - k_lo
-        acc = gl.zeros([BN, BM], gl.float32, mma)
-        a_prev = gl.zeros([BN, 128], gl.bfloat16, A_LAYOUT)
-        for j in range(n):
-            it = it0 + j
-            slot = it % STAGES
-            mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
-            w = w_raw.index(slot).load(W_LAYOUT)
-            s = _step_scale_words(s_raw.index(slot), (k_lo - t * KB + j) % BOX_STEPS, S_LAYOUT, BOX_STEPS)
-            a = _decode_chunk(w, s, W_LAYOUT, A_LAYOUT, BN, MX)
-            acc = warpgroup_mma(a, x_bufs.index(slot).permute((1, 0)), acc, is_async=True)
-            if OVERLAP:
-                acc, a_prev = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_prev))
-                a_prev = a
-                fence_async_shared()
-                mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), count=1, pred=j > 0)
-            else:
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-                fence_async_shared()
-                mbarrier.arrive(empty.index(slot), count=1)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        if OVERLAP:   # the segment's last slot (the next segment's first step does not release it)
-            fence_async_shared()
-            mbarrier.arrive(empty.index((it0 + n + STAGES - 1) % STAGES), count=1, pred=n > 0)
+        # n steps of tile t from ring position it0 (every slot released, every wgmma retired; OVERLAP in pairs:
+        # fp4_gemm_wide256._steps256 says why)
+        acc = _steps256(w_raw, s_raw, x_bufs, ready, empty, it0, k_lo - t * KB, n,
+                        gl.zeros([BN, BM], gl.float32, mma), W_LAYOUT, A_LAYOUT, S_LAYOUT, BN, STAGES, MX,
+                        BOX_STEPS, OVERLAP)
         it0 += n
         c_first = _cta_of(t * KB, G, TOTAL)
         n_segs = _cta_of(t * KB + KB - 1, G, TOTAL) - c_first + 1

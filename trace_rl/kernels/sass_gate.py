@@ -20,6 +20,8 @@ thread):
 - every HGMMA takes its A operand from registers (`HGMMA.* R<n>, gdesc[...]`), when `register_a`;
 - at most `max_full_waits` `WARPGROUP.DEPBAR.LE gsb0, 0x0` in the loop (ptxas serialises every wgmma
   when it cannot prove the accumulator untouched in between, C7515, which serialises decode and MMA);
+- with `a_in_flight`, no loop instruction writes the A registers of a register-A HGMMA still in flight
+  (sass_wgmma_hazard.py: undefined behaviour that gives wrong results, timing-dependent);
 - no spill traffic (LDL/STL) in the loop (spills elsewhere are reported, not failed);
 - every opcode prefix of `require` somewhere in the kernel (e.g. a warp-specialised kernel's USETMAXREG, mbarrier
   SYNCS and UTMALDG).
@@ -73,6 +75,8 @@ class GateCase:
     require: tuple = ()                  # opcode prefixes that must occur somewhere in the kernel's SASS
     innermost: bool = False              # the main loop is a loop holding no other loop (a persistent kernel's tile
                                          # loop inside its work-item loop)
+    a_in_flight: bool = False            # check that no loop instruction writes an in-flight HGMMA's A registers
+                                         # (sass_wgmma_hazard.py)
 
 
 @dataclass
@@ -218,6 +222,13 @@ def inspect(case: GateCase, sass: str, usage: dict) -> GateReport:
     for op in case.require:
         if not any(o.startswith(op) for o in every):
             rep.violations.append(f"no {op} in the kernel")
+    if case.a_in_flight:
+        from trace_rl.kernels.sass_wgmma_hazard import a_register_hazards
+
+        hazards = a_register_hazards(body)
+        if hazards:
+            rep.violations.append(f"{len(hazards)} writes of an in-flight HGMMA's A registers in the main loop "
+                                  f"(PTX undefined behaviour: wrong results), e.g. {hazards[0]}")
     local = sum(c for op, c in ops.items() if op.startswith(("LDL", "STL")))
     if local:
         rep.violations.append(f"{local} local-memory (spill) accesses in the main loop")
