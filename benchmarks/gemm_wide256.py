@@ -5,8 +5,9 @@ configs, same run (issue 15: M = 256 / 512 need >= 0.8x cuBLAS, M = 64 >= 1.6x).
     python benchmarks/gemm_wide256.py --precompile-only --M 256,512,64,128 --out /dev/null [--families ...]
 
 `--families` (default all of benchmarks/gemm_wide256_smoke.FAMILIES) limits the new kernel's variants to the families
-whose one-launch smoke passed (`family`: w256 = VARIANTS on the split-K grid, sk = the stream-K WIDE256 variants,
-2cta = WIDE64_2CTA on the grid, sk2cta = `sk_2cta`); the existing wide kernel is always timed.
+whose smoke passed (`family`: w256 = VARIANTS on the split-K grid, w256no = `w256_nooverlap`, sk = the stream-K
+WIDE256 variants, skno = `sk_nooverlap`, 2cta = WIDE64_2CTA on the grid, sk2cta = `sk_2cta`); the existing wide
+kernel is always timed.
 
 Rows (M >= 256 of both formats first, then the smaller M: a budget cut drops the tail), per shape (K, N) in SHAPES:
 cuBLAS BF16 `F.linear` on bf16 weight copies, the existing wide Gluon kernel (`wide`: config_for(M); `wide_overlap`:
@@ -59,6 +60,8 @@ def family(kind: str, name: str) -> str:
     """The smoke family (benchmarks/gemm_wide256_smoke.py) of variant `name` of `kind` ("w256" / "sk")."""
     if name in ("w64_2cta", "sk_2cta"):
         return "2cta" if kind == "w256" else "sk2cta"
+    if name in ("w256_nooverlap", "sk_nooverlap"):   # the no-overlap controls have their own smoke
+        return "w256no" if kind == "w256" else "skno"
     return kind
 
 
@@ -160,7 +163,7 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=70.0, help="start no new row after this many seconds")
     ap.add_argument("--precompile-only", action="store_true")
     ap.add_argument("--skip-sk", action="store_true", help="do not time the stream-K schedule")
-    ap.add_argument("--families", default="w256,sk,2cta,sk2cta",
+    ap.add_argument("--families", default="w256,w256no,sk,skno,2cta,sk2cta",
                     help="the new kernel's families to compile / time (those whose smoke passed)")
     args = ap.parse_args()
     start = time.time()

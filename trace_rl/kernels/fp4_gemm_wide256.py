@@ -23,7 +23,9 @@ STAGES-deep ring (`ready` with expect-tx, `empty` released by the consumers); th
 warpgroups, 64 weight rows each (BN = 128): accumulator [64, BM] fp32 = BM / 2 registers per thread (128 at BM =
 256), the decoded chunk [64, 128] bf16 = 32 registers. With OVERLAP the chunk's wgmmas stay in flight under the next
 chunk's decode (wait(1)); the slot of step it - 1 is released once step it's first wait has retired step it - 1's
-wgmmas. Grid (N tiles, split, token tiles); the split-K reduction is fp4_gemm_gluon_epilogue._finish (partials +
+wgmmas. The steps run in pairs with two operand register sets (`_steps256`): the wgmma reads its register A
+operand while in flight, and a one-step loop rewrote it with the next decode (nan / inf on the H200; the gate's
+`a_in_flight` check, sass_wgmma_hazard.py, now catches that on CPU). Grid (N tiles, split, token tiles); the split-K reduction is fp4_gemm_gluon_epilogue._finish (partials +
 ticket, the last program adds in split order: deterministic).
 
 Gluon has no interpreter: GPU only (sm_90, Triton 3.6); the compile gate (`sass_gate_cases`) compiles it anywhere.
@@ -230,7 +232,7 @@ def _consumer256(w_bufs, s_bufs, x_bufs, ready, empty, kb_lo, n_iters, BN: gl.co
                  STAGES: gl.constexpr, OVERLAP: gl.constexpr, MX: gl.constexpr):
     """Default partition (BN / 16 warps, warp w owning weight rows 16 w ..): per 128-column step, LDS.128 of the
     words, the step's scale words out of the slot's box (`_step_scale_words`), decode to the register A operand,
-    HGMMA 64xBMx16 x 8 against the activation slot; returns (acc, )."""
+    HGMMA 64xBMx16 x 8 against the activation slot (`_steps256`); returns (acc, )."""
     NW: gl.constexpr = gl.num_warps()
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
     A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)

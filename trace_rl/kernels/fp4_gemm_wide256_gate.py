@@ -1,9 +1,10 @@
 """Compile-gate cases (sass_gate.py) of the 256-token Gluon FP4 GEMM (fp4_gemm_wide256.py), Triton 3.6 only.
 
 What the gate holds it to: the decoded tile stays in registers (register-A HGMMA, no STS/LDSM in the loop), no spills,
-at most one full wgmma wait per step (overlap: none but the loop's one), no write of an in-flight HGMMA's A registers
-(`a_in_flight`: the overlap loop's first version did that, nan / inf on the H200), the warp-specialised structure (setmaxnreg,
-mbarrier waits, TMA), and SASS per weight element of the consumer's 128-column step within budget."""
+at most one full wgmma wait per step (overlap: none but the loop's one), no write of an in-flight HGMMA's A
+registers (`a_in_flight`: the overlap loop's first version did that, nan / inf on the H200), the warp-specialised
+structure (setmaxnreg, mbarrier waits, TMA), and SASS per weight element of the consumer's 128-column step within
+budget (overlap: the loop holds a pair of steps)."""
 
 from __future__ import annotations
 
