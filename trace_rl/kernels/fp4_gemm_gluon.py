@@ -69,6 +69,16 @@ from trace_rl.kernels.fp4_gemm_gluon_config import (  # noqa: F401 (re-exported:
     step_k,
 )
 from trace_rl.kernels.fp4_gemm_gluon_epilogue import _finish, _finish_fast, _gdc_launch, _gdc_wait  # noqa: F401 (re-exported)
+from trace_rl.kernels.fp4_gemm_gluon_ring import (
+    _k_range,
+    _ring,
+    _scale_views,
+    _word_views,
+    a_layout,
+    mma_layout,
+    s_layout,
+    w_layout,
+)
 from trace_rl.kernels.fp_bits import bf16_halves
 from trace_rl.kernels.hopper_fp4 import COLS, ROWS, HopperFP4
 
@@ -141,25 +151,13 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, n_iters, BN: gl.constexpr, B
     operand of the in-flight group stays live until the next wait (passed through its deps), and a slot is
     released once the first wait of the following step has retired all its wgmmas."""
     NW: gl.constexpr = gl.num_warps()
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
-    A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-    W_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 2, 2], [1, 1, 8, 4, 1, 1], [NW, 1, 1, 1, 1, 1],
-                                              [5, 4, 3, 2, 1, 0])
-    # Plain row-major views of the TMA buffers (TMA wrote them unswizzled: a warp's LDS.128 of four words per lane
-    # covers 512 contiguous bytes, conflict-free). A shared layout describes the trailing dims; the leading one
-    # indexes buffers.
-    RAW6: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [5, 4, 3, 2, 1, 0])
+    mma: gl.constexpr = mma_layout(NW, BM)
+    A_LAYOUT: gl.constexpr = a_layout(NW, BM)
+    W_LAYOUT: gl.constexpr = w_layout(NW)
+    S_LAYOUT: gl.constexpr = s_layout(NW, MX)
     KC: gl.constexpr = BK // 128
-    w_raw = w_bufs._reinterpret(gl.int32, [STAGES * KC, BN // 16, 2, 8, 4, 2, 2], RAW6)
-    if MX:   # a scale word per row and chunk (byte i: K-slices 2i, 2i + 1)
-        S_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1], [1, 1, 8, 4], [NW, 1, 1, 1], [3, 2, 1, 0])
-        s_raw = s_bufs._reinterpret(gl.int32, [STAGES, BN // 16, 2, 8, KC],
-                                    gl.SwizzledSharedLayout(1, 1, 1, [3, 2, 1, 0]))
-    else:    # two scale words per row and chunk (byte b of word j: K-slice 4j + b)
-        S_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 2], [1, 1, 8, 4, 1], [NW, 1, 1, 1, 1],
-                                                  [4, 3, 2, 1, 0])
-        s_raw = s_bufs._reinterpret(gl.int32, [STAGES, BN // 16, 2, 8, KC, 2],
-                                    gl.SwizzledSharedLayout(1, 1, 1, [4, 3, 2, 1, 0]))
+    w_raw = _word_views(w_bufs, BN, BK, STAGES)          # [STAGES x KC, BN/16, 2, 8, 4, 2, 2] int32
+    s_raw = _scale_views(s_bufs, BN, BK, STAGES, MX)     # [STAGES, BN/16, 2, 8, KC(, 2)] int32
     acc = gl.zeros([BN, BM], gl.float32, mma)
     a_prev = gl.zeros([BN, 128], gl.bfloat16, A_LAYOUT)
     for it in range(n_iters):
@@ -205,17 +203,8 @@ def _fp4_gemm_ws_kernel(w_desc, s_desc, x_desc, rf_ptr, out_ptr, part_ptr, count
     pid_k = gl.program_id(1)
     pid_m = gl.program_id(2)                      # token tile (M > BM)
     tile = pid_m * gl.num_programs(0) + pid_n     # this output tile's partials and split-K ticket
-    per_split = gl.cdiv(KB, SPLIT_K)
-    kb_lo = pid_k * per_split
-    n_iters = gl.minimum(kb_lo + per_split, KB) - kb_lo
-    w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES] + w_desc.block_type.shape, w_desc.layout)
-    s_bufs = gl.allocate_shared_memory(gl.int32, [STAGES] + s_desc.block_type.shape, s_desc.layout)
-    x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES] + x_desc.block_type.shape, x_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
+    kb_lo, n_iters = _k_range(pid_k, KB, SPLIT_K)
+    w_bufs, s_bufs, x_bufs, ready, empty = _ring(w_desc, s_desc, x_desc, STAGES)
     (acc, ) = gl.warp_specialize([
         (_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, n_iters, BN, BK, BM, STAGES, OVERLAP, MX)),
         (_producer, (w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, pid_n * (BN // 16), pid_n * BN,
@@ -264,17 +253,8 @@ def _fp4_gemm_ws_fin_kernel(w_desc, s_desc, x_desc, rf_ptr, out_ptr, part_ptr, c
     pid_k = gl.program_id(1)
     pid_m = gl.program_id(2)
     tile = pid_m * gl.num_programs(0) + pid_n
-    per_split = gl.cdiv(KB, SPLIT)
-    kb_lo = pid_k * per_split
-    n_iters = gl.minimum(kb_lo + per_split, KB) - kb_lo
-    w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES] + w_desc.block_type.shape, w_desc.layout)
-    s_bufs = gl.allocate_shared_memory(gl.int32, [STAGES] + s_desc.block_type.shape, s_desc.layout)
-    x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES] + x_desc.block_type.shape, x_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
+    kb_lo, n_iters = _k_range(pid_k, KB, SPLIT)
+    w_bufs, s_bufs, x_bufs, ready, empty = _ring(w_desc, s_desc, x_desc, STAGES)
     if PDL:
         _gdc_launch()    # the next GEMM's CTAs may take this one's SMs as they exit: its setup runs under our tail
         (acc, ) = gl.warp_specialize([
