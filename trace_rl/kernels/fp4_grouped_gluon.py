@@ -47,6 +47,15 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from trace_rl.kernels.fp4_gemm_gluon import _decode_chunk, _shared_layouts
 from trace_rl.kernels.fp4_gemm_gluon_config import SMEM_LIMIT, GluonConfig, scale_words
+from trace_rl.kernels.fp4_gemm_gluon_ring import (
+    _ring,
+    _scale_views,
+    _word_views,
+    a_layout,
+    mma_layout,
+    s_layout,
+    w_layout,
+)
 from trace_rl.kernels.hopper_fp4 import COLS, ROWS, HopperFP4
 
 # Per token tile (the wgmma N) and format: one consumer warpgroup of 128 rows at 16 tokens (the dense DEFAULT: 2 CTAs
@@ -197,22 +206,13 @@ def _grouped_consumer(w_bufs, s_bufs, x_bufs, ready, empty, off_ptr, rf_ptr, out
     scales loaded first, decoded in registers, wgmma with the register A operand, the slot released once the step's
     wgmmas have retired); per token tile the epilogue store."""
     NW: gl.constexpr = gl.num_warps()
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
-    A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-    W_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 2, 2], [1, 1, 8, 4, 1, 1], [NW, 1, 1, 1, 1, 1],
-                                              [5, 4, 3, 2, 1, 0])
-    RAW6: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [5, 4, 3, 2, 1, 0])
+    mma: gl.constexpr = mma_layout(NW, BM)
+    A_LAYOUT: gl.constexpr = a_layout(NW, BM)
+    W_LAYOUT: gl.constexpr = w_layout(NW)
+    S_LAYOUT: gl.constexpr = s_layout(NW, MX)
     KC: gl.constexpr = BK // 128
-    w_raw = w_bufs._reinterpret(gl.int32, [STAGES * KC, BN // 16, 2, 8, 4, 2, 2], RAW6)
-    if MX:
-        S_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1], [1, 1, 8, 4], [NW, 1, 1, 1], [3, 2, 1, 0])
-        s_raw = s_bufs._reinterpret(gl.int32, [STAGES, BN // 16, 2, 8, KC],
-                                    gl.SwizzledSharedLayout(1, 1, 1, [3, 2, 1, 0]))
-    else:
-        S_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 2], [1, 1, 8, 4, 1], [NW, 1, 1, 1, 1],
-                                                  [4, 3, 2, 1, 0])
-        s_raw = s_bufs._reinterpret(gl.int32, [STAGES, BN // 16, 2, 8, KC, 2],
-                                    gl.SwizzledSharedLayout(1, 1, 1, [4, 3, 2, 1, 0]))
+    w_raw = _word_views(w_bufs, BN, BK, STAGES)
+    s_raw = _scale_views(s_bufs, BN, BK, STAGES, MX)
     j = 0
     for w in range(pid, work, nprog):
         e = w // NT
@@ -270,14 +270,7 @@ def _fp4_grouped_gluon_kernel(w_desc, s_desc, x_desc, off_ptr, rf_ptr, out_ptr, 
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
     work = E * NT
-    w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES] + w_desc.block_type.shape, w_desc.layout)
-    s_bufs = gl.allocate_shared_memory(gl.int32, [STAGES] + s_desc.block_type.shape, s_desc.layout)
-    x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES] + x_desc.block_type.shape, x_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
+    w_bufs, s_bufs, x_bufs, ready, empty = _ring(w_desc, s_desc, x_desc, STAGES)
     gl.warp_specialize([
         (_grouped_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, off_ptr, rf_ptr, out_ptr, row_scale_ptr, bias_ptr,
                              pid, nprog, work, NT, KB, N, stride_rfe, stride_be, stride_om, BN, BK, BM, STAGES, MX,
