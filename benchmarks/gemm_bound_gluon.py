@@ -35,18 +35,25 @@ from trace_rl.kernels.fp4_gemm_gluon import (
     split_k_scratch,
     step_k,
 )
+from trace_rl.kernels.fp4_gemm_gluon_ring import (
+    _k_range,
+    _ring,
+    _scale_views,
+    _word_views,
+    a_layout,
+    mma_layout,
+    s_layout,
+    w_layout,
+)
 from trace_rl.kernels.hopper_fp4 import COLS, ROWS
 
 
 @gluon.jit
 def _drain_consumer(w_bufs, ready, empty, n_iters, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr):
     """Per K step: wait for the slot, XOR its words (loaded as `_consumer` loads them), release it."""
-    NW: gl.constexpr = gl.num_warps()
-    W_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 2, 2], [1, 1, 8, 4, 1, 1], [NW, 1, 1, 1, 1, 1],
-                                              [5, 4, 3, 2, 1, 0])
-    RAW6: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [5, 4, 3, 2, 1, 0])
+    W_LAYOUT: gl.constexpr = w_layout(gl.num_warps())
     KC: gl.constexpr = BK // 128
-    w_raw = w_bufs._reinterpret(gl.int32, [STAGES * KC, BN // 16, 2, 8, 4, 2, 2], RAW6)
+    w_raw = _word_views(w_bufs, BN, BK, STAGES)
     acc = gl.zeros([BN // 16, 2, 8, 4, 2, 2], gl.int32, W_LAYOUT)
     for it in range(n_iters):
         slot = it % STAGES
@@ -64,17 +71,8 @@ def _load_only_ws_kernel(w_desc, s_desc, x_desc, sink_ptr, KB, SPLIT_K, BN: gl.c
     pid_n = gl.program_id(0)
     pid_k = gl.program_id(1)
     pid_m = gl.program_id(2)
-    per_split = gl.cdiv(KB, SPLIT_K)
-    kb_lo = pid_k * per_split
-    n_iters = gl.minimum(kb_lo + per_split, KB) - kb_lo
-    w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES] + w_desc.block_type.shape, w_desc.layout)
-    s_bufs = gl.allocate_shared_memory(gl.int32, [STAGES] + s_desc.block_type.shape, s_desc.layout)
-    x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES] + x_desc.block_type.shape, x_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
+    kb_lo, n_iters = _k_range(pid_k, KB, SPLIT_K)
+    w_bufs, s_bufs, x_bufs, ready, empty = _ring(w_desc, s_desc, x_desc, STAGES)
     (word, ) = gl.warp_specialize([
         (_drain_consumer, (w_bufs, ready, empty, n_iters, BN, BK, STAGES)),
         (_producer, (w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, pid_n * (BN // 16), pid_n * BN,
@@ -102,22 +100,13 @@ def _compute_consumer(w_bufs, s_bufs, x_bufs, ready, empty, n_iters, BN: gl.cons
     contents (never written: values the compiler cannot know) loaded once, XORed with the step, so the decode
     cannot be hoisted; same decode, wgmmas, waits and slot releases."""
     NW: gl.constexpr = gl.num_warps()
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
-    A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-    W_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 2, 2], [1, 1, 8, 4, 1, 1], [NW, 1, 1, 1, 1, 1],
-                                              [5, 4, 3, 2, 1, 0])
-    RAW6: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [5, 4, 3, 2, 1, 0])
+    mma: gl.constexpr = mma_layout(NW, BM)
+    A_LAYOUT: gl.constexpr = a_layout(NW, BM)
+    W_LAYOUT: gl.constexpr = w_layout(NW)
+    S_LAYOUT: gl.constexpr = s_layout(NW, MX)
     KC: gl.constexpr = BK // 128
-    w_raw = w_bufs._reinterpret(gl.int32, [STAGES * KC, BN // 16, 2, 8, 4, 2, 2], RAW6)
-    if MX:
-        S_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1], [1, 1, 8, 4], [NW, 1, 1, 1], [3, 2, 1, 0])
-        s_raw = s_bufs._reinterpret(gl.int32, [STAGES, BN // 16, 2, 8, KC],
-                                    gl.SwizzledSharedLayout(1, 1, 1, [3, 2, 1, 0]))
-    else:
-        S_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 2], [1, 1, 8, 4, 1], [NW, 1, 1, 1, 1],
-                                                  [4, 3, 2, 1, 0])
-        s_raw = s_bufs._reinterpret(gl.int32, [STAGES, BN // 16, 2, 8, KC, 2],
-                                    gl.SwizzledSharedLayout(1, 1, 1, [4, 3, 2, 1, 0]))
+    w_raw = _word_views(w_bufs, BN, BK, STAGES)
+    s_raw = _scale_views(s_bufs, BN, BK, STAGES, MX)
     w_a = w_raw.index(0).load(W_LAYOUT)
     w_b = w_raw.index(1).load(W_LAYOUT)
     s_a = s_raw.index(0).slice(0, 1, dim=3).load(S_LAYOUT)
@@ -156,17 +145,8 @@ def _compute_only_ws_kernel(w_desc, s_desc, x_desc, rf_ptr, out_ptr, part_ptr, c
     pid_k = gl.program_id(1)
     pid_m = gl.program_id(2)
     tile = pid_m * gl.num_programs(0) + pid_n
-    per_split = gl.cdiv(KB, SPLIT_K)
-    kb_lo = pid_k * per_split
-    n_iters = gl.minimum(kb_lo + per_split, KB) - kb_lo
-    w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES] + w_desc.block_type.shape, w_desc.layout)
-    s_bufs = gl.allocate_shared_memory(gl.int32, [STAGES] + s_desc.block_type.shape, s_desc.layout)
-    x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES] + x_desc.block_type.shape, x_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
+    kb_lo, n_iters = _k_range(pid_k, KB, SPLIT_K)
+    w_bufs, s_bufs, x_bufs, ready, empty = _ring(w_desc, s_desc, x_desc, STAGES)
     (acc, ) = gl.warp_specialize([
         (_compute_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, n_iters, BN, BK, BM, STAGES, MX)),
         (_x_producer, (x_desc, x_bufs, ready, empty, pid_m * BM, kb_lo, n_iters, BK, STAGES)),

@@ -64,6 +64,16 @@ from trace_rl.kernels.fp4_gemm_gluon import (
     scale_words,
     split_k_scratch,
 )
+from trace_rl.kernels.fp4_gemm_gluon_ring import (
+    _k_range,
+    _ring,
+    _scale_views,
+    _word_views,
+    a_layout,
+    mma_layout,
+    s_layout,
+    w_layout,
+)
 from trace_rl.kernels.fp_bits import bf16_halves
 from trace_rl.kernels.hopper_fp4 import COLS, ROWS
 
@@ -246,23 +256,16 @@ def _consumer_v(w_bufs, s_bufs, x_bufs, ready, empty, n_iters, sixteen, BN: gl.c
                 IMAD: gl.constexpr):
     """fp4_gemm_gluon._consumer line for line, decoding with `_decode_chunk_v` (`sixteen`: the run-time 16)."""
     NW: gl.constexpr = gl.num_warps()
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
-    A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-    W_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 2, 2], [1, 1, 8, 4, 1, 1], [NW, 1, 1, 1, 1, 1],
-                                              [5, 4, 3, 2, 1, 0])
-    RAW6: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [5, 4, 3, 2, 1, 0])
+    mma: gl.constexpr = mma_layout(NW, BM)
+    A_LAYOUT: gl.constexpr = a_layout(NW, BM)
+    W_LAYOUT: gl.constexpr = w_layout(NW)
+    S_LAYOUT: gl.constexpr = s_layout(NW, MX)
     KC: gl.constexpr = BK // 128
-    w_raw = w_bufs._reinterpret(gl.int32, [STAGES * KC, BN // 16, 2, 8, 4, 2, 2], RAW6)
+    w_raw = _word_views(w_bufs, BN, BK, STAGES)
+    s_raw = _scale_views(s_bufs, BN, BK, STAGES, MX)
     if MX:
-        S_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1], [1, 1, 8, 4], [NW, 1, 1, 1], [3, 2, 1, 0])
-        s_raw = s_bufs._reinterpret(gl.int32, [STAGES, BN // 16, 2, 8, KC],
-                                    gl.SwizzledSharedLayout(1, 1, 1, [3, 2, 1, 0]))
         mult = gl.full([BN // 16, 2, 8, 1], 0, gl.int32, S_LAYOUT) + sixteen
     else:
-        S_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 2], [1, 1, 8, 4, 1], [NW, 1, 1, 1, 1],
-                                                  [4, 3, 2, 1, 0])
-        s_raw = s_bufs._reinterpret(gl.int32, [STAGES, BN // 16, 2, 8, KC, 2],
-                                    gl.SwizzledSharedLayout(1, 1, 1, [4, 3, 2, 1, 0]))
         mult = gl.full([BN // 16, 2, 8, 1, 2], 0, gl.int32, S_LAYOUT) + sixteen
     acc = gl.zeros([BN, BM], gl.float32, mma)
     a_prev = gl.zeros([BN, 128], gl.bfloat16, A_LAYOUT)
@@ -307,17 +310,8 @@ def _fp4_gemm_ws_v_kernel(w_desc, s_desc, x_desc, rf_ptr, out_ptr, part_ptr, cou
     pid_k = gl.program_id(1)
     pid_m = gl.program_id(2)
     tile = pid_m * gl.num_programs(0) + pid_n
-    per_split = gl.cdiv(KB, SPLIT_K)
-    kb_lo = pid_k * per_split
-    n_iters = gl.minimum(kb_lo + per_split, KB) - kb_lo
-    w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES] + w_desc.block_type.shape, w_desc.layout)
-    s_bufs = gl.allocate_shared_memory(gl.int32, [STAGES] + s_desc.block_type.shape, s_desc.layout)
-    x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES] + x_desc.block_type.shape, x_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
+    kb_lo, n_iters = _k_range(pid_k, KB, SPLIT_K)
+    w_bufs, s_bufs, x_bufs, ready, empty = _ring(w_desc, s_desc, x_desc, STAGES)
     (acc, ) = gl.warp_specialize([
         (_consumer_v, (w_bufs, s_bufs, x_bufs, ready, empty, n_iters, sixteen, BN, BK, BM, STAGES, OVERLAP, MX,
                        IMAD)),
@@ -346,22 +340,13 @@ def _compute_consumer(w_bufs, s_bufs, x_bufs, ready, empty, n_iters, sixteen, BN
     chunk later) with each chunk's words and scale words taken from registers (slot 0's never-written contents,
     XORed with the step and chunk so nothing is hoisted)."""
     NW: gl.constexpr = gl.num_warps()
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
-    A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-    W_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 2, 2], [1, 1, 8, 4, 1, 1], [NW, 1, 1, 1, 1, 1],
-                                              [5, 4, 3, 2, 1, 0])
-    RAW6: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [5, 4, 3, 2, 1, 0])
+    mma: gl.constexpr = mma_layout(NW, BM)
+    A_LAYOUT: gl.constexpr = a_layout(NW, BM)
+    W_LAYOUT: gl.constexpr = w_layout(NW)
+    S_LAYOUT: gl.constexpr = s_layout(NW, MX)
     KC: gl.constexpr = BK // 128
-    w_raw = w_bufs._reinterpret(gl.int32, [STAGES * KC, BN // 16, 2, 8, 4, 2, 2], RAW6)
-    if MX:
-        S_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1], [1, 1, 8, 4], [NW, 1, 1, 1], [3, 2, 1, 0])
-        s_raw = s_bufs._reinterpret(gl.int32, [STAGES, BN // 16, 2, 8, KC],
-                                    gl.SwizzledSharedLayout(1, 1, 1, [3, 2, 1, 0]))
-    else:
-        S_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 2], [1, 1, 8, 4, 1], [NW, 1, 1, 1, 1],
-                                                  [4, 3, 2, 1, 0])
-        s_raw = s_bufs._reinterpret(gl.int32, [STAGES, BN // 16, 2, 8, KC, 2],
-                                    gl.SwizzledSharedLayout(1, 1, 1, [4, 3, 2, 1, 0]))
+    w_raw = _word_views(w_bufs, BN, BK, STAGES)
+    s_raw = _scale_views(s_bufs, BN, BK, STAGES, MX)
     w_a = w_raw.index(0).load(W_LAYOUT)
     w_b = w_raw.index(1).load(W_LAYOUT)
     s_a = s_raw.index(0).slice(0, 1, dim=3).load(S_LAYOUT)
@@ -410,17 +395,8 @@ def _compute_ws_kernel(w_desc, s_desc, x_desc, rf_ptr, out_ptr, part_ptr, count_
     pid_k = gl.program_id(1)
     pid_m = gl.program_id(2)
     tile = pid_m * gl.num_programs(0) + pid_n
-    per_split = gl.cdiv(KB, SPLIT_K)
-    kb_lo = pid_k * per_split
-    n_iters = gl.minimum(kb_lo + per_split, KB) - kb_lo
-    w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES] + w_desc.block_type.shape, w_desc.layout)
-    s_bufs = gl.allocate_shared_memory(gl.int32, [STAGES] + s_desc.block_type.shape, s_desc.layout)
-    x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES] + x_desc.block_type.shape, x_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
+    kb_lo, n_iters = _k_range(pid_k, KB, SPLIT_K)
+    w_bufs, s_bufs, x_bufs, ready, empty = _ring(w_desc, s_desc, x_desc, STAGES)
     (acc, ) = gl.warp_specialize([
         (_compute_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, n_iters, sixteen, BN, BK, BM, STAGES, OVERLAP,
                              MX, IMAD)),
