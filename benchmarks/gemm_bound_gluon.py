@@ -24,6 +24,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from trace_rl.kernels import fp4_gemm_gluon_ring as ring
 from trace_rl.kernels.fp4_gemm_gluon import (
     GluonConfig,
     _decode_chunk,
@@ -35,25 +36,15 @@ from trace_rl.kernels.fp4_gemm_gluon import (
     split_k_scratch,
     step_k,
 )
-from trace_rl.kernels.fp4_gemm_gluon_ring import (
-    _k_range,
-    _ring,
-    _scale_views,
-    _word_views,
-    a_layout,
-    mma_layout,
-    s_layout,
-    w_layout,
-)
 from trace_rl.kernels.hopper_fp4 import COLS, ROWS
 
 
 @gluon.jit
 def _drain_consumer(w_bufs, ready, empty, n_iters, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr):
     """Per K step: wait for the slot, XOR its words (loaded as `_consumer` loads them), release it."""
-    W_LAYOUT: gl.constexpr = w_layout(gl.num_warps())
+    W_LAYOUT: gl.constexpr = ring.w_layout(gl.num_warps())
     KC: gl.constexpr = BK // 128
-    w_raw = _word_views(w_bufs, BN, BK, STAGES)
+    w_raw = ring.word_views(w_bufs, BN, BK, STAGES)
     acc = gl.zeros([BN // 16, 2, 8, 4, 2, 2], gl.int32, W_LAYOUT)
     for it in range(n_iters):
         slot = it % STAGES
@@ -71,8 +62,8 @@ def _load_only_ws_kernel(w_desc, s_desc, x_desc, sink_ptr, KB, SPLIT_K, BN: gl.c
     pid_n = gl.program_id(0)
     pid_k = gl.program_id(1)
     pid_m = gl.program_id(2)
-    kb_lo, n_iters = _k_range(pid_k, KB, SPLIT_K)
-    w_bufs, s_bufs, x_bufs, ready, empty = _ring(w_desc, s_desc, x_desc, STAGES)
+    kb_lo, n_iters = ring.k_range(pid_k, KB, SPLIT_K)
+    w_bufs, s_bufs, x_bufs, ready, empty = ring.alloc_ring(w_desc, s_desc, x_desc, STAGES)
     (word, ) = gl.warp_specialize([
         (_drain_consumer, (w_bufs, ready, empty, n_iters, BN, BK, STAGES)),
         (_producer, (w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, pid_n * (BN // 16), pid_n * BN,
@@ -100,13 +91,13 @@ def _compute_consumer(w_bufs, s_bufs, x_bufs, ready, empty, n_iters, BN: gl.cons
     contents (never written: values the compiler cannot know) loaded once, XORed with the step, so the decode
     cannot be hoisted; same decode, wgmmas, waits and slot releases."""
     NW: gl.constexpr = gl.num_warps()
-    mma: gl.constexpr = mma_layout(NW, BM)
-    A_LAYOUT: gl.constexpr = a_layout(NW, BM)
-    W_LAYOUT: gl.constexpr = w_layout(NW)
-    S_LAYOUT: gl.constexpr = s_layout(NW, MX)
+    mma: gl.constexpr = ring.mma_layout(NW, BM)
+    A_LAYOUT: gl.constexpr = ring.a_layout(NW, BM)
+    W_LAYOUT: gl.constexpr = ring.w_layout(NW)
+    S_LAYOUT: gl.constexpr = ring.s_layout(NW, MX)
     KC: gl.constexpr = BK // 128
-    w_raw = _word_views(w_bufs, BN, BK, STAGES)
-    s_raw = _scale_views(s_bufs, BN, BK, STAGES, MX)
+    w_raw = ring.word_views(w_bufs, BN, BK, STAGES)
+    s_raw = ring.scale_views(s_bufs, BN, BK, STAGES, MX)
     w_a = w_raw.index(0).load(W_LAYOUT)
     w_b = w_raw.index(1).load(W_LAYOUT)
     s_a = s_raw.index(0).slice(0, 1, dim=3).load(S_LAYOUT)
@@ -145,8 +136,8 @@ def _compute_only_ws_kernel(w_desc, s_desc, x_desc, rf_ptr, out_ptr, part_ptr, c
     pid_k = gl.program_id(1)
     pid_m = gl.program_id(2)
     tile = pid_m * gl.num_programs(0) + pid_n
-    kb_lo, n_iters = _k_range(pid_k, KB, SPLIT_K)
-    w_bufs, s_bufs, x_bufs, ready, empty = _ring(w_desc, s_desc, x_desc, STAGES)
+    kb_lo, n_iters = ring.k_range(pid_k, KB, SPLIT_K)
+    w_bufs, s_bufs, x_bufs, ready, empty = ring.alloc_ring(w_desc, s_desc, x_desc, STAGES)
     (acc, ) = gl.warp_specialize([
         (_compute_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, n_iters, BN, BK, BM, STAGES, MX)),
         (_x_producer, (x_desc, x_bufs, ready, empty, pid_m * BM, kb_lo, n_iters, BK, STAGES)),

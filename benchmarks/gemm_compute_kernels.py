@@ -49,6 +49,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from trace_rl.kernels import fp4_gemm_gluon_ring as ring
 from trace_rl.kernels.fp4_decode import _DECODE_BODY, _NV_SCALE
 from trace_rl.kernels.fp4_gemm_gluon import (
     DEFAULT,
@@ -63,16 +64,6 @@ from trace_rl.kernels.fp4_gemm_gluon import (
     launch_grid,
     scale_words,
     split_k_scratch,
-)
-from trace_rl.kernels.fp4_gemm_gluon_ring import (
-    _k_range,
-    _ring,
-    _scale_views,
-    _word_views,
-    a_layout,
-    mma_layout,
-    s_layout,
-    w_layout,
 )
 from trace_rl.kernels.fp_bits import bf16_halves
 from trace_rl.kernels.hopper_fp4 import COLS, ROWS
@@ -256,13 +247,13 @@ def _consumer_v(w_bufs, s_bufs, x_bufs, ready, empty, n_iters, sixteen, BN: gl.c
                 IMAD: gl.constexpr):
     """fp4_gemm_gluon._consumer line for line, decoding with `_decode_chunk_v` (`sixteen`: the run-time 16)."""
     NW: gl.constexpr = gl.num_warps()
-    mma: gl.constexpr = mma_layout(NW, BM)
-    A_LAYOUT: gl.constexpr = a_layout(NW, BM)
-    W_LAYOUT: gl.constexpr = w_layout(NW)
-    S_LAYOUT: gl.constexpr = s_layout(NW, MX)
+    mma: gl.constexpr = ring.mma_layout(NW, BM)
+    A_LAYOUT: gl.constexpr = ring.a_layout(NW, BM)
+    W_LAYOUT: gl.constexpr = ring.w_layout(NW)
+    S_LAYOUT: gl.constexpr = ring.s_layout(NW, MX)
     KC: gl.constexpr = BK // 128
-    w_raw = _word_views(w_bufs, BN, BK, STAGES)
-    s_raw = _scale_views(s_bufs, BN, BK, STAGES, MX)
+    w_raw = ring.word_views(w_bufs, BN, BK, STAGES)
+    s_raw = ring.scale_views(s_bufs, BN, BK, STAGES, MX)
     if MX:
         mult = gl.full([BN // 16, 2, 8, 1], 0, gl.int32, S_LAYOUT) + sixteen
     else:
@@ -310,8 +301,8 @@ def _fp4_gemm_ws_v_kernel(w_desc, s_desc, x_desc, rf_ptr, out_ptr, part_ptr, cou
     pid_k = gl.program_id(1)
     pid_m = gl.program_id(2)
     tile = pid_m * gl.num_programs(0) + pid_n
-    kb_lo, n_iters = _k_range(pid_k, KB, SPLIT_K)
-    w_bufs, s_bufs, x_bufs, ready, empty = _ring(w_desc, s_desc, x_desc, STAGES)
+    kb_lo, n_iters = ring.k_range(pid_k, KB, SPLIT_K)
+    w_bufs, s_bufs, x_bufs, ready, empty = ring.alloc_ring(w_desc, s_desc, x_desc, STAGES)
     (acc, ) = gl.warp_specialize([
         (_consumer_v, (w_bufs, s_bufs, x_bufs, ready, empty, n_iters, sixteen, BN, BK, BM, STAGES, OVERLAP, MX,
                        IMAD)),
@@ -340,13 +331,13 @@ def _compute_consumer(w_bufs, s_bufs, x_bufs, ready, empty, n_iters, sixteen, BN
     chunk later) with each chunk's words and scale words taken from registers (slot 0's never-written contents,
     XORed with the step and chunk so nothing is hoisted)."""
     NW: gl.constexpr = gl.num_warps()
-    mma: gl.constexpr = mma_layout(NW, BM)
-    A_LAYOUT: gl.constexpr = a_layout(NW, BM)
-    W_LAYOUT: gl.constexpr = w_layout(NW)
-    S_LAYOUT: gl.constexpr = s_layout(NW, MX)
+    mma: gl.constexpr = ring.mma_layout(NW, BM)
+    A_LAYOUT: gl.constexpr = ring.a_layout(NW, BM)
+    W_LAYOUT: gl.constexpr = ring.w_layout(NW)
+    S_LAYOUT: gl.constexpr = ring.s_layout(NW, MX)
     KC: gl.constexpr = BK // 128
-    w_raw = _word_views(w_bufs, BN, BK, STAGES)
-    s_raw = _scale_views(s_bufs, BN, BK, STAGES, MX)
+    w_raw = ring.word_views(w_bufs, BN, BK, STAGES)
+    s_raw = ring.scale_views(s_bufs, BN, BK, STAGES, MX)
     w_a = w_raw.index(0).load(W_LAYOUT)
     w_b = w_raw.index(1).load(W_LAYOUT)
     s_a = s_raw.index(0).slice(0, 1, dim=3).load(S_LAYOUT)
@@ -395,8 +386,8 @@ def _compute_ws_kernel(w_desc, s_desc, x_desc, rf_ptr, out_ptr, part_ptr, count_
     pid_k = gl.program_id(1)
     pid_m = gl.program_id(2)
     tile = pid_m * gl.num_programs(0) + pid_n
-    kb_lo, n_iters = _k_range(pid_k, KB, SPLIT_K)
-    w_bufs, s_bufs, x_bufs, ready, empty = _ring(w_desc, s_desc, x_desc, STAGES)
+    kb_lo, n_iters = ring.k_range(pid_k, KB, SPLIT_K)
+    w_bufs, s_bufs, x_bufs, ready, empty = ring.alloc_ring(w_desc, s_desc, x_desc, STAGES)
     (acc, ) = gl.warp_specialize([
         (_compute_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, n_iters, sixteen, BN, BK, BM, STAGES, OVERLAP,
                              MX, IMAD)),

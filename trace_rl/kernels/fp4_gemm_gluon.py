@@ -53,6 +53,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from trace_rl.kernels import fp4_gemm_gluon_ring as ring
 from trace_rl.kernels.fp4_decode import _DECODE_BODY, _MX_SCALE, _NV_SCALE
 from trace_rl.kernels.fp4_gemm_gluon_config import (  # noqa: F401 (re-exported: the launcher's configs)
     DEFAULT,
@@ -69,16 +70,6 @@ from trace_rl.kernels.fp4_gemm_gluon_config import (  # noqa: F401 (re-exported:
     step_k,
 )
 from trace_rl.kernels.fp4_gemm_gluon_epilogue import _finish, _finish_fast, _gdc_launch, _gdc_wait  # noqa: F401 (re-exported)
-from trace_rl.kernels.fp4_gemm_gluon_ring import (
-    _k_range,
-    _ring,
-    _scale_views,
-    _word_views,
-    a_layout,
-    mma_layout,
-    s_layout,
-    w_layout,
-)
 from trace_rl.kernels.fp_bits import bf16_halves
 from trace_rl.kernels.hopper_fp4 import COLS, ROWS, HopperFP4
 
@@ -151,13 +142,13 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, n_iters, BN: gl.constexpr, B
     operand of the in-flight group stays live until the next wait (passed through its deps), and a slot is
     released once the first wait of the following step has retired all its wgmmas."""
     NW: gl.constexpr = gl.num_warps()
-    mma: gl.constexpr = mma_layout(NW, BM)
-    A_LAYOUT: gl.constexpr = a_layout(NW, BM)
-    W_LAYOUT: gl.constexpr = w_layout(NW)
-    S_LAYOUT: gl.constexpr = s_layout(NW, MX)
+    mma: gl.constexpr = ring.mma_layout(NW, BM)
+    A_LAYOUT: gl.constexpr = ring.a_layout(NW, BM)
+    W_LAYOUT: gl.constexpr = ring.w_layout(NW)
+    S_LAYOUT: gl.constexpr = ring.s_layout(NW, MX)
     KC: gl.constexpr = BK // 128
-    w_raw = _word_views(w_bufs, BN, BK, STAGES)          # [STAGES x KC, BN/16, 2, 8, 4, 2, 2] int32
-    s_raw = _scale_views(s_bufs, BN, BK, STAGES, MX)     # [STAGES, BN/16, 2, 8, KC(, 2)] int32
+    w_raw = ring.word_views(w_bufs, BN, BK, STAGES)          # [STAGES x KC, BN/16, 2, 8, 4, 2, 2] int32
+    s_raw = ring.scale_views(s_bufs, BN, BK, STAGES, MX)     # [STAGES, BN/16, 2, 8, KC(, 2)] int32
     acc = gl.zeros([BN, BM], gl.float32, mma)
     a_prev = gl.zeros([BN, 128], gl.bfloat16, A_LAYOUT)
     for it in range(n_iters):
@@ -203,8 +194,8 @@ def _fp4_gemm_ws_kernel(w_desc, s_desc, x_desc, rf_ptr, out_ptr, part_ptr, count
     pid_k = gl.program_id(1)
     pid_m = gl.program_id(2)                      # token tile (M > BM)
     tile = pid_m * gl.num_programs(0) + pid_n     # this output tile's partials and split-K ticket
-    kb_lo, n_iters = _k_range(pid_k, KB, SPLIT_K)
-    w_bufs, s_bufs, x_bufs, ready, empty = _ring(w_desc, s_desc, x_desc, STAGES)
+    kb_lo, n_iters = ring.k_range(pid_k, KB, SPLIT_K)
+    w_bufs, s_bufs, x_bufs, ready, empty = ring.alloc_ring(w_desc, s_desc, x_desc, STAGES)
     (acc, ) = gl.warp_specialize([
         (_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, n_iters, BN, BK, BM, STAGES, OVERLAP, MX)),
         (_producer, (w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, pid_n * (BN // 16), pid_n * BN,
@@ -253,8 +244,8 @@ def _fp4_gemm_ws_fin_kernel(w_desc, s_desc, x_desc, rf_ptr, out_ptr, part_ptr, c
     pid_k = gl.program_id(1)
     pid_m = gl.program_id(2)
     tile = pid_m * gl.num_programs(0) + pid_n
-    kb_lo, n_iters = _k_range(pid_k, KB, SPLIT)
-    w_bufs, s_bufs, x_bufs, ready, empty = _ring(w_desc, s_desc, x_desc, STAGES)
+    kb_lo, n_iters = ring.k_range(pid_k, KB, SPLIT)
+    w_bufs, s_bufs, x_bufs, ready, empty = ring.alloc_ring(w_desc, s_desc, x_desc, STAGES)
     if PDL:
         _gdc_launch()    # the next GEMM's CTAs may take this one's SMs as they exit: its setup runs under our tail
         (acc, ) = gl.warp_specialize([

@@ -2,12 +2,15 @@
 the benchmark probes built on them: benchmarks/gemm_bound_gluon.py, benchmarks/gemm_compute_kernels.py) sets up the
 same way, so each is written once:
 
-- `_ring`: the STAGES-slot shared-memory ring the TMA producer fills (layout words, scale words, activation tile per
-  slot) and its `ready` / `empty` mbarriers, initialised;
-- `_k_range`: the K steps of a dense program's split-K share;
+- `alloc_ring`: the STAGES-slot shared-memory ring the TMA producer fills (layout words, scale words, activation
+  tile per slot) and its `ready` / `empty` mbarriers, initialised;
+- `k_range`: the K steps of a dense program's split-K share;
 - the consumer's register layouts (`mma_layout`, `a_layout`, `w_layout`, `s_layout`: constexpr builders) and its raw
-  views of the ring (`_word_views`, `_scale_views`): plain row-major int32 views of what TMA wrote unswizzled, in the
+  views of the ring (`word_views`, `scale_views`): plain row-major int32 views of what TMA wrote unswizzled, in the
   shapes `fp4_gemm_gluon._decode_chunk` takes.
+
+The kernels import the module (`from trace_rl.kernels import fp4_gemm_gluon_ring as ring`) and call `ring.alloc_ring`
+etc.
 
 Moving code here changes no compiled kernel: the helpers are inlined, and benchmarks/sass_diff.py checks the sm_90
 SASS of every gate case byte for byte against the revision before.
@@ -21,7 +24,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 
 @gluon.jit
-def _ring(w_desc, s_desc, x_desc, STAGES: gl.constexpr):
+def alloc_ring(w_desc, s_desc, x_desc, STAGES: gl.constexpr):
     """(w_bufs, s_bufs, x_bufs, ready, empty): STAGES slots of each TMA box (the descriptors' block shapes and
     shared layouts) and a `ready` (expect-tx, producer -> consumer) and `empty` (consumer -> producer) mbarrier per
     slot, each initialised to one arrival."""
@@ -37,7 +40,7 @@ def _ring(w_desc, s_desc, x_desc, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _k_range(pid_k, KB, SPLIT_K):
+def k_range(pid_k, KB, SPLIT_K):
     """(kb_lo, n_iters): the K steps kb_lo .. kb_lo + n_iters - 1 (of KB, split evenly over SPLIT_K programs) that
     split `pid_k` runs; the launcher evens the split out so that no split's range is empty. The program ids stay in
     the kernel: read inside a helper, they move ptxas's schedule (an inlined scope's debug label lands among them)."""
@@ -74,7 +77,7 @@ def s_layout(num_warps, mx):
 
 
 @gluon.jit
-def _word_views(w_bufs, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr):
+def word_views(w_bufs, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr):
     """The ring's layout words as [STAGES x BK/128 chunks, BN/16, 2, 8, 4, 2, 2] int32: chunk kc of slot s is
     index s x BK/128 + kc. Plain row-major (TMA wrote them unswizzled: a warp's LDS.128 of four words per lane covers
     512 contiguous bytes, conflict-free); the shared layout describes the trailing dims, the leading one indexes."""
@@ -83,7 +86,7 @@ def _word_views(w_bufs, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr
 
 
 @gluon.jit
-def _scale_views(s_bufs, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, MX: gl.constexpr):
+def scale_views(s_bufs, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, MX: gl.constexpr):
     """The ring's scale words per slot: mxfp4 [STAGES, BN/16, 2, 8, BK/128] (a word per row and chunk, byte i: K-slices
     2i, 2i + 1), nvfp4 [STAGES, BN/16, 2, 8, BK/128, 2] (two per row and chunk, byte b of word j: K-slice 4j + b);
     chunk kc of a slot is `.slice(kc, 1, dim=3)`."""

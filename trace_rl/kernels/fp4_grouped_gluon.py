@@ -45,17 +45,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from trace_rl.kernels import fp4_gemm_gluon_ring as ring
 from trace_rl.kernels.fp4_gemm_gluon import _decode_chunk, _shared_layouts
 from trace_rl.kernels.fp4_gemm_gluon_config import SMEM_LIMIT, GluonConfig, scale_words
-from trace_rl.kernels.fp4_gemm_gluon_ring import (
-    _ring,
-    _scale_views,
-    _word_views,
-    a_layout,
-    mma_layout,
-    s_layout,
-    w_layout,
-)
 from trace_rl.kernels.hopper_fp4 import COLS, ROWS, HopperFP4
 
 # Per token tile (the wgmma N) and format: one consumer warpgroup of 128 rows at 16 tokens (the dense DEFAULT: 2 CTAs
@@ -206,13 +198,13 @@ def _grouped_consumer(w_bufs, s_bufs, x_bufs, ready, empty, off_ptr, rf_ptr, out
     scales loaded first, decoded in registers, wgmma with the register A operand, the slot released once the step's
     wgmmas have retired); per token tile the epilogue store."""
     NW: gl.constexpr = gl.num_warps()
-    mma: gl.constexpr = mma_layout(NW, BM)
-    A_LAYOUT: gl.constexpr = a_layout(NW, BM)
-    W_LAYOUT: gl.constexpr = w_layout(NW)
-    S_LAYOUT: gl.constexpr = s_layout(NW, MX)
+    mma: gl.constexpr = ring.mma_layout(NW, BM)
+    A_LAYOUT: gl.constexpr = ring.a_layout(NW, BM)
+    W_LAYOUT: gl.constexpr = ring.w_layout(NW)
+    S_LAYOUT: gl.constexpr = ring.s_layout(NW, MX)
     KC: gl.constexpr = BK // 128
-    w_raw = _word_views(w_bufs, BN, BK, STAGES)
-    s_raw = _scale_views(s_bufs, BN, BK, STAGES, MX)
+    w_raw = ring.word_views(w_bufs, BN, BK, STAGES)
+    s_raw = ring.scale_views(s_bufs, BN, BK, STAGES, MX)
     j = 0
     for w in range(pid, work, nprog):
         e = w // NT
@@ -270,7 +262,7 @@ def _fp4_grouped_gluon_kernel(w_desc, s_desc, x_desc, off_ptr, rf_ptr, out_ptr, 
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
     work = E * NT
-    w_bufs, s_bufs, x_bufs, ready, empty = _ring(w_desc, s_desc, x_desc, STAGES)
+    w_bufs, s_bufs, x_bufs, ready, empty = ring.alloc_ring(w_desc, s_desc, x_desc, STAGES)
     gl.warp_specialize([
         (_grouped_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, off_ptr, rf_ptr, out_ptr, row_scale_ptr, bias_ptr,
                              pid, nprog, work, NT, KB, N, stride_rfe, stride_be, stride_om, BN, BK, BM, STAGES, MX,
