@@ -38,9 +38,9 @@ from dataclasses import replace
 import gemm_compute_kernels as gc
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 # the shipped small-M kernel's pieces (moved into the library from this probe: fp4_gemm_gluon, its epilogue module)
+from trace_rl.kernels import fp4_gemm_gluon_ring as ring
 from trace_rl.kernels.fp4_gemm_gluon import _fp4_gemm_ws_fin_kernel, _shared_layouts
 from trace_rl.kernels.fp4_gemm_gluon_epilogue import _finish_fast, _gdc_launch, _gdc_wait
 from trace_rl.kernels.hopper_fp4 import COLS, ROWS
@@ -83,14 +83,7 @@ def _compute_ws_fin_kernel(w_desc, s_desc, x_desc, rf_ptr, out_ptr, part_ptr, co
     pid_m = gl.program_id(2)
     tile = pid_m * gl.num_programs(0) + pid_n
     kb_lo, n_iters = _k_range(KB, SPLIT)
-    w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES] + w_desc.block_type.shape, w_desc.layout)
-    s_bufs = gl.allocate_shared_memory(gl.int32, [STAGES] + s_desc.block_type.shape, s_desc.layout)
-    x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES] + x_desc.block_type.shape, x_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
+    w_bufs, s_bufs, x_bufs, ready, empty = ring.alloc_ring(w_desc, s_desc, x_desc, STAGES)
     if PDL:
         _gdc_launch()
         (acc, ) = gl.warp_specialize([
