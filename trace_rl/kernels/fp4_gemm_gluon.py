@@ -134,54 +134,66 @@ def _decode_chunk(w, sw, W_LAYOUT: gl.constexpr, A_LAYOUT: gl.constexpr, BN: gl.
 
 
 @gluon.jit
+def _consume_step(w_raw, s_raw, x_bufs, ready, empty, it, release_prev, acc, a_prev, W_LAYOUT: gl.constexpr,
+                  A_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+                  STAGES: gl.constexpr, OVERLAP: gl.constexpr, MX: gl.constexpr):
+    """The consumer's ring step `it` (the dense and the grouped kernel's): wait for slot it % STAGES, decode its
+    chunks two at a time (words and scale words of both loaded first: their LDS latency is paid once per pair, not
+    again behind the first chunk's wgmma wait; ptxas then decodes the second chunk under the first one's HGMMAs) and
+    run their wgmmas into `acc`. Returns (acc, a_prev).
+    OVERLAP: keep one wgmma group in flight (wait(1)) so the next chunk's decode runs under it; the decoded operand of
+    the in-flight group (`a_prev`) stays live until the next wait (passed through its deps); after the step's first
+    wait every wgmma of step it - 1 has retired, so its slot is released there (if `release_prev`: step it - 1 was
+    one of this tile's). Otherwise each chunk's wgmmas complete before the next and the slot is released at the end."""
+    KC: gl.constexpr = BK // 128
+    slot = it % STAGES
+    mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
+    s_s = s_raw.index(slot)                                    # [BN/16, 2, 8, KC(, 2)] int32
+    x_s = x_bufs.index(slot)                                   # [BM, BK] bf16
+    for kp in gl.static_range(KC // 2):
+        w0 = w_raw.index(slot * KC + 2 * kp).load(W_LAYOUT)     # [BN/16, 2, 8, 4, 2, 2] int32
+        w1 = w_raw.index(slot * KC + 2 * kp + 1).load(W_LAYOUT)
+        s0 = s_s.slice(2 * kp, 1, dim=3).load(S_LAYOUT)         # [BN/16, 2, 8, 1(, 2)] int32
+        s1 = s_s.slice(2 * kp + 1, 1, dim=3).load(S_LAYOUT)
+        for kk in gl.static_range(2):
+            if kk == 0:
+                a = _decode_chunk(w0, s0, W_LAYOUT, A_LAYOUT, BN, MX)
+            else:
+                a = _decode_chunk(w1, s1, W_LAYOUT, A_LAYOUT, BN, MX)
+            acc = warpgroup_mma(a, x_s.slice((2 * kp + kk) * 128, 128, dim=1).permute((1, 0)), acc, is_async=True)
+            if OVERLAP:
+                acc, a_prev = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_prev))
+                a_prev = a
+                if kp + kk == 0:   # every wgmma of step it - 1 has retired: its slot can be refilled
+                    fence_async_shared()
+                    mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), count=1, pred=release_prev)
+            else:
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    if not OVERLAP:
+        # the step's wgmmas (which read the activation tile) are complete and its words are in registers
+        fence_async_shared()
+        mbarrier.arrive(empty.index(slot), count=1)
+    return acc, a_prev
+
+
+@gluon.jit
 def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, n_iters, BN: gl.constexpr, BK: gl.constexpr,
               BM: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr, MX: gl.constexpr):
     """The default partition (num_warps = 4 or 8: one or two warpgroups, warp w owning weight rows 16 (w + r NW),
-    r = 0 .. BN/(16 NW) - 1): per K step, decode + wgmma; returns (acc [BN, BM] fp32, ).
-    OVERLAP: keep one wgmma group in flight (wait(1)) so the next chunk's decode runs under it; the decoded
-    operand of the in-flight group stays live until the next wait (passed through its deps), and a slot is
-    released once the first wait of the following step has retired all its wgmmas."""
+    r = 0 .. BN/(16 NW) - 1): per K step, decode + wgmma (`_consume_step`, OVERLAP: one wgmma group in flight);
+    returns (acc [BN, BM] fp32, ) once every wgmma has retired."""
     NW: gl.constexpr = gl.num_warps()
     mma: gl.constexpr = ring.mma_layout(NW, BM)
     A_LAYOUT: gl.constexpr = ring.a_layout(NW, BM)
     W_LAYOUT: gl.constexpr = ring.w_layout(NW)
     S_LAYOUT: gl.constexpr = ring.s_layout(NW, MX)
-    KC: gl.constexpr = BK // 128
-    w_raw = ring.word_views(w_bufs, BN, BK, STAGES)          # [STAGES x KC, BN/16, 2, 8, 4, 2, 2] int32
-    s_raw = ring.scale_views(s_bufs, BN, BK, STAGES, MX)     # [STAGES, BN/16, 2, 8, KC(, 2)] int32
+    w_raw = ring.word_views(w_bufs, BN, BK, STAGES)          # [STAGES x BK/128, BN/16, 2, 8, 4, 2, 2] int32
+    s_raw = ring.scale_views(s_bufs, BN, BK, STAGES, MX)     # [STAGES, BN/16, 2, 8, BK/128(, 2)] int32
     acc = gl.zeros([BN, BM], gl.float32, mma)
     a_prev = gl.zeros([BN, 128], gl.bfloat16, A_LAYOUT)
     for it in range(n_iters):
-        slot = it % STAGES
-        mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
-        s_s = s_raw.index(slot)                                    # [BN/16, 2, 8, KC(, 2)] int32
-        x_s = x_bufs.index(slot)                                   # [BM, BK] bf16
-        for kp in gl.static_range(KC // 2):
-            # two chunks' words and scale words first: their LDS latency is paid once per pair, not again behind
-            # the first chunk's wgmma wait (ptxas then decodes the second chunk under the first one's HGMMAs)
-            w0 = w_raw.index(slot * KC + 2 * kp).load(W_LAYOUT)     # [BN/16, 2, 8, 4, 2, 2] int32
-            w1 = w_raw.index(slot * KC + 2 * kp + 1).load(W_LAYOUT)
-            s0 = s_s.slice(2 * kp, 1, dim=3).load(S_LAYOUT)         # [BN/16, 2, 8, 1(, 2)] int32
-            s1 = s_s.slice(2 * kp + 1, 1, dim=3).load(S_LAYOUT)
-            for kk in gl.static_range(2):
-                if kk == 0:
-                    a = _decode_chunk(w0, s0, W_LAYOUT, A_LAYOUT, BN, MX)
-                else:
-                    a = _decode_chunk(w1, s1, W_LAYOUT, A_LAYOUT, BN, MX)
-                acc = warpgroup_mma(a, x_s.slice((2 * kp + kk) * 128, 128, dim=1).permute((1, 0)), acc,
-                                    is_async=True)
-                if OVERLAP:
-                    acc, a_prev = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_prev))
-                    a_prev = a
-                    if kp + kk == 0:   # every wgmma of step it - 1 has retired: its slot can be refilled
-                        fence_async_shared()
-                        mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), count=1, pred=it > 0)
-                else:
-                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        if not OVERLAP:
-            # the step's wgmmas (which read the activation tile) are complete and its words are in registers
-            fence_async_shared()
-            mbarrier.arrive(empty.index(slot), count=1)
+        acc, a_prev = _consume_step(w_raw, s_raw, x_bufs, ready, empty, it, it > 0, acc, a_prev, W_LAYOUT, A_LAYOUT,
+                                    S_LAYOUT, BN, BK, STAGES, OVERLAP, MX)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
     return (acc, )
 

@@ -40,13 +40,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
     tma,
-    warpgroup_mma,
     warpgroup_mma_wait,
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from trace_rl.kernels import fp4_gemm_gluon_ring as ring
-from trace_rl.kernels.fp4_gemm_gluon import _decode_chunk, _shared_layouts
+from trace_rl.kernels.fp4_gemm_gluon import _consume_step, _shared_layouts
 from trace_rl.kernels.fp4_gemm_gluon_config import SMEM_LIMIT, GluonConfig, scale_words
 from trace_rl.kernels.hopper_fp4 import COLS, ROWS, HopperFP4
 
@@ -194,15 +193,14 @@ def _grouped_consumer(w_bufs, s_bufs, x_bufs, ready, empty, off_ptr, rf_ptr, out
                       nprog, work, NT, KB, N, stride_rfe, stride_be, stride_om, BN: gl.constexpr, BK: gl.constexpr,
                       BM: gl.constexpr, STAGES: gl.constexpr, MX: gl.constexpr, HAS_ROW_SCALE: gl.constexpr,
                       HAS_BIAS: gl.constexpr, OVERLAP: gl.constexpr):
-    """The default partition (one or two warpgroups): per K step the dense consumer's body (two chunks' words and
-    scales loaded first, decoded in registers, wgmma with the register A operand, the slot released once the step's
-    wgmmas have retired); per token tile the epilogue store."""
+    """The default partition (one or two warpgroups): per K step the dense consumer's `_consume_step` (two chunks'
+    words and scales loaded first, decoded in registers, wgmma with the register A operand, the slot released once
+    the step's wgmmas have retired); per token tile the epilogue store."""
     NW: gl.constexpr = gl.num_warps()
     mma: gl.constexpr = ring.mma_layout(NW, BM)
     A_LAYOUT: gl.constexpr = ring.a_layout(NW, BM)
     W_LAYOUT: gl.constexpr = ring.w_layout(NW)
     S_LAYOUT: gl.constexpr = ring.s_layout(NW, MX)
-    KC: gl.constexpr = BK // 128
     w_raw = ring.word_views(w_bufs, BN, BK, STAGES)
     s_raw = ring.scale_views(s_bufs, BN, BK, STAGES, MX)
     j = 0
@@ -216,34 +214,8 @@ def _grouped_consumer(w_bufs, s_bufs, x_bufs, ready, empty, off_ptr, rf_ptr, out
             acc = gl.zeros([BN, BM], gl.float32, mma)
             a_prev = gl.zeros([BN, 128], gl.bfloat16, A_LAYOUT)
             for kb in range(KB):
-                slot = j % STAGES
-                mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
-                s_s = s_raw.index(slot)
-                x_s = x_bufs.index(slot)
-                for kp in gl.static_range(KC // 2):
-                    w0 = w_raw.index(slot * KC + 2 * kp).load(W_LAYOUT)
-                    w1 = w_raw.index(slot * KC + 2 * kp + 1).load(W_LAYOUT)
-                    s0 = s_s.slice(2 * kp, 1, dim=3).load(S_LAYOUT)
-                    s1 = s_s.slice(2 * kp + 1, 1, dim=3).load(S_LAYOUT)
-                    for kk in gl.static_range(2):
-                        if kk == 0:
-                            a = _decode_chunk(w0, s0, W_LAYOUT, A_LAYOUT, BN, MX)
-                        else:
-                            a = _decode_chunk(w1, s1, W_LAYOUT, A_LAYOUT, BN, MX)
-                        acc = warpgroup_mma(a, x_s.slice((2 * kp + kk) * 128, 128, dim=1).permute((1, 0)), acc,
-                                            is_async=True)
-                        if OVERLAP:   # the previous chunk's group retires under this chunk's decode
-                            acc, a_prev = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_prev))
-                            a_prev = a
-                            if kp + kk == 0:   # step j - 1's wgmmas have all retired: refill its slot
-                                fence_async_shared()
-                                mbarrier.arrive(empty.index((j + STAGES - 1) % STAGES), count=1, pred=kb > 0)
-                        else:
-                            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-                if not OVERLAP:
-                    # the step's wgmmas (which read the activation box) are complete and its words are in registers
-                    fence_async_shared()
-                    mbarrier.arrive(empty.index(slot), count=1)
+                acc, a_prev = _consume_step(w_raw, s_raw, x_bufs, ready, empty, j, kb > 0, acc, a_prev, W_LAYOUT,
+                                            A_LAYOUT, S_LAYOUT, BN, BK, STAGES, OVERLAP, MX)
                 j += 1
             if OVERLAP:   # the tile's last step: its wgmmas retire here, then its slot goes back to the producer
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
