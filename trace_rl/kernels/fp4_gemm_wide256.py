@@ -25,8 +25,9 @@ warpgroups, 64 weight rows each (BN = 128): accumulator [64, BM] fp32 = BM / 2 r
 chunk's decode (wait(1)); the slot of step it - 1 is released once step it's first wait has retired step it - 1's
 wgmmas. The steps run in pairs with two operand register sets (`_steps256`): the wgmma reads its register A
 operand while in flight, and a one-step loop rewrote it with the next decode (nan / inf on the H200; the gate's
-`a_in_flight` check, sass_wgmma_hazard.py, now catches that on CPU). Grid (N tiles, split, token tiles); the split-K reduction is fp4_gemm_gluon_epilogue._finish (partials +
-ticket, the last program adds in split order: deterministic).
+`a_in_flight` check, sass_wgmma_hazard.py, now catches that on CPU). Grid (N tiles, split, token tiles); the split-K
+reduction is fp4_gemm_gluon_epilogue._finish (partials + ticket, the last program adds in split order:
+deterministic).
 
 Gluon has no interpreter: GPU only (sm_90, Triton 3.6); the compile gate (`sass_gate_cases`) compiles it anywhere.
 """
@@ -48,6 +49,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from trace_rl.kernels import fp4_gemm_gluon_ring as ring
 from trace_rl.kernels.fp4_gemm_gluon import _capability, _decode_chunk, _finish, _sm_count, auto_split
 from trace_rl.kernels.hopper_fp4 import COLS, ROWS, HopperFP4
 
@@ -267,14 +269,7 @@ def _fp4_gemm_wide256_kernel(w_desc, s_desc, x_desc, rf_ptr, out_ptr, part_ptr, 
     per_split = gl.cdiv(KB, SPLIT_K)
     kb_lo = pid_k * per_split
     n_iters = gl.minimum(kb_lo + per_split, KB) - kb_lo
-    w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES] + w_desc.block_type.shape, w_desc.layout)
-    s_bufs = gl.allocate_shared_memory(gl.int32, [STAGES] + s_desc.block_type.shape, s_desc.layout)
-    x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES] + x_desc.block_type.shape, x_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
+    w_bufs, s_bufs, x_bufs, ready, empty = ring.alloc_ring(w_desc, s_desc, x_desc, STAGES)
     SW_STEP: gl.constexpr = 1 if MX else 2
     (acc, ) = gl.warp_specialize([
         (_consumer256, (w_bufs, s_bufs, x_bufs, ready, empty, kb_lo, n_iters, BN, BM, STAGES, OVERLAP, MX)),

@@ -30,7 +30,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from trace_rl.kernels.fp4_gemm_gluon import _capability, _decode_chunk, _sm_count
+from trace_rl.kernels import fp4_gemm_gluon_ring as ring
+from trace_rl.kernels.fp4_gemm_gluon import _capability, _sm_count
 from trace_rl.kernels.fp4_gemm_wide256 import (
     BK,
     SCALE_BOX_WORDS,
@@ -183,14 +184,7 @@ def _fp4_gemm_wide256_sk_kernel(w_desc, s_desc, x_desc, rf_ptr, out_ptr, part_pt
     c = gl.program_id(0)
     lo = (c * TOTAL) // G
     hi = ((c + 1) * TOTAL) // G
-    w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES] + w_desc.block_type.shape, w_desc.layout)
-    s_bufs = gl.allocate_shared_memory(gl.int32, [STAGES] + s_desc.block_type.shape, s_desc.layout)
-    x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES] + x_desc.block_type.shape, x_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
+    w_bufs, s_bufs, x_bufs, ready, empty = ring.alloc_ring(w_desc, s_desc, x_desc, STAGES)
     SW_STEP: gl.constexpr = 1 if MX else 2
     gl.warp_specialize([
         (_consumer_sk, (w_bufs, s_bufs, x_bufs, ready, empty, lo, hi, G, TOTAL, KB, n_tiles, M, N, rf_ptr, out_ptr,
