@@ -60,16 +60,21 @@ def test_config_checks_and_shared_memory():
         Wide256Config(block_m=32).check()
 
 
-def test_launcher_checks(gen):
+@pytest.mark.parametrize("launcher", ["fp4_matmul_wide256", "fp4_matmul_wide256_sk"])
+def test_launcher_checks(gen, launcher):
+    """Both launchers refuse bad inputs through the shared `checked_inputs`, each error naming its launcher."""
+    from trace_rl.kernels import fp4_gemm_wide256, fp4_gemm_wide256_sk
+
+    run = getattr(fp4_gemm_wide256_sk if launcher.endswith("_sk") else fp4_gemm_wide256, launcher)
     h = to_hopper(_weight(48, 512, "nvfp4", gen).q)
-    with pytest.raises(ValueError, match="bf16"):
-        fp4_matmul_wide256(torch.zeros(4, 512), h)
+    with pytest.raises(ValueError, match=f"{launcher}: .*bf16"):
+        run(torch.zeros(4, 512), h)
     with pytest.raises(ValueError, match="columns"):
-        fp4_matmul_wide256(torch.zeros(4, 256, dtype=torch.bfloat16), h)
+        run(torch.zeros(4, 256, dtype=torch.bfloat16), h)
     with pytest.raises(ValueError, match="shared memory"):
-        fp4_matmul_wide256(torch.zeros(256, 512, dtype=torch.bfloat16), h, Wide256Config(stages=4))
+        run(torch.zeros(256, 512, dtype=torch.bfloat16), h, Wide256Config(stages=4))
     with pytest.raises(ValueError, match="CUDA"):
-        fp4_matmul_wide256(torch.zeros(4, 512, dtype=torch.bfloat16), h)
+        run(torch.zeros(4, 512, dtype=torch.bfloat16), h)
 
 
 @pytest.mark.parametrize("fmt,kp", [("nvfp4", 1536), ("mxfp4", 1536), ("nvfp4", 256), ("mxfp4", 512)])
@@ -163,8 +168,9 @@ def test_stream_k_segments_bound():
 
 def _simulate_stream_k_cta(lo, hi, kb, stages, overlap):
     """fp4_gemm_wide256_sk's producer and consumer of one CTA as Python, with the kernel's slot / parity / release
-    arithmetic (fp4_gemm_wide256._steps256: overlapped steps in pairs, an odd count's last one not overlapped) and mbarrier semantics (wait(parity) passes once the barrier's completions have the other parity); the
-    two run interleaved, each as far as it can. Returns the segments [(tile, first step, steps)] the consumer
+    arithmetic (fp4_gemm_wide256._steps256: overlapped steps in pairs, an odd count's last one not overlapped) and
+    mbarrier semantics (wait(parity) passes once the barrier's completions have the other parity); the two run
+    interleaved, each as far as it can. Returns the segments [(tile, first step, steps)] the consumer
     finished; fails on a deadlock, a slot overwritten before its release, or a step read from the wrong slot."""
     ready, empty = [0] * stages, [0] * stages        # completions
     slot_step, busy = [None] * stages, [False] * stages

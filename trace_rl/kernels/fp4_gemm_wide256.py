@@ -286,38 +286,44 @@ def shared_layouts(block_m: int):
             gl.NVMMASharedLayout.get_default_for([block_m, BK], gl.bfloat16))
 
 
+def checked_inputs(name: str, x2: torch.Tensor, w: HopperFP4, config: Wide256Config | None):
+    """The launchers' shared argument checks (`name` heads the errors): (config, x2 (a TMA-aligned copy where
+    needed), M, padded N, padded K, the token tile, the device index)."""
+    c = config or WIDE256
+    c.check()
+    if not isinstance(w, HopperFP4) or w.fmt not in ("nvfp4", "mxfp4") or w.values.dim() != 2:
+        raise ValueError(f"{name}: the weight must be a 2-D nvfp4 or mxfp4 HopperFP4 layout (hopper_fp4.to_hopper)")
+    if x2.dim() != 2 or x2.dtype != torch.bfloat16:
+        raise ValueError(f"{name}: x must be a 2-D bf16 tensor, got {x2.dtype} {tuple(x2.shape)}")
+    M, K = x2.shape
+    if M < 1 or K != w.k:
+        raise ValueError(f"{name}: x is [{M}, {K}], the weight has {w.k} columns (needs M >= 1)")
+    np_, kp = w.padded
+    sw = scale_words_per_step(w.fmt)
+    if (kp // BK * sw * 4) % 16:
+        raise ValueError(f"{name}: K = {K} pads to {kp} columns, whose {w.fmt} scale rows "
+                         f"({kp // BK * sw * 4} bytes) are not 16-byte aligned for TMA (use fp4_matmul_gluon)")
+    bm = c.tile_m(M)
+    if c.smem_bytes(bm) > SMEM_LIMIT:
+        raise ValueError(f"{name}: {c} needs {c.smem_bytes(bm)} bytes of shared memory at {bm} tokens "
+                         f"(> {SMEM_LIMIT}): fewer stages")
+    if not (x2.is_cuda and w.values.is_cuda and x2.device == w.values.device):
+        raise ValueError(f"{name}: x and the weight must be on the same CUDA device")
+    dev = x2.device.index if x2.device.index is not None else torch.cuda.current_device()
+    if _capability(dev) != (9, 0) or not triton.__version__.startswith("3.6"):
+        raise RuntimeError(f"{name}: needs an sm_90 GPU and Triton 3.6 (found {triton.__version__})")
+    if x2.stride(1) != 1 or (x2.stride(0) * 2) % 16 or x2.data_ptr() % 16:
+        x2 = x2.clone(memory_format=torch.contiguous_format)
+    return c, x2, M, np_, kp, bm, dev
+
+
 def fp4_matmul_wide256(x2: torch.Tensor, w: HopperFP4, config: Wide256Config | None = None,
                        out: torch.Tensor | None = None) -> torch.Tensor:
     """x2 [M, K] bf16 @ W^T (nvfp4 / mxfp4 Hopper layout) -> [M, N] bf16 (or `out`'s dtype). Nothing synchronises
     (capturable). Needs an sm_90 GPU and Triton 3.6."""
     from trace_rl.kernels.fp4_gemm import tile_counters
 
-    c = config or WIDE256
-    c.check()
-    if not isinstance(w, HopperFP4) or w.fmt not in ("nvfp4", "mxfp4") or w.values.dim() != 2:
-        raise ValueError("fp4_matmul_wide256: the weight must be a 2-D nvfp4 or mxfp4 HopperFP4 layout "
-                         "(hopper_fp4.to_hopper)")
-    if x2.dim() != 2 or x2.dtype != torch.bfloat16:
-        raise ValueError(f"fp4_matmul_wide256: x must be a 2-D bf16 tensor, got {x2.dtype} {tuple(x2.shape)}")
-    M, K = x2.shape
-    if M < 1 or K != w.k:
-        raise ValueError(f"fp4_matmul_wide256: x is [{M}, {K}], the weight has {w.k} columns (needs M >= 1)")
-    np_, kp = w.padded
-    sw = scale_words_per_step(w.fmt)
-    if (kp // BK * sw * 4) % 16:
-        raise ValueError(f"fp4_matmul_wide256: K = {K} pads to {kp} columns, whose {w.fmt} scale rows "
-                         f"({kp // BK * sw * 4} bytes) are not 16-byte aligned for TMA (use fp4_matmul_gluon)")
-    bm = c.tile_m(M)
-    if c.smem_bytes(bm) > SMEM_LIMIT:
-        raise ValueError(f"fp4_matmul_wide256: {c} needs {c.smem_bytes(bm)} bytes of shared memory at {bm} tokens "
-                         f"(> {SMEM_LIMIT}): fewer stages")
-    if not (x2.is_cuda and w.values.is_cuda and x2.device == w.values.device):
-        raise ValueError("fp4_matmul_wide256: x and the weight must be on the same CUDA device")
-    dev = x2.device.index if x2.device.index is not None else torch.cuda.current_device()
-    if _capability(dev) != (9, 0) or not triton.__version__.startswith("3.6"):
-        raise RuntimeError(f"fp4_matmul_wide256: needs an sm_90 GPU and Triton 3.6 (found {triton.__version__})")
-    if x2.stride(1) != 1 or (x2.stride(0) * 2) % 16 or x2.data_ptr() % 16:
-        x2 = x2.clone(memory_format=torch.contiguous_format)
+    c, x2, M, np_, kp, bm, dev = checked_inputs("fp4_matmul_wide256", x2, w, config)
     N = w.n
     n_tiles, m_tiles, kb = triton.cdiv(np_, c.block_n), triton.cdiv(M, bm), kp // BK
     split = c.split_k or auto_split(n_tiles * m_tiles, kb, _sm_count(dev) * c.ctas_per_sm(bm))

@@ -31,15 +31,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from trace_rl.kernels import fp4_gemm_gluon_ring as ring
-from trace_rl.kernels.fp4_gemm_gluon import _capability, _sm_count
+from trace_rl.kernels.fp4_gemm_gluon import _sm_count
 from trace_rl.kernels.fp4_gemm_wide256 import (
     BK,
     SCALE_BOX_WORDS,
-    SMEM_LIMIT,
-    WIDE256,
     Wide256Config,
     _steps256,
-    scale_words_per_step,
+    checked_inputs,
     shared_layouts,
 )
 from trace_rl.kernels.hopper_fp4 import COLS, ROWS, HopperFP4
@@ -207,32 +205,7 @@ def fp4_matmul_wide256_sk(x2: torch.Tensor, w: HopperFP4, config: Wide256Config 
     schedule decides)."""
     from trace_rl.kernels.fp4_gemm import tile_counters
 
-    c = config or WIDE256
-    c.check()
-    if not isinstance(w, HopperFP4) or w.fmt not in ("nvfp4", "mxfp4") or w.values.dim() != 2:
-        raise ValueError("fp4_matmul_wide256_sk: the weight must be a 2-D nvfp4 or mxfp4 HopperFP4 layout "
-                         "(hopper_fp4.to_hopper)")
-    if x2.dim() != 2 or x2.dtype != torch.bfloat16:
-        raise ValueError(f"fp4_matmul_wide256_sk: x must be a 2-D bf16 tensor, got {x2.dtype} {tuple(x2.shape)}")
-    M, K = x2.shape
-    if M < 1 or K != w.k:
-        raise ValueError(f"fp4_matmul_wide256_sk: x is [{M}, {K}], the weight has {w.k} columns (needs M >= 1)")
-    np_, kp = w.padded
-    sw = scale_words_per_step(w.fmt)
-    if (kp // BK * sw * 4) % 16:
-        raise ValueError(f"fp4_matmul_wide256_sk: K = {K} pads to {kp} columns, whose {w.fmt} scale rows are not "
-                         f"16-byte aligned for TMA (use fp4_matmul_gluon)")
-    bm = c.tile_m(M)
-    if c.smem_bytes(bm) > SMEM_LIMIT:
-        raise ValueError(f"fp4_matmul_wide256_sk: {c} needs {c.smem_bytes(bm)} bytes of shared memory (> "
-                         f"{SMEM_LIMIT}): fewer stages")
-    if not (x2.is_cuda and w.values.is_cuda and x2.device == w.values.device):
-        raise ValueError("fp4_matmul_wide256_sk: x and the weight must be on the same CUDA device")
-    dev = x2.device.index if x2.device.index is not None else torch.cuda.current_device()
-    if _capability(dev) != (9, 0) or not triton.__version__.startswith("3.6"):
-        raise RuntimeError(f"fp4_matmul_wide256_sk: needs an sm_90 GPU and Triton 3.6 (found {triton.__version__})")
-    if x2.stride(1) != 1 or (x2.stride(0) * 2) % 16 or x2.data_ptr() % 16:
-        x2 = x2.clone(memory_format=torch.contiguous_format)
+    c, x2, M, np_, kp, bm, dev = checked_inputs("fp4_matmul_wide256_sk", x2, w, config)
     N = w.n
     n_tiles, m_tiles, kb = triton.cdiv(np_, c.block_n), triton.cdiv(M, bm), kp // BK
     total = n_tiles * m_tiles * kb
