@@ -48,7 +48,7 @@ def a_register_hazards(body: list[str]) -> list[str]:
     groups: list[tuple[set[int], str]] = []       # committed, in flight: (A registers, committing HGMMA)
     open_regs: set[int] = set()
     hazards: list[str] = []
-    for pass_no in range(2):
+    for _pass in range(2):       # twice: the loop body wraps around (its back edge)
         for text in body:
             bare = _PRED.sub("", text)
             m = _HGMMA.match(bare)
