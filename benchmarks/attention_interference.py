@@ -45,37 +45,20 @@ def _clock_sampler(stop: threading.Event, out: list) -> None:
         time.sleep(0.05)
 
 
-def _timed(graph: torch.cuda.CUDAGraph, reps: int) -> tuple[float, list]:
-    """Median ms of `reps` replays, with the SM clock / power samples taken meanwhile."""
+def _timed(calls: list, reps: int) -> tuple[float, list]:
+    """Median us per call of `calls` in one CUDA graph (engine.timing.graph_median_us), with the SM clock / power
+    samples taken meanwhile."""
+    from trace_rl.engine.timing import graph_median_us
+
     stop, samples = threading.Event(), []
     t = threading.Thread(target=_clock_sampler, args=(stop, samples))
-    graph.replay()
-    torch.cuda.synchronize()
     t.start()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    stop.set()
-    t.join()
-    times.sort()
-    return times[len(times) // 2], samples
-
-
-def _graph(fn) -> torch.cuda.CUDAGraph:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g
+    try:
+        us = graph_median_us(calls, reps)
+    finally:
+        stop.set()
+        t.join()
+    return us, samples
 
 
 def main() -> None:
@@ -108,14 +91,15 @@ def main() -> None:
         for (K, _), wi in zip(GEMMS, w):
             torch.nn.functional.linear(x[K], wi)
 
-    graphs = {"attn": _graph(lambda: [attn() for _ in range(args.rounds)]),
-              "gemm": _graph(lambda: [gemms() for _ in range(args.rounds)]),
-              "mixed": _graph(lambda: [(gemms(), attn()) for _ in range(args.rounds)])}
+    rounds = {"attn": [attn] * args.rounds, "gemm": [gemms] * args.rounds,
+              "mixed": [f for _ in range(args.rounds) for f in (gemms, attn)]}
     res = {"device": torch.cuda.get_device_name(), "B": args.B, "L": args.L, "fmt": args.fmt, "rounds": args.rounds}
-    for name, g in graphs.items():
-        ms, samples = _timed(g, args.reps)
-        res[name] = {"ms": ms, "us_per_round": ms * 1e3 / args.rounds, "clock_power_samples": samples[:40]}
-        print(name, round(ms * 1e3 / args.rounds, 1), "us per round", samples[:5], flush=True)
+    for name, calls in rounds.items():
+        us, samples = _timed(calls, args.reps)
+        per_round = us * len(calls) / args.rounds
+        res[name] = {"ms": per_round * args.rounds / 1e3, "us_per_round": per_round,
+                     "clock_power_samples": samples[:40]}
+        print(name, round(per_round, 1), "us per round", samples[:5], flush=True)
     extra = res["mixed"]["us_per_round"] - res["attn"]["us_per_round"] - res["gemm"]["us_per_round"]
     res["mixed_minus_sum_us_per_round"] = extra
     res["attention_slowdown_if_all_on_it"] = (res["attn"]["us_per_round"] + extra) / res["attn"]["us_per_round"]
