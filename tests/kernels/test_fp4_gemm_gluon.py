@@ -7,8 +7,8 @@ tokens) at M in {17, 33, 64, 100, 128, 256} against the reference and the shippe
 
 import pytest
 import torch
-import triton
 
+from tests.gpu_marks import gpu36
 from trace_rl.backends import get_backend
 from trace_rl.kernels.fp4_gemm import GemmConfig
 from trace_rl.kernels.fp4_gemm_gluon import (
@@ -26,9 +26,6 @@ from trace_rl.kernels.hopper_fp4 import to_hopper
 pytestmark = [pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning"),
               pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning")]
 
-_SM90_36 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and \
-    triton.__version__.startswith("3.6")
-gpu36 = [pytest.mark.gpu, pytest.mark.skipif(not _SM90_36, reason="needs an sm_90 GPU and Triton 3.6 (Gluon)")]
 
 
 def _weight(N, K, fmt, gen, device="cpu"):

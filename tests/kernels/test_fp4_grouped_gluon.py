@@ -7,8 +7,8 @@ programs (the ring's phases across items) bit-identical to the default grid, and
 
 import pytest
 import torch
-import triton
 
+from tests.gpu_marks import gpu36
 from trace_rl.backends.fp4 import grouped_linear_reference, prepare_expert_weights
 from trace_rl.kernels.fp4_grouped_gluon import GLUON_VARIANTS, GROUPED_GLUON, fp4_grouped_matmul_gluon, token_tile
 from trace_rl.kernels.hopper_fp4 import HopperFP4
@@ -16,13 +16,11 @@ from trace_rl.kernels.hopper_fp4 import HopperFP4
 pytestmark = [pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning"),
               pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning")]
 
-_SM90_36 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and \
-    triton.__version__.startswith("3.6")
-
 
 def gpu(fn):
-    """The GPU tests' marks (as test_fp4_gemm_gluon.py's gpu36)."""
-    return pytest.mark.gpu(pytest.mark.skipif(not _SM90_36, reason="needs an sm_90 GPU and Triton 3.6 (Gluon)")(fn))
+    """The GPU tests' marks (tests/gpu_marks.gpu36)."""
+    return gpu36[0](gpu36[1](fn))
+
 
 COUNTS = [17, 0, 1, 46, 0, 70, 3]            # empty experts, one row, over 16 / 32 / 64 rows (two 64-row tiles)
 

@@ -10,14 +10,11 @@ import sys
 
 import pytest
 import torch
-import triton
 
+from tests.gpu_marks import gpu36
 from trace_rl.formats.paged_kv import PagedKV
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
-_SM90_36 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and \
-    triton.__version__.startswith("3.6")
-gpu36 = [pytest.mark.gpu, pytest.mark.skipif(not _SM90_36, reason="needs an sm_90 GPU and Triton 3.6 (Gluon)")]
 
 
 def _decode_attention_tests():
