@@ -337,6 +337,7 @@ def test_variant_configs_are_checked():
         with pytest.raises(ValueError, match=what):
             gluon.GluonAttentionConfig(**bad).check()
     assert gluon.default_config(4) == (gluon.LEAN if gluon.LEAN_LOOP else gluon.DEFAULT)
+    assert gluon.default_config(0) == gluon.DEFAULT                     # group not known: N = 16 takes any
     assert gluon.default_config(12) == (gluon.LEAN_WIDE if gluon.LEAN_LOOP and gluon.LEAN_WIDE_LOOP
                                         else gluon.DEFAULT)                          # over 8: N = 16
     assert gluon.LEAN_WIDE.n_pad == 16

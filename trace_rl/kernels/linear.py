@@ -218,8 +218,6 @@ def _grouped_matmul(path: str, xb, offsets, experts, row_scale, bias, out_dtype,
     if path == "gluon":
         from trace_rl.kernels.fp4_grouped_gluon import fp4_grouped_matmul_gluon
 
-        if act_quant is not None:
-            raise ValueError("fp4_grouped_linear: the Gluon grouped GEMM takes prequantized W4A4 rows")
         return fp4_grouped_matmul_gluon(xb, offsets, hopper_weight(experts), row_scale, bias, out_dtype,
                                         zero_tail=True)
     if path != "triton":

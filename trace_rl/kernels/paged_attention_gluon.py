@@ -165,8 +165,8 @@ LEAN_WIDE_LOOP = False
 
 def default_config(group: int) -> GluonAttentionConfig:
     """The config a call without one runs: with LEAN_LOOP set, LEAN where the group fits its N (else LEAN_WIDE with
-    LEAN_WIDE_LOOP set); DEFAULT otherwise."""
-    if not LEAN_LOOP:
+    LEAN_WIDE_LOOP set); DEFAULT otherwise, and for a group not known (< 1): DEFAULT's N = 16 takes every group."""
+    if not LEAN_LOOP or group < 1:
         return DEFAULT
     if group <= LEAN.n_pad:
         return LEAN
