@@ -41,6 +41,8 @@
 #            first config vs LEAN vs the persistent LEAN (tail waves), both formats; named only
 #   attnfault benchmarks/attention_fault_h200.sh  the Gluon attention's SASS variants' GPU tests one process each
 #            (which part faults), then compute-sanitizer memcheck on the first faulting one; named only
+#   gpusuite benchmarks/gpu_suite_h200.sh         the whole `pytest -m gpu` suite in 8 parallel shards, cut at what
+#            is left of the call (at most 400 s): counts, failed ids with reasons, ids not reached; named only
 #   gemm256  benchmarks/gemm_wide256_h200.sh       the 256-token Gluon FP4 GEMM (fp4_gemm_wide256, opt-in) vs
 #            cuBLAS BF16 and the existing wide Gluon configs at M = 256/512/64/128, both formats, + its GPU
 #            tests; named only
@@ -104,7 +106,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 W=/tmp/h200_checks
 mkdir -p "$OUT" "$W"
 start=$(date +%s)
-need() { case $1 in presets) echo 150;; trainattn) echo 62;; engine) echo 90;; fixedgluon) echo 300;;
+need() { case $1 in presets) echo 150;; trainattn) echo 62;; engine) echo 90;; fixedgluon) echo 300;; gpusuite) echo 200;;
           engremain) echo 360;; *) echo 122;; esac; }
 pytest_check() {   # DIR TIMEOUT_S ARGS...: pytest into DIR/pytest.log, its rc into DIR/summary.json
     local d=$1 t=$2; shift 2
@@ -147,6 +149,7 @@ for name in $NAMES; do
         attnmid) timeout 110 $PYTHON benchmarks/attention_sass.py --out "$d/attention_sass.json" --budget-s 90 \
                      --shapes 313x4352,313x2048,313x8447 --variants lean,persistent_lean > "$d/run.log" 2>&1 ;;
         gemm256) bash benchmarks/gemm_wide256_h200.sh "$d" > "$d/run.log" 2>&1 ;;
+        gpusuite) GPU_SUITE_S=$(( left - 20 > 400 ? 400 : left - 20 )) bash benchmarks/gpu_suite_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         moegluon) bash benchmarks/moe_gluon_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         moewire) bash benchmarks/moe_wire_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         mlpfuse) bash benchmarks/mlp_fuse_h200.sh "$d" > "$d/run.log" 2>&1 ;;
