@@ -41,6 +41,8 @@
 #            first config vs LEAN vs the persistent LEAN (tail waves), both formats; named only
 #   attnfault benchmarks/attention_fault_h200.sh  the Gluon attention's SASS variants' GPU tests one process each
 #            (which part faults), then compute-sanitizer memcheck on the first faulting one; named only
+#   opgemm   benchmarks/opcache_gemm_m.py        the operand cache's four GEMM shapes at M = 256-512: cuBLAS bf16 -> f32 /
+#            bf16, FP8 _scaled_mm -> f32 / row-scaled bf16 (exact and fast accumulation): per layer and x36
 #   gpusuite benchmarks/gpu_suite_h200.sh         the whole `pytest -m gpu` suite in 8 parallel shards, cut at what
 #            is left of the call (at most 400 s): counts, failed ids with reasons, ids not reached; named only
 #   gemm256  benchmarks/gemm_wide256_h200.sh       the 256-token Gluon FP4 GEMM (fp4_gemm_wide256, opt-in) vs
@@ -149,6 +151,7 @@ for name in $NAMES; do
         attnmid) timeout 110 $PYTHON benchmarks/attention_sass.py --out "$d/attention_sass.json" --budget-s 90 \
                      --shapes 313x4352,313x2048,313x8447 --variants lean,persistent_lean > "$d/run.log" 2>&1 ;;
         gemm256) bash benchmarks/gemm_wide256_h200.sh "$d" > "$d/run.log" 2>&1 ;;
+        opgemm) timeout 110 $PYTHON benchmarks/opcache_gemm_m.py --out "$d/summary.json" --budget-s 85 > "$d/run.log" 2>&1 ;;
         gpusuite) GPU_SUITE_S=$(( left - 20 > 400 ? 400 : left - 20 )) bash benchmarks/gpu_suite_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         moegluon) bash benchmarks/moe_gluon_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         moewire) bash benchmarks/moe_wire_h200.sh "$d" > "$d/run.log" 2>&1 ;;
