@@ -14,7 +14,7 @@ set -f          # test ids carry [params]: no globbing
 for i in $(seq 0 $((SHARDS - 1))); do
     awk -v i=$i -v n=$SHARDS 'NR % n == i' "$OUT/test_ids.txt" > "$OUT/shard_$i.txt"
     [ -s "$OUT/shard_$i.txt" ] || continue
-    timeout "$GPU_SUITE_S" $PY -m pytest -v -p no:cacheprovider -rs -m gpu $(cat "$OUT/shard_$i.txt") \
+    timeout "$GPU_SUITE_S" $PY -m pytest -v -p no:cacheprovider -rfEs -m gpu $(cat "$OUT/shard_$i.txt") \
         > "$OUT/shard_$i.log" 2>&1 &
     pids+=($!)
 done
