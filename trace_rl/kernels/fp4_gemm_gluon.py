@@ -335,11 +335,11 @@ def fp4_matmul_gluon(x2: torch.Tensor, w: HopperFP4, config: GluonConfig | None 
                      bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16,
                      pdl: bool = False) -> torch.Tensor:
     """x2 [M, K] bf16 @ W^T for an nvfp4 or mxfp4 weight W in the Hopper layout -> [M, N] `out_dtype`; `config`
-    defaults to `config_for(M, fmt, padded K)`. `row_scale` [M] float32 (W4A4: the nvfp4:row per-token scale) and
-    `bias` [N] need a `fin` config. `pdl`: launch as a programmatic dependent of the previous kernel in the stream
-    (needs a `fin` config; fp4_gemm_gluon_epilogue states the contract). Nothing is allocated but `out` (unless
-    given) and the split-K partials (the caching allocator: a CUDA-graph capture's pool), nothing synchronises, so
-    it can be captured. Needs an sm_90 GPU and Triton 3.6 (Gluon is version-pinned)."""
+    defaults to `config_for(M, fmt, padded K, padded N)`. `row_scale` [M] float32 (W4A4: the nvfp4:row per-token
+    scale) and `bias` [N] need a `fin` config. `pdl`: launch as a programmatic dependent of the previous kernel in
+    the stream (needs a `fin` config; fp4_gemm_gluon_epilogue states the contract). Nothing is allocated but `out`
+    (unless given) and the split-K partials (the caching allocator: a CUDA-graph capture's pool), nothing
+    synchronises, so it can be captured. Needs an sm_90 GPU and Triton 3.6 (Gluon is version-pinned)."""
     if not isinstance(w, HopperFP4) or w.fmt not in ("nvfp4", "mxfp4") or w.values.dim() != 2:
         got = f"{w.fmt} values {tuple(w.values.shape)}" if isinstance(w, HopperFP4) else type(w).__name__
         raise ValueError(f"fp4_matmul_gluon: the weight must be a 2-D nvfp4 or mxfp4 HopperFP4 layout "
@@ -349,7 +349,7 @@ def fp4_matmul_gluon(x2: torch.Tensor, w: HopperFP4, config: GluonConfig | None 
     M, K = x2.shape
     if M < 1:
         raise ValueError(f"fp4_matmul_gluon: M = {M}; needs M >= 1")
-    c = config or config_for(M, w.fmt, w.padded[1])
+    c = config or config_for(M, w.fmt, w.padded[1], w.padded[0])
     c.check(w.fmt)
     bk = c.bk(w.fmt)
     bm = c.tile_m(M)

@@ -108,16 +108,71 @@ WIDE_OVERLAP = {64: GluonConfig(num_warps=8, maxnreg=128, block_m=64, stages=4, 
 SMEM_LIMIT = 227 * 1024          # an sm_90 CTA's dynamic shared memory
 
 
+# Small weights at M <= 16 (issue 15: "ahead of gemlite at every M"; 4096x1024 at M = 1, where SMALL_M's auto split
+# 4 gives 16 row tiles x 4 = 64 programs of two 512-column steps on 132 SMs, and the time is latency: PDL prologue,
+# the two steps' decode, the split-K finish). Candidates, measured against SMALL_M by benchmarks/smallm_sweep.py
+# (check `smallm`); NOT selected by `config_for` until SMALL_GRID names one. The K partition (columns per program)
+# alone sets the bits: a candidate with SMALL_M's partition (split 4 of 4096 columns) is bit-identical to it, the
+# others differ in the split-K rounding only (each is bit-identical to `_fp4_gemm_ws_kernel` at its own split).
+#   split8        one 512-column step per program: 128 programs, half the decode per warp, 8 partials per tile
+#   split2        four steps per program: 32 programs, a 2-partial finish (the other side of the trade)
+#   k256_split4   nvfp4: 256-column steps, 4 slots (all four steps in flight): SMALL_M's partition (same bits),
+#                 the first wgmma after 256 columns instead of 512
+#   k256_split8   nvfp4: 2 steps of 256 per program: split8's partition (same bits as split8), finer pipeline
+#   k256_split16  nvfp4: one 256-column step per program: 256 programs (2 per SM), 16 partials per tile
+#   w8_split8     two consumer warpgroups x 128 rows, one 512-column step: 64 programs (split8's partition, same
+#                 bits as split8), half the SMs free for the next PDL GEMM's prefetch
+# (fmts: the formats a candidate applies to; mxfp4's K step is at least 512 columns.)
+SMALL_GRID_CANDIDATES = {
+    "split8": (GluonConfig(block_n=64, stages=2, maxnreg=80, overlap=True, block_k=512, fin=True, split_k=8),
+               ("nvfp4", "mxfp4")),
+    "split2": (GluonConfig(block_n=64, stages=2, maxnreg=80, overlap=True, block_k=512, fin=True, split_k=2),
+               ("nvfp4", "mxfp4")),
+    "k256_split4": (GluonConfig(block_n=64, stages=4, maxnreg=80, overlap=True, block_k=256, fin=True, split_k=4),
+                    ("nvfp4", )),
+    "k256_split8": (GluonConfig(block_n=64, stages=2, maxnreg=80, overlap=True, block_k=256, fin=True, split_k=8),
+                    ("nvfp4", )),
+    "k256_split16": (GluonConfig(block_n=64, stages=2, maxnreg=80, overlap=True, block_k=256, fin=True,
+                                 split_k=16), ("nvfp4", )),
+    "w8_split8": (GluonConfig(block_n=128, num_warps=8, stages=2, maxnreg=80, overlap=True, block_k=512, fin=True,
+                              split_k=8), ("nvfp4", "mxfp4")),
+}
+# The rule `config_for` applies at M <= 16 to a small weight (at most SMALL_GRID_MAX_ROWS padded rows and exactly
+# SMALL_GRID_K padded columns: the measured shape only): per format, {largest M covered: config}, the smallest key
+# covering M. Empty (the default): SMALL_M, unchanged. Filled from the `smallm` check's summary.json
+# ("rule_proposal"), e.g. {"nvfp4": {16: SMALL_GRID_CANDIDATES["split8"][0]}}.
+SMALL_GRID: dict[str, dict[int, GluonConfig]] = {"nvfp4": {}, "mxfp4": {}}
+SMALL_GRID_MAX_ROWS = 1024
+SMALL_GRID_K = (4096, )
+
+
 def small_m_fits(k_padded: int, fmt: str) -> bool:
     """Whether SMALL_M's K step divides the weight's padded K (its scale rows must also be 16-byte aligned)."""
     return k_padded % SMALL_M.bk(fmt) == 0
 
 
-def config_for(M: int, fmt: str = "nvfp4", k_padded: int | None = None) -> GluonConfig:
-    """SMALL_M at M <= 16 (DEFAULT where `k_padded` is given and SMALL_M's K step does not divide it), else the
-    format's WIDE config for the smallest token tile covering M (the largest one past it: a grid over token
-    tiles)."""
+def small_grid_config(M: int, fmt: str, n_padded: int | None, k_padded: int | None) -> GluonConfig | None:
+    """SMALL_GRID's config for M tokens on an [n_padded, k_padded] weight, or None (SMALL_M applies): only at
+    M <= 16, for a weight of at most SMALL_GRID_MAX_ROWS rows and a K in SMALL_GRID_K that the config's step
+    divides."""
+    tiles = SMALL_GRID.get(fmt) or {}
+    if M > 16 or not tiles or n_padded is None or k_padded is None:
+        return None
+    if n_padded > SMALL_GRID_MAX_ROWS or k_padded not in SMALL_GRID_K:
+        return None
+    c = next((tiles[t] for t in sorted(tiles) if t >= M), None)
+    return c if c is not None and k_padded % c.bk(fmt) == 0 else None
+
+
+def config_for(M: int, fmt: str = "nvfp4", k_padded: int | None = None,
+               n_padded: int | None = None) -> GluonConfig:
+    """SMALL_M at M <= 16 (SMALL_GRID's config for a small weight where one is set, `small_grid_config`; DEFAULT
+    where `k_padded` is given and SMALL_M's K step does not divide it), else the format's WIDE config for the
+    smallest token tile covering M (the largest one past it: a grid over token tiles)."""
     if M <= 16:
+        small = small_grid_config(M, fmt, n_padded, k_padded)
+        if small is not None:
+            return small
         return SMALL_M if k_padded is None or small_m_fits(k_padded, fmt) else DEFAULT
     tiles = WIDE[fmt]
     return tiles[next((t for t in sorted(tiles) if t >= M), max(tiles))]

@@ -4,6 +4,8 @@ version-pinned: no cases under another Triton)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import triton
 
 from trace_rl.kernels.fp4_gemm_gluon import (
@@ -16,6 +18,7 @@ from trace_rl.kernels.fp4_gemm_gluon import (
     _shared_layouts,
     scale_words,
 )
+from trace_rl.kernels.fp4_gemm_gluon_config import SMALL_GRID_CANDIDATES
 from trace_rl.kernels.hopper_fp4 import COLS, ROWS
 
 # Compile gate (sass_gate.py; Triton 3.6 only: the Gluon API is experimental and version-pinned). The consumer's K
@@ -111,9 +114,30 @@ GATE_SMALL_M = ((SMALL_M, 16, "nvfp4", 2, True, False), (SMALL_M, 8, "nvfp4", 6,
 SMALL_M_BUDGET = {"nvfp4": 2.75, "mxfp4": 2.5}
 
 
+# The small-weight candidates (SMALL_GRID_CANDIDATES, benchmarks/smallm_sweep.py) as the sweep launches them (PDL, at
+# their explicit split): each at token tile 8 with the W4A4 row scale and bias (nvfp4) and 16 (mxfp4); the split is
+# a constexpr of the finish only, so one case per candidate and format covers its main loop. Measured (Triton 3.6):
+# 2.68 (nvfp4) / 2.42-2.43 (mxfp4) SASS per weight element at 512-column steps, 2.77-2.80 at 256 (nvfp4: the
+# step's bookkeeping over half the columns); 80 registers, no spills. Budgets: + ~3%.
+SMALL_GRID_BUDGET = {("split8", "nvfp4"): 2.75, ("split8", "mxfp4"): 2.5, ("split2", "nvfp4"): 2.75,
+                     ("split2", "mxfp4"): 2.5, ("k256_split4", "nvfp4"): 2.9, ("k256_split8", "nvfp4"): 2.9,
+                     ("k256_split16", "nvfp4"): 2.9, ("w8_split8", "nvfp4"): 2.75, ("w8_split8", "mxfp4"): 2.5}
+
+
+def small_grid_gate_cases():
+    cases = []
+    for name, (c, fmts) in SMALL_GRID_CANDIDATES.items():
+        for f in fmts:
+            bm = 8 if f == "nvfp4" else 16
+            case = gate_case(c, bm, SMALL_GRID_BUDGET[(name, f)], f, c.split_k, True, f == "nvfp4")
+            cases.append(dataclasses.replace(case, name=f"{case.name} [small grid {name}]"))
+    return cases
+
+
 def sass_gate_cases():
     if not triton.__version__.startswith("3.6"):
         return []
     return [gate_case(c, bm, b) for c, bm, b in GATE + GATE_WIDE] + \
         [gate_case(c, bm, b, "mxfp4") for c, bm, b in GATE_MX + GATE_WIDE_MX] + \
-        [gate_case(c, bm, SMALL_M_BUDGET[f], f, s, p, r) for c, bm, f, s, p, r in GATE_SMALL_M]
+        [gate_case(c, bm, SMALL_M_BUDGET[f], f, s, p, r) for c, bm, f, s, p, r in GATE_SMALL_M] + \
+        small_grid_gate_cases()

@@ -1,0 +1,134 @@
+"""The small-weight candidates of the Gluon FP4 GEMM at M <= 16 (fp4_gemm_gluon_config.SMALL_GRID_CANDIDATES, issue
+15's 4096x1024 at M = 1 against gemlite; benchmarks/smallm_sweep.py measures them) and the rule that would select
+one (`SMALL_GRID`, empty by default):
+- CPU: every candidate is a valid config for its formats that fits shared memory; with SMALL_GRID empty
+  `config_for` is unchanged at every small-M shape; filled, it takes the named config only at M <= 16 on a weight of
+  at most SMALL_GRID_MAX_ROWS rows and a K of SMALL_GRID_K that its step divides; the torch emulation of the
+  kernel's data path (test_fp4_gemm_gluon._emulate) at each candidate's tile (64 x 256, 128 x 512) reproduces the
+  reference;
+- sm_90 GPU + Triton 3.6: each candidate against the float64 reference at 4096x1024 and at a ragged shape (N = 200,
+  K = 1536: a partial row tile) at M = 1 / 5 / 16, bit-equal to `_fp4_gemm_ws_kernel` (fin=False) at its own split
+  and to itself without PDL; W4A4 (row scale + bias); candidates with the same K partition give the same bits
+  (split8 = k256_split8 = w8_split8; k256_split4 = SMALL_M at 4096x1024, whose auto split is 4)."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from tests.gpu_marks import gpu36
+from trace_rl.backends import get_backend
+from trace_rl.kernels import fp4_gemm_gluon_config as gc
+from trace_rl.kernels.fp4_gemm_gluon_config import SMALL_GRID_CANDIDATES, SMALL_M, SMEM_LIMIT, WIDE, config_for
+from trace_rl.kernels.hopper_fp4 import to_hopper
+
+pytestmark = [pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning"),
+              pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning")]
+
+CASES = [(name, fmt) for name, (_, fmts) in SMALL_GRID_CANDIDATES.items() for fmt in fmts]
+
+
+def _weight(N, K, fmt, gen, device="cpu"):
+    w = torch.randn(N, K, generator=gen) * torch.exp(torch.randn(N, 1, generator=gen))
+    return get_backend("fp4").prepare_weight(w.to(device), fmt)
+
+
+def _ref(x, packed, row_scale=None, bias=None):
+    y = x.double() @ packed.q.to(x.device).dequantize().double().T
+    if row_scale is not None:
+        y = y * row_scale.double()[:, None]
+    return y if bias is None else y + bias.double()
+
+
+def _rel(y, ref):
+    return ((y.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+@pytest.mark.parametrize("name,fmt", CASES)
+def test_candidates_are_valid_fin_configs(name, fmt):
+    c, _ = SMALL_GRID_CANDIDATES[name]
+    c.check(fmt)
+    assert c.fin and c.split_k > 0, "a candidate names its split (the sweep's point), and runs the fin kernel"
+    for bm in (8, 16):
+        assert c.smem_bytes(bm, fmt) <= SMEM_LIMIT
+    assert 4096 % c.bk(fmt) == 0 and (4096 // c.bk(fmt)) % c.split_k == 0, "an even K partition at 4096"
+
+
+def test_rule_is_empty_by_default_and_config_for_unchanged():
+    assert gc.SMALL_GRID == {"nvfp4": {}, "mxfp4": {}}
+    for fmt in ("nvfp4", "mxfp4"):
+        for M in (1, 4, 8, 16):
+            for n in (256, 1024, 4096, None):
+                assert config_for(M, fmt, 4096, n) == config_for(M, fmt, 4096) == SMALL_M
+
+
+def test_rule_takes_the_named_config_only_where_it_applies(monkeypatch):
+    small, sixteen = SMALL_GRID_CANDIDATES["split8"][0], SMALL_GRID_CANDIDATES["k256_split16"][0]
+    monkeypatch.setattr(gc, "SMALL_GRID", {"nvfp4": {8: small, 16: sixteen}, "mxfp4": {16: small}})
+    assert config_for(1, "nvfp4", 4096, 1024) == config_for(8, "nvfp4", 4096, 1024) == small
+    assert config_for(9, "nvfp4", 4096, 1024) == config_for(16, "nvfp4", 4096, 1024) == sixteen
+    assert config_for(4, "mxfp4", 4096, 1024) == config_for(16, "mxfp4", 4096, 512) == small
+    assert config_for(17, "nvfp4", 4096, 1024) == WIDE["nvfp4"][32]           # past 16 tokens: the wide tiles
+    assert config_for(1, "nvfp4", 4096, 2048) == SMALL_M                        # more rows than SMALL_GRID_MAX_ROWS
+    assert config_for(1, "nvfp4", 8192, 1024) == SMALL_M                        # a K not in SMALL_GRID_K
+    assert config_for(1, "nvfp4", 4096) == SMALL_M                              # rows unknown
+    monkeypatch.setattr(gc, "SMALL_GRID_K", (1280, ))                           # 1280: 5 x 256, not 512 columns
+    monkeypatch.setattr(gc, "SMALL_GRID", {"nvfp4": {16: small}, "mxfp4": {}})
+    assert config_for(1, "nvfp4", 1280, 1024) == gc.DEFAULT                    # its step does not divide K
+
+
+@pytest.mark.parametrize("fmt,BN,bk", [("nvfp4", 64, 256), ("nvfp4", 128, 512), ("mxfp4", 128, 512)])
+def test_emulated_data_path_at_candidate_tiles(fmt, BN, bk, gen):
+    """The candidates' tiles not covered by test_fp4_gemm_gluon's emulation cases (SMALL_M's 64 x 512 is)."""
+    from tests.kernels.test_fp4_gemm_gluon import _emulate
+    from trace_rl.kernels.hopper_fp4 import operand
+
+    packed = _weight(200, 1536, fmt, gen)
+    h = to_hopper(packed.q)
+    x = torch.randn(3, 1536, generator=gen).to(torch.bfloat16)
+    y = _emulate(x, h, BN, 8, bk)
+    ref = x.double() @ (operand(h).double() * h.row_factor[:200, None].double()).T
+    assert torch.allclose(y, ref, rtol=1e-9, atol=1e-9 * ref.abs().max().item())
+    assert _rel(y, _ref(x, packed)) < 1e-2
+
+
+@gpu36[0]
+@gpu36[1]
+@pytest.mark.parametrize("name,fmt", CASES)
+@pytest.mark.parametrize("N,K", [(1024, 4096), (200, 1536)])
+def test_candidate_matches_reference_and_previous_launch_gpu(name, fmt, N, K, gen):
+    from trace_rl.kernels.fp4_gemm_gluon import fp4_matmul_gluon
+
+    c, _ = SMALL_GRID_CANDIDATES[name]
+    packed = _weight(N, K, fmt, gen, "cuda")
+    h = to_hopper(packed.q)
+    for M in (1, 5, 16):
+        x = torch.randn(M, K, generator=gen).to(torch.bfloat16).cuda()
+        y = fp4_matmul_gluon(x, h, c, pdl=True)
+        assert y.shape == (M, N) and _rel(y, _ref(x, packed)) < 1e-2, (M, _rel(y, _ref(x, packed)))
+        assert torch.equal(y, fp4_matmul_gluon(x, h, c)), M
+        assert torch.equal(y, fp4_matmul_gluon(x, h, replace(c, fin=False))), M     # the same (evened) split
+        bias = torch.randn(N, generator=gen).cuda()
+        rs = torch.rand(M, generator=gen).cuda() + 0.5
+        y4 = fp4_matmul_gluon(x, h, c, row_scale=rs, bias=bias, pdl=True)
+        assert _rel(y4, _ref(x, packed, rs, bias)) < 1e-2
+
+
+@gpu36[0]
+@gpu36[1]
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_same_k_partition_same_bits_gpu(fmt, gen):
+    from trace_rl.kernels.fp4_gemm_gluon import fp4_matmul_gluon
+
+    packed = _weight(1024, 4096, fmt, gen, "cuda")
+    h = to_hopper(packed.q)
+    for M in (1, 16):
+        x = torch.randn(M, 4096, generator=gen).to(torch.bfloat16).cuda()
+        ys = {n: fp4_matmul_gluon(x, h, c, pdl=True) for n, (c, f) in SMALL_GRID_CANDIDATES.items() if fmt in f}
+        shipped = fp4_matmul_gluon(x, h, replace(SMALL_M, split_k=4), pdl=True)
+        assert torch.equal(fp4_matmul_gluon(x, h, pdl=True), shipped)       # SMALL_M's auto split here: 4
+        for n in ("k256_split8", "w8_split8"):
+            if n in ys:
+                assert torch.equal(ys[n], ys["split8"]), (n, M)
+        if "k256_split4" in ys:
+            assert torch.equal(ys["k256_split4"], shipped), M
