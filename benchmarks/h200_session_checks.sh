@@ -33,6 +33,10 @@
 #            15) vs cuBLAS BF16, the Triton path and gemlite at M = 1/4/16, W4A16 / W4A4 / prequantized, after an
 #            RMSNorm too, + its GPU tests (8 parallel shards); named only
 #   gemmship2 the same bench for 12288x4096 and 4096x1024 only, no tests (the rows a budget-cut gemmship missed)
+#   smallm   benchmarks/smallm_h200.sh           issue 15's last gemlite point (4096x1024, M = 1): the small-weight
+#            candidate configs of the Gluon GEMM (split 8 / 2, 256-column steps, two warpgroups) vs the shipped
+#            config vs cuBLAS BF16 vs gemlite at M = 1/4/16, W4A16 + W4A4 prequantized, bit identity, + their GPU
+#            tests; summary.json's rule_proposal names the SMALL_GRID to set; no torchrl needed; named only
 #   gluoneng the engine's Gluon path GPU tests alone (LEAN the default)
 #   gluontests the Gluon attention's GPU tests (every variant, LEAN now the default) + the engine's Gluon path tests
 #   attnintf benchmarks/attention_interference.py  the attention alone / the layer's bf16 GEMMs alone / both interleaved
@@ -139,6 +143,7 @@ for name in $NAMES; do
         normquant) bash benchmarks/norm_quant_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         gemmship) bash benchmarks/gemm_ship_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         gemmship2) SHIP_TESTS=0 SHIP_SHAPES=12288x4096,4096x1024 bash benchmarks/gemm_ship_h200.sh "$d" > "$d/run.log" 2>&1 ;;
+        smallm) bash benchmarks/smallm_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         attnfault) bash benchmarks/attention_fault_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         gluontests) pytest_check "$d" 115 -m gpu tests/kernels/test_paged_attention_gluon.py tests/kv/test_gluon_path.py \
                         "tests/engine/test_native_gpu.py::test_gluon_attention_equals_kernels_in_graphs" \

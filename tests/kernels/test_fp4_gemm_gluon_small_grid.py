@@ -6,8 +6,8 @@ one (`SMALL_GRID`, empty by default):
   at most SMALL_GRID_MAX_ROWS rows and a K of SMALL_GRID_K that its step divides; the torch emulation of the
   kernel's data path (test_fp4_gemm_gluon._emulate) at each candidate's tile (64 x 256, 128 x 512) reproduces the
   reference;
-- sm_90 GPU + Triton 3.6: each candidate against the float64 reference at 4096x1024 and at a ragged shape (N = 200,
-  K = 1536: a partial row tile) at M = 1 / 5 / 16, bit-equal to `_fp4_gemm_ws_kernel` (fin=False) at its own split
+- sm_90 GPU + Triton 3.6: each candidate against the float64 reference at 4096x1024 (M = 1 / 16) and at a ragged
+  shape (N = 200, K = 1536: a partial row tile; M = 5), bit-equal to `_fp4_gemm_ws_kernel` (fin=False) at its own split
   and to itself without PDL; W4A4 (row scale + bias); candidates with the same K partition give the same bits
   (split8 = k256_split8 = w8_split8; k256_split4 = SMALL_M at 4096x1024, whose auto split is 4)."""
 
@@ -95,23 +95,26 @@ def test_emulated_data_path_at_candidate_tiles(fmt, BN, bk, gen):
 @gpu36[0]
 @gpu36[1]
 @pytest.mark.parametrize("name,fmt", CASES)
-@pytest.mark.parametrize("N,K", [(1024, 4096), (200, 1536)])
-def test_candidate_matches_reference_and_previous_launch_gpu(name, fmt, N, K, gen):
+@pytest.mark.parametrize("N,K,Ms", [(1024, 4096, (1, 16)), (200, 1536, (5, ))])
+def test_candidate_matches_reference_and_previous_launch_gpu(name, fmt, N, K, Ms, gen):
+    """At the first M also without PDL and W4A4 (row scale + bias): few compiles per case (the check runs these
+    beside its sweep's precompile)."""
     from trace_rl.kernels.fp4_gemm_gluon import fp4_matmul_gluon
 
     c, _ = SMALL_GRID_CANDIDATES[name]
     packed = _weight(N, K, fmt, gen, "cuda")
     h = to_hopper(packed.q)
-    for M in (1, 5, 16):
+    for M in Ms:
         x = torch.randn(M, K, generator=gen).to(torch.bfloat16).cuda()
         y = fp4_matmul_gluon(x, h, c, pdl=True)
         assert y.shape == (M, N) and _rel(y, _ref(x, packed)) < 1e-2, (M, _rel(y, _ref(x, packed)))
-        assert torch.equal(y, fp4_matmul_gluon(x, h, c)), M
         assert torch.equal(y, fp4_matmul_gluon(x, h, replace(c, fin=False))), M     # the same (evened) split
-        bias = torch.randn(N, generator=gen).cuda()
-        rs = torch.rand(M, generator=gen).cuda() + 0.5
-        y4 = fp4_matmul_gluon(x, h, c, row_scale=rs, bias=bias, pdl=True)
-        assert _rel(y4, _ref(x, packed, rs, bias)) < 1e-2
+        if M == Ms[0]:
+            assert torch.equal(y, fp4_matmul_gluon(x, h, c)), M
+            bias = torch.randn(N, generator=gen).cuda()
+            rs = torch.rand(M, generator=gen).cuda() + 0.5
+            y4 = fp4_matmul_gluon(x, h, c, row_scale=rs, bias=bias, pdl=True)
+            assert _rel(y4, _ref(x, packed, rs, bias)) < 1e-2
 
 
 @gpu36[0]

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# benchmarks/smallm_h200.sh (issue 15, "ahead of gemlite at every M": the shipped small-M FP4 linear loses to gemlite
+# only at 4096x1024, M = 1): the small-weight candidate configs of the Gluon GEMM (fp4_gemm_gluon_config.
+# SMALL_GRID_CANDIDATES) against the shipped config, cuBLAS BF16 and gemlite, same run. Usage (from the repo root;
+# python3, torch, Triton 3.6, one H200, device wheels on PYTHONPATH; gemlite's source at .gpu/gemlite_src, optional:
+# without it the rows say why and the rest runs; torchrl is not needed), < 120 s:
+#     benchmarks/smallm_h200.sh OUT_DIR
+# 0. the GPU tests tests/kernels/test_fp4_gemm_gluon_small_grid.py start in the background, 4 shards (each candidate
+#    against the float64 reference at 4096x1024 and a ragged shape, bit-equal to the fin=False launch at its split
+#    and without PDL, W4A4 row scale + bias; candidates sharing a K partition give the same bits) -> OUT/pytest_<i>;
+#    meanwhile benchmarks/smallm_sweep.py --precompile-only compiles every launch of the sweep in worker processes
+#    -> OUT/precompile.log; the tests are waited for before any timing starts
+# 1. benchmarks/smallm_sweep.py -> OUT/smallm.json (+ .log): K x N = 4096 x 1024, M = 1 / 4 / 16, nvfp4 / mxfp4, W4A16
+#    and W4A4 prequantized: every variant (shipped + candidates, PDL as shipped) checked against the reference and
+#    the shipped output (bit identity), then CUDA-graph medians, 2 rounds (second in reverse order), with cuBLAS BF16
+#    and gemlite A16W4 in the same rounds
+# 2. OUT/summary.json: rcs, test counts / failures, `rule_proposal` (per format and token tile: the candidate to put
+#    in fp4_gemm_gluon_config.SMALL_GRID, or keep; its Python), `vs_gemlite` (W4A16, shipped and best), failed
+#    checks, per point us / best / ratios / splits / bits vs shipped.
+. "$(dirname "$0")/h200_check.sh"
+export GEMLITE_SRC=${GEMLITE_SRC:-$PWD/.gpu/gemlite_src}
+[ -d "$GEMLITE_SRC" ] || echo "gemlite source not at $GEMLITE_SRC: its rows say why; the rest runs" > "$OUT/gemlite.txt"
+TESTS=tests/kernels/test_fp4_gemm_gluon_small_grid.py
+: > "$OUT/test_ids.txt"
+$PY -m pytest --collect-only -q -p no:cacheprovider $TESTS -m gpu 2>/dev/null | grep "::" > "$OUT/test_ids.txt"
+pids=()
+set -f          # test ids carry [params]: no globbing
+for i in 0 1 2 3; do
+    awk -v i=$i 'NR % 4 == i' "$OUT/test_ids.txt" > "$OUT/shard_$i.txt"
+    [ -s "$OUT/shard_$i.txt" ] || continue
+    timeout 55 $PY -m pytest -v -p no:cacheprovider -rs --junitxml="$OUT/pytest_$i.xml" \
+        $(cat "$OUT/shard_$i.txt") > "$OUT/pytest_$i.log" 2>&1 &
+    pids+=($!)
+done
+set +f
+timeout 48 $PY benchmarks/smallm_sweep.py --precompile-only --precompile-timeout-s 44 > "$OUT/precompile.log" 2>&1
+pre_rc=$?
+test_rc=0
+for p in "${pids[@]}"; do wait "$p" || test_rc=$?; done
+left=$(( 112 - ($(date +%s) - start) ))
+timeout $(( left > 20 ? left : 20 )) $PY benchmarks/smallm_sweep.py --out "$OUT/smallm.json" \
+    --budget-s $(( left > 30 ? left - 14 : 15 )) > "$OUT/smallm.log" 2>&1
+bench_rc=$?
+$PY - "$OUT" "$pre_rc" "$bench_rc" "$test_rc" <<'PY'
+import glob, json, os, sys
+import xml.etree.ElementTree as ET
+sys.path.insert(0, "benchmarks")
+from h200_summary import tail, write
+out, pre_rc, bench_rc, test_rc = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+s = {"precompile_rc": pre_rc, "bench_rc": bench_rc, "pytest_rc": test_rc,
+     "precompile_tail": [line[:600] for line in tail(out, "precompile.log", 3)]}
+if os.path.exists(os.path.join(out, "gemlite.txt")):
+    s["gemlite_note"] = tail(out, "gemlite.txt", 1)
+counts, failed = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}, []
+for f in sorted(glob.glob(os.path.join(out, "pytest_*.xml"))):
+    try:
+        for suite in ET.parse(f).getroot().iter("testsuite"):
+            for k in counts:
+                counts[k] += int(suite.get(k, 0))
+            for case in suite.iter("testcase"):
+                if case.find("failure") is not None or case.find("error") is not None:
+                    failed.append(case.get("name"))
+    except Exception as e:   # noqa: BLE001
+        failed.append(f"{f}: {e!r}")
+ids = os.path.join(out, "test_ids.txt")
+counts["collected"] = len(open(ids).read().split()) if os.path.exists(ids) else 0   # 0: collection failed
+s["pytest"], s["pytest_failed"] = counts, failed[:20]
+s["pytest_tails"] = {os.path.basename(f): tail(out, os.path.basename(f), 2)
+                     for f in sorted(glob.glob(os.path.join(out, "pytest_*.log")))}
+try:
+    from smallm_sweep import summarize
+    s.update(summarize(json.load(open(os.path.join(out, "smallm.json")))))
+except Exception as e:   # noqa: BLE001
+    s["bench_error"] = repr(e)
+    s["bench_log_tail"] = tail(out, "smallm.log", 15)
+write(out, s, 9000)
+PY
