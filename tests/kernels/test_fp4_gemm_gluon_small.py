@@ -82,9 +82,9 @@ def test_small_m_matches_reference_and_previous_launch(fmt, M, N, K, gen):
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("N,K", [(12288, 4096), (4096, 12288), (1024, 4096)])
 def test_small_m_issue_shapes(fmt, N, K, gen):
-    """The issue's shapes at M = 16 and 1 (auto splits 2 / 6 / 4 on 132 SMs), PDL, against the reference and the
-    previous launch at the same split."""
-    from trace_rl.kernels.fp4_gemm_gluon import SMALL_M, fp4_matmul_gluon
+    """The issue's shapes at M = 16 and 1 (SMALL_M's auto splits 2 / 6 / 4 on 132 SMs; 4096x1024 takes SMALL_GRID's
+    config where one is set), PDL, against the reference and the previous launch at the same split."""
+    from trace_rl.kernels.fp4_gemm_gluon import config_for, fp4_matmul_gluon
 
     packed = _weight(N, K, fmt, gen)
     h = to_hopper(packed.q)
@@ -92,8 +92,9 @@ def test_small_m_issue_shapes(fmt, N, K, gen):
         x = torch.randn(M, K, generator=gen).to(torch.bfloat16).cuda()
         y = fp4_matmul_gluon(x, h, pdl=True)
         assert _rel(y, _ref(x, packed)) < 1e-2
-        assert torch.equal(y, fp4_matmul_gluon(x, h, replace(SMALL_M, fin=False,
-                                                               split_k=_auto_split(M, h, SMALL_M))))
+        c = config_for(M, fmt, h.padded[1], h.padded[0])
+        assert torch.equal(y, fp4_matmul_gluon(x, h, replace(c, fin=False, split_k=c.split_k or
+                                                               _auto_split(M, h, c))))
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])

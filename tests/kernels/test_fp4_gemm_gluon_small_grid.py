@@ -54,11 +54,18 @@ def test_candidates_are_valid_fin_configs(name, fmt):
     assert 4096 % c.bk(fmt) == 0 and (4096 // c.bk(fmt)) % c.split_k == 0, "an even K partition at 4096"
 
 
-def test_rule_is_empty_by_default_and_config_for_unchanged():
-    assert gc.SMALL_GRID == {"nvfp4": {}, "mxfp4": {}}
-    for fmt in ("nvfp4", "mxfp4"):
+def test_config_for_follows_small_grid():
+    """Whatever SMALL_GRID holds (empty as committed: SMALL_M everywhere): its configs are measured, gated
+    candidates, and `config_for` takes them only for small weights; larger weights keep SMALL_M."""
+    candidates = [c for c, _ in SMALL_GRID_CANDIDATES.values()]
+    assert set(gc.SMALL_GRID) == {"nvfp4", "mxfp4"}
+    for fmt, tiles in gc.SMALL_GRID.items():
+        assert all(c in candidates and fmt in SMALL_GRID_CANDIDATES[n][1]
+                   for c in tiles.values() for n, (cc, _) in SMALL_GRID_CANDIDATES.items() if cc == c)
         for M in (1, 4, 8, 16):
-            for n in (256, 1024, 4096, None):
+            small = next((tiles[t] for t in sorted(tiles) if t >= M), SMALL_M)
+            assert config_for(M, fmt, 4096, 1024) == small
+            for n in (2048, 4096, None):
                 assert config_for(M, fmt, 4096, n) == config_for(M, fmt, 4096) == SMALL_M
 
 
