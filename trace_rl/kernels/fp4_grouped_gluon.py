@@ -45,8 +45,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from trace_rl.kernels import fp4_gemm_gluon_ring as ring
+from trace_rl.kernels import fp4_grouped_gluon_schedule as sched
 from trace_rl.kernels.fp4_gemm_gluon import _consume_step, _shared_layouts
 from trace_rl.kernels.fp4_gemm_gluon_config import SMEM_LIMIT, GluonConfig, scale_words
+from trace_rl.kernels.fp4_grouped_gluon_candidates import CANDIDATE_BUDGET, GROUPED_CANDIDATES
 from trace_rl.kernels.hopper_fp4 import COLS, ROWS, HopperFP4
 
 # Per token tile (the wgmma N) and format: one consumer warpgroup of 128 rows at 16 tokens (the dense DEFAULT: 2 CTAs
@@ -96,6 +98,9 @@ TILE_RULE = {"nvfp4": ((12, 16), (28, 32), (None, "64x64")),
              "mxfp4": ((12, 16), (20, 32), (None, 64))}
 
 
+
+
+
 def token_tile(rows: int, n_experts: int, fmt: str = "nvfp4") -> int | str:
     """The token tile (a key of GROUPED_GLUON[fmt] or of GLUON_VARIANTS: `tile_config`) from the mean rows per
     expert (the router's counts are on the device; the launch must not synchronise), by TILE_RULE. An expert above
@@ -108,25 +113,24 @@ def token_tile(rows: int, n_experts: int, fmt: str = "nvfp4") -> int | str:
 
 
 def tile_config(fmt: str, tile: int | str) -> GluonConfig:
-    """The GluonConfig of token tile `tile`: GROUPED_GLUON[fmt][tile] (16 / 32 / 64) or GLUON_VARIANTS[tile]."""
+    """The GluonConfig of token tile `tile`: GROUPED_GLUON[fmt][tile] (16 / 32 / 64), GLUON_VARIANTS[tile] or
+    GROUPED_CANDIDATES[fmt][tile]."""
     if tile in GROUPED_GLUON[fmt]:
         return GROUPED_GLUON[fmt][tile]
     if tile in GLUON_VARIANTS:
         return GLUON_VARIANTS[tile]
+    if tile in GROUPED_CANDIDATES[fmt]:
+        return GROUPED_CANDIDATES[fmt][tile]
     raise ValueError(f"tile_config: no {fmt} tile {tile!r}; known: {list(GROUPED_GLUON[fmt])} + "
-                     f"{list(GLUON_VARIANTS)}")
+                     f"{list(GLUON_VARIANTS)} + {list(GROUPED_CANDIDATES[fmt])}")
 
 
-def schedule(offsets: list[int], n_tiles: int, block_m: int, pid: int, nprog: int) -> list[tuple[int, int, int]]:
+def schedule(offsets: list[int], n_tiles: int, block_m: int, pid: int, nprog: int,
+             balanced: bool = False) -> list[tuple[int, int, int]]:
     """Program `pid`'s (expert, N tile, first row) token tiles in order, as both partitions walk them (pure Python:
-    the tests check the kernel's partition against it; each tile is KB ring steps)."""
-    E = len(offsets) - 1
-    out = []
-    for w in range(pid, E * n_tiles, nprog):
-        e, n = divmod(w, n_tiles)
-        rows = max(offsets[e + 1] - offsets[e], 0)
-        out += [(e, n, offsets[e] + mt * block_m) for mt in range(-(-rows // block_m))]
-    return out
+    the tests check the kernel's partition against it; each tile is KB ring steps): fp4_grouped_gluon_schedule's
+    `expert` order, or its `balanced` one."""
+    return (sched.balanced_schedule if balanced else sched.expert_schedule)(offsets, n_tiles, block_m, pid, nprog)
 
 
 def tma_rows(x: torch.Tensor) -> torch.Tensor:
@@ -138,32 +142,61 @@ def tma_rows(x: torch.Tensor) -> torch.Tensor:
 
 
 @gluon.jit
-def _grouped_producer(w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, off_ptr, pid, nprog, work,
-                      NT, NP, KB, BN: gl.constexpr, BK: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr):
-    """1 warp: for every (item, token tile, K step) of this program, in the consumers' order, the step's layout
-    words, scale words and activation box into the ring once the slot is released."""
+def _produce_tile(w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, j, e, n, m0, NP, KB,
+                  BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr):
+    """One token tile's K steps (rows m0 .. m0 + BM of expert e's N tile n): the layout words, scale words and
+    activation box of each into the ring once its slot is released. Returns the ring counter j."""
     nbytes: gl.constexpr = w_desc.block_type.nbytes + s_desc.block_type.nbytes + x_desc.block_type.nbytes
     SW: gl.constexpr = s_desc.block_type.shape[1]
+    n16_0 = (e * NP + n * BN) // 16
+    srow = e * NP + n * BN
+    for kb in range(KB):
+        slot = j % STAGES
+        # a fresh mbarrier counts as having completed the phase before phase 0: the first round passes
+        mbarrier.wait(empty.index(slot), ((j // STAGES) & 1) ^ 1)
+        bar = ready.index(slot)
+        mbarrier.expect(bar, nbytes)
+        tma.async_copy_global_to_shared(w_desc, [kb * (BK // 128), n16_0, 0], bar, w_bufs.index(slot))
+        tma.async_copy_global_to_shared(s_desc, [srow, kb * SW], bar, s_bufs.index(slot))
+        tma.async_copy_global_to_shared(x_desc, [m0, kb * BK], bar, x_bufs.index(slot))
+        j += 1
+    return j
+
+
+@gluon.jit
+def _grouped_producer(w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, off_ptr, pid, nprog, work, E,
+                      NT, NP, KB, BN: gl.constexpr, BK: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr,
+                      EP: gl.constexpr, BALANCED: gl.constexpr):
+    """1 warp: for every token tile and K step of this program, in the consumers' order (fp4_grouped_gluon_schedule:
+    `expert` or, BALANCED, `balanced`), the step's layout words, scale words and activation box into the ring."""
     j = 0
-    for w in range(pid, work, nprog):
-        e = w // NT
-        n = w - e * NT
-        start = gl.load(off_ptr + e)
-        m_tiles = gl.cdiv(gl.maximum(gl.load(off_ptr + e + 1) - start, 0), BM)
-        n16_0 = (e * NP + n * BN) // 16
-        srow = e * NP + n * BN
-        for mt in range(m_tiles):
-            m0 = start + mt * BM
-            for kb in range(KB):
-                slot = j % STAGES
-                # a fresh mbarrier counts as having completed the phase before phase 0: the first round passes
-                mbarrier.wait(empty.index(slot), ((j // STAGES) & 1) ^ 1)
-                bar = ready.index(slot)
-                mbarrier.expect(bar, nbytes)
-                tma.async_copy_global_to_shared(w_desc, [kb * (BK // 128), n16_0, 0], bar, w_bufs.index(slot))
-                tma.async_copy_global_to_shared(s_desc, [srow, kb * SW], bar, s_bufs.index(slot))
-                tma.async_copy_global_to_shared(x_desc, [m0, kb * BK], bar, x_bufs.index(slot))
-                j += 1
+    if BALANCED:
+        incl = sched.tile_prefix(off_ptr, E, NT, BM, EP)
+        for t in range(pid, gl.max(incl, axis=0), nprog):
+            e, mt, n = sched.locate(t, incl, NT)
+            j = _produce_tile(w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, j, e, n,
+                              gl.load(off_ptr + e) + mt * BM, NP, KB, BN, BK, STAGES)
+    else:   # written out, not through _produce_tile: the shipped kernels' SASS stays byte for byte as it was
+        nbytes: gl.constexpr = w_desc.block_type.nbytes + s_desc.block_type.nbytes + x_desc.block_type.nbytes
+        SW: gl.constexpr = s_desc.block_type.shape[1]
+        for w in range(pid, work, nprog):
+            e = w // NT
+            n = w - e * NT
+            start = gl.load(off_ptr + e)
+            m_tiles = gl.cdiv(gl.maximum(gl.load(off_ptr + e + 1) - start, 0), BM)
+            n16_0 = (e * NP + n * BN) // 16
+            srow = e * NP + n * BN
+            for mt in range(m_tiles):
+                m0 = start + mt * BM
+                for kb in range(KB):
+                    slot = j % STAGES
+                    mbarrier.wait(empty.index(slot), ((j // STAGES) & 1) ^ 1)
+                    bar = ready.index(slot)
+                    mbarrier.expect(bar, nbytes)
+                    tma.async_copy_global_to_shared(w_desc, [kb * (BK // 128), n16_0, 0], bar, w_bufs.index(slot))
+                    tma.async_copy_global_to_shared(s_desc, [srow, kb * SW], bar, s_bufs.index(slot))
+                    tma.async_copy_global_to_shared(x_desc, [m0, kb * BK], bar, x_bufs.index(slot))
+                    j += 1
 
 
 @gluon.jit
@@ -189,13 +222,36 @@ def _grouped_store(acc, e, n, row0, row_end, N, rf_ptr, out_ptr, row_scale_ptr, 
 
 
 @gluon.jit
+def _consume_tile(w_raw, s_raw, x_bufs, ready, empty, j, e, n, row0, row_end, KB, N, rf_ptr, out_ptr, row_scale_ptr,
+                  bias_ptr, stride_rfe, stride_be, stride_om, W_LAYOUT: gl.constexpr, A_LAYOUT: gl.constexpr,
+                  S_LAYOUT: gl.constexpr, MMA: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, BM: gl.constexpr,
+                  STAGES: gl.constexpr, MX: gl.constexpr, HAS_ROW_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr,
+                  OVERLAP: gl.constexpr):
+    """One token tile (rows row0 .. row0 + BM, below row_end, of expert e's N tile n): the dense consumer's
+    `_consume_step` per K step (words and scales decoded in registers, wgmma with the register A operand, the slot
+    released once the step's wgmmas have retired), then the epilogue store. Returns the ring counter j."""
+    acc = gl.zeros([BN, BM], gl.float32, MMA)
+    a_prev = gl.zeros([BN, 128], gl.bfloat16, A_LAYOUT)
+    for kb in range(KB):
+        acc, a_prev = _consume_step(w_raw, s_raw, x_bufs, ready, empty, j, kb > 0, acc, a_prev, W_LAYOUT,
+                                    A_LAYOUT, S_LAYOUT, BN, BK, STAGES, OVERLAP, MX)
+        j += 1
+    if OVERLAP:   # the tile's last step: its wgmmas retire here, then its slot goes back to the producer
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        fence_async_shared()
+        mbarrier.arrive(empty.index((j + STAGES - 1) % STAGES), count=1)
+    _grouped_store(acc, e, n, row0, row_end, N, rf_ptr, out_ptr, row_scale_ptr, bias_ptr, stride_rfe, stride_be,
+                   stride_om, BN, BM, HAS_ROW_SCALE, HAS_BIAS)
+    return j
+
+
+@gluon.jit
 def _grouped_consumer(w_bufs, s_bufs, x_bufs, ready, empty, off_ptr, rf_ptr, out_ptr, row_scale_ptr, bias_ptr, pid,
-                      nprog, work, NT, KB, N, stride_rfe, stride_be, stride_om, BN: gl.constexpr, BK: gl.constexpr,
+                      nprog, work, E, NT, KB, N, stride_rfe, stride_be, stride_om, BN: gl.constexpr, BK: gl.constexpr,
                       BM: gl.constexpr, STAGES: gl.constexpr, MX: gl.constexpr, HAS_ROW_SCALE: gl.constexpr,
-                      HAS_BIAS: gl.constexpr, OVERLAP: gl.constexpr):
-    """The default partition (one or two warpgroups): per K step the dense consumer's `_consume_step` (two chunks'
-    words and scales loaded first, decoded in registers, wgmma with the register A operand, the slot released once
-    the step's wgmmas have retired); per token tile the epilogue store."""
+                      HAS_BIAS: gl.constexpr, OVERLAP: gl.constexpr, EP: gl.constexpr, BALANCED: gl.constexpr):
+    """The default partition (one or two warpgroups): this program's token tiles in the producer's order
+    (`_consume_tile` each)."""
     NW: gl.constexpr = gl.num_warps()
     mma: gl.constexpr = ring.mma_layout(NW, BM)
     A_LAYOUT: gl.constexpr = ring.a_layout(NW, BM)
@@ -204,25 +260,35 @@ def _grouped_consumer(w_bufs, s_bufs, x_bufs, ready, empty, off_ptr, rf_ptr, out
     w_raw = ring.word_views(w_bufs, BN, BK, STAGES)
     s_raw = ring.scale_views(s_bufs, BN, BK, STAGES, MX)
     j = 0
-    for w in range(pid, work, nprog):
-        e = w // NT
-        n = w - e * NT
-        start = gl.load(off_ptr + e)
-        end = gl.load(off_ptr + e + 1)
-        m_tiles = gl.cdiv(gl.maximum(end - start, 0), BM)
-        for mt in range(m_tiles):
-            acc = gl.zeros([BN, BM], gl.float32, mma)
-            a_prev = gl.zeros([BN, 128], gl.bfloat16, A_LAYOUT)
-            for kb in range(KB):
-                acc, a_prev = _consume_step(w_raw, s_raw, x_bufs, ready, empty, j, kb > 0, acc, a_prev, W_LAYOUT,
-                                            A_LAYOUT, S_LAYOUT, BN, BK, STAGES, OVERLAP, MX)
-                j += 1
-            if OVERLAP:   # the tile's last step: its wgmmas retire here, then its slot goes back to the producer
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-                fence_async_shared()
-                mbarrier.arrive(empty.index((j + STAGES - 1) % STAGES), count=1)
-            _grouped_store(acc, e, n, start + mt * BM, end, N, rf_ptr, out_ptr, row_scale_ptr, bias_ptr, stride_rfe,
-                           stride_be, stride_om, BN, BM, HAS_ROW_SCALE, HAS_BIAS)
+    if BALANCED:
+        incl = sched.tile_prefix(off_ptr, E, NT, BM, EP)
+        for t in range(pid, gl.max(incl, axis=0), nprog):
+            e, mt, n = sched.locate(t, incl, NT)
+            start = gl.load(off_ptr + e)
+            j = _consume_tile(w_raw, s_raw, x_bufs, ready, empty, j, e, n, start + mt * BM,
+                              gl.load(off_ptr + e + 1), KB, N, rf_ptr, out_ptr, row_scale_ptr, bias_ptr, stride_rfe,
+                              stride_be, stride_om, W_LAYOUT, A_LAYOUT, S_LAYOUT, mma, BN, BK, BM, STAGES, MX,
+                              HAS_ROW_SCALE, HAS_BIAS, OVERLAP)
+    else:   # written out, not through _consume_tile: the shipped kernels' SASS stays byte for byte as it was
+        for w in range(pid, work, nprog):
+            e = w // NT
+            n = w - e * NT
+            start = gl.load(off_ptr + e)
+            end = gl.load(off_ptr + e + 1)
+            m_tiles = gl.cdiv(gl.maximum(end - start, 0), BM)
+            for mt in range(m_tiles):
+                acc = gl.zeros([BN, BM], gl.float32, mma)
+                a_prev = gl.zeros([BN, 128], gl.bfloat16, A_LAYOUT)
+                for kb in range(KB):
+                    acc, a_prev = _consume_step(w_raw, s_raw, x_bufs, ready, empty, j, kb > 0, acc, a_prev, W_LAYOUT,
+                                                A_LAYOUT, S_LAYOUT, BN, BK, STAGES, OVERLAP, MX)
+                    j += 1
+                if OVERLAP:   # the tile's last step: its wgmmas retire here, then its slot goes back to the producer
+                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+                    fence_async_shared()
+                    mbarrier.arrive(empty.index((j + STAGES - 1) % STAGES), count=1)
+                _grouped_store(acc, e, n, start + mt * BM, end, N, rf_ptr, out_ptr, row_scale_ptr, bias_ptr,
+                               stride_rfe, stride_be, stride_om, BN, BM, HAS_ROW_SCALE, HAS_BIAS)
 
 
 @gluon.jit(do_not_specialize=["R", "N", "NT", "NP", "KB", "E"])
@@ -230,17 +296,17 @@ def _fp4_grouped_gluon_kernel(w_desc, s_desc, x_desc, off_ptr, rf_ptr, out_ptr, 
                               KB, E, stride_rfe, stride_be, stride_om, BN: gl.constexpr, BK: gl.constexpr,
                               BM: gl.constexpr, STAGES: gl.constexpr, MX: gl.constexpr,
                               HAS_ROW_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, ZERO_TAIL: gl.constexpr,
-                              OVERLAP: gl.constexpr = False):
+                              OVERLAP: gl.constexpr = False, EP: gl.constexpr = 1, BALANCED: gl.constexpr = False):
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
     work = E * NT
     w_bufs, s_bufs, x_bufs, ready, empty = ring.alloc_ring(w_desc, s_desc, x_desc, STAGES)
     gl.warp_specialize([
         (_grouped_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, off_ptr, rf_ptr, out_ptr, row_scale_ptr, bias_ptr,
-                             pid, nprog, work, NT, KB, N, stride_rfe, stride_be, stride_om, BN, BK, BM, STAGES, MX,
-                             HAS_ROW_SCALE, HAS_BIAS, OVERLAP)),
+                             pid, nprog, work, E, NT, KB, N, stride_rfe, stride_be, stride_om, BN, BK, BM, STAGES,
+                             MX, HAS_ROW_SCALE, HAS_BIAS, OVERLAP, EP, BALANCED)),
         (_grouped_producer, (w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, off_ptr, pid, nprog, work,
-                             NT, NP, KB, BN, BK, BM, STAGES)),
+                             E, NT, NP, KB, BN, BK, BM, STAGES, EP, BALANCED)),
     ], [1], [24])
     if ZERO_TAIL:   # rows offsets[E] .. R (capacity padding) come back as zeros
         NWZ: gl.constexpr = gl.num_warps()
@@ -348,7 +414,8 @@ def fp4_grouped_matmul_gluon(x: torch.Tensor, offsets: torch.Tensor, w: HopperFP
         R, w.n, nt, np_, kp // c.bk(w.fmt), E, w.row_factor.stride(0), w.n if bias is not None else 0,
         out.stride(0), BN=c.block_n, BK=c.bk(w.fmt), BM=c.block_m, STAGES=c.stages, MX=w.fmt == "mxfp4",
         HAS_ROW_SCALE=row_scale is not None, HAS_BIAS=bias is not None, ZERO_TAIL=zero_tail, OVERLAP=c.overlap,
-        num_warps=c.num_warps, maxnreg=c.maxnreg)
+        EP=triton.next_power_of_2(E), BALANCED=getattr(c, "balanced", False), num_warps=c.num_warps,
+        maxnreg=c.maxnreg)
     return out
 
 
@@ -366,9 +433,9 @@ def gate_case(fmt: str, c: GluonConfig, budget: float, row_scale: bool = False):
                out_ptr="*bf16", row_scale_ptr="*fp32", bias_ptr="*fp32", R="i32", N="i32", NT="i32", NP="i32",
                KB="i32", E="i32", stride_rfe="i32", stride_be="i32", stride_om="i32")
     consts = dict(BN=c.block_n, BK=bk, BM=c.block_m, STAGES=c.stages, MX=fmt == "mxfp4", HAS_ROW_SCALE=row_scale,
-                  HAS_BIAS=row_scale, ZERO_TAIL=True, OVERLAP=c.overlap)
+                  HAS_BIAS=row_scale, ZERO_TAIL=True, OVERLAP=c.overlap, EP=128, BALANCED=getattr(c, "balanced", False))
     return GateCase(f"grouped gluon {fmt} {c.block_m}x{c.block_n}x{bk} w{c.num_warps}s{c.stages} r{c.maxnreg}"
-                    f"{' overlap' if c.overlap else ''}"
+                    f"{' overlap' if c.overlap else ''}{' balanced' if getattr(c, 'balanced', False) else ''}"
                     f"{' w4a4 bias' if row_scale else ''}", _fp4_grouped_gluon_kernel, sig, consts, c.num_warps, 1,
                     c.block_n * bk / (32 * c.num_warps), budget,
                     ("off_ptr", "rf_ptr", "out_ptr", "row_scale_ptr", "bias_ptr", "stride_om", "stride_rfe"),
@@ -383,9 +450,11 @@ def gate_case(fmt: str, c: GluonConfig, budget: float, row_scale: bool = False):
 GATE_BUDGET = {"nvfp4": {16: 2.7, 32: 2.9, 64: 2.9}, "mxfp4": {16: 2.6, 32: 2.55, 64: 2.55}}
 
 
+
 def sass_gate_cases():
     if not triton.__version__.startswith("3.6"):
         return []
     return [gate_case(f, c, GATE_BUDGET[f][bm]) for f in ("nvfp4", "mxfp4") for bm, c in GROUPED_GLUON[f].items()] + \
         [gate_case("nvfp4", GROUPED_GLUON["nvfp4"][32], GATE_BUDGET["nvfp4"][32], row_scale=True)] + \
-        [gate_case("nvfp4", c, 2.95) for c in GLUON_VARIANTS.values()]
+        [gate_case("nvfp4", c, 2.95) for c in GLUON_VARIANTS.values()] + \
+        [gate_case(f, c, CANDIDATE_BUDGET[f]) for f in GROUPED_CANDIDATES for c in GROUPED_CANDIDATES[f].values()]
