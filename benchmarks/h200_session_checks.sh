@@ -93,6 +93,12 @@
 #            its GPU tests, then at B = 409 / 512 / 128 / 256 routed tokens gate+up and down vs the Triton grouped
 #            kernel, torch._grouped_mm and the cuBLAS expert loop (graph), nvfp4 / mxfp4 (+ W4A4 prequantized);
 #            < 120 s; named only
+#   moe512   benchmarks/moe512_h200.sh  issue 15's grouped MoE GEMM at 409-512 tokens: every Gluon grouped config that
+#            can take 25-32 rows per expert (shipped tiles + fp4_grouped_gluon_candidates: balanced tile order, 3-CTA
+#            64-row tiles, overlap) vs torch._grouped_mm / the cuBLAS loop / the Triton kernel / the shipped pick at
+#            B = 409 / 512 / 256, gate+up and down, nvfp4 + mxfp4, each bit-compared with the shipped tile; the
+#            candidates' GPU tests; SASS per element; summary `tile_rule` = the TILE_RULE line the winners give;
+#            < 120 s; named only
 #   moewire  benchmarks/moe_wire_h200.sh  the MoE rollout's grouped GEMMs on the Gluon kernel where
 #            kernels/grouped_dispatch.py says: the MoE GPU tests (engine decode, gate|up stacked == unstacked at the
 #            Qwen3-30B-A3B shape on Gluon, grouped linear vs loop), then one MoE layer's experts with GLUON_GROUPED
@@ -160,6 +166,7 @@ for name in $NAMES; do
         gpusuite) GPU_SUITE_S=$(( left - 20 > 400 ? 400 : left - 20 )) bash benchmarks/gpu_suite_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         moegluon) bash benchmarks/moe_gluon_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         moewire) bash benchmarks/moe_wire_h200.sh "$d" > "$d/run.log" 2>&1 ;;
+        moe512) bash benchmarks/moe512_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         mlpfuse) bash benchmarks/mlp_fuse_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         w4a4prod) bash benchmarks/w4a4_producers_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         presets) pytest_check "$d" 145 tests/pipelines/test_presets_gpu.py ;;
