@@ -1,10 +1,11 @@
-"""The Gluon grouped FP4 GEMM's 409-512-token candidates (fp4_grouped_gluon_candidates.py) and its `balanced` tile
-order (fp4_grouped_gluon_schedule.py). CPU: the balanced deal covers every (row, N tile) exactly once at any grid
-size and gives every program floor or ceil(tiles / programs) tiles; the candidates resolve by name. GPU (sm_90,
-Triton 3.6): every candidate bit-identical to the shipped tile of its token count (same K order; only the program
-that runs a tile changes), against the torch reference, with experts of 0 / 1 / 17 / 46 / 70 rows (one, two and
-three 32-token tiles), a bias, the zero tail, a persistent grid of 3 programs; and at the Qwen3-30B-A3B gate+up
-shape with B = 512's routing (most experts over 32 rows)."""
+"""The Gluon grouped FP4 GEMM's 409-512-token candidates (fp4_grouped_gluon_candidates.py), its `balanced` tile
+order (fp4_grouped_gluon_schedule.py) and its dual-accumulator kernel (fp4_grouped_gluon_dual.py). CPU: the balanced
+deal covers every (row, N tile) exactly once at any grid size and gives every program floor or ceil(tiles / programs)
+tiles; the candidates resolve by name. GPU (sm_90, Triton 3.6): every candidate bit-identical to the shipped tile of
+its token count (same K order; only the program that runs a tile changes), against the torch reference, with
+experts of 0 / 1 / 17 / 46 / 70 rows (one, two and three 32-token tiles; the dual config's one- and two-accumulator
+tiles), a bias, the zero tail, a persistent grid of 3 programs; and at the Qwen3-30B-A3B gate+up shape with
+B = 512's routing (most experts over 32 rows)"""
 
 import pytest
 import torch
@@ -86,7 +87,7 @@ def test_candidate_bits_equal_shipped_tile(fmt, name, gen):
     assert torch.equal(fp4_grouped_matmul_gluon(x, offsets, hw, bias=b, config=c, programs=3, zero_tail=True), y)
 
 
-@pytest.mark.parametrize("name", ["32b", "32x64ob"])
+@pytest.mark.parametrize("name", ["32b", "32x64ob", "32d"])
 @gpu
 def test_candidate_at_moe_shape_b512(name, gen):
     """Qwen3-30B-A3B gate+up [1536 x 2048], top-8 of 128 at B = 512 (~half the experts over 32 rows)."""

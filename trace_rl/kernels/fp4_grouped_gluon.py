@@ -407,6 +407,11 @@ def fp4_grouped_matmul_gluon(x: torch.Tensor, offsets: torch.Tensor, w: HopperFP
     nt = triton.cdiv(np_, c.block_n)
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
     grid = programs or min(E * nt, _sm_count(dev) * c.ctas_per_sm(c.block_m, w.fmt))
+    if getattr(c, "dual", False):
+        from trace_rl.kernels.fp4_grouped_gluon_dual import launch_dual
+
+        launch_dual(x, offsets, w, c, out, row_scale, bias, zero_tail, grid, grouped_descriptors(x, w, c))
+        return out
     w_desc, s_desc, x_desc = grouped_descriptors(x, w, c)
     _fp4_grouped_gluon_kernel[(grid,)](
         w_desc, s_desc, x_desc, offsets, w.row_factor, out,
@@ -457,4 +462,12 @@ def sass_gate_cases():
     return [gate_case(f, c, GATE_BUDGET[f][bm]) for f in ("nvfp4", "mxfp4") for bm, c in GROUPED_GLUON[f].items()] + \
         [gate_case("nvfp4", GROUPED_GLUON["nvfp4"][32], GATE_BUDGET["nvfp4"][32], row_scale=True)] + \
         [gate_case("nvfp4", c, 2.95) for c in GLUON_VARIANTS.values()] + \
-        [gate_case(f, c, CANDIDATE_BUDGET[f]) for f in GROUPED_CANDIDATES for c in GROUPED_CANDIDATES[f].values()]
+        [(_dual_gate if getattr(c, "dual", False) else gate_case)(f, c, CANDIDATE_BUDGET[f])
+         for f in GROUPED_CANDIDATES for c in GROUPED_CANDIDATES[f].values()]
+
+
+def _dual_gate(fmt, c, budget):
+    from trace_rl.kernels.fp4_grouped_gluon_candidates import DUAL_BUDGET
+    from trace_rl.kernels.fp4_grouped_gluon_dual import gate_case as dual_case
+
+    return dual_case(fmt, c, DUAL_BUDGET[fmt])

@@ -13,6 +13,11 @@ tile deal):
   (12 consumer warps) and twice the items, so the last round of tiles is half as long;
 - "32x64o" / "32x64ob": the same with `overlap` (the next chunk decoded under the in-flight wgmma group; spill-free
   at 80 registers with one full wait per step): the 64-token tile gained 8% from it;
+- "32d" (fp4_grouped_gluon_dual.py): tiles of up to 64 rows, each weight step decoded once and multiplied with the
+  first 32 rows and, only where the tile has more, with the next 32 (a second accumulator and activation slot):
+  every expert up to 64 rows decoded once (as the 64-token tiles) at the 32-token tile's MMA for experts up to 32
+  rows; 2 slots, 2 CTAs per SM (103 KB), balanced order; B = 409 and 512 become one round of 1536 tiles (5.8 per
+  program) instead of 6.2-8.4 32-token tiles;
 - "64x64b" / mxfp4 "64b": the shipped 64-token picks in the balanced order (one tile per expert up to 64 rows: the
   order matters only for empty experts and past 64 rows; the control that the order itself costs nothing).
 """
@@ -31,11 +36,16 @@ class GroupedGluonConfig(GluonConfig):
     order (items of (expert, N tile); an item runs all its expert's token tiles)."""
 
     balanced: bool = False
+    dual: bool = False      # fp4_grouped_gluon_dual: tiles of up to 2 x block_m rows, the second half's MMA only
+                            # where the tile has more than block_m rows (a second activation slot per stage)
+
+    def smem_bytes(self, block_m: int, fmt: str = "nvfp4") -> int:
+        return super().smem_bytes(block_m, fmt) + (self.stages * block_m * self.bk(fmt) * 2 if self.dual else 0)
 
 
-def _c(block_n, num_warps, maxnreg, block_m, stages, overlap=False, balanced=False) -> GroupedGluonConfig:
+def _c(block_n, num_warps, maxnreg, block_m, stages, overlap=False, balanced=False, dual=False) -> GroupedGluonConfig:
     return GroupedGluonConfig(block_n=block_n, num_warps=num_warps, maxnreg=maxnreg, block_m=block_m, stages=stages,
-                              overlap=overlap, balanced=balanced)
+                              overlap=overlap, balanced=balanced or dual, dual=dual)
 
 
 GROUPED_CANDIDATES = {
@@ -44,13 +54,18 @@ GROUPED_CANDIDATES = {
               "32x64b": _c(64, 4, 80, 32, 2, balanced=True),
               "32x64o": _c(64, 4, 80, 32, 2, overlap=True),
               "32x64ob": _c(64, 4, 80, 32, 2, overlap=True, balanced=True),
-              "64x64b": _c(64, 4, 96, 64, 2, balanced=True)},
+              "64x64b": _c(64, 4, 96, 64, 2, balanced=True),
+              "32d": _c(128, 8, 80, 32, 2, dual=True)},
     "mxfp4": {"32b": _c(128, 8, 80, 32, 3, balanced=True),
               "32x64b": _c(64, 4, 80, 32, 2, balanced=True),
               "32x64ob": _c(64, 4, 80, 32, 2, overlap=True, balanced=True),
-              "64b": _c(128, 8, 104, 64, 2, balanced=True)},
+              "64b": _c(128, 8, 104, 64, 2, balanced=True),
+              "32d": _c(128, 8, 80, 32, 2, dual=True)},
 }
 
 # Compile gate budgets (SASS per weight element of the K loop; Triton 3.6, sm_90): the balanced order adds nothing
 # to the K loop (its prefix and lookup run per tile); measured nvfp4 2.73-2.80, mxfp4 2.39-2.45 (+ ~5%).
 CANDIDATE_BUDGET = {"nvfp4": 2.95, "mxfp4": 2.6}
+# dual configs: the gate counts their two-wgmma K loop (one decode, twice the HGMMA per chunk): measured nvfp4 3.11,
+# mxfp4 2.76 (+ ~5%)
+DUAL_BUDGET = {"nvfp4": 3.25, "mxfp4": 2.9}
