@@ -40,16 +40,21 @@ from kernels_moe_shapes import DEV, GEMMS, MOE, SMOKE, rel_err, routing, time_us
 SHIPPED_TILES = {"nvfp4": [32, 64, "64x64", "64x256", "64o"], "mxfp4": [32, 64]}
 
 
+EXCLUDE: set = set()   # "fmt:name" of configs left out of the timed run (--exclude: their precompile failed or hung)
+
+
 def configs(fmt: str) -> dict:
-    """name -> GluonConfig of every config timed for `fmt`."""
+    """name -> GluonConfig of every config timed for `fmt` (less EXCLUDE)."""
     from trace_rl.kernels.fp4_grouped_gluon import tile_config
     from trace_rl.kernels.fp4_grouped_gluon_candidates import GROUPED_CANDIDATES
 
-    return {str(t): tile_config(fmt, t) for t in SHIPPED_TILES[fmt] + list(GROUPED_CANDIDATES[fmt])}
+    names = [str(t) for t in SHIPPED_TILES[fmt] + list(GROUPED_CANDIDATES[fmt])]
+    return {n: tile_config(fmt, int(n) if n.isdigit() else n) for n in names if f"{fmt}:{n}" not in EXCLUDE}
 
 
 def model(c, counts: list[int], n: int, fmt: str, sms: int) -> dict:
-    """The tile deal of config `c` on this routing: tiles per program (max, mean) and padded MMA rows / rows."""
+    """The tile deal of config `c` on this routing: tiles per program (max, mean; a dual tile: up to 2 x block_m
+    rows, one decode) and padded MMA rows / rows (the wgmma N granularity is block_m in every config)."""
     from trace_rl.kernels.fp4_grouped_gluon_schedule import program_tiles
 
     nt = -(-n // c.block_n)
@@ -57,7 +62,8 @@ def model(c, counts: list[int], n: int, fmt: str, sms: int) -> dict:
     offs = [0]
     for k in counts:
         offs.append(offs[-1] + k)
-    per = program_tiles(offs, nt, c.block_m, nprog, getattr(c, "balanced", False))
+    tile_rows = c.block_m * (2 if getattr(c, "dual", False) else 1)    # a dual tile holds up to 2 x block_m rows
+    per = program_tiles(offs, nt, tile_rows, nprog, getattr(c, "balanced", False))
     padded = sum(-(-k // c.block_m) * c.block_m for k in counts)
     return {"programs": nprog, "ctas_per_sm": c.ctas_per_sm(c.block_m, fmt), "tiles_max": max(per),
             "tiles_mean": round(sum(per) / nprog, 2), "weight_rows_per_tile": c.block_n,
@@ -201,8 +207,9 @@ def precompile(fmts: list[str], names: list[str]) -> None:
             E = MOE["experts"]
             h = hopper_weight(prepare_expert_weights(
                 torch.randn(E, N, K, device=DEV, dtype=torch.bfloat16) * 0.02, fmt))
-            x = torch.randn(40, K, device=DEV).to(torch.bfloat16)
-            offs = torch.tensor([0, 17] + [40] * (E - 1), dtype=torch.int32, device=DEV)
+            # experts of 17, 46 and 17 rows: one and two 32-row tiles, the dual kernel's both paths
+            x = torch.randn(80, K, device=DEV).to(torch.bfloat16)
+            offs = torch.tensor([0, 17, 63] + [80] * (E - 2), dtype=torch.int32, device=DEV)
             for cname in names:
                 fns = [partial(fp4_grouped_matmul, x, offs, h, config=c, zero_tail=True)
                        for c in (GROUPED_M16, GROUPED_M32)] if cname == "triton" else \
@@ -231,15 +238,18 @@ def main() -> int:
     ap.add_argument("--configs", default="all", help="--precompile-only: config names (or 'triton')")
     ap.add_argument("--smoke", action="store_true", help="CPU smoke test of this script (interpreter, tiny shapes; "
                     "the Gluon kernel reports its error: it needs an sm_90 GPU)")
+    ap.add_argument("--exclude", default="", help="fmt:name,... configs not to run (a hang would stop the run)")
     args = ap.parse_args()
     fmts = args.fmts.split(",")
+    EXCLUDE.update(e for e in args.exclude.split(",") if e)
     if args.precompile_only:
         precompile(fmts, args.configs.split(","))
         return 0
     from kernel_baselines import ceilings, json_saver, run_env
 
     t0 = time.time()
-    res = {"env": run_env("cpu (smoke)" if SMOKE else torch.cuda.get_device_name(0)), "rows": [], "skipped": []}
+    res = {"env": run_env("cpu (smoke)" if SMOKE else torch.cuda.get_device_name(0)), "rows": [], "skipped": [],
+           "excluded": sorted(EXCLUDE)}
     save = json_saver(res, args.out)
 
     def log(obj):

@@ -96,16 +96,31 @@ def sass_per_element(out: str) -> dict:
 def gate_name(fmt: str, name: str) -> str | None:
     try:
         from trace_rl.kernels.fp4_grouped_gluon import gate_case, tile_config
+        from trace_rl.kernels.fp4_grouped_gluon_dual import gate_case as dual_case
 
-        return gate_case(fmt, tile_config(fmt, _tile(name)), 9.0).name
+        c = tile_config(fmt, _tile(name))
+        return (dual_case if getattr(c, "dual", False) else gate_case)(fmt, c, 9.0).name
     except Exception:   # noqa: BLE001
         return None
 
 
+def headline(pt: dict) -> str:
+    """One line per point: the shipped pick and the best bit-identical config, us and x BF16."""
+    sh, be = pt.get("shipped") or {}, pt.get("best") or {}
+    text = f"{pt['gemm']} B={pt['B']} {pt['fmt']}: bf16 {pt.get('bf16_best_us')} us"
+    if sh.get("us"):
+        text += f" | shipped {sh.get('tile') or 'triton'} {sh['us']} us ({sh.get('x_bf16')}x)"
+    if be:
+        text += f" | best {be['config']} {be['us']} us ({be['x_bf16']}x bf16, {be['x_shipped']}x shipped)"
+    return text + (f" | gluon: {pt['gluon_error'][:80]}" if pt.get("gluon_error") else "")
+
+
 def summarize(out: str) -> dict:
+    """The check's summary (see the module doc): headline, tile_rule, points (every config), skipped / excluded."""
     r = json.load(open(os.path.join(out, "moe512.json")))
     sass = sass_per_element(out)
-    s = {"read_TBps": round(r.get("ceilings", {}).get("read_TBps", 0), 3), "sass_gate_cases": len(sass), "points": []}
+    s = {"read_TBps": round(r.get("ceilings", {}).get("read_TBps", 0), 3), "sass_gate_cases": len(sass),
+         "headline": [], "tile_rule": {}, "points": []}
     for row in r["rows"]:
         for fmt in ("nvfp4", "mxfp4"):
             p = row.get(fmt)
@@ -128,17 +143,17 @@ def summarize(out: str) -> dict:
                 pt["gluon_error"] = p["gluon_shipped_tile"]["error"][:160]
             pt["meets_2_5x"] = bool(pt["best"] and pt["best"]["x_bf16"] >= 2.5)
             s["points"].append(pt)
+            s["headline"].append(headline(pt))
     try:
         from trace_rl.kernels.fp4_grouped_gluon import TILE_RULE
 
-        s["tile_rule"] = {}
         for fmt in ("nvfp4", "mxfp4"):
             win = winners(r["rows"], fmt)
             s["tile_rule"][fmt] = {"now": repr(TILE_RULE[fmt]), "winners": win,
                                    **suggest_rule(win, fmt, TILE_RULE[fmt])}
     except Exception as e:   # noqa: BLE001
         s["tile_rule_error"] = repr(e)[:300]
-    s["skipped"] = r.get("skipped", [])
+    s["skipped"], s["excluded"] = r.get("skipped", []), r.get("excluded", [])
     if "unfinished_row" in r:
         s["unfinished_row"] = {k: r["unfinished_row"].get(k) for k in ("gemm", "B")}
     if "error" in r:
