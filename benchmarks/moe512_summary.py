@@ -79,8 +79,12 @@ def suggest_rule(win: dict, fmt: str, now: tuple) -> dict:
         else:
             merged.append((b, t))
     rule = tuple(merged)
+    # the pinned expectations of the tests that check TILE_RULE, under the suggested rule (same batches, top-8 of 128)
+    tests = {"tests/kernels/test_grouped_dispatch.py": (64, 128, 192, 256, 320, 409, 448, 512),
+             "tests/kernels/test_fp4_grouped_gluon.py": (64, 128, 192, 256, 320, 409, 512)}
     return {"rule": repr(rule), "changed": rule != tuple(now), "triton_faster": repr(tuple(triton_ranges)),
-            "line": f'"{fmt}": {rule!r},'}
+            "line": f'"{fmt}": {rule!r},',
+            "test_expect": {f: [_rule_tile(rule, 8 * b / 128) for b in bs] for f, bs in tests.items()}}
 
 
 def sass_per_element(out: str) -> dict:

@@ -50,6 +50,7 @@ def test_suggested_rule_text():
     s = ms.suggest_rule(ms.winners(_rows(), "nvfp4"), "nvfp4", now)
     assert s["rule"] == repr(((12, 16), (20, 32), (28, "32x64ob"), (None, "32b"))) and s["changed"]
     assert s["line"].startswith('"nvfp4": ((12, 16), (20, 32)')
+    assert s["test_expect"]["tests/kernels/test_fp4_grouped_gluon.py"] == [16, 16, 16, 32, 32, "32x64ob", "32b"]
     same = ms.suggest_rule({256: {"pick": "32"}, 409: {"pick": "32"}, 512: {"pick": "64x64"}}, "nvfp4", now)
     assert same["rule"] == repr(now) and not same["changed"]
     tri = ms.suggest_rule({256: {"pick": "32"}, 409: {"pick": "triton"}, 512: {"pick": 64}}, "mxfp4",

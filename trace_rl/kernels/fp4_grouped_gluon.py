@@ -25,6 +25,10 @@ weight twice; its per-program prologue has no producer running ahead). Here:
   expert's Np reads the next expert's rows: masked at the store);
 - `zero_tail`: after the items, the programs zero the rows offsets[E] .. R (capacity padding), no memset launch.
 
+Candidates for 25-46 rows per expert (not the default until check `moe512` measures them faster):
+fp4_grouped_gluon_candidates.py (`GroupedGluonConfig`: `balanced` = fp4_grouped_gluon_schedule.py's flat tile order,
+`dual` = fp4_grouped_gluon_dual.py's tiles of up to 2 x BM rows decoded once).
+
 Limits (the launcher says so): the scale rows must be 16-byte aligned for TMA (Kp / 16 bytes nvfp4, Kp / 32 mxfp4:
 mxfp4 at K = 768, the Qwen3-30B-A3B down projection, has 24-byte rows and is refused: use fp4_grouped_matmul), and
 padded K a multiple of the K step (256 nvfp4 / 512 mxfp4 columns).
@@ -94,6 +98,10 @@ GLUON_VARIANTS = {"64x256": GluonConfig(block_n=256, num_warps=8, maxnreg=144, b
 # beat Triton. Above 32 rows nothing was measured. (Where Gluon runs at all: grouped_dispatch.py, which takes Triton
 # in those two ranges.) W4A4 prequantized (row scale in the epilogue) measured with the previous rule (64 from 20 rows):
 # 128: 85.3 | 83.7, 256: 118.4 | 94.2, 409: 116.4 | 138.4 (tile 64, the pick this rule replaces), 512: 149.3 | 138.9.
+# Check `moe512` (benchmarks/moe512_h200.sh) times GROUPED_CANDIDATES (fp4_grouped_gluon_candidates.py: the balanced
+# tile order, 3-CTA 64-row tiles, the dual-accumulator "32d") against these picks at B = 256 / 409 / 512; its
+# summary's `tile_rule.<fmt>.line` is this table's line as the measured winners give it (`test_expect`: the pinned
+# lists of the two tests that check this rule). Any name tile_config resolves can stand in a rule.
 TILE_RULE = {"nvfp4": ((12, 16), (28, 32), (None, "64x64")),
              "mxfp4": ((12, 16), (20, 32), (None, 64))}
 
