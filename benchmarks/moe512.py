@@ -12,9 +12,9 @@ Per (GEMM, B): the per-expert row counts; `torch._grouped_mm` (BF16) and the per
 per format the Triton grouped kernel, the dispatch's pick (grouped_dispatch.grouped_path + TILE_RULE: `shipped`)
 and every config: us (median of CUDA-graph replays), x_bf16 (best BF16 baseline / us), x_shipped, bw (FP4 bytes
 of the active experts + bf16 activations / us / the read ceiling measured in this run), rel_err against the torch
-reference, bit_equal (torch.equal with the shipped Gluon tile of the same rows: the candidates change which program
-runs a tile, not the arithmetic), and the model: token tiles per program (max / mean over the persistent grid,
-fp4_grouped_gluon_schedule.program_tiles) and padded MMA rows / real rows. The shipped pick is timed again at the end
+reference, bit_equal / bit_equal_triton (torch.equal with the shipped Gluon tile's / the Triton kernel's output on
+the same rows: the candidates change which program runs a tile, not the arithmetic), and the model: token tiles per
+program (max / mean over the persistent grid, fp4_grouped_gluon_schedule.program_tiles) and padded MMA rows / rows. The shipped pick is timed again at the end
 of each row (`shipped_again_us`: the drift within the row). mxfp4's down projection (K = 768) is refused by the
 Gluon launcher: its row has the Triton kernel and the baselines only.
 """
@@ -70,14 +70,18 @@ def model(c, counts: list[int], n: int, fmt: str, sms: int) -> dict:
             "mma_rows_padded_x": round(padded / max(sum(counts), 1), 3)}
 
 
-def timed(fn, ref, base: float, read_bytes: float, read_bw: float, shipped_out=None) -> tuple[dict, object]:
-    """({us, x_bf16, bw, rel_err, bit_equal} or {error}, output): `fn()` checked against the torch reference `ref`
-    (not timed past 1e-2) and, given `shipped_out`, bit-compared with it; then timed (median of graph replays)."""
+def timed(fn, ref, base: float, read_bytes: float, read_bw: float, shipped_out=None,
+          triton_out=None) -> tuple[dict, object]:
+    """({us, x_bf16, bw, rel_err, bit_equal, bit_equal_triton} or {error}, output): `fn()` checked against the torch
+    reference `ref` (not timed past 1e-2) and bit-compared with the shipped Gluon tile's output (`bit_equal`) and the
+    Triton grouped kernel's (`bit_equal_triton`) where given; then timed (median of graph replays)."""
     try:
         y = fn()
         res = {"rel_err": round(rel_err(y, ref), 5)}
         if shipped_out is not None:
             res["bit_equal"] = bool(torch.equal(y, shipped_out))
+        if triton_out is not None:
+            res["bit_equal_triton"] = bool(torch.equal(y, triton_out))
         if not res["rel_err"] < 1e-2:
             res["error"] = f"rel err {res['rel_err']:.3g} vs the torch reference: not timed"
             return res, y
@@ -86,6 +90,12 @@ def timed(fn, ref, base: float, read_bytes: float, read_bw: float, shipped_out=N
         return res, y
     except Exception as e:   # noqa: BLE001
         return {"error": repr(e)[:300]}, None
+
+
+def _bits_ok(res: dict) -> bool:
+    """A config may replace the shipped pick if its output equals the shipped Gluon tile's or the Triton kernel's bit
+    for bit (the grouped path's contract: the dispatch may switch kernels and tiles without changing a bit)."""
+    return bool(res.get("bit_equal") or res.get("bit_equal_triton"))
 
 
 def bench(batches, gemms, fmts, read_bw, log, deadline, keep) -> None:
@@ -151,7 +161,8 @@ def bench(batches, gemms, fmts, read_bw, log, deadline, keep) -> None:
                     keep(row)
                     continue
                 tri = partial(fp4_grouped_matmul, x, offsets, h, zero_tail=True)
-                r["triton"], _ = timed(tri, ref, base, read_bytes, read_bw)
+                r["triton"], tri_y = timed(tri, ref, base, read_bytes, read_bw)
+                tri_y = tri_y.clone() if tri_y is not None else None
                 if path == "triton":
                     r["shipped"] = {"path": path, "tile": None, "us": r["triton"].get("us")}
                 keep(row)
@@ -161,7 +172,8 @@ def bench(batches, gemms, fmts, read_bw, log, deadline, keep) -> None:
                     r["shipped_error"] = str(e)
                     continue
                 gluon = partial(fp4_grouped_matmul_gluon, x, offsets, h, zero_tail=True)
-                r["gluon_shipped_tile"], ship_y = timed(partial(gluon, config=ship_c), ref, base, read_bytes, read_bw)
+                r["gluon_shipped_tile"], ship_y = timed(partial(gluon, config=ship_c), ref, base, read_bytes, read_bw,
+                                                        triton_out=tri_y)
                 if ship_y is None:   # refused (mxfp4 at K = 768) or failed: nothing to compare against
                     keep(row)
                     continue
@@ -171,7 +183,7 @@ def bench(batches, gemms, fmts, read_bw, log, deadline, keep) -> None:
                     if time.time() > deadline + 15:
                         r["configs"][cname] = {"error": "skipped: out of time"}
                         continue
-                    res, _ = timed(partial(gluon, config=c), ref, base, read_bytes, read_bw, ship_y)
+                    res, _ = timed(partial(gluon, config=c), ref, base, read_bytes, read_bw, ship_y, tri_y)
                     res["model"] = model(c, counts, N, fmt, sms)
                     r["configs"][cname] = res
                     keep(row)
@@ -180,7 +192,7 @@ def bench(batches, gemms, fmts, read_bw, log, deadline, keep) -> None:
                 again, _ = timed(partial(gluon, config=ship_c) if path == "gluon" else tri, ref, base, read_bytes,
                                  read_bw)
                 r["shipped_again_us"] = again.get("us")
-                ok = {n_: v["us"] for n_, v in r["configs"].items() if "us" in v and v.get("bit_equal")}
+                ok = {n_: v["us"] for n_, v in r["configs"].items() if "us" in v and _bits_ok(v)}
                 if ok and r["shipped"]["us"]:
                     best = min(ok, key=ok.get)
                     r["best"] = {"config": best, "us": ok[best], "x_bf16": round(base / ok[best], 3),

@@ -7,7 +7,8 @@ TRITON_FASTER) that the measured winners give.
 
 The rule is one token tile per bucket of mean rows per expert: B = 256 (16 rows), 409 (25.6) and 512 (32) at top-8 of
 128 experts. Per B and format the winner is the config with the least gate_up + down time (mxfp4: gate_up only: its
-down projection, K = 768, always takes the Triton kernel) among those bit-identical to the shipped tile, and it
+down projection, K = 768, always takes the Triton kernel) among those bit-identical to the shipped tile or to the
+Triton kernel (the tile N may or may not change the wgmma's bits: both are recorded), and it
 replaces the shipped pick only when it is at least MIN_GAIN faster in sum (below it: run-to-run noise, see
 `shipped_again_us`). Buckets: (12, 16] keeps 16; (16, 20] and (20, 28] take the 256 and 409 winners; above 28 the 512
 one (nothing above 32 rows per expert is measured: grouped_dispatch.GLUON_MAX_MEAN keeps those on Triton).
@@ -32,6 +33,11 @@ def _rule_tile(rule: tuple, mean: float):
     return next(t for b, t in rule if b is None or mean <= b)
 
 
+def _valid(res: dict) -> bool:
+    """Timed, and bit-identical to the shipped Gluon tile or to the Triton kernel."""
+    return "us" in res and bool(res.get("bit_equal") or res.get("bit_equal_triton"))
+
+
 def winners(rows: list[dict], fmt: str) -> dict:
     """B -> {"pick": config name or "triton", "gain": shipped / pick (gate_up + down), "shipped": ..., "sum_us"}."""
     gemms = ("gate_up", "down") if fmt == "nvfp4" else ("gate_up", )
@@ -44,7 +50,7 @@ def winners(rows: list[dict], fmt: str) -> dict:
         ship = sum(p["shipped"]["us"] for p in per.values())
         names = set.intersection(*[set(p.get("configs", {})) for p in per.values()])
         totals = {n: sum(p["configs"][n]["us"] for p in per.values()) for n in names
-                  if all("us" in p["configs"][n] and p["configs"][n].get("bit_equal") for p in per.values())}
+                  if all(_valid(p["configs"][n]) for p in per.values())}
         if all(p.get("triton", {}).get("us") for p in per.values()):
             totals["triton"] = sum(p["triton"]["us"] for p in per.values())
         shipped_name = per["gate_up"]["shipped"]["tile"] or "triton"
@@ -139,6 +145,7 @@ def summarize(out: str) -> dict:
             if pt["shipped"] and pt["shipped"].get("us") and base:
                 pt["shipped"] = dict(pt["shipped"], x_bf16=round(base / pt["shipped"]["us"], 3))
             pt["configs"] = {n: ({"us": v["us"], "x_bf16": v.get("x_bf16"), "bit_equal": v.get("bit_equal"),
+                                  "bit_equal_triton": v.get("bit_equal_triton"),
                                   "tiles_max": v.get("model", {}).get("tiles_max"),
                                   "sass_per_elem": sass.get(gate_name(fmt, n))}
                                  if "us" in v else {"error": v.get("error", "")[:160]})
