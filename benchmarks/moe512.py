@@ -15,8 +15,8 @@ of the active experts + bf16 activations / us / the read ceiling measured in thi
 reference, bit_equal / bit_equal_triton (torch.equal with the shipped Gluon tile's / the Triton kernel's output on
 the same rows: the candidates change which program runs a tile, not the arithmetic), and the model: token tiles per
 program (max / mean over the persistent grid, fp4_grouped_gluon_schedule.program_tiles) and padded MMA rows / rows.
-The shipped pick is timed again at the end of each row (`shipped_again_us`: the drift within the row). mxfp4's down projection (K = 768) is refused by the
-Gluon launcher: its row has the Triton kernel and the baselines only.
+The shipped pick is timed again at the end of each row (`shipped_again_us`: the drift within the row). mxfp4's down
+projection (K = 768) is refused by the Gluon launcher: its row has the Triton kernel and the baselines only.
 """
 
 from __future__ import annotations
