@@ -6,9 +6,9 @@
 # H200, device wheels on PYTHONPATH), < 120 s:
 #     benchmarks/moe512_h200.sh OUT_DIR
 # 1. in parallel (nothing timed yet): the candidates' GPU tests (tests/kernels/test_fp4_grouped_gluon_candidates.py:
-#    bit-identical to the shipped tile, torch reference, zero tail, bias, grid of 3; B = 512 at the real shape)
-#    -> OUT/pytest.{log,rc}; the compile gate of the grouped Gluon cases (SASS per weight element, sm_90, this Triton)
-#    -> OUT/sass_gate.{json,log}; benchmarks/moe512.py --precompile-only, one process per (format, config)
+#    bit-identical to the shipped tile, torch reference, zero tail, bias, grid of 3; B = 512 at the real shape; 3
+#    shards) -> OUT/pytest_{0,1,2}.{log,rc}; the compile gate of the grouped Gluon cases (SASS per weight element,
+#    sm_90, this Triton) -> OUT/sass_gate.{json,log}; benchmarks/moe512.py --precompile-only, one process per (format, config)
 #    -> OUT/precompile_*.log (Triton's disk cache; experts of 17 / 46 / 17 rows: one and two 32-row tiles); a config
 #    whose precompile did not run both GEMMs is left out of step 2 (--exclude; summary `excluded`)
 # 2. benchmarks/moe512.py -> OUT/moe512.json (+ .log): B = 409, 512, then 256 (the control), gate+up [1536 x 2048]
@@ -19,8 +19,12 @@
 #    every config's us / x_bf16 / bit_equal / tiles_max / SASS per element, and `tile_rule`: per format the winner per
 #    B (least gate_up + down, >= 3% over the shipped pick) and the TILE_RULE line they give (`line`, `changed`).
 . "$(dirname "$0")/h200_check.sh"
-( timeout 60 $PY -m pytest -v -p no:cacheprovider -rs -m gpu tests/kernels/test_fp4_grouped_gluon_candidates.py \
-    > "$OUT/pytest.log" 2>&1; echo $? > "$OUT/pytest.rc" ) &
+i=0
+for k in "bits_equal and nvfp4" "bits_equal and mxfp4" "moe_shape"; do    # 3 shards: each compiles its own configs
+    ( timeout 60 $PY -m pytest -v -p no:cacheprovider -rs -m gpu -k "$k" \
+        tests/kernels/test_fp4_grouped_gluon_candidates.py > "$OUT/pytest_$i.log" 2>&1; echo $? > "$OUT/pytest_$i.rc" ) &
+    i=$((i + 1))
+done
 ( timeout 60 $PY -m trace_rl.kernels.sass_gate --only "grouped gluon" --json "$OUT/sass_gate.json" \
     > "$OUT/sass_gate.log" 2>&1; echo $? > "$OUT/sass_gate.rc" ) &
 jobs=$($PY -c "import sys; sys.path.insert(0, 'benchmarks'); import moe512
@@ -52,7 +56,8 @@ sys.path.insert(0, "benchmarks")
 from h200_summary import tail, write
 out, bench_rc = sys.argv[1], int(sys.argv[2])
 rc = lambda n: int(open(os.path.join(out, n)).read().strip() or 99) if os.path.exists(os.path.join(out, n)) else 99
-s = {"bench_rc": bench_rc, "pytest_rc": rc("pytest.rc"), "pytest_tail": tail(out, "pytest.log", 4),
+s = {"bench_rc": bench_rc, "pytest_rc": max(rc(f"pytest_{i}.rc") for i in range(3)),
+     "pytest_tails": [l for i in range(3) for l in tail(out, f"pytest_{i}.log", 3)],
      "sass_gate_rc": rc("sass_gate.rc"),
      "precompile_errors": [l for n in sorted(os.listdir(out)) if n.startswith("precompile_")
                            for l in tail(out, n, 30) if "FAILED" in l or "Traceback" in l][:8]}
