@@ -8,8 +8,8 @@
 # 1. in parallel (nothing timed yet): the candidates' GPU tests (tests/kernels/test_fp4_grouped_gluon_candidates.py:
 #    bit-identical to the shipped tile, torch reference, zero tail, bias, grid of 3; B = 512 at the real shape; 3
 #    shards) -> OUT/pytest_{0,1,2}.{log,rc}; the compile gate of the grouped Gluon cases (SASS per weight element,
-#    sm_90, this Triton) -> OUT/sass_gate.{json,log}; benchmarks/moe512.py --precompile-only, one process per (format, config)
-#    -> OUT/precompile_*.log (Triton's disk cache; experts of 17 / 46 / 17 rows: one and two 32-row tiles); a config
+#    sm_90, this Triton) -> OUT/sass_gate.{json,log}; benchmarks/moe512.py --precompile-only, one process per
+#    (format, config) -> OUT/precompile_*.log (Triton's disk cache; experts of 17 / 46 / 17 rows: one and two 32-row tiles); a config
 #    whose precompile did not run both GEMMs is left out of step 2 (--exclude; summary `excluded`)
 # 2. benchmarks/moe512.py -> OUT/moe512.json (+ .log): B = 409, 512, then 256 (the control), gate+up [1536 x 2048]
 #    and down [2048 x 768], nvfp4 + mxfp4: cuBLAS loop (graph) and torch._grouped_mm vs the Triton grouped kernel, the
@@ -22,7 +22,8 @@
 i=0
 for k in "bits_equal and nvfp4" "bits_equal and mxfp4" "moe_shape"; do    # 3 shards: each compiles its own configs
     ( timeout 60 $PY -m pytest -v -p no:cacheprovider -rs -m gpu -k "$k" \
-        tests/kernels/test_fp4_grouped_gluon_candidates.py > "$OUT/pytest_$i.log" 2>&1; echo $? > "$OUT/pytest_$i.rc" ) &
+        tests/kernels/test_fp4_grouped_gluon_candidates.py > "$OUT/pytest_$i.log" 2>&1
+      echo $? > "$OUT/pytest_$i.rc" ) &
     i=$((i + 1))
 done
 ( timeout 60 $PY -m trace_rl.kernels.sass_gate --only "grouped gluon" --json "$OUT/sass_gate.json" \
