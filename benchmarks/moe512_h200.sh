@@ -10,7 +10,8 @@
 #    shards) -> OUT/pytest_{0,1,2}.{log,rc}; the compile gate of the grouped Gluon cases (SASS per weight element,
 #    sm_90, this Triton) -> OUT/sass_gate.{json,log}; benchmarks/moe512.py --precompile-only, one process per
 #    (format, config) -> OUT/precompile_*.log (Triton's disk cache; experts of 17 / 46 / 17 rows: one and two
-#    32-row tiles); a config whose precompile did not run both GEMMs is left out of step 2 (--exclude; summary `excluded`)
+#    32-row tiles); a config whose precompile did not run both GEMMs is left out of step 2 (--exclude; summary
+#    `excluded`)
 # 2. benchmarks/moe512.py -> OUT/moe512.json (+ .log): B = 409, 512, then 256 (the control), gate+up [1536 x 2048]
 #    and down [2048 x 768], nvfp4 + mxfp4: cuBLAS loop (graph) and torch._grouped_mm vs the Triton grouped kernel, the
 #    dispatch's pick (`shipped`) and every config: CUDA-graph medians, rel err vs the torch reference, bit_equal vs
