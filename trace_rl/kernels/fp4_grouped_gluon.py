@@ -470,12 +470,17 @@ def sass_gate_cases():
     return [gate_case(f, c, GATE_BUDGET[f][bm]) for f in ("nvfp4", "mxfp4") for bm, c in GROUPED_GLUON[f].items()] + \
         [gate_case("nvfp4", GROUPED_GLUON["nvfp4"][32], GATE_BUDGET["nvfp4"][32], row_scale=True)] + \
         [gate_case("nvfp4", c, 2.95) for c in GLUON_VARIANTS.values()] + \
-        [(_dual_gate if getattr(c, "dual", False) else gate_case)(f, c, CANDIDATE_BUDGET[f])
-         for f in GROUPED_CANDIDATES for c in GROUPED_CANDIDATES[f].values()]
+        [_candidate_gate(f, c) for f in GROUPED_CANDIDATES for c in GROUPED_CANDIDATES[f].values()]
 
 
-def _dual_gate(fmt, c, budget):
+def _candidate_gate(fmt, c):
+    """A GROUPED_CANDIDATES config's gate case (dual: fp4_grouped_gluon_dual's; overlap: the in-flight A-register
+    hazard check on)."""
+    import dataclasses
+
     from trace_rl.kernels.fp4_grouped_gluon_candidates import DUAL_BUDGET
     from trace_rl.kernels.fp4_grouped_gluon_dual import gate_case as dual_case
 
-    return dual_case(fmt, c, DUAL_BUDGET[fmt])
+    if c.dual:
+        return dual_case(fmt, c, DUAL_BUDGET[fmt])
+    return dataclasses.replace(gate_case(fmt, c, CANDIDATE_BUDGET[fmt]), a_in_flight=c.overlap)

@@ -181,7 +181,8 @@ def launch_dual(x: torch.Tensor, offsets: torch.Tensor, w, c, out: torch.Tensor,
 
 def gate_case(fmt: str, c, budget: float, row_scale: bool = False):
     """The compile-gate case of a dual config: the main loop is the two-wgmma K loop (per weight element it counts
-    the decode once and both wgmmas)."""
+    the decode once and both wgmmas); no loop instruction may write the A registers both wgmmas read while they are
+    in flight (sass_wgmma_hazard)."""
     import dataclasses
 
     from trace_rl.kernels.fp4_grouped_gluon import gate_case as single
@@ -189,4 +190,4 @@ def gate_case(fmt: str, c, budget: float, row_scale: bool = False):
     case = single(fmt, c, budget, row_scale)
     consts = {k: v for k, v in case.constexprs.items() if k not in ("OVERLAP", "BALANCED")}
     return dataclasses.replace(case, name=case.name + " dual", kernel=_fp4_grouped_dual_kernel, constexprs=consts,
-                               max_full_waits=c.bk(fmt) // 128)
+                               max_full_waits=c.bk(fmt) // 128, a_in_flight=True)
