@@ -106,9 +106,6 @@ TILE_RULE = {"nvfp4": ((12, 16), (28, 32), (None, "64x64")),
              "mxfp4": ((12, 16), (20, 32), (None, 64))}
 
 
-
-
-
 def token_tile(rows: int, n_experts: int, fmt: str = "nvfp4") -> int | str:
     """The token tile (a key of GROUPED_GLUON[fmt] or of GLUON_VARIANTS: `tile_config`) from the mean rows per
     expert (the router's counts are on the device; the launch must not synchronise), by TILE_RULE. An expert above
@@ -198,6 +195,7 @@ def _grouped_producer(w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, emp
                 m0 = start + mt * BM
                 for kb in range(KB):
                     slot = j % STAGES
+                    # a fresh mbarrier counts as having completed the phase before phase 0: the first round passes
                     mbarrier.wait(empty.index(slot), ((j // STAGES) & 1) ^ 1)
                     bar = ready.index(slot)
                     mbarrier.expect(bar, nbytes)
