@@ -107,10 +107,10 @@ TILE_RULE = {"nvfp4": ((12, 16), (28, 32), (None, "64x64")),
 
 
 def token_tile(rows: int, n_experts: int, fmt: str = "nvfp4") -> int | str:
-    """The token tile (a key of GROUPED_GLUON[fmt] or of GLUON_VARIANTS: `tile_config`) from the mean rows per
-    expert (the router's counts are on the device; the launch must not synchronise), by TILE_RULE. An expert above
-    the tile loops over tiles (its weight decoded once per tile); at top-8 of 128 experts and 409-512 tokens the
-    largest experts hold ~37-46 rows."""
+    """The token tile (a key of GROUPED_GLUON[fmt], GLUON_VARIANTS or GROUPED_CANDIDATES[fmt]: `tile_config`) from
+    the mean rows per expert (the router's counts are on the device; the launch must not synchronise), by TILE_RULE.
+    An expert above the tile loops over tiles (its weight decoded once per tile); at top-8 of 128 experts and 409-512
+    tokens the largest experts hold ~37-46 rows."""
     if fmt not in TILE_RULE:
         raise ValueError(f"token_tile: format {fmt!r}; the Gluon grouped GEMM takes {', '.join(TILE_RULE)}")
     mean = rows / max(n_experts, 1)
