@@ -112,6 +112,43 @@ def _dequant_blocks(xb, block_amax, bad, gscale, fast_div, MX: tl.constexpr):
 
 
 @triton.jit
+def _row_e4m3_top(amax, row0, n_rows, rs_ptr, ROWS: tl.constexpr, NB: tl.constexpr):
+    """mxfp4 rows emitted as E4M3 for the FP8 operand cache (operand_cache_fp8.py): each row's largest block scale
+    code top = e8m0_scale_code(row amax) [ROWS], its row scale 2**(top - 138) stored to rs_ptr (a float32 subnormal
+    for top < 12, built on the bits), and top once per block ([ROWS * NB], the block tile's layout)."""
+    top = e8m0_scale_code(amax)
+    sub = tl.full([ROWS], 1, tl.int32) << tl.minimum(top + 11, 22)
+    rs = tl.where(top >= 12, (top - 11) << 23, sub).to(tl.float32, bitcast=True)
+    rows = row0 + tl.arange(0, ROWS)
+    tl.store(rs_ptr + rows, rs, mask=rows < n_rows)
+    return tl.reshape(tl.broadcast_to(top[:, None], [ROWS, NB]), [ROWS * NB])
+
+
+@triton.jit
+def _e4m3_blocks(xb, block_amax, bad, top):
+    """E4M3 bytes (uint8) of an mxfp4 [N, G] block tile: code value x 2**(e - top + 6), e the block's scale code and
+    top its row's largest (`_row_e4m3_top`): exact for e >= top - 14, rounded to nearest even below (0 for
+    e < top - 132, whose values are far below E4M3's smallest subnormal); NaN (0x7F) for a block holding NaN/Inf."""
+    scaled, scale_code, _ = fp4_round_block_rows(xb, block_amax, bad, block_amax, True, True)
+    d = tl.where(bad, 0, scale_code - top + 133)                        # biased exponent of 2**(e - top + 6)
+    step = tl.where(d > 0, d << 23, 0).to(tl.float32, bitcast=True)
+    w = e2m1_round(scaled) * step[:, None]                              # exact in float32, |w| <= 384
+    mag, _ = e4m3_round(tl.abs(w))
+    code = mag | ((w.to(tl.int32, bitcast=True) >> 24) & 0x80)
+    return tl.where(bad[:, None], 0x7F, code).to(tl.uint8)
+
+
+@triton.jit
+def _emit_blocks(xb, block_amax, bad, gs, fast_div, MX: tl.constexpr, E4M3: tl.constexpr):
+    """The W4A4 operand of a block tile: bf16 (`_dequant_blocks`, gs the global scales) or, E4M3 (mxfp4, the FP8
+    operand cache), E4M3 bytes (`_e4m3_blocks`, gs the row's top scale code per block)."""
+    if E4M3:
+        return _e4m3_blocks(xb, block_amax, bad, gs)
+    else:
+        return _dequant_blocks(xb, block_amax, bad, gs, fast_div, MX)
+
+
+@triton.jit
 def _store_blocks(out_ptr, vals, row0, n_rows, k0, K, stride_out, ROWS: tl.constexpr, NB: tl.constexpr,
                   G: tl.constexpr):
     i = tl.arange(0, ROWS * NB)
@@ -143,7 +180,8 @@ def _row_global_scales(amax, row0, n_rows, gscale_ptr, MX: tl.constexpr, ROWS: t
 
 @triton.jit
 def _quantize_dequant_row_chunks(LOAD: tl.constexpr, src, out_ptr, gscale_ptr, row0, n_rows, K, stride_out,
-                                 MX: tl.constexpr, ROWS: tl.constexpr, NB: tl.constexpr, NCH: tl.constexpr):
+                                 MX: tl.constexpr, ROWS: tl.constexpr, NB: tl.constexpr, NCH: tl.constexpr,
+                                 E4M3: tl.constexpr = False):
     """The body of the per-token W4A4 block-tile quantizers: ROWS rows from row0, each held in registers as NCH
     (1..4) chunks of NB blocks of G elements (K <= NCH * NB * G; K = 768 is 3 chunks of 256, not one of 1024 with
     a quarter masked). Row amax (nvfp4:row), then per block the scale, codes, and code value x block step in bf16
@@ -168,17 +206,21 @@ def _quantize_dequant_row_chunks(LOAD: tl.constexpr, src, out_ptr, gscale_ptr, r
         x3 = LOAD(src, row0, n_rows, 3 * CH, K, ROWS, NB, G)
         a3, b3, m3 = _block_stats(x3, ROWS, NB)
         amax = tl.maximum(amax, m3)
-    gs, fast_div = _row_global_scales(amax, row0, n_rows, gscale_ptr, MX, ROWS, NB)
-    _store_blocks(out_ptr, _dequant_blocks(x0, a0, b0, gs, fast_div, MX), row0, n_rows, 0, K, stride_out,
+    if E4M3:    # the row's top scale code (its row scale stored to gscale_ptr) instead of a global scale
+        gs = _row_e4m3_top(amax, row0, n_rows, gscale_ptr, ROWS, NB)
+        fast_div = True
+    else:
+        gs, fast_div = _row_global_scales(amax, row0, n_rows, gscale_ptr, MX, ROWS, NB)
+    _store_blocks(out_ptr, _emit_blocks(x0, a0, b0, gs, fast_div, MX, E4M3), row0, n_rows, 0, K, stride_out,
                   ROWS, NB, G)
     if NCH > 1:
-        _store_blocks(out_ptr, _dequant_blocks(x1, a1, b1, gs, fast_div, MX), row0, n_rows, CH, K, stride_out,
+        _store_blocks(out_ptr, _emit_blocks(x1, a1, b1, gs, fast_div, MX, E4M3), row0, n_rows, CH, K, stride_out,
                       ROWS, NB, G)
     if NCH > 2:
-        _store_blocks(out_ptr, _dequant_blocks(x2, a2, b2, gs, fast_div, MX), row0, n_rows, 2 * CH, K,
+        _store_blocks(out_ptr, _emit_blocks(x2, a2, b2, gs, fast_div, MX, E4M3), row0, n_rows, 2 * CH, K,
                       stride_out, ROWS, NB, G)
     if NCH > 3:
-        _store_blocks(out_ptr, _dequant_blocks(x3, a3, b3, gs, fast_div, MX), row0, n_rows, 3 * CH, K,
+        _store_blocks(out_ptr, _emit_blocks(x3, a3, b3, gs, fast_div, MX, E4M3), row0, n_rows, 3 * CH, K,
                       stride_out, ROWS, NB, G)
 
 
@@ -187,16 +229,17 @@ def _quantize_dequant_rows_kernel(x_ptr, out_ptr, gscale_ptr, n_rows, K, stride_
                                   MX: tl.constexpr, ROWS: tl.constexpr, NB: tl.constexpr, NCH: tl.constexpr,
                                   SILU_MUL: tl.constexpr, SILU_EXACT: tl.constexpr = False,
                                   SILU_INTERP: tl.constexpr = False,
-                                  LAUNCH_DEPENDENTS: tl.constexpr = False):
+                                  LAUNCH_DEPENDENTS: tl.constexpr = False, E4M3: tl.constexpr = False):
     """The W4A4 activation path (`quantize_dequant_bf16`): `_quantize_dequant_row_chunks` on rows of x (SILU_MUL:
     of SiLU(x[:, :K]) * x[:, K:]). Same bits as `_quantize_rows_kernel`.
     LAUNCH_DEPENDENTS (compiled only, never in the interpreter): griddepcontrol.launch_dependents first, so a GEMM
     launched after it with programmatic dependent launch (the small-M Gluon GEMM) starts its setup and weight
-    prefetch now; that GEMM waits for this kernel's completion before it reads the operand or the row scales."""
+    prefetch now; that GEMM waits for this kernel's completion before it reads the operand or the row scales.
+    E4M3 (mxfp4): E4M3 bytes and the row scale instead of bf16 (`_e4m3_blocks`, the FP8 operand cache)."""
     if LAUNCH_DEPENDENTS:
         tl.extra.cuda.gdc_launch_dependents()
     _quantize_dequant_row_chunks(_load_blocks, (x_ptr, stride_x, SILU_MUL, SILU_EXACT, SILU_INTERP), out_ptr,
-                                 gscale_ptr, tl.program_id(0) * ROWS, n_rows, K, stride_out, MX, ROWS, NB, NCH)
+                                 gscale_ptr, tl.program_id(0) * ROWS, n_rows, K, stride_out, MX, ROWS, NB, NCH, E4M3)
 
 
 @functools.cache

@@ -61,10 +61,12 @@ def use_dequant_cublas(m: int, n: int, k: int) -> bool:
 
 
 @triton.jit
-def _dequant_kernel(codes_ptr, scales_ptr, out_ptr, N, K, stride_c, stride_s, stride_o,
-                    MX: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-    """out[BN, BK] tile = the bf16 operand (module doc), stored as int16 bits. Codes are loaded as bytes (two
-    per byte, even column in the low nibble) and scales once per block, broadcast over the block's columns."""
+def _operand_bits(codes_ptr, scales_ptr, N, K, stride_c, stride_s, MX: tl.constexpr, BN: tl.constexpr,
+                  BK: tl.constexpr):
+    """The bf16 operand (module doc) of this program's [BN, BK] tile as int32 holding bf16 bits, with the tile's
+    int64 rows [BN, 1] and row mask. Codes are loaded as bytes (two per byte, even column in the low nibble) and
+    scales once per block, broadcast over the block's columns. Also the FP8 operand cache's weight writer
+    (operand_cache_fp8.py), which must see these exact bits."""
     G: tl.constexpr = 32 if MX else 16
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     r64 = rows[:, None].to(tl.int64)
@@ -99,6 +101,14 @@ def _dequant_kernel(codes_ptr, scales_ptr, out_ptr, N, K, stride_c, stride_s, st
         bits = tl.where(w != w, (u >> 16) | 0x7FC0, (u + 0x7FFF + ((u >> 16) & 1)) >> 16)
     else:
         bits = u >> 16                                                  # exact in bf16: the low half is zero
+    return bits, r64, row_ok
+
+
+@triton.jit
+def _dequant_kernel(codes_ptr, scales_ptr, out_ptr, N, K, stride_c, stride_s, stride_o,
+                    MX: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """out[BN, BK] tile = the bf16 operand (module doc, `_operand_bits`), stored as int16 bits."""
+    bits, r64, row_ok = _operand_bits(codes_ptr, scales_ptr, N, K, stride_c, stride_s, MX, BN, BK)
     cols = tl.program_id(1) * BK + tl.arange(0, BK)
     tl.store(out_ptr + r64 * stride_o + cols[None, :], bits.to(tl.int16), mask=row_ok & (cols < K)[None, :])
 
@@ -181,7 +191,12 @@ def operand_matmul(x2: torch.Tensor, w: torch.Tensor, h: HopperFP4, row_scale: t
 
 def accumulate(x2: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """The GEMM of `factor_matmul` before its epilogue: x2 [M, K] @ w[N, K]^T as float32 [M, N] (cuBLAS with float32
-    output; also the start of `epilogue_silu_quantize`'s fused path, which must see the same accumulator)."""
+    output; also the start of `epilogue_silu_quantize`'s fused path, which must see the same accumulator). E4M3
+    operands (the FP8 operand cache, operand_cache_fp8.py): `accumulate_fp8`, cuBLAS FP8 with float32 output."""
+    if x2.dtype == torch.float8_e4m3fn or w.dtype == torch.float8_e4m3fn:
+        from trace_rl.kernels.operand_cache_fp8 import accumulate_fp8
+
+        return accumulate_fp8(x2, w)
     if x2.is_cuda:
         return torch.mm(x2, w.t(), out_dtype=torch.float32)
     return x2.float() @ w.float().t()   # CPU has no mm.dtype: bf16 x bf16 products are exact in float32
@@ -190,7 +205,7 @@ def accumulate(x2: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 def factor_matmul(x2: torch.Tensor, w: torch.Tensor, rf: torch.Tensor, row_scale: torch.Tensor | None = None,
                   bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """`operand_matmul` with the row factor given as float32 `rf` [>= N] instead of read from a layout: cuBLAS
-    (float32 output) on x2 [M, K] and the bf16 operand w [N, K], then the FP4 epilogue (y x rf[n] x row_scale[m]
+    (float32 output) on x2 [M, K] and the bf16 operand w [N, K] (or both E4M3: `accumulate`), then the FP4 epilogue (y x rf[n] x row_scale[m]
     + bias[n], one rounding). Also the stacked operand cache's GEMM (operand_cache.stacked_matmul), whose rf holds
     each stacked part's own factors."""
     M, K = x2.shape

@@ -26,7 +26,14 @@ import triton
 import triton.language as tl
 
 from trace_rl.formats import get_format
-from trace_rl.kernels.fp4_block_tiles import _block_stats, _dequant_blocks, _row_global_scales, _store_blocks
+from trace_rl.kernels.fp4_block_tiles import (
+    _block_stats,
+    _dequant_blocks,
+    _e4m3_blocks,
+    _row_e4m3_top,
+    _row_global_scales,
+    _store_blocks,
+)
 from trace_rl.kernels.rmsnorm import _add_rms_norm_rows, _tiles, add_rms_norm_reference
 
 W4A4_ROW_FORMATS = {"nvfp4:row": 16, "mxfp4": 32}   # per-token activation format -> elements per scale block
@@ -36,7 +43,7 @@ W4A4_ROW_FORMATS = {"nvfp4:row": 16, "mxfp4": 32}   # per-token activation forma
 def _add_rms_norm_quantize_kernel(x_ptr, r_ptr, w_ptr, h_ptr, r_out_ptr, q_ptr, gscale_ptr, n_rows, N, eps,
                                   stride_x, stride_r, stride_h, stride_ro, stride_q,
                                   HAS_RESIDUAL: tl.constexpr, STORE_H: tl.constexpr, MX: tl.constexpr,
-                                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, E4M3: tl.constexpr = False):
     # -- `_add_rms_norm_kernel`'s tile (the same helper: the same float ops in the same layout) --
     rows, rows64, cols, mask, hb = _add_rms_norm_rows(x_ptr, r_ptr, w_ptr, r_out_ptr, n_rows, N, eps, stride_x,
                                                       stride_r, stride_ro, h_ptr.dtype.element_ty, HAS_RESIDUAL,
@@ -49,9 +56,13 @@ def _add_rms_norm_quantize_kernel(x_ptr, r_ptr, w_ptr, h_ptr, r_out_ptr, q_ptr, 
     hq = tl.reshape(hb.to(tl.float32), [BLOCK_M * NB, G])        # padding columns / rows are 0: amax unchanged
     block_amax, bad, amax = _block_stats(hq, BLOCK_M, NB)
     row0 = tl.program_id(0) * BLOCK_M
-    gs, fast_div = _row_global_scales(amax, row0, n_rows, gscale_ptr, MX, BLOCK_M, NB)
-    _store_blocks(q_ptr, _dequant_blocks(hq, block_amax, bad, gs, fast_div, MX), row0, n_rows, 0, N, stride_q,
-                  BLOCK_M, NB, G)
+    if E4M3:    # mxfp4 for the FP8 operand cache: E4M3 bytes and the row scale (fp4_block_tiles._e4m3_blocks)
+        top = _row_e4m3_top(amax, row0, n_rows, gscale_ptr, BLOCK_M, NB)
+        _store_blocks(q_ptr, _e4m3_blocks(hq, block_amax, bad, top), row0, n_rows, 0, N, stride_q, BLOCK_M, NB, G)
+    else:
+        gs, fast_div = _row_global_scales(amax, row0, n_rows, gscale_ptr, MX, BLOCK_M, NB)
+        _store_blocks(q_ptr, _dequant_blocks(hq, block_amax, bad, gs, fast_div, MX), row0, n_rows, 0, N, stride_q,
+                      BLOCK_M, NB, G)
 
 
 def fuses(n: int, fmt_name: str) -> bool:
@@ -81,13 +92,17 @@ def _check(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
 
 
 def add_rms_norm_quantize(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
-                          fmt_name: str, store_h: bool = True, num_warps: int | None = None):
+                          fmt_name: str, store_h: bool = True, num_warps: int | None = None, e4m3: bool = False):
     """(h or None, new_residual, xq [rows, N] bf16, row_scale [rows] float32 or None): `add_rms_norm(x, residual,
     weight, eps)` then `quantize_dequant_bf16(h.reshape(-1, N), fmt_name)` in one launch, the same bits.
     `residual=None`: plain RMSNorm (new_residual is x). `store_h=False`: h is not written (returned as None).
     `num_warps` (benchmarks only): None is the norm kernel's count, the only one that keeps its bits (another count
-    reduces the sum of squares in another order; benchmarks/norm_quant.py times 8 warps to see what it would buy)."""
+    reduces the sum of squares in another order; benchmarks/norm_quant.py times 8 warps to see what it would buy).
+    `e4m3` (mxfp4): xq as float8_e4m3fn and row_scale the float32 row scale, as `quantize_dequant_e4m3` emits them
+    for the FP8 operand cache (operand_cache_fp8.py)."""
     name = _check(x, residual, weight, fmt_name)
+    if e4m3 and name != "mxfp4":
+        raise ValueError(f"add_rms_norm_quantize(e4m3=True): E4M3 rows are mxfp4's (the FP8 operand cache), not {name}")
     n = x.shape[-1]
     x2 = x.reshape(-1, n)
     if x2.stride(-1) != 1:
@@ -95,8 +110,8 @@ def add_rms_norm_quantize(x: torch.Tensor, residual: torch.Tensor | None, weight
     rows = x2.shape[0]
     dev = x.device
     h = torch.empty(x2.shape, device=dev, dtype=x.dtype) if store_h else None
-    xq = torch.empty(rows, n, device=dev, dtype=torch.bfloat16)
-    row_scale = torch.empty(rows, device=dev, dtype=torch.float32) if name == "nvfp4:row" else None
+    xq = torch.empty(rows, n, device=dev, dtype=torch.float8_e4m3fn if e4m3 else torch.bfloat16)
+    row_scale = torch.empty(rows, device=dev, dtype=torch.float32) if name == "nvfp4:row" or e4m3 else None
     if residual is None:
         r2, r_out = x2, x2
     else:
@@ -108,10 +123,11 @@ def add_rms_norm_quantize(x: torch.Tensor, residual: torch.Tensor | None, weight
         warps = warps if num_warps is None else num_warps
         h_arg = h if h is not None else x2              # only its dtype is read when store_h is False
         _add_rms_norm_quantize_kernel[(triton.cdiv(rows, block_m),)](
-            x2, r2, weight, h_arg, r_out, xq, row_scale if row_scale is not None else xq, rows, n, eps,
+            x2, r2, weight, h_arg, r_out, xq.view(torch.uint8) if e4m3 else xq,
+            row_scale if row_scale is not None else xq, rows, n, eps,
             x2.stride(0), r2.stride(0), h_arg.stride(0), r_out.stride(0), xq.stride(0),
             HAS_RESIDUAL=residual is not None, STORE_H=store_h, MX=name == "mxfp4", BLOCK_M=block_m,
-            BLOCK_N=block_n, num_warps=warps)
+            BLOCK_N=block_n, E4M3=bool(e4m3), num_warps=warps)
     h_out = None if h is None else h.view(x.shape)
     return h_out, (x if residual is None else r_out.view(x.shape)), xq, row_scale
 

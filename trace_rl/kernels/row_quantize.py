@@ -243,12 +243,13 @@ def tensor_amax_bits(x2: torch.Tensor) -> torch.Tensor:
 
 
 def launch_quantize_rows(x2, fmt_id, codes, scales, gscale, dest=None, heads=1, emit_bf16=False, silu_mul=False,
-                         fast_div=False, launch_dependents=False):
+                         fast_div=False, launch_dependents=False, e4m3=False):
     """Quantize rows of x2 [rows, K] (unit column stride) into preallocated outputs (see kernel). `dest`:
     the KV write's slots, or for nvfp4 (tensor scale) the int32 amax bits from `tensor_amax_bits`.
     `silu_mul`: x2 is [rows, 2K] gate | up. `fast_div`: the general kernel's FAST_DIV (nvfp4:row).
     `launch_dependents`: the kernel signals griddepcontrol.launch_dependents at its start (a programmatic dependent
-    launch after it may begin; compiled kernels only: off in the interpreter)."""
+    launch after it may begin; compiled kernels only: off in the interpreter). `e4m3` (mxfp4 with emit_bf16, the
+    block-tile kernel only): E4M3 bytes into `codes` and each row's scale into `gscale` (`quantize_dequant_e4m3`)."""
     launch_dependents = bool(launch_dependents) and not interpreting()
     n_rows = x2.shape[0]
     K = x2.shape[1] // 2 if silu_mul else x2.shape[1]
@@ -256,12 +257,15 @@ def launch_quantize_rows(x2, fmt_id, codes, scales, gscale, dest=None, heads=1, 
     silu = silu_launch_args() if silu_mul else {}     # the SiLU form (swiglu.EXACT_SILU); none without SiLU
     block_tiles = emit_bf16 and dest is None and fmt_id in (FMT_NVFP4_ROW, FMT_MXFP4)
     tiles = _dequant_tiles(n_rows, K, G, silu_mul) if block_tiles else None
-    if tiles is not None and USE_BLOCK_TILES:
+    if e4m3 and (tiles is None or fmt_id != FMT_MXFP4 or gscale is None):
+        raise ValueError(f"launch_quantize_rows(e4m3=True): E4M3 rows are emitted by the block-tile kernel for mxfp4 "
+                         f"rows up to 16384 wide with a row-scale buffer, not format id {fmt_id} rows of {K}")
+    if tiles is not None and (USE_BLOCK_TILES or e4m3):
         rows, nb, nch, warps = tiles
         _quantize_dequant_rows_kernel[(triton.cdiv(n_rows, rows),)](
             x2, codes, gscale if gscale is not None else codes, n_rows, K, x2.stride(0), codes.stride(0),
             MX=fmt_id == FMT_MXFP4, ROWS=rows, NB=nb, NCH=nch, SILU_MUL=silu_mul, LAUNCH_DEPENDENTS=launch_dependents,
-            num_warps=warps, **silu)
+            E4M3=bool(e4m3), num_warps=warps, **silu)
         return
     bm, bk, warps = _tiles(n_rows, K, G)
     grid = (triton.cdiv(n_rows, bm),)
@@ -347,3 +351,31 @@ def quantize_dequant_bf16(x2: torch.Tensor, fmt_name: str, silu_mul: bool = Fals
         launch_quantize_rows(x2, fmt_id, out, None, gscale, emit_bf16=True, silu_mul=silu_mul,
                              launch_dependents=launch_dependents)
     return out, gscale
+
+
+def emits_e4m3(k: int, silu_mul: bool = False) -> bool:
+    """Whether `quantize_dequant_e4m3` takes mxfp4 rows of k features (the block-tile kernel's widths)."""
+    return k % BLOCK[FMT_MXFP4] == 0 and _dequant_tiles(1, k, BLOCK[FMT_MXFP4], silu_mul) is not None
+
+
+def quantize_dequant_e4m3(x2: torch.Tensor, silu_mul: bool = False,
+                          launch_dependents: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """mxfp4 W4A4 activations for the FP8 operand cache (operand_cache_fp8.py): (float8_e4m3fn [rows, K], float32
+    [rows] row scale) from the same launch as `quantize_dequant_bf16(x2, "mxfp4", silu_mul)` with E4M3 stores: the
+    same codes and block scales, each row shifted so its largest block sits at the top of E4M3; E4M3 value x
+    2**(top - 133) is that bf16 operand for every block within 14 binades of its row's largest
+    (`operand_cache_fp8.rows_e4m3_reference` is the spec). Rows up to 16384 wide (`emits_e4m3`)."""
+    K = x2.shape[1] // 2 if silu_mul else x2.shape[1]
+    if silu_mul and x2.shape[-1] % 2:
+        raise ValueError(f"quantize_dequant_e4m3(silu_mul=True): x has {x2.shape[-1]} columns, not gate | up halves")
+    check_block_divisible(x2[:, :K], BLOCK[FMT_MXFP4], "mxfp4")
+    if not emits_e4m3(K, silu_mul):
+        raise ValueError(f"quantize_dequant_e4m3: rows of {K} features are wider than the block-tile kernel takes "
+                         f"(16384); use quantize_dequant_bf16 and operand_cache_fp8.rows_e4m3_reference")
+    n_rows = x2.shape[0]
+    out = torch.empty(n_rows, K, device=x2.device, dtype=torch.float8_e4m3fn)
+    row_scale = torch.empty(n_rows, device=x2.device, dtype=torch.float32)
+    if n_rows:
+        launch_quantize_rows(x2, FMT_MXFP4, out.view(torch.uint8), None, row_scale, emit_bf16=True, silu_mul=silu_mul,
+                             launch_dependents=launch_dependents, e4m3=True)
+    return out, row_scale

@@ -1,0 +1,243 @@
+"""FP8 operand cache (mxfp4 only): the operand cache's GEMM on Hopper's FP8 tensor cores, same operand values.
+
+The operand cache (operand_cache.py) keeps each dense FP4 weight's bf16 operand and runs large-M linears as cuBLAS
+bf16 GEMMs (compute-bound at M ~ 300). For **mxfp4** every operand value is an E2M1 code (magnitudes 0, 0.5, 1,
+1.5, 2, 3, 4, 6: at most 2 significant bits) times a power of two, so after a power-of-two shift per row it is
+EXACTLY an E4M3 (float8_e4m3fn) value as long as the row's block exponents are close enough; E4M3 x E4M3 products
+are exact in float32 (4-bit significands), so `torch._scaled_mm` (scales 1, float32 output, `FAST_ACCUM` False)
+sums the same exact products as the bf16 GEMM, and everything after the accumulator (the FP4 epilogue: row factor,
+row scale, bias, one rounding) is shared. nvfp4 cannot do this (E4M3 block scale x E2M1 code needs up to 5
+significant bits): nvfp4 stays on the bf16 cache (`rollout.operand_cache: fp8` with an nvfp4 plan is refused).
+
+**E4M3 range.** Normal values (1 + m/8) 2**e for e in [-6, 8] (largest finite 448), subnormals m 2**-9 (m = 1..7).
+A code c x 2**j is exact iff c 2**j <= 448 and c 2**j is a multiple of 2**-9 (c = 0.5, 1.5, 3 need j >= -8, -9,
+-9... i.e. 0.5 x 2**j >= 2**-9 for c = 0.5 and 1.5; c in {1, 2, 4} need less, 3 and 6 the same as 1.5).
+
+**Weight** (`OperandCacheFP8`, written at attach and every weight sync): the Hopper layout maps each row's largest
+block exponent to b = 254, so the bf16 operand is code x 2**(b - 253) <= 12, and the E4M3 cache holds it x 2**5
+(`WEIGHT_SHIFT`): code x 2**(b - 248), at most 6 x 64 = 384. Exact iff every nonzero block has b >= 240 (0.5 x
+2**(b - 248) >= 2**-9), i.e. its exponent is within 14 binades of its row's largest (a 15-binade span). Checked
+when the cache is written, on the values (E4M3 value == bf16 operand x 2**5, NaN where the operand is not finite;
+one host sync per weight, at weight sync only): a weight that does not fit at engine build keeps the bf16 cache
+(logged by name, `attach_fp8` returns None); one that stops fitting at a later weight sync raises (its FP8
+buffer is read by captured CUDA graphs and cannot become bf16 in place; rounding it silently is not allowed):
+rebuild the engine with `operand_cache: bf16`. A NaN block (b = 255: the bf16 operand is +-Inf, its row factor
+NaN) is stored as E4M3 NaN (0x7F), never as a saturated 448: the row stays NaN.
+
+**Activations** (W4A4, mxfp4 per token; `row_quantize.quantize_dequant_e4m3`, `rmsnorm_quantize
+.add_rms_norm_quantize(e4m3=True)`, `rows_e4m3_reference`): the quantize kernels emit E4M3 instead of bf16 in the
+same launch (the row amax they already take gives the row's largest block exponent `top`, `e8m0_scale_code(row
+amax)`): code x 2**(e - top + 6) (the largest block at 6 x 64 = 384 <= 448) and the float32 row scale
+2**(top - 138) = 2**(top - 133) (the shift) x 2**-5 (the weight's `WEIGHT_SHIFT`), which the epilogue multiplies in
+(its HAS_ROW_SCALE product; mxfp4's bf16 path has none). So E4M3 value x 2**(top - 133) == the bf16 operand for
+every block within 14 binades of its row's largest (e >= top - 14); a block further below (all its values below
+2**-14 x 4 x 2**(top - 127), i.e. < 2**-14 of the row's largest block's smallest top value) rounds to the nearest
+E4M3 (ties to even), possibly to 0: it cannot be checked without a host sync, and such blocks contribute < 2**-15
+relative to the row's largest products. NaN or Inf in a block makes the block NaN in both paths (never a finite
+448). Zero rows: top = 0, row scale 2**-138 (a float32 subnormal), all codes 0.
+
+**GEMM** (`accumulate_fp8`): `torch._scaled_mm(a [M, K] e4m3 row-major, w.t(), scale 1, scale 1,
+out_dtype=float32, use_fast_accum=FAST_ACCUM)`, then `fp4_dequant.factor_matmul`'s epilogue with the layout's row
+factor and the row scale above: y_fp8 = y_bf16 x 2**(138 - top) exactly up to accumulation order, and
+y_fp8 x rf x 2**(top - 138) = y_bf16 x rf (powers of two: exact away from float32 overflow/underflow). Hopper's
+FP8 MMA adds products inside one instruction at reduced precision unless cuBLAS promotes (the reason `FAST_ACCUM`
+is False); benchmarks/fp8cache_h200.sh measures both against a float64 sum.
+
+Paths: `fp4.operand_cache_fp8` (the linear), `fp4.operand_cache_fp8_cast` (bf16 activations that reached an FP8
+cache: converted by `rows_e4m3_reference`'s torch ops; named, never silent). Opt-in: `NativeEngine(operand_cache=
+"fp8")`, `rollout.operand_cache: fp8` (engine/operand_cache.py). Cost: 1 byte per weight element (half the bf16
+cache's 2).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import triton
+import triton.language as tl
+
+from trace_rl.kernels.fp4_dequant import BLOCK_K, BLOCK_N, _operand_bits, _use_triton
+from trace_rl.kernels.fp_bits import e4m3_round
+from trace_rl.kernels.hopper_fp4 import LAYOUT_KEY, operand
+
+log = logging.getLogger(__name__)
+
+KEY = "operand_cache"        # the same layout entry as the bf16 cache: one cache per weight, of either kind
+WEIGHT_SHIFT = 5             # E4M3 weight = bf16 operand x 2**5 (row max code x 2**(254 - 248) = 6 x 64)
+ACT_TOP_BIAS = 133           # E4M3 activation = value x 2**(133 - top): the row's largest block at code x 2**6
+ROW_SCALE_BIAS = ACT_TOP_BIAS + WEIGHT_SHIFT    # activation row scale 2**(top - 138)
+EXACT_SPAN = 14              # blocks within this many binades of their row's largest are exact in E4M3
+FAST_ACCUM = False           # torch._scaled_mm use_fast_accum (the A/B of benchmarks/fp8cache_gemm.py)
+
+_UNIT: dict = {}
+
+
+def unit_scale(device) -> torch.Tensor:
+    """float32 scalar 1 on `device` for `_scaled_mm`'s scales, allocated once outside CUDA-graph capture."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    one = _UNIT.get(dev)
+    if one is None:
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("FP8 operand cache: its unit scale would be allocated inside a CUDA-graph capture; "
+                               "attach the cache (or run the layer once) before capturing")
+        one = _UNIT[dev] = torch.ones((), dtype=torch.float32, device=dev)
+    return one
+
+
+def accumulate_fp8(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """a [M, K] @ w [N, K]^T as float32 [M, N], both float8_e4m3fn (cuBLAS FP8, scales 1)."""
+    if a.dtype != torch.float8_e4m3fn or w.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"accumulate_fp8: takes E4M3 activations and operand, got {a.dtype} and {w.dtype} (an FP8 "
+                         f"operand cache needs the activations as quantize_dequant_e4m3 emits them)")
+    if a.stride(-1) != 1:
+        a = a.contiguous()
+    one = unit_scale(a.device)
+    return torch._scaled_mm(a, w.t(), scale_a=one, scale_b=one, out_dtype=torch.float32, use_fast_accum=FAST_ACCUM)
+
+
+# -- weight side --------------------------------------------------------------------------------------------------
+
+@triton.jit
+def _weight_e4m3_kernel(codes_ptr, scales_ptr, out_ptr, inexact_ptr, N, K, stride_c, stride_s, stride_o,
+                        BN: tl.constexpr, BK: tl.constexpr):
+    """out[BN, BK] = E4M3 bytes of the mxfp4 bf16 operand x 2**WEIGHT_SHIFT (`fp4_dequant._operand_bits`: the
+    bf16 cache's bits), NaN (0x7F) where the operand is not finite; adds the count of finite values that E4M3 does
+    not hold exactly to inexact_ptr (int32)."""
+    bits, r64, row_ok = _operand_bits(codes_ptr, scales_ptr, N, K, stride_c, stride_s, True, BN, BK)
+    v = (bits << 16).to(tl.float32, bitcast=True) * 32.0             # 2**WEIGHT_SHIFT: exact, <= 384 when finite
+    a = tl.abs(v)
+    finite = a < float("inf")                                           # False for NaN too
+    mag, rounded = e4m3_round(tl.where(finite, a, 0.0))
+    code = tl.where(finite, mag | ((bits >> 8) & 0x80), 0x7F)
+    cols = tl.program_id(1) * BK + tl.arange(0, BK)
+    ok = row_ok & (cols < K)[None, :]
+    tl.store(out_ptr + r64 * stride_o + cols[None, :], code.to(tl.uint8), mask=ok)
+    bad = tl.sum(tl.sum((ok & finite & (rounded != a)).to(tl.int32), axis=1), axis=0)
+    tl.atomic_add(inexact_ptr, bad)
+
+
+def weight_e4m3_reference(h) -> tuple[torch.Tensor, int]:
+    """(float8_e4m3fn [N, K] = operand(h) x 2**WEIGHT_SHIFT with NaN where the operand is not finite, the number of
+    finite operand values it does not hold exactly): the torch spec of `_weight_e4m3_kernel` (mxfp4 layouts)."""
+    op = operand(h).float()
+    v = op * 2.0 ** WEIGHT_SHIFT
+    finite = torch.isfinite(v)
+    e4 = torch.where(finite, v, 0.0).to(torch.float8_e4m3fn)
+    e4 = torch.where(finite, e4.float(), float("nan")).to(torch.float8_e4m3fn)
+    inexact = int((finite & (e4.float() != v)).sum())
+    return e4, inexact
+
+
+def write_weight_e4m3(q, h, out: torch.Tensor, inexact: torch.Tensor) -> None:
+    """Write weight `q`'s E4M3 operand (its Hopper layout `h`, mxfp4) into `out` [N, K] float8_e4m3fn in place and
+    add its inexact count to `inexact` (int32 [1]; no host sync here)."""
+    if q.format != "mxfp4" or len(q.shape) != 2:
+        raise ValueError(f"FP8 operand cache: takes a dense mxfp4 weight, got {q.format} {tuple(q.shape)} (nvfp4 "
+                         f"operands need 5 significant bits: keep the bf16 cache)")
+    n, k = h.n, h.k
+    if not _use_triton(out):
+        e4, bad = weight_e4m3_reference(h)
+        out.copy_(e4)
+        inexact.add_(bad)
+        return
+    codes = q.codes.reshape(n, k // 2)
+    grid = (triton.cdiv(n, BLOCK_N), triton.cdiv(k, BLOCK_K))
+    _weight_e4m3_kernel[grid](codes, h.scales, out.view(torch.uint8), inexact, n, k, codes.stride(0),
+                              h.scales.stride(0), out.stride(0), BN=BLOCK_N, BK=BLOCK_K, num_warps=4)
+
+
+class InexactWeight(RuntimeError):
+    """A weight whose mxfp4 operand E4M3 does not hold exactly (its rows' block exponents span > 15 binades)."""
+
+
+class OperandCacheFP8:
+    """float8_e4m3fn [N, K] = operand(layout["hopper_fp4"]) x 2**WEIGHT_SHIFT of one dense mxfp4 weight (module doc),
+    refreshed in place at weight sync; `name` names the weight in errors and logs."""
+
+    fp8 = True
+    stack = None         # never stacked (mxfp4 fuses its shared-input layers: Linear.fuse)
+    lo = 0
+
+    def __init__(self, layout: dict, buf: torch.Tensor, name: str = ""):
+        self.layout, self.buf, self.name = layout, buf, name
+        self.inexact = torch.zeros(1, dtype=torch.int32, device=buf.device)
+
+    @property
+    def nbytes(self) -> int:
+        return self.buf.numel() * self.buf.element_size()
+
+    def write(self, q) -> int:
+        """Write the E4M3 operand of `q` and return how many of its values E4M3 does not hold (one host sync)."""
+        self.inexact.zero_()
+        write_weight_e4m3(q, self.layout[LAYOUT_KEY], self.buf, self.inexact)
+        return int(self.inexact.item())
+
+    def refresh_from(self, q) -> None:
+        bad = self.write(q)
+        if bad:
+            raise InexactWeight(
+                f"FP8 operand cache: weight {self.name or '(unnamed)'}: {bad} operand values do not fit float8_e4m3fn "
+                f"exactly after this weight sync (a row's mxfp4 block exponents span more than {EXACT_SPAN + 1} "
+                f"binades), and the cache is read by captured CUDA graphs, so it cannot switch to bf16 in place; "
+                f"rebuild the engine with rollout.operand_cache: bf16 (or NativeEngine(operand_cache='bf16'))")
+
+
+def attach_fp8(packed, name: str = "") -> OperandCacheFP8 | None:
+    """The FP8 operand cache of a dense mxfp4 `packed` weight, allocated, written and checked on first call; None
+    (logged by name, nothing attached) when the weight's operand does not fit E4M3 exactly: the caller keeps the
+    bf16 cache for it. Idempotent for a weight that already holds one; an existing bf16 cache is replaced."""
+    from trace_rl.kernels.linear import hopper_weight
+
+    oc = packed.layout.get(KEY)
+    if getattr(oc, "fp8", False):
+        return oc
+    if packed.fmt != "mxfp4" or packed.q is None or len(packed.q.shape) != 2:
+        raise ValueError(f"FP8 operand cache: takes a dense mxfp4 weight, got {packed.fmt} "
+                         f"{None if packed.q is None else tuple(packed.q.shape)} (nvfp4 operands need 5 significant "
+                         f"bits: keep the bf16 cache)")
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("FP8 operand cache: would be allocated inside a CUDA-graph capture; attach it before "
+                           "capturing")
+    h = hopper_weight(packed)
+    dev = packed.q.codes.device
+    unit_scale(dev)
+    oc = OperandCacheFP8(packed.layout, torch.empty(h.n, h.k, dtype=torch.float8_e4m3fn, device=dev), name)
+    bad = oc.write(packed.q)
+    if bad:
+        log.warning("FP8 operand cache: weight %s keeps the bf16 cache: %d of its %d operand values do not fit "
+                    "float8_e4m3fn exactly (a row's mxfp4 block exponents span more than %d binades)",
+                    name or "(unnamed)", bad, h.n * h.k, EXACT_SPAN + 1)
+        return None
+    packed.layout[KEY] = oc
+    return oc
+
+
+def is_fp8(packed) -> bool:
+    return getattr(packed.layout.get(KEY), "fp8", False)
+
+
+# -- activation side ----------------------------------------------------------------------------------------------
+
+def rows_e4m3_reference(xq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """mxfp4 W4A4 operand rows xq [M, K] (bf16 code x block scale, `quantize_dequant_bf16`) -> (float8_e4m3fn
+    [M, K], float32 [M] row scale 2**(top - 138)): what the quantize kernels emit with E4M3 on (module doc). top is
+    the row's largest block exponent: its largest |value| is code x 2**(top - 127) with code 4 or 6, so top =
+    floor(log2(max |xq|)) + 125 (0 for rows whose blocks all have exponent 0, or no finite nonzero value). Also the
+    `fp4.operand_cache_fp8_cast` path (bf16 activations that reached an FP8 cache)."""
+    v = xq.double()
+    finite = torch.isfinite(v)
+    amax = torch.where(finite, v.abs(), 0.0).amax(dim=1)
+    top = torch.where(amax > 0, torch.frexp(torch.where(amax > 0, amax, 1.0))[1] - 1 + 125, 0).clamp(0, 254)
+    shifted = torch.ldexp(torch.where(finite, v, 0.0), (ACT_TOP_BIAS - top)[:, None].double())
+    e4 = shifted.float().to(torch.float8_e4m3fn)
+    e4 = torch.where(finite, e4.float(), float("nan")).to(torch.float8_e4m3fn)
+    row_scale = torch.ldexp(torch.ones_like(amax), (top - ROW_SCALE_BIAS).double()).float()
+    return e4, row_scale
+
+
+__all__ = ["ACT_TOP_BIAS", "EXACT_SPAN", "FAST_ACCUM", "InexactWeight", "OperandCacheFP8", "ROW_SCALE_BIAS",
+           "WEIGHT_SHIFT", "accumulate_fp8", "attach_fp8", "is_fp8", "rows_e4m3_reference", "unit_scale",
+           "weight_e4m3_reference", "write_weight_e4m3"]
