@@ -23,6 +23,9 @@
 #    wave (prefill + 8191 steps at the Simpson mean), the attention asked/forced/refused and the paths run. Rows
 #    are written to OUT/fixed/rollout.json as each engine finishes: a run cut short keeps what it measured.
 #    Log -> OUT/fixed.log.
+#    OPCACHE also takes mxfp4 rows and the FP8 operand cache (trace_rl/bench/operand_cache.py, kernels/
+#    operand_cache_fp8.py): OPCACHE=w4a4-kv4=gluon,w4a4-kv4-mx,w4a4-kv4-mx=fp8 adds w4a4-kv4-mx with the bf16 cache
+#    and with the FP8 cache (1 B per weight element: a larger B than the bf16 cache's); two more engines, ~+60-80 s.
 # 2. OUT/summary.json: the bench's rc, per row (plan/attention) tokens/s, vs bf16, vs the plain step (best of
 #    eager/compiled, and the compiled one alone), step/forward ms and the attention path at each context, and
 #    gluon vs kernels (tokens/s, step per context), gluon with vs without the operand cache (tokens/s, B, step per
@@ -60,6 +63,7 @@ try:
                 "attention_forced": r.get("attention_forced"), "attention_refused": r.get("attention_refused"),
                 "attention_used": r.get("attention_used"), "layout": r["layout"], "batch": r["batch"],
                 "operand_cache": r.get("operand_cache", False), "operand_cache_GB": r.get("operand_cache_GB", 0.0),
+                "operand_cache_kind": r.get("operand_cache_kind") or ("bf16" if r.get("operand_cache") else None),
                 "tokens_per_s": tps, "vs_bf16": tps / bf16["tokens_per_s"] if bf16 else None,
                 "vs_plain_step_best": tps / plain["decode_tokens_per_s"] if plain else None,
                 "vs_plain_step_compiled": tps / compiled if compiled else None,
@@ -72,17 +76,27 @@ try:
         if r["plan"] != "bf16" and keep["vs_bf16"]:
             keep["issue16_bar_2x"], keep["issue16_target_2_5x"] = keep["vs_bf16"] >= 2.0, keep["vs_bf16"] >= 2.5
         s["rows"].append(keep)
-    by = {(x["plan"], x["attention_forced"], x["operand_cache"]): x for x in s["rows"]}
+    by = {(x["plan"], x["attention_forced"], x["operand_cache_kind"] or False): x for x in s["rows"]}
     gl, kn = by.get(("w4a4-kv4", "gluon", False)), by.get(("w4a4-kv4", "kernels", False))
     if gl and kn:
         s["w4a4-kv4_gluon_vs_kernels"] = {"tokens_per_s": gl["tokens_per_s"] / kn["tokens_per_s"],
                                           "step": {L: kn["step_ms"][L] / gl["step_ms"][L] for L in gl["step_ms"]}}
-    oc = by.get(("w4a4-kv4", "gluon", True))
+    oc = by.get(("w4a4-kv4", "gluon", "bf16"))
     if gl and oc:   # per step at its own B; tokens/s includes B's shrink (the cache's memory)
         s["w4a4-kv4_gluon_operand_cache_vs_off"] = {
             "tokens_per_s": oc["tokens_per_s"] / gl["tokens_per_s"], "batch": [gl["batch"], oc["batch"]],
             "cache_GB": oc["operand_cache_GB"],
             "step_ms": {L: [gl["step_ms"][L], oc["step_ms"][L]] for L in oc["step_ms"]}}
+    mx = {k: by.get(("w4a4-kv4-mx", None, k)) for k in (False, "bf16", "fp8")}
+    if mx["fp8"]:   # the FP8 operand cache against the bf16 one and none, each at its own B
+        s["w4a4-kv4-mx_operand_cache"] = {
+            str(k or "off"): {"tokens_per_s": r["tokens_per_s"], "vs_bf16": r["vs_bf16"], "batch": r["batch"],
+                              "cache_GB": r["operand_cache_GB"], "step_ms": r["step_ms"]}
+            for k, r in mx.items() if r}
+        if mx["bf16"]:
+            s["w4a4-kv4-mx_fp8_vs_bf16_cache"] = {
+                "tokens_per_s": mx["fp8"]["tokens_per_s"] / mx["bf16"]["tokens_per_s"],
+                "step": {L: mx["bf16"]["step_ms"][L] / mx["fp8"]["step_ms"][L] for L in mx["fp8"]["step_ms"]}}
     s["bench_summary"] = rep.get("summary")
 except Exception as e:   # noqa: BLE001 - a cut or failed run: say why, keep the log's tail
     s["summary_error"] = repr(e)

@@ -32,6 +32,13 @@ Paths (reported in `paths`, never silent):
 - `fp4.operand_stack_silu_mul_quantize`: that gate/up stacked GEMM's FP4 epilogue fused into the SiLU x mul quantize
   (`linear_stacked_silu_mul_quantize`: cuBLAS's float32 accumulator read by the quantize kernel, the epilogue's
   math applied there; the same bits as the two launches, the bf16 gate | up never written).
+- `fp4.operand_cache_fp8`: an mxfp4 weight holding the FP8 operand cache (`kernels.operand_cache_fp8`, opt-in:
+  `NativeEngine(operand_cache="fp8")`), from the same M on, W4A4: the activations' producer (quantize, norm +
+  quantize, SiLU x mul + quantize) stores E4M3 rows and a power-of-two row scale in the same launch, and
+  `torch._scaled_mm` (float32 output) + the same epilogue replace the bf16 cuBLAS GEMM: the same operand values
+  (checked exact at every weight sync; activation blocks > 14 binades below their row's largest round), FP8 tensor
+  cores. `fp4.operand_cache_fp8_cast`: bf16 W4A4 rows reached such a weight (rows > 16384 wide, a stacked epilogue's
+  output): converted to E4M3 by torch ops (`operand_cache_fp8.rows_e4m3_reference`), extra launches.
 """
 
 from __future__ import annotations
@@ -181,7 +188,13 @@ class FP4Backend(Backend):
         if _on_kernels(x):
             from trace_rl.kernels import fp4_linear
 
-            self._record_dense(x.numel() // x.shape[-1] if x.shape[-1] else 0, packed, x.device)
+            rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+            if act_fmt != "bf16" and self._fp8_rows(rows, packed):
+                from trace_rl.kernels.row_quantize import emits_e4m3
+
+                if not emits_e4m3(x.shape[-1]):
+                    self.paths.record("fp4.operand_cache_fp8_cast")
+            self._record_dense(rows, packed, x.device)
             return fp4_linear(x, packed, act_fmt, bias)
         self.paths.record("fp4.emulated")
         return emulated_linear(x, packed, act_fmt, bias)
@@ -190,14 +203,31 @@ class FP4Backend(Backend):
         """The path a dense linear of `rows` rows takes on the kernels (the choice `kernels.linear` makes)."""
         from trace_rl.kernels.fp4_dequant import use_dequant_cublas
         from trace_rl.kernels.linear import small_m_gemm
-        from trace_rl.kernels.operand_cache import use_operand_cache
+        from trace_rl.kernels.operand_cache import use_fp8_operand, use_operand_cache
 
-        if use_operand_cache(rows, packed):
+        if use_fp8_operand(rows, packed):
+            self.paths.record("fp4.operand_cache_fp8")
+        elif use_operand_cache(rows, packed):
             self.paths.record("fp4.operand_cache_cublas")
         elif use_dequant_cublas(rows, packed.out_features, packed.in_features):
             self.paths.record("fp4.dequant_cublas")
         else:
             self.paths.record("fp4.gluon" if small_m_gemm(rows, device, packed) == "gluon" else "fp4.triton")
+
+    def _fp8_rows(self, rows: int, packed) -> bool:
+        """Whether W4A4 rows for `packed` go to its FP8 operand cache (E4M3 stores in the producer)."""
+        from trace_rl.kernels.operand_cache import use_fp8_operand
+
+        return use_fp8_operand(rows, packed)
+
+    def _e4m3(self, x2, silu_mul: bool = False):
+        """`kernels.linear.w4a4_e4m3`, recording the torch conversion where the quantize kernel cannot store E4M3."""
+        from trace_rl.kernels.linear import w4a4_e4m3
+        from trace_rl.kernels.row_quantize import emits_e4m3
+
+        if not emits_e4m3(x2.shape[1] // 2 if silu_mul else x2.shape[1], silu_mul):
+            self.paths.record("fp4.operand_cache_fp8_cast")
+        return w4a4_e4m3(x2, silu_mul)
 
     def quantize_input(self, x, packed, act_fmt):
         """W4A4 `x` quantized per token once for the layers sharing it (`SharedInput`; models.linear.shared_input):
@@ -212,6 +242,9 @@ class FP4Backend(Backend):
             from trace_rl.kernels.row_quantize import quantize_dequant_bf16
 
             x2 = x.reshape(-1, K)
+            if self._fp8_rows(x2.shape[0], packed):
+                xq, row_scale = self._e4m3(x2 if x2.stride(-1) == 1 else x2.contiguous())
+                return SharedInput(act_fmt, x.shape, x.dtype, xq, row_scale, kernels=True)
             # the first layer sharing the input follows at once: a small-M Gluon GEMM may start under the quantize
             pdl = small_m_gemm(x2.shape[0], x2.device, packed) == "gluon"
             xq, row_scale = quantize_dequant_bf16(x2 if x2.stride(-1) == 1 else x2.contiguous(), per_token(act_fmt),
@@ -236,6 +269,11 @@ class FP4Backend(Backend):
         if not swiglu.EXACT_SILU:
             return None
         x2 = gate_up.reshape(-1, K2)
+        if self._fp8_rows(x2.shape[0], packed):
+            xq, row_scale = self._e4m3(x2 if x2.stride(-1) == 1 else x2.contiguous(), silu_mul=True)
+            self.paths.record("fp4.silu_mul_quantize")
+            return SharedInput(act_fmt, torch.Size((*gate_up.shape[:-1], K2 // 2)), gate_up.dtype, xq, row_scale,
+                               kernels=True)
         xq, row_scale = quantize_dequant_bf16(x2 if x2.stride(-1) == 1 else x2.contiguous(), per_token(act_fmt),
                                               silu_mul=True)
         self.paths.record("fp4.silu_mul_quantize")
@@ -254,7 +292,9 @@ class FP4Backend(Backend):
         fmt = per_token(act_fmt)
         if not fuses(x.shape[-1], fmt):
             return None
-        h, r, xq, row_scale = add_rms_norm_quantize(x, residual, norm_weight, eps, fmt, store_h=keep_h)
+        rows = x.numel() // x.shape[-1]
+        h, r, xq, row_scale = add_rms_norm_quantize(x, residual, norm_weight, eps, fmt, store_h=keep_h,
+                                                    e4m3=self._fp8_rows(rows, packed))
         self.paths.record("fp4.norm_quantize")
         return h, r, SharedInput(act_fmt, x.shape, x.dtype, xq, row_scale, kernels=True)
 
@@ -262,9 +302,16 @@ class FP4Backend(Backend):
         _check_act(xq.act_fmt, packed)
         if xq.kernels:
             from trace_rl.kernels import fp4_linear_prequantized
+            from trace_rl.kernels.operand_cache import use_fp8_operand
 
-            self._record_dense(xq.x.shape[0], packed, xq.x.device)
-            y = fp4_linear_prequantized(xq.x, xq.row_scale, packed, bias, xq.dtype)
+            x, row_scale = xq.x, xq.row_scale
+            if x.dtype == torch.bfloat16 and use_fp8_operand(x.shape[0], packed):   # a producer that stores bf16
+                from trace_rl.kernels.operand_cache_fp8 import rows_e4m3_reference
+
+                self.paths.record("fp4.operand_cache_fp8_cast")
+                x, row_scale = rows_e4m3_reference(x)
+            self._record_dense(x.shape[0], packed, x.device)
+            y = fp4_linear_prequantized(x, row_scale, packed, bias, xq.dtype)
             return y.reshape(*xq.shape[:-1], packed.out_features)
         self.paths.record("fp4.emulated")
         y = xq.x @ packed.dequantized().to(xq.x.dtype).T          # emulated_linear after its quantization
@@ -276,8 +323,8 @@ class FP4Backend(Backend):
         """One GEMM for the parts (the base class's doc) when they are one stacked operand cache, in order, with
         no bias, and the rows reach the cache's threshold: [..., sum N] with the parts' outputs side by side, each
         part's columns as `linear_quantized` computes them up to float32 accumulation order. None otherwise."""
-        if not xq.kernels or any(b is not None for b in biases or ()):
-            return None
+        if not xq.kernels or any(b is not None for b in biases or ()) or xq.x.dtype != torch.bfloat16:
+            return None         # E4M3 rows: FP8 caches, never stacked
         from trace_rl.kernels.operand_cache import stacked, stacked_matmul, use_operand_cache
 
         st = stacked(packeds)
@@ -295,7 +342,8 @@ class FP4Backend(Backend):
         epilogue, SiLU x mul and `down`'s W4A4 quantize (`kernels.operand_cache.stacked_silu_mul_quantize`, the bits
         of `linear_stacked` then `quantize_silu_mul_input`). None otherwise, before any work."""
         _check_act(act_fmt, down)
-        if not xq.kernels or act_fmt == "bf16" or xq.dtype != torch.bfloat16 or len(packeds) != 2:
+        if (not xq.kernels or act_fmt == "bf16" or xq.dtype != torch.bfloat16 or len(packeds) != 2
+                or xq.x.dtype != torch.bfloat16):
             return None
         from trace_rl.kernels import swiglu
         from trace_rl.kernels.epilogue_silu_quantize import fuses
@@ -315,7 +363,8 @@ class FP4Backend(Backend):
 
 class SharedInput(NamedTuple):
     """`FP4Backend.quantize_input`'s handle: `x` the quantized input (kernels: bf16 [rows, K] code x block scale,
-    `row_scale` float32 [rows] or None for mxfp4; emulated: the float32/64 quantize-dequantize in x's shape),
+    `row_scale` float32 [rows] or None for mxfp4; for a consumer reading its FP8 operand cache, float8_e4m3fn rows
+    and their float32 row scale; emulated: the float32/64 quantize-dequantize in x's shape),
     `shape` / `dtype` those of the input (the output's leading dims and dtype)."""
 
     act_fmt: str

@@ -91,6 +91,7 @@ def used_paths(engine, step_paths=()) -> list[str]:
 
 def label(row: dict) -> str:
     """'plan' or 'plan/choice' for a row forced to a choice (the summary's and the log's key); '+oc' for a row run
-    with the operand cache (`--operand-cache`)."""
+    with the operand cache (`--operand-cache`), '+oc8' with the FP8 operand cache."""
     forced = row.get("attention_forced")
-    return (f"{row['plan']}/{forced}" if forced else row["plan"]) + ("+oc" if row.get("operand_cache") else "")
+    kind = "+oc8" if row.get("operand_cache_kind") == "fp8" else "+oc" if row.get("operand_cache") else ""
+    return (f"{row['plan']}/{forced}" if forced else row["plan"]) + kind

@@ -1,11 +1,14 @@
 """`--operand-cache`: which fixed-workload runs are repeated with the engine's persistent operand cache.
 
-Spec: comma-separated entries, each `PLAN` (every attention choice of the plan runs once more with the cache) or
-`PLAN=CHOICE` (only that `--engine-attention` choice). `--plans bf16,w4a4-kv4 --engine-attention w4a4-kv4=gluon
---operand-cache w4a4-kv4` measures bf16, then w4a4-kv4 on Gluon without and with the cache, in one run. The cache
-(`engine/operand_cache.py`) is allocated before the batch is fitted to free memory, so the row's B is what fits beside
-it; each row records `operand_cache`, `operand_cache_GB` and `batch`. Only FP4-weight plans take it (an error naming
-the flag otherwise).
+Spec: comma-separated entries, each `PLAN` (every attention choice of the plan runs once more with the bf16 cache),
+`PLAN=CHOICE` (only that `--engine-attention` choice), `PLAN=KIND` or `PLAN=CHOICE:KIND` with KIND `bf16` (the
+same as none) or `fp8` (the FP8 operand cache of mxfp4 W4A4 plans, kernels/operand_cache_fp8.py). `--plans
+bf16,w4a4-kv4 --engine-attention w4a4-kv4=gluon --operand-cache w4a4-kv4` measures bf16, then w4a4-kv4 on Gluon
+without and with the cache, in one run; `--operand-cache w4a4-kv4-mx,w4a4-kv4-mx=fp8` runs w4a4-kv4-mx without, with
+the bf16 and with the FP8 cache. The cache (`engine/operand_cache.py`) is allocated before the batch is fitted to
+free memory, so the row's B is what fits beside it (the FP8 cache's 1 byte per weight element, not 2); each row
+records `operand_cache`, `operand_cache_kind`, `operand_cache_GB` and `batch`. Only FP4-weight plans take it (an
+error naming the flag otherwise; fp8 only mxfp4 W4A4 plans).
 """
 
 from __future__ import annotations
@@ -13,37 +16,57 @@ from __future__ import annotations
 FLAG = "--operand-cache"
 
 
-def parse(spec: str, plans: tuple[str, ...], choices_of=None) -> dict[str, list[str] | None]:
-    """{plan: the attention choices that also run with the cache, None for all}; ValueError naming the flag.
-    `choices_of(plan)`: the plan's --engine-attention choices; a `PLAN=CHOICE` naming another would add no row."""
+KINDS = ("bf16", "fp8")
+
+
+def parse(spec: str, plans: tuple[str, ...], choices_of=None) -> dict[str, dict[str, list[str] | None]]:
+    """{plan: {kind: the attention choices that also run with that cache kind, None for all}}; ValueError naming
+    the flag. `choices_of(plan)`: the plan's --engine-attention choices; a CHOICE naming another would add no row."""
+    from trace_rl.engine.operand_cache import fp8_why_not
     from trace_rl.plan import PrecisionPlan, format_family
 
-    out: dict[str, list[str] | None] = {}
+    out: dict[str, dict[str, list[str] | None]] = {}
     for entry in filter(None, (e.strip() for e in spec.split(","))):
-        plan, sep, choice = entry.partition("=")
+        plan, sep, rest = entry.partition("=")
+        choice, _, kind = rest.partition(":")
+        if not kind and choice in KINDS:
+            choice, kind = "", choice
+        kind = kind or "bf16"
         if plan not in plans:
             raise ValueError(f"{FLAG}: plan {plan!r} (in {entry!r}) is not one of the fixed workload's --plans "
                              f"({', '.join(plans)})")
+        if kind not in KINDS:
+            raise ValueError(f"{FLAG}: {entry!r}: cache kind {kind!r}; choose one of {', '.join(KINDS)}")
         try:
-            weights = PrecisionPlan.preset(plan).rollout_weights
+            pp = PrecisionPlan.preset(plan)
         except (KeyError, ValueError) as err:
             raise ValueError(f"{FLAG}: {plan!r}: {err}") from None
-        if format_family(weights) != "fp4":
-            raise ValueError(f"{FLAG}: plan {plan!r} has {weights!r} weights; the operand cache holds the bf16 "
+        if format_family(pp.rollout_weights) != "fp4":
+            raise ValueError(f"{FLAG}: plan {plan!r} has {pp.rollout_weights!r} weights; the operand cache holds the "
                              f"operand of FP4 weights (name an nvfp4/mxfp4 plan, e.g. w4a4-kv4)")
-        if sep and choices_of is not None and choice not in choices_of(plan):
+        if kind == "fp8" and fp8_why_not(pp):
+            raise ValueError(f"{FLAG}: {entry!r}: {fp8_why_not(pp)}")
+        if choice and choices_of is not None and choice not in choices_of(plan):
             raise ValueError(f"{FLAG}: {entry!r}: {plan} runs with attention {', '.join(choices_of(plan))} "
                              f"(--engine-attention), so {choice!r} would add no row; name one of those")
-        if not sep:
-            out[plan] = None
-        elif out.get(plan, []) is not None:
-            out.setdefault(plan, []).append(choice)
+        kinds = out.setdefault(plan, {})
+        if not choice:
+            kinds[kind] = None
+        elif kinds.get(kind, []) is not None:
+            kinds.setdefault(kind, []).append(choice)
     return out
 
 
-def runs_for(parsed: dict[str, list[str] | None], plan: str, choice: str) -> list[bool]:
-    """The operand-cache settings the fixed workload runs `plan` with `choice` at: [False] or [False, True]."""
-    if plan not in parsed:
-        return [False]
-    choices = parsed[plan]
-    return [False, True] if choices is None or choice in choices else [False]
+def runs_for(parsed: dict[str, dict[str, list[str] | None]], plan: str, choice: str) -> list[bool | str]:
+    """The operand-cache settings the fixed workload runs `plan` with `choice` at: False, then True (the bf16
+    cache) and/or "fp8" where the spec names them (`NativeEngine(operand_cache=...)` takes each)."""
+    out: list[bool | str] = [False]
+    for kind, choices in parsed.get(plan, {}).items():
+        if choices is None or choice in choices:
+            out.append(True if kind == "bf16" else kind)
+    return out
+
+
+def label(setting: bool | str) -> str:
+    """The run's log suffix: '', ' operand_cache' (bf16) or ' operand_cache=fp8'."""
+    return "" if not setting else " operand_cache" if setting is True else f" operand_cache={setting}"

@@ -85,7 +85,8 @@ def add_rollout_bench_args(parser: argparse.ArgumentParser) -> argparse.Argument
     a("--operand-cache", default="",
       help="fixed workload: PLAN (each of its attention choices) and/or PLAN=CHOICE entries, comma-separated, that run "
            "once more with the engine's persistent operand cache (FP4 plans; +2 bytes per weight element, allocated "
-           "before B is fitted; rows record operand_cache, operand_cache_GB, batch)")
+           "before B is fitted; rows record operand_cache, operand_cache_kind, operand_cache_GB, batch); PLAN=fp8 or "
+           "PLAN=CHOICE:fp8: the FP8 operand cache instead (mxfp4 W4A4 plans, 1 byte per element)")
     a("--step-plans", default="w4a4-kv4,bf16", help="plans of the steps part")
     a("--step-attention", default="kernels,gluon,auto",
       help="decode-attention choices of the steps part, each forced per plan (auto: the engine's timed choice); one "
@@ -184,7 +185,7 @@ def run_rollout_bench(args) -> dict:
                 for plan in filter(None, args.plans.split(",")):
                     for choice in engine_attention.choices_for(attention, plan):
                         for cached in operand_cache.runs_for(oc, plan, choice):
-                            attempt(f"fixed {name} {plan} R={r} attention={choice}" + " operand_cache" * cached,
+                            attempt(f"fixed {name} {plan} R={r} attention={choice}" + operand_cache.label(cached),
                                     lambda n=name, p=plan, r=r, c=choice, o=cached: fixed_workload(
                                         args, n, p, r, device, bw, log, c, o), "results")
         if "profile" in parts:
@@ -262,6 +263,7 @@ def summary(report: dict) -> list[dict]:
                               if plain else None,
                               "tokens_per_s": other["tokens_per_s"], **{k: other.get(k) for k in attention},
                               "batch": other.get("batch"), "operand_cache": other.get("operand_cache", False),
+                              "operand_cache_kind": other.get("operand_cache_kind"),
                               "operand_cache_GB": other.get("operand_cache_GB", 0.0),
                               "bf16_attention_used": bf16.get("attention_used")})
     bf16 = next((x for x in report["realistic"] if x["plan"] == "bf16"), None)

@@ -78,16 +78,17 @@ def kv_budget(args, model, device, layers_scale: float = 1.0) -> tuple[float, fl
 
 
 def fixed_workload(args, name: str, plan_name: str, response: int, device, bw, log,
-                   attention: str = "auto", operand_cache: bool = False) -> dict:
+                   attention: str = "auto", operand_cache: bool | str = False) -> dict:
     """`attention`: the engine's decode attention where its cache can take it, else auto (`engine_attention`).
-    `operand_cache`: the engine's persistent operand cache (`--operand-cache`), attached before B is fitted to the
-    free memory, so B is what fits beside it."""
+    `operand_cache`: the engine's persistent operand cache (`--operand-cache`: True / 'bf16', or 'fp8'), attached
+    before B is fitted to the free memory, so B is what fits beside it (its real bytes: 1 per element for FP8)."""
     from trace_rl.bench.decode_grid import prime_decode, time_step
     from trace_rl.bench.engine_attention import label, resolve, used_paths
     from trace_rl.bench.measure import build_rollout_model, free
     from trace_rl.bench.steps import attention_times
     from trace_rl.engine.base import SamplingParams
     from trace_rl.engine.native import NativeEngine
+    from trace_rl.engine.operand_cache import kind_of
     from trace_rl.plan import PrecisionPlan
 
     free()
@@ -104,7 +105,7 @@ def fixed_workload(args, name: str, plan_name: str, response: int, device, bw, l
     if operand_cache:     # before fit_batch: the caches' memory is not the KV pool's
         from trace_rl.engine.operand_cache import attach_model
 
-        oc_bytes = attach_model(model, plan, device)
+        oc_bytes = attach_model(model, plan, device, operand_cache)
     batch, fit = fit_batch(args, model, plan, capacity, device)
     engine_attention, attention_fields = resolve(attention, plan, model.config, block, layout, device, dtype, log,
                                                  f"fixed {name} {plan_name} R={r}")
@@ -168,7 +169,8 @@ def fixed_workload(args, name: str, plan_name: str, response: int, device, bw, l
     result = {
         "model": name, "plan": plan_name, "plan_label": plan.label, "layout": layout, "response_len": r,
         "prompt_len": p, "batch": batch, "waves": math.ceil(args.prompts * args.group / batch), **fit,
-        "weight_GB": wbytes / 1e9, "operand_cache": operand_cache, "operand_cache_GB": oc_bytes / 1e9,
+        "weight_GB": wbytes / 1e9, "operand_cache": bool(operand_cache),
+        "operand_cache_kind": kind_of(operand_cache) or None, "operand_cache_GB": oc_bytes / 1e9,
         "kv_bytes_per_token": per_token, "steps": steps,
         "forward_ms_mean": fwd_mean, "step_ms_mean": step_mean, "decode_tokens_per_s": batch / (step_mean * 1e-3),
         "prefill_s": prefill_s, "wave_s": wave_s, "tokens_per_s": batch * r / wave_s,

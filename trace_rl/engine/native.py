@@ -21,9 +21,10 @@
   `report()` says which. `attention="gluon"` forces the Gluon kernel over an nvfp4 or mxfp4 cache (sm_90, Triton 3.6;
   `trace_rl.kv.gluon`: an error naming why where it cannot run); "auto" times it beside the kernel where it can
   run (`GLUON_IN_AUTO`) and leaves it out, silently, where it cannot.
-- `operand_cache=True` (opt-in): every dense FP4 linear keeps its bf16 operand, refreshed in place at weight sync,
-  and decode steps of >= `DEQUANT_CUBLAS_MIN_M` rows run cuBLAS on it (`engine/operand_cache.py`); 2 bytes per
-  weight element, allocated here before the KV cache (`report()["operand_cache_bytes"]`).
+- `operand_cache=True` / `"bf16"` (opt-in): every dense FP4 linear keeps its bf16 operand, refreshed in place at weight
+  sync, and decode steps of >= `DEQUANT_CUBLAS_MIN_M` rows run cuBLAS on it (`engine/operand_cache.py`); 2 bytes per
+  weight element, allocated here before the KV cache (`report()["operand_cache_bytes"]`). `"fp8"` (mxfp4 W4A4
+  plans): the operand as E4M3 (1 byte per element) and FP8 cuBLAS GEMMs (`kernels/operand_cache_fp8.py`).
 - Seeds: noise is a hash of (seed, step, row), so a seed reproduces the samples for the same engine
   configuration (max_batch, layout and pool size decide which row and step a sample draws at).
 """
@@ -80,7 +81,7 @@ class NativeEngine(RolloutEngine):
                  cuda_graphs: bool | None = None, attention: str = "auto", prefill_tokens: int = 16384,
                  stop_check_interval: int = 8, policy_version: int = 0, graph_buckets: list[int] | None = None,
                  record_guidance: bool | None = None, kv_layout: str = "pool", num_pages: int | None = None,
-                 share_prefix: bool = True, record_routing: bool | None = None, operand_cache: bool = False):
+                 share_prefix: bool = True, record_routing: bool | None = None, operand_cache: bool | str = False):
         self.plan = plan or PrecisionPlan()
         src_device = next(model.buffers()).device
         self.device = torch.device(device) if device is not None else src_device
@@ -92,11 +93,13 @@ class NativeEngine(RolloutEngine):
             dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else next(model.parameters()).dtype)
             self.model = rollout_copy(model, self.plan, self.device, dtype)
         self.model.eval()
-        self.operand_cache = bool(operand_cache)
+        from trace_rl.engine.operand_cache import kind_of
+
+        self.operand_cache = kind_of(operand_cache) or False     # False, "bf16" or "fp8"
         if self.operand_cache:     # before the KV cache: the caches' memory is taken first
             from trace_rl.engine.operand_cache import attach_model
 
-            attach_model(self.model, self.plan, self.device)
+            attach_model(self.model, self.plan, self.device, self.operand_cache)
         self.dtype = self.model.model.embed_tokens.weight.dtype
         c = self.model.config
         if kv_layout not in KV_LAYOUTS:
@@ -188,7 +191,8 @@ class NativeEngine(RolloutEngine):
                 "graph_capture_s": self.graphs.capture_s if self.graphs else 0.0, "buckets": self.buckets,
                 "max_batch": self.max_batch, "kv_layout": self.kv_layout, "page_size": self.block_size,
                 "num_pages": self.pool.num_pages, "kv_cache_bytes": self.cache.nbytes,
-                "operand_cache": self.operand_cache, "operand_cache_bytes": self._operand_cache_bytes(),
+                "operand_cache": bool(self.operand_cache), "operand_cache_kind": self.operand_cache or None,
+                "operand_cache_kinds": self._operand_cache_kinds(), "operand_cache_bytes": self._operand_cache_bytes(),
                 "fused": {"norm": self.model.model.norm.fused and self.device.type == "cuda",
                           "silu_mul": any(getattr(layer.mlp, "fused", False) for layer in self.model.model.layers)
                           and self.device.type == "cuda",
@@ -196,6 +200,11 @@ class NativeEngine(RolloutEngine):
                 "guidance_bytes_per_token": self.recorder.bytes_per_token if self.recorder else 0,
                 "routing_bytes_per_token": self.routing.bytes_per_token if self.routing else 0,
                 "guidance": dict(self.recorder.stats) if self.recorder else {}, **self.stats}
+
+    def _operand_cache_kinds(self) -> dict[str, int]:
+        from trace_rl.engine.operand_cache import kinds
+
+        return kinds(self.model) if self.operand_cache else {}
 
     def _operand_cache_bytes(self) -> int:
         from trace_rl.engine.operand_cache import model_bytes

@@ -7,7 +7,8 @@ CUDA graph that captured the GEMM stays valid.
 From `fp4_dequant.DEQUANT_CUBLAS_MIN_M` rows on (weights up to `DEQUANT_CUBLAS_MAX_WEIGHT` elements), both linears
 dequantize the weight to a bf16 scratch and call cuBLAS instead (fp4_dequant.py: same math up to float32
 accumulation order; `use_dequant_cublas(M, N, K)` says which). A weight with a persistent operand cache
-(operand_cache.py, opt-in) takes cuBLAS on that cache instead from the same M on, whatever its size (same bits).
+(operand_cache.py, opt-in) takes cuBLAS on that cache instead from the same M on, whatever its size (same bits); an
+mxfp4 weight with the FP8 cache (operand_cache_fp8.py) takes W4A4 activations as E4M3 there (`w4a4_e4m3`).
 
 At M <= 16 on an sm_90 GPU with Triton 3.6 both take the Gluon GEMM (fp4_gemm_gluon.SMALL_M, programmatic dependent
 launch; the rule: gemm_dispatch.py, `GLUON_SMALL_M` turns it off), elsewhere the Triton `fp4_matmul`. W4A4 there: the
@@ -27,8 +28,8 @@ from trace_rl.kernels.fp4_dequant import dequant_matmul, use_dequant_cublas
 from trace_rl.kernels.fp4_gemm import GemmConfig, fp4_matmul
 from trace_rl.kernels.gemm_dispatch import dense_path
 from trace_rl.kernels.hopper_fp4 import LAYOUT_KEY, HopperFP4, padded_shape, to_hopper
-from trace_rl.kernels.operand_cache import operand_cache_matmul, use_operand_cache
-from trace_rl.kernels.row_quantize import quantize_dequant_bf16
+from trace_rl.kernels.operand_cache import operand_cache_matmul, use_fp8_operand, use_operand_cache
+from trace_rl.kernels.row_quantize import emits_e4m3, quantize_dequant_bf16, quantize_dequant_e4m3
 
 
 def derive_layout(q, out: HopperFP4 | None = None) -> HopperFP4:
@@ -69,6 +70,24 @@ def small_m_gemm(rows: int, device, packed, config=None) -> str:
                       config is not None)
 
 
+def fp4_dequant_min_m() -> int:
+    from trace_rl.kernels import fp4_dequant
+
+    return fp4_dequant.DEQUANT_CUBLAS_MIN_M
+
+
+def w4a4_e4m3(x2: torch.Tensor, silu_mul: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """mxfp4 W4A4 rows as the FP8 operand cache takes them: (float8_e4m3fn [rows, K], float32 [rows] row scale) from
+    the quantize kernel's E4M3 stores (`quantize_dequant_e4m3`), or for rows it does not take (> 16384 wide) its bf16
+    operand converted by `operand_cache_fp8.rows_e4m3_reference` (the backend records fp4.operand_cache_fp8_cast)."""
+    K = x2.shape[1] // 2 if silu_mul else x2.shape[1]
+    if emits_e4m3(K, silu_mul):
+        return quantize_dequant_e4m3(x2, silu_mul)
+    from trace_rl.kernels.operand_cache_fp8 import rows_e4m3_reference
+
+    return rows_e4m3_reference(quantize_dequant_bf16(x2, "mxfp4", silu_mul)[0])
+
+
 def _dense_matmul(x2, packed, row_scale, bias, out_dtype, config, path: str | None = None):
     """The FP4 GEMM, or at large M (and no explicit config) cuBLAS on the operand cache or dequantize + cuBLAS. At
     M <= 16 on sm_90 (`small_m_gemm`, `path` if the caller already asked) the Gluon GEMM, launched as a
@@ -76,6 +95,10 @@ def _dense_matmul(x2, packed, row_scale, bias, out_dtype, config, path: str | No
     scales, and writes, only after that kernel completes)."""
     if config is None and use_operand_cache(x2.shape[0], packed):
         return operand_cache_matmul(x2, packed, row_scale, bias, out_dtype)
+    if x2.dtype == torch.float8_e4m3fn:
+        raise ValueError(f"fp4_linear: E4M3 activations are for a weight's FP8 operand cache at >= "
+                         f"{fp4_dequant_min_m()} rows (config None); this call has {x2.shape[0]} rows, "
+                         f"{'a config' if config is not None else 'no FP8 cache'}")
     if config is None and use_dequant_cublas(x2.shape[0], packed.out_features, packed.in_features):
         return dequant_matmul(x2, packed.q, hopper_weight(packed), row_scale, bias, out_dtype)
     if (path or small_m_gemm(x2.shape[0], x2.device, packed, config)) == "gluon":
@@ -112,6 +135,12 @@ def fp4_linear(x: torch.Tensor, packed, act_fmt: str = "bf16", bias: torch.Tenso
         return x.new_empty(*lead, packed.out_features)
     row_scale = None
     path = small_m_gemm(x2.shape[0], x2.device, packed, config)
+    if config is None and use_fp8_operand(x2.shape[0], packed):
+        if act_fmt == "bf16":
+            raise ValueError("fp4_linear: an FP8 operand cache multiplies W4A4 mxfp4 activations (E4M3 exactly); "
+                             "W4A16 bf16 activations are not E4M3 values: use the bf16 operand cache for W4A16 plans")
+        xb, row_scale = w4a4_e4m3(x2 if x2.stride(-1) == 1 else x2.contiguous())
+        return _dense_matmul(xb, packed, row_scale, bias, x.dtype, config, path).reshape(*lead, packed.out_features)
     if act_fmt == "bf16":
         xb = x2.to(torch.bfloat16)
         xb = xb if xb.stride(-1) == 1 else xb.contiguous()
@@ -127,13 +156,22 @@ def fp4_linear_prequantized(xq: torch.Tensor, row_scale: torch.Tensor | None, pa
                             config: GemmConfig | None = None) -> torch.Tensor:
     """W4A4 with activations already quantized by a fused producer (RMSNorm, SiLU x mul epilogues):
     `xq` [..., K] bf16 holds code value x block scale of `per_token(packed.fmt)` (exact in bf16), `row_scale`
-    [...] float32 the nvfp4:row global scale per token (None for mxfp4). Same result as
-    `fp4_linear(x, packed, packed.fmt)` on the x those came from; no quantization launch."""
+    [...] float32 the nvfp4:row global scale per token (None for mxfp4); or, for a weight reading its FP8 operand
+    cache at this M, `w4a4_e4m3`'s E4M3 rows and row scale. Same result as `fp4_linear(x, packed, packed.fmt)` on
+    the x those came from (up to float32 accumulation order for E4M3); no quantization launch."""
     K = xq.shape[-1]
     _check(packed, packed.fmt, K)
-    if xq.dtype != torch.bfloat16:
-        raise ValueError(f"fp4_linear_prequantized: xq must be bfloat16 (code x block scale), got {xq.dtype}")
-    if (row_scale is None) != (packed.fmt == "mxfp4"):
+    e4m3 = xq.dtype == torch.float8_e4m3fn
+    if xq.dtype != torch.bfloat16 and not e4m3:
+        raise ValueError(f"fp4_linear_prequantized: xq must be bfloat16 (code x block scale) or float8_e4m3fn (the "
+                         f"FP8 operand cache's rows), got {xq.dtype}")
+    if e4m3 != (config is None and use_fp8_operand(xq.numel() // K if K else 0, packed)):
+        raise ValueError(f"fp4_linear_prequantized: {xq.dtype} activations for a weight that "
+                         f"{'does not read' if e4m3 else 'reads'} its FP8 operand cache at these rows; quantize with "
+                         f"{'quantize_dequant_bf16' if e4m3 else 'w4a4_e4m3'}")
+    if e4m3 and row_scale is None:
+        raise ValueError("fp4_linear_prequantized: E4M3 activations need their row scale (w4a4_e4m3)")
+    if (row_scale is None) != (packed.fmt == "mxfp4") and not e4m3:
         raise ValueError(f"fp4_linear_prequantized: {packed.fmt} activations "
                          f"{'have no' if packed.fmt == 'mxfp4' else 'need a'} per-token global scale")
     lead = xq.shape[:-1]

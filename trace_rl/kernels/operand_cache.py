@@ -107,6 +107,9 @@ def attach_stacked(packeds: list) -> OperandStack:
                          f"{[(p.fmt, p.out_features, p.in_features) for p in packeds]}")
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         raise RuntimeError("operand cache: would be allocated inside a CUDA-graph capture; attach it before capturing")
+    if any(getattr(p.layout.get(KEY), "fp8", False) for p in packeds):
+        raise ValueError("operand cache: a stack holds bf16 operands; these weights hold FP8 operand caches "
+                         "(operand_cache_fp8.py), which are never stacked")
     other = [p.layout[KEY] for p in packeds if getattr(p.layout.get(KEY), "stack", None) is not None]
     if other:   # taking its rows would leave that stack's other parts running per part, its buffer still held
         raise ValueError(f"operand cache: {len(other)} of these weights already sit in another stack (of "
@@ -150,9 +153,21 @@ def use_operand_cache(m: int, packed) -> bool:
     return KEY in packed.layout and m >= fp4_dequant.DEQUANT_CUBLAS_MIN_M
 
 
+def use_fp8_operand(m: int, packed) -> bool:
+    """Whether that cache is the FP8 one (operand_cache_fp8.py): the linear then takes E4M3 activations."""
+    return use_operand_cache(m, packed) and getattr(packed.layout[KEY], "fp8", False)
+
+
 def operand_cache_matmul(x2: torch.Tensor, packed, row_scale=None, bias=None, out_dtype=torch.bfloat16):
-    """`fp4_dequant.dequant_matmul` without the dequantization: cuBLAS on the cached operand + the FP4 epilogue."""
+    """`fp4_dequant.dequant_matmul` without the dequantization: cuBLAS on the cached operand + the FP4 epilogue.
+    An FP8 cache (operand_cache_fp8.py) takes x2 as float8_e4m3fn with its row scale (`quantize_dequant_e4m3`)."""
     oc = packed.layout[KEY]
+    fp8 = getattr(oc, "fp8", False)
+    if fp8 != (x2.dtype == torch.float8_e4m3fn) or (fp8 and row_scale is None):
+        raise ValueError(f"operand cache: {'an FP8' if fp8 else 'a bf16'} cache got {x2.dtype} activations"
+                         f"{' without their row scale' if fp8 and x2.dtype == torch.float8_e4m3fn else ''}; the FP8 "
+                         f"cache takes the E4M3 rows and row scale of row_quantize.quantize_dequant_e4m3, the bf16 one "
+                         f"bf16 rows")
     return fp4_dequant.operand_matmul(x2, oc.buf, oc.layout[LAYOUT_KEY], row_scale, bias, out_dtype)
 
 
@@ -174,4 +189,4 @@ def stacked_silu_mul_quantize(x2: torch.Tensor, st: OperandStack, row_scale, fmt
 
 
 __all__ = ["KEY", "OperandCache", "OperandStack", "attach", "attach_stacked", "cached", "operand_cache_matmul",
-           "stacked", "stacked_matmul", "stacked_silu_mul_quantize", "use_operand_cache"]
+           "stacked", "stacked_matmul", "stacked_silu_mul_quantize", "use_fp8_operand", "use_operand_cache"]

@@ -123,7 +123,7 @@ def check_operand_cache(cfg: PipelineConfig, device: torch.device) -> None:
         return
     from trace_rl.engine.operand_cache import why_not
 
-    why = why_not(cfg.precision, device)
+    why = why_not(cfg.precision, device, "fp8" if cfg.rollout.operand_cache == "fp8" else "bf16")
     if why:
         raise ConfigError(f"rollout.operand_cache: {why}", ("rollout.operand_cache",))
 

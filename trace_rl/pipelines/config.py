@@ -73,11 +73,14 @@ class RolloutSection(TraceConfig):
                             "fallback), 'reference' (torch gather + dequantize: slow). "
                             "The bf16 torch paths need slot-contiguous pages, which the run's page pool is not. "
                             "The bf16 evaluation engine (loop.eval_reference) keeps 'auto'.")
-    operand_cache: bool = Field(
+    operand_cache: bool | Literal["bf16", "fp8"] = Field(
         False, description="Native engine, FP4 weights, a CUDA GPU: keep each dense FP4 linear's bf16 operand "
                            "(refreshed at every weight sync) so decode steps of >= 128 rows run cuBLAS on it without "
                            "dequantizing; costs 2 bytes per weight element (Qwen3-8B: ~14 GB) on top of the FP4 "
-                           "weights. Same results as without it.")
+                           "weights. Same results as without it. true = 'bf16'. 'fp8' (mxfp4 W4A4 plans, e.g. "
+                           "w4a4-kv4-mx): the operand as float8_e4m3fn (exact: mxfp4 values are E2M1 codes x powers "
+                           "of two; 1 byte per element) and FP8 tensor-core GEMMs on E4M3 activations; same values, "
+                           "only the float32 accumulation differs (docs/kernels.md, FP8 operand cache).")
 
 
 class ReferenceSection(TraceConfig):
@@ -269,6 +272,13 @@ class PipelineConfig(TraceConfig):
                 raise ValueError(f"rollout.operand_cache holds the bf16 operand of FP4 weights; "
                                  f"precision.rollout_weights is {self.precision.rollout_weights!r}: use an nvfp4/mxfp4 "
                                  f"plan (e.g. --preset w4a4-kv4) or set rollout.operand_cache=false")
+            mx = (self.precision.rollout_weights, self.precision.rollout_activations) == ("mxfp4", "mxfp4")
+            if self.rollout.operand_cache == "fp8" and not mx:
+                raise ValueError(f"rollout.operand_cache='fp8' holds mxfp4 operands exactly in E4M3 and multiplies W4A4 "
+                                 f"mxfp4 activations; precision has {self.precision.rollout_weights!r} weights and "
+                                 f"{self.precision.rollout_activations!r} activations (nvfp4 values need 5 significant "
+                                 f"bits, bf16 activations are not E4M3 values): use an mxfp4 W4A4 plan (e.g. --preset w4a4-kv4-mx) or "
+                                 f"rollout.operand_cache='bf16'")
         if self.loop.eval_reference and self.distributed.enabled:
             raise ValueError("loop.eval_reference: the bf16 reference evaluation needs the trainer's full weights "
                              "in this process, which a distributed run shards; set loop.eval_reference=false or "
