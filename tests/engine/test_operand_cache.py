@@ -100,3 +100,39 @@ def test_layout_key_is_the_kernels():
     """engine/operand_cache.py names the packed layout's entry without importing Triton; it must be the kernel's."""
     kernel = pytest.importorskip("trace_rl.kernels.operand_cache")
     assert engine_oc.KEY == kernel.KEY
+
+
+def test_fp8_kind_refused_off_mxfp4_w4a4():
+    model, _ = tiny_model("tiny", seed=0)
+    for preset in ("w4a4-kv4", "w4a16-mx"):
+        with pytest.raises(ValueError, match="operand_cache: the FP8 operand cache holds mxfp4 operands exactly"):
+            NativeEngine(model, PrecisionPlan.preset(preset), max_batch=2, max_seq_len=32, operand_cache="fp8")
+    with pytest.raises(ValueError, match="operand_cache='fp16': choose false, true"):
+        NativeEngine(model, PrecisionPlan.preset("w4a4-kv4-mx"), max_batch=2, max_seq_len=32, operand_cache="fp16")
+
+
+def test_fp8_cache_attached_counted_and_refreshed_in_place(monkeypatch):
+    """operand_cache='fp8' on an mxfp4 W4A4 plan: every dense linear holds the E4M3 operand (its bf16 operand x 2**5,
+    bit-identical values), 1 byte per element in the report, never stacked; both sync paths rewrite it in place."""
+    pytest.importorskip("triton")
+    from trace_rl.kernels.hopper_fp4 import operand
+
+    monkeypatch.setattr(engine_oc, "why_not", lambda plan, device, kind="bf16": "")
+    model, _ = tiny_model("tiny", seed=1)
+    engine = NativeEngine(model, PrecisionPlan.preset("w4a4-kv4-mx"), max_batch=2, max_seq_len=32, operand_cache="fp8")
+    dense = engine_oc.fp4_dense(engine.model)
+    rep = engine.report()
+    assert rep["operand_cache"] and rep["operand_cache_kind"] == "fp8" and rep["operand_cache_kinds"] == {"fp8": len(dense)}
+    assert rep["operand_cache_bytes"] == sum(q.out_features * q.in_features for q in dense)
+
+    def check():
+        for q in dense:
+            oc = q.packed.layout["operand_cache"]
+            assert oc.fp8 and oc.stack is None
+            assert torch.equal(oc.buf.float(), operand(q.packed.layout["hopper_fp4"]).float() * 32)
+        return [q.packed.layout["operand_cache"].buf.data_ptr() for q in dense]
+
+    ptrs = check()
+    state = {k: -2 * v if v.is_floating_point() else v for k, v in model.state_dict().items()}
+    engine.load_weights(state, 1)
+    assert check() == ptrs
