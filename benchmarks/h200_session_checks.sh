@@ -104,6 +104,10 @@
 #            Qwen3-30B-A3B shape on Gluon, grouped linear vs loop), then one MoE layer's experts with GLUON_GROUPED
 #            off vs on (interleaved, same run) at B = 128 / 256 / 512, nvfp4 / mxfp4 W4A16, nvfp4 W4A4: us, kernels
 #            taken, graph == eager; < 120 s; named only
+#   fp8cache benchmarks/fp8cache_h200.sh   the FP8 operand cache of mxfp4 (kernels/operand_cache_fp8.py): its GPU tests
+#            (bit-identical E4M3 operands, accumulator vs float64 and the bf16 cache, graph replay after an in-place
+#            reload), then the bf16 cache's cuBLAS GEMM vs torch._scaled_mm (fast accum off / on) and the whole W4A4
+#            linear both ways at Qwen3-8B's qkv / gate_up / o_proj / down, M = 128 / 313 / 512; < 120 s; named only
 # The default order puts first what the stability study's runs depend on (wsync presets engine guided trainattn: ~9 min),
 # then the speed checks (grid gemm gemmwide attn gemmbound): a second call,
 # `BUDGET_S=... benchmarks/h200_session_checks.sh OUT grid gemm gemmwide attn gemmbound`; fp4engine only when named
@@ -175,6 +179,7 @@ for name in $NAMES; do
         opstack) bash benchmarks/engine_opstack_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         siluexact) bash benchmarks/silu_exact_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         opcache) pytest_check "$d" 115 tests/kernels/test_operand_cache.py -m gpu ;;
+        fp8cache) bash benchmarks/fp8cache_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         fp4engine) bash benchmarks/engine_fp4_gluon_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         fixedgluon) BUDGET_S=$(( left - 10 )) bash benchmarks/engine_fixed_gluon_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         engremain) BUDGET_S=$(( left - 10 )) bash benchmarks/engine_remaining_h200.sh "$d" > "$d/run.log" 2>&1 ;;

@@ -80,24 +80,27 @@ def test_weight_exactness_bound():
 
 
 def test_attach_checks_and_falls_back_by_name(caplog, device, gen):
-    fits = PackedWeight("mxfp4", 37, 96, q=_weight(37, 96, gen).to(device))
+    fits = PackedWeight("mxfp4", 48, 96, q=_weight(48, 96, gen).to(device))
     oc = f8.attach_fp8(fits, "layers.0.o_proj")
-    assert oc is not None and f8.attach_fp8(fits) is oc and f8.is_fp8(fits) and oc.nbytes == 37 * 96
+    assert oc is not None and f8.attach_fp8(fits) is oc and f8.is_fp8(fits) and oc.nbytes == 48 * 96
     assert oc.buf.dtype == torch.float8_e4m3fn
     assert torch.equal(oc.buf.float().cpu(), operand(hopper_weight(fits)).float().cpu() * 32)
-    wide = PackedWeight("mxfp4", 37, 96, q=_q(37, 96, "mxfp4", gen).to(device))
+    wide = PackedWeight("mxfp4", 48, 96, q=_q(48, 96, "mxfp4", gen).to(device))
+    odd = PackedWeight("mxfp4", 37, 96, q=_weight(37, 96, gen).to(device))
     with caplog.at_level(logging.WARNING):
         assert f8.attach_fp8(wide, "layers.1.down_proj") is None
-    assert "layers.1.down_proj keeps the bf16 cache" in caplog.text and operand_cache.KEY not in wide.layout
+        assert f8.attach_fp8(odd, "layers.2.q_proj") is None
+    assert "layers.1.down_proj keeps the bf16 cache: " in caplog.text and operand_cache.KEY not in wide.layout
+    assert "layers.2.q_proj keeps the bf16 cache: torch._scaled_mm needs N and K multiples of 16" in caplog.text
     with pytest.raises(ValueError, match="nvfp4 operands need 5 significant bits"):
         f8.attach_fp8(PackedWeight("nvfp4", 37, 96, q=_q(37, 96, "nvfp4", gen).to(device)))
     with pytest.raises(ValueError, match="FP8 operand caches"):
-        operand_cache.attach_stacked([fits, PackedWeight("mxfp4", 37, 96, q=_weight(37, 96, gen).to(device))])
+        operand_cache.attach_stacked([fits, PackedWeight("mxfp4", 48, 96, q=_weight(48, 96, gen).to(device))])
 
 
 def test_reload_refreshes_in_place_and_refuses_rounding(device, gen):
     """QuantLinear.load_weight rewrites the E4M3 buffer in place; a new weight E4M3 cannot hold raises, naming it."""
-    N, K = 19, 160
+    N, K = 32, 160
     layer = QuantLinear(torch.randn(N, K, generator=gen), "mxfp4").to(device)
     oc = f8.attach_fp8(layer.packed, "layers.3.mlp.down_proj")
     ptr = oc.buf.data_ptr()
@@ -182,7 +185,7 @@ def _pair(N, K, gen, device, bias=False):
     return bf, fp
 
 
-@pytest.mark.parametrize("N,K", [(40, 96), (48, 288)])
+@pytest.mark.parametrize("N,K", [(64, 96), (48, 288)])
 def test_linear_on_fp8_cache_equals_bf16_cache(N, K, monkeypatch, device, gen):
     """W4A4 mxfp4 from the (lowered) threshold: the float32 accumulators agree up to summation order (the operands
     are the same values), the outputs after the shared epilogue to bf16 rounding; below it the FP4 GEMM runs."""
@@ -218,7 +221,7 @@ def test_backend_records_the_fp8_paths(monkeypatch, gen):
     monkeypatch.setattr(fp4_backend, "_on_kernels", lambda x: True)
     monkeypatch.setattr(fp4_dequant, "DEQUANT_CUBLAS_MIN_M", 5)
     backend = get_backend("fp4")
-    bf, fp = _pair(40, 96, gen, "cpu")
+    bf, fp = _pair(48, 96, gen, "cpu")
     x = torch.randn(6, 96, generator=gen).to(torch.bfloat16)
     xq = backend.quantize_input(x, fp, "mxfp4")
     assert xq.x.dtype == torch.float8_e4m3fn and xq.row_scale is not None
@@ -229,3 +232,68 @@ def test_backend_records_the_fp8_paths(monkeypatch, gen):
     y_cast = backend.linear_quantized(xb, fp)
     assert backend.paths.counts["fp4.operand_cache_fp8_cast"] >= 1 and torch.equal(y_cast, y)
     assert backend.linear_stacked(xq, [fp, fp]) is None
+
+
+# ---- GPU ----
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("N,K", [(6144, 4096), (4096, 12288)])
+def test_fp8_cache_at_qwen3_shapes_gpu(N, K, gen):
+    """Qwen3-8B's q/k/v and down shapes at M = 128 / 313 / 512: the weight kernel's bytes = the torch spec and E4M3 =
+    the bf16 operand x 32 (every value); the activations' E4M3 stores = their spec and x 2**(top - 133) = the bf16
+    operand; the FP8 accumulator (use_fast_accum False) against a float64 sum of the same values, next to the bf16
+    GEMM's; the linear's output against the bf16 cache's; the backend names fp4.operand_cache_fp8."""
+    w = (torch.randn(N, K, generator=gen) * torch.exp(0.5 * torch.randn(N, 1, generator=gen))).cuda()
+    backend = get_backend("fp4")
+    q = backend.prepare_weight(w, "mxfp4").q
+    bf, fp = PackedWeight("mxfp4", N, K, q=q), PackedWeight("mxfp4", N, K, q=q)
+    wb = operand_cache.attach(bf).buf
+    oc = f8.attach_fp8(fp, "gpu")
+    assert oc is not None
+    ref, bad = f8.weight_e4m3_reference(hopper_weight(fp))
+    assert bad == 0
+    _same_e4m3(oc.buf, ref)
+    assert torch.equal(oc.buf.double(), wb.double() * 32)
+    for M in (128, 313, 512):
+        x = (torch.randn(M, K, generator=gen) * torch.exp(torch.randn(M, 1, generator=gen))).to(torch.bfloat16).cuda()
+        xb, _ = quantize_dequant_bf16(x, "mxfp4")
+        a8, rs = quantize_dequant_e4m3(x)
+        _same_e4m3(a8, f8.rows_e4m3_reference(xb)[0])
+        assert torch.equal(a8.double() * _shift(rs), xb.double())
+        exact = xb.double() @ wb.double().t()
+        scale = exact.abs().max()
+        e_bf = ((fp4_dequant.accumulate(xb, wb).double() - exact).abs().max() / scale).item()
+        e_8 = ((fp4_dequant.accumulate(a8, oc.buf).double() * rs.double()[:, None] - exact).abs().max() / scale).item()
+        print(f"{N}x{K} M={M}: accumulator max error / max |sum|: bf16 {e_bf:.2e}, fp8 {e_8:.2e}")
+        assert e_bf < 1e-4 and e_8 < 1e-3
+        y_bf, y_8 = fp4_linear(x, bf, "mxfp4"), fp4_linear(x, fp, "mxfp4")
+        rel = ((y_8.double() - y_bf.double()).norm() / y_bf.double().norm()).item()
+        assert rel < 2e-3
+    layer = QuantLinear(w.to(torch.bfloat16), "mxfp4", act_fmt="mxfp4")
+    assert f8.attach_fp8(layer.packed) is not None
+    layer(torch.randn(313, K, device="cuda", dtype=torch.bfloat16))
+    assert backend.paths.last == "fp4.operand_cache_fp8"
+    layer(torch.randn(127, K, device="cuda", dtype=torch.bfloat16))
+    assert backend.paths.last != "fp4.operand_cache_fp8"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fp8_cache_graph_replay_after_reload_gpu(gen, capture):
+    """A captured graph reads the E4M3 cache (and the E4M3 activations); load_weight (fused sync) rewrites it in place
+    and checks it; replay gives the new weight's result."""
+    w = torch.randn(4096, 4096, generator=gen).to(torch.bfloat16).cuda()
+    layer = QuantLinear(w, "mxfp4", act_fmt="mxfp4")
+    oc = f8.attach_fp8(layer.packed, "o_proj")
+    ptr = oc.buf.data_ptr()
+    x = torch.randn(313, 4096, generator=gen).to(torch.bfloat16).cuda()
+    g, out = capture(lambda: layer(x))
+    layer.load_weight(-2 * w)
+    assert oc.buf.data_ptr() == ptr
+    assert torch.equal(oc.buf.double(), operand(hopper_weight(layer.packed)).double() * 32)
+    g.replay()
+    torch.cuda.synchronize()
+    expect = layer(x)
+    rel = ((out.double() - expect.double()).norm() / expect.double().norm()).item()
+    assert rel < 1e-3

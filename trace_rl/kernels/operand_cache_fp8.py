@@ -188,7 +188,8 @@ class OperandCacheFP8:
 def attach_fp8(packed, name: str = "") -> OperandCacheFP8 | None:
     """The FP8 operand cache of a dense mxfp4 `packed` weight, allocated, written and checked on first call; None
     (logged by name, nothing attached) when the weight's operand does not fit E4M3 exactly: the caller keeps the
-    bf16 cache for it. Idempotent for a weight that already holds one; an existing bf16 cache is replaced."""
+    bf16 cache for it (also for N or K not a multiple of 16, which cuBLAS FP8 does not take). Idempotent for a weight
+    that already holds one; an existing bf16 cache is replaced."""
     from trace_rl.kernels.linear import hopper_weight
 
     oc = packed.layout.get(KEY)
@@ -202,6 +203,10 @@ def attach_fp8(packed, name: str = "") -> OperandCacheFP8 | None:
         raise RuntimeError("FP8 operand cache: would be allocated inside a CUDA-graph capture; attach it before "
                            "capturing")
     h = hopper_weight(packed)
+    if h.n % 16 or h.k % 16:
+        log.warning("FP8 operand cache: weight %s keeps the bf16 cache: torch._scaled_mm needs N and K multiples of "
+                    "16, it is %dx%d", name or "(unnamed)", h.n, h.k)
+        return None
     dev = packed.q.codes.device
     unit_scale(dev)
     oc = OperandCacheFP8(packed.layout, torch.empty(h.n, h.k, dtype=torch.float8_e4m3fn, device=dev), name)
