@@ -54,6 +54,20 @@ def _err(y, ref) -> float:
     return ((y - ref).abs().max() / ref.abs().max().clamp_min(1e-300)).item()
 
 
+def _timed(row: dict, key: str, calls: list, flop: int | None = None) -> None:
+    """row[key_us] (and key_tflops for a GEMM of `flop`): `graph_median_us(calls)`; a failure is recorded, not
+    raised (one failing variant must not stop the others)."""
+    from trace_rl.engine.timing import graph_median_us
+
+    try:
+        us = graph_median_us(calls)
+        row[f"{key}_us"] = us
+        if flop:
+            row[f"{key}_tflops"] = flop / us / 1e6
+    except Exception as e:   # noqa: BLE001
+        row[f"{key}_error"] = repr(e)[:300]
+
+
 def measure(name: str, N: int, K: int, ms: list[int], device, gen, dry: bool) -> list[dict]:
     import torch
 
@@ -91,32 +105,20 @@ def measure(name: str, N: int, K: int, ms: list[int], device, gen, dry: bool) ->
         f8.FAST_ACCUM = False
         if dry:
             continue
-        from trace_rl.engine.timing import graph_median_us
-
         flop = 2 * M * N * K
-
-        def timed(key, calls):
-            try:
-                us = graph_median_us(calls)
-                row[f"{key}_us"] = us
-                row[f"{key}_tflops"] = flop / us / 1e6
-            except Exception as e:   # noqa: BLE001 - one failing variant must not stop the others
-                row[f"{key}_error"] = repr(e)[:300]
-
-        timed("gemm_bf16", [lambda p=p: fp4_dequant.accumulate(xb, operand_cache.cached(p).buf) for p in bfs])
+        _timed(row, "gemm_bf16", [lambda p=p, xb=xb: fp4_dequant.accumulate(xb, operand_cache.cached(p).buf)
+                                  for p in bfs], flop)
         for fast in (False, True):
             f8.FAST_ACCUM = fast
-            timed("gemm_fp8_fast" if fast else "gemm_fp8",
-                  [lambda p=p: fp4_dequant.accumulate(a8, operand_cache.cached(p).buf) for p in f8s])
+            _timed(row, "gemm_fp8_fast" if fast else "gemm_fp8",
+                   [lambda p=p, a8=a8: fp4_dequant.accumulate(a8, operand_cache.cached(p).buf) for p in f8s], flop)
         f8.FAST_ACCUM = False
-        timed("linear_bf16", [lambda p=p: fp4_linear(x, p, "mxfp4") for p in bfs])
-        timed("linear_fp8", [lambda p=p: fp4_linear(x, p, "mxfp4") for p in f8s])
+        _timed(row, "linear_bf16", [lambda p=p, x=x: fp4_linear(x, p, "mxfp4") for p in bfs], flop)
+        _timed(row, "linear_fp8", [lambda p=p, x=x: fp4_linear(x, p, "mxfp4") for p in f8s], flop)
         n = max(4, copies)
-        for key, fn in (("quant_bf16", lambda: quantize_dequant_bf16(x, "mxfp4")),
-                        ("quant_e4m3", lambda: quantize_dequant_e4m3(x)),
-                        ("cast", lambda: xb.to(torch.float8_e4m3fn))):
-            timed(key, [fn] * n)
-            row.pop(f"{key}_tflops", None)
+        _timed(row, "quant_bf16", [lambda x=x: quantize_dequant_bf16(x, "mxfp4")] * n)
+        _timed(row, "quant_e4m3", [lambda x=x: quantize_dequant_e4m3(x)] * n)
+        _timed(row, "cast", [lambda xb=xb: xb.to(torch.float8_e4m3fn)] * n)
         for a, b in (("gemm_fp8", "gemm_bf16"), ("gemm_fp8_fast", "gemm_bf16"), ("linear_fp8", "linear_bf16")):
             if f"{a}_us" in row and f"{b}_us" in row:
                 row[f"{a}_speedup"] = row[f"{b}_us"] / row[f"{a}_us"]

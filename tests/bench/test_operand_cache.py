@@ -33,7 +33,7 @@ def test_fp8_kind():
     assert flag.runs_for(parsed, "w4a4-kv4-mx", "auto") == [False, True, "fp8"]
     assert flag.runs_for(flag.parse("w4a4-kv4-mx=gluon:fp8", PLANS), "w4a4-kv4-mx", "gluon") == [False, "fp8"]
     assert flag.runs_for(flag.parse("w4a4-kv4-mx=gluon:fp8", PLANS), "w4a4-kv4-mx", "auto") == [False]
-    assert flag.label("fp8") == " operand_cache=fp8" and flag.label(True) == " operand_cache" and flag.label(False) == ""
+    assert (flag.label("fp8"), flag.label(True), flag.label(False)) == (" operand_cache=fp8", " operand_cache", "")
     with pytest.raises(ValueError, match="--operand-cache: 'w4a4-kv4=fp8': the FP8 operand cache holds mxfp4"):
         flag.parse("w4a4-kv4=fp8", PLANS)
     with pytest.raises(ValueError, match="cache kind 'fp16'"):

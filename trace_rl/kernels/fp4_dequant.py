@@ -205,9 +205,9 @@ def accumulate(x2: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 def factor_matmul(x2: torch.Tensor, w: torch.Tensor, rf: torch.Tensor, row_scale: torch.Tensor | None = None,
                   bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """`operand_matmul` with the row factor given as float32 `rf` [>= N] instead of read from a layout: cuBLAS
-    (float32 output) on x2 [M, K] and the bf16 operand w [N, K] (or both E4M3: `accumulate`), then the FP4 epilogue (y x rf[n] x row_scale[m]
-    + bias[n], one rounding). Also the stacked operand cache's GEMM (operand_cache.stacked_matmul), whose rf holds
-    each stacked part's own factors."""
+    (float32 output) on x2 [M, K] and the bf16 operand w [N, K] (or both E4M3: `accumulate`), then the FP4
+    epilogue (y x rf[n] x row_scale[m] + bias[n], one rounding). Also the stacked operand cache's GEMM
+    (operand_cache.stacked_matmul), whose rf holds each stacked part's own factors."""
     M, K = x2.shape
     N = w.shape[0]
     if w.shape[1] != K or rf.shape[0] < N:

@@ -274,11 +274,11 @@ class PipelineConfig(TraceConfig):
                                  f"plan (e.g. --preset w4a4-kv4) or set rollout.operand_cache=false")
             mx = (self.precision.rollout_weights, self.precision.rollout_activations) == ("mxfp4", "mxfp4")
             if self.rollout.operand_cache == "fp8" and not mx:
-                raise ValueError(f"rollout.operand_cache='fp8' holds mxfp4 operands exactly in E4M3 and multiplies W4A4 "
-                                 f"mxfp4 activations; precision has {self.precision.rollout_weights!r} weights and "
-                                 f"{self.precision.rollout_activations!r} activations (nvfp4 values need 5 significant "
-                                 f"bits, bf16 activations are not E4M3 values): use an mxfp4 W4A4 plan (e.g. --preset w4a4-kv4-mx) or "
-                                 f"rollout.operand_cache='bf16'")
+                raise ValueError(f"rollout.operand_cache='fp8' holds mxfp4 operands exactly in E4M3 and multiplies "
+                                 f"W4A4 mxfp4 activations; precision has {self.precision.rollout_weights!r} weights "
+                                 f"and {self.precision.rollout_activations!r} activations (nvfp4 values need 5 "
+                                 f"significant bits, bf16 activations are not E4M3 values): use an mxfp4 W4A4 plan "
+                                 f"(e.g. --preset w4a4-kv4-mx) or rollout.operand_cache='bf16'")
         if self.loop.eval_reference and self.distributed.enabled:
             raise ValueError("loop.eval_reference: the bf16 reference evaluation needs the trainer's full weights "
                              "in this process, which a distributed run shards; set loop.eval_reference=false or "
