@@ -243,6 +243,54 @@ def rows_e4m3_reference(xq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return e4, row_scale
 
 
+def sass_gate_cases():
+    """The sm_90 compile gate (sass_gate.py) of the FP8 cache's kernels, loop-free (whole kernel): the weight writer
+    (one 32x256 tile a program, as the bf16 dequant), and the E4M3 stores of the W4A4 quantize at the decoder's widths:
+    plain K = 4096, SiLU x mul (exact) K = 12288, RMSNorm-fused 4096. Budgets ~10% over Triton 3.6's counts (CPU
+    compile, 2026-12-02), next to the bf16 stores' in the same gate (quantize_dequant mxfp4, add_rms_norm_quantize
+    mxfp4)."""
+    from trace_rl.kernels.fp4_block_tiles import _dequant_tiles, _quantize_dequant_rows_kernel
+    from trace_rl.kernels.rmsnorm import _tiles as norm_tiles
+    from trace_rl.kernels.rmsnorm_quantize import _add_rms_norm_quantize_kernel
+    from trace_rl.kernels.sass_gate import GateCase
+
+    cases = [GateCase(f"weight_e4m3 mxfp4 {BLOCK_N}x{BLOCK_K}", _weight_e4m3_kernel,
+                      dict(codes_ptr="*u8", scales_ptr="*u8", out_ptr="*u8", inexact_ptr="*i32", N="i32", K="i32",
+                           stride_c="i32", stride_s="i32", stride_o="i32"),
+                      dict(BN=BLOCK_N, BK=BLOCK_K), 4, 1, BLOCK_N * BLOCK_K / 128, GATE_BUDGETS["weight"],
+                      divisible=("codes_ptr", "scales_ptr", "out_ptr", "K", "stride_c", "stride_s", "stride_o"),
+                      register_a=False, forbid=(), whole_kernel=True)]
+    sig = dict(x_ptr="*bf16", out_ptr="*u8", gscale_ptr="*fp32", n_rows="i32", K="i32", stride_x="i32",
+               stride_out="i32")
+    for name, K, silu in (("K4096", 4096, False), ("silu exact K12288", 12288, True)):
+        rows, nb, nch, warps = _dequant_tiles(4096, K, 32, silu)
+        cases.append(GateCase(f"quantize_e4m3 mxfp4 {name}", _quantize_dequant_rows_kernel, sig,
+                              dict(MX=True, ROWS=rows, NB=nb, NCH=nch, SILU_MUL=silu, SILU_EXACT=silu,
+                                   SILU_INTERP=False, E4M3=True), warps, 1, rows * K / (32 * warps),
+                              GATE_BUDGETS[name], divisible=("x_ptr", "out_ptr", "gscale_ptr", "K", "stride_x",
+                                                             "stride_out"),
+                              register_a=False, forbid=(), whole_kernel=True,
+                              options=(("enable_fp_fusion", True),) if silu else ()))
+    nsig = dict(x_ptr="*bf16", r_ptr="*bf16", w_ptr="*bf16", h_ptr="*bf16", r_out_ptr="*bf16", q_ptr="*u8",
+                gscale_ptr="*fp32", n_rows="i32", N="i32", eps="fp32", stride_x="i32", stride_r="i32",
+                stride_h="i32", stride_ro="i32", stride_q="i32")
+    block_m, block_n, warps = norm_tiles(4096, 4096)
+    cases.append(GateCase("add_rms_norm_quantize_e4m3 mxfp4 4096", _add_rms_norm_quantize_kernel, nsig,
+                          dict(HAS_RESIDUAL=True, STORE_H=False, MX=True, BLOCK_M=block_m, BLOCK_N=block_n,
+                               E4M3=True), warps, 1, block_m * block_n / (32 * warps), GATE_BUDGETS["norm"],
+                          divisible=("x_ptr", "r_ptr", "w_ptr", "h_ptr", "r_out_ptr", "q_ptr", "gscale_ptr", "N",
+                                     "stride_x", "stride_r", "stride_h", "stride_ro", "stride_q"),
+                          register_a=False, forbid=(), whole_kernel=True))
+    return cases
+
+
+# Triton 3.6: weight 69.6 (139 registers: at weight sync only), K4096 42.8 (bf16 stores: 26.0), SiLU exact K12288 73.5,
+# norm 51.1 (bf16 stores: 34.2) SASS per element and thread. The E4M3 rounding is done on the bits (`e4m3_round`: exact
+# in the interpreter too, whose float8 cast truncates subnormal ties); ~1 us of issue at 313 x 4096, under the launch's
+# memory and latency.
+GATE_BUDGETS = {"weight": 77.0, "K4096": 47.0, "silu exact K12288": 81.0, "norm": 56.0}
+
+
 __all__ = ["ACT_TOP_BIAS", "EXACT_SPAN", "FAST_ACCUM", "InexactWeight", "OperandCacheFP8", "ROW_SCALE_BIAS",
            "WEIGHT_SHIFT", "accumulate_fp8", "attach_fp8", "is_fp8", "rows_e4m3_reference", "unit_scale",
            "weight_e4m3_reference", "write_weight_e4m3"]

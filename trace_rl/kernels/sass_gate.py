@@ -51,6 +51,7 @@ GATE_MODULES = ("trace_rl.kernels.fp4_gemm", "trace_rl.kernels.fp4_gemm_tma", "t
                 "trace_rl.kernels.fp4_gemm_gluon_gate", "trace_rl.kernels.fp4_gemm_wide256_gate",
                 "trace_rl.kernels.paged_attention_gluon_gate",
                 "trace_rl.kernels.rmsnorm_quantize", "trace_rl.kernels.epilogue_silu_quantize",
+                "trace_rl.kernels.operand_cache_fp8",
                 "trace_rl.kernels.fp4_grouped_gluon")
 _LINE = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 _OPCODE = re.compile(r"^(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)")
