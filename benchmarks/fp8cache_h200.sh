@@ -7,7 +7,9 @@
 # 1. GPU tests (tests/kernels/test_operand_cache_fp8.py, all of it: the CPU-side ones run on the GPU too): bit-identical
 #    operands (weights: E4M3 = bf16 operand x 32; activations: E4M3 x 2**(top - 133) = bf16 operand, plain / SiLU x mul
 #    / RMSNorm-fused stores), NaN/inf stay non-finite, the accumulator against a float64 sum (printed: look for
-#    "accumulator max error"), the linear against the bf16 cache's, CUDA-graph replay after an in-place reload.
+#    "accumulator max error"), the linear against the bf16 cache's, CUDA-graph replay after an in-place reload; and
+#    tests/engine/test_operand_cache_fp8_gpu.py: 2 Qwen3-8B layers, w4a4-kv4-mx, B = 313: decode logits with the FP8
+#    cache vs the bf16 cache (eager + captured step on fp4.operand_cache_fp8), cache bytes 1 vs 2 per element.
 # 2. benchmarks/fp8cache_gemm.py -> OUT/fp8cache_gemm.json (+ .log): at Qwen3-8B's q/k/v 6144x4096, gate/up
 #    24576x4096, o_proj 4096x4096, down 4096x12288 and M = 128 / 313 / 512: us and TFLOP/s of the bf16 cache's cuBLAS
 #    GEMM vs torch._scaled_mm on the E4M3 cache (use_fast_accum False = shipped, and True), the whole W4A4 linear
@@ -19,11 +21,11 @@
 . "$(dirname "$0")/h200_check.sh"
 test_rc=-1
 if [ -z "${DRY:-}" ]; then
-    run_pytest 55 tests/kernels/test_operand_cache_fp8.py -s
+    run_pytest 62 tests/kernels/test_operand_cache_fp8.py tests/engine/test_operand_cache_fp8_gpu.py -s
 fi
-left=$(( 112 - ($(date +%s) - start) ))
+left=$(( 114 - ($(date +%s) - start) ))
 timeout $(( left > 15 ? left : 15 )) $PY benchmarks/fp8cache_gemm.py --out "$OUT/fp8cache_gemm.json" \
-    --budget-s $(( left > 30 ? left - 25 : 5 )) ${DRY:+--dry} > "$OUT/fp8cache_gemm.log" 2>&1
+    --budget-s $(( left > 25 ? left - 15 : 5 )) ${DRY:+--dry} > "$OUT/fp8cache_gemm.log" 2>&1
 bench_rc=$?
 $PY - "$OUT" "$bench_rc" "$test_rc" <<'PY'
 import json, os, sys
@@ -31,7 +33,8 @@ sys.path.insert(0, "benchmarks")
 from h200_summary import tail, write
 out, bench_rc, test_rc = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 s = {"bench_rc": bench_rc, "pytest_rc": test_rc, "pytest_tail": tail(out, "pytest.log", 3),
-     "accumulator_lines": [x for x in tail(out, "pytest.log", 400) if "accumulator max error" in x][:8]}
+     "accumulator_lines": [x for x in tail(out, "pytest.log", 400) if "accumulator max error" in x][:8],
+     "engine_lines": [x for x in tail(out, "pytest.log", 400) if "operand cache logits" in x][:2]}
 try:
     r = json.load(open(os.path.join(out, "fp8cache_gemm.json")))
     s.update(device=r["device"], torch=r["torch"], skipped=r["skipped"], errors=r["errors"], wall_s=r.get("wall_s"))
