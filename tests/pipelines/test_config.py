@@ -85,10 +85,25 @@ def test_gluon_attention_refused_at_build_where_it_cannot_run(tmp_path):
     ({"rollout": {"operand_cache": True}, "precision": {"rollout_weights": "fp8_e4m3:row"}}, "is 'fp8_e4m3:row'"),
     ({"rollout": {"operand_cache": True, "engine": "vllm"}, "precision": {"rollout_weights": "nvfp4"}},
      "rollout.operand_cache is the native engine's"),
+    ({"rollout": {"operand_cache": "fp8"}, "precision": {"rollout_weights": "nvfp4", "rollout_activations": "nvfp4"}},
+     r"rollout.operand_cache='fp8' holds mxfp4 operands exactly in E4M3 .* 'nvfp4' weights .* "
+     r"rollout.operand_cache='bf16'"),
+    ({"rollout": {"operand_cache": "fp8"}, "precision": {"rollout_weights": "mxfp4"}},
+     r"'mxfp4' weights and 'bf16' activations .* --preset w4a4-kv4-mx"),
+    ({"rollout": {"operand_cache": "fp16"}, "precision": {"rollout_weights": "mxfp4"}},
+     r"rollout.operand_cache.*Input should be 'bf16' or 'fp8'"),
 ])
 def test_bad_operand_cache_is_refused_naming_the_field(data, match):
     with pytest.raises(ConfigError, match=match):
         PipelineConfig.parse(data)
+
+
+def test_operand_cache_kinds_parse():
+    mx = {"rollout_weights": "mxfp4", "rollout_activations": "mxfp4", "kv_cache": "mxfp4"}
+    assert PipelineConfig.parse({"rollout": {"operand_cache": "fp8"}, "precision": mx}).rollout.operand_cache == "fp8"
+    assert PipelineConfig.parse({"rollout": {"operand_cache": "bf16"}, "precision": mx}).rollout.operand_cache == "bf16"
+    assert PipelineConfig.parse({"rollout": {"operand_cache": True}, "precision": mx}).rollout.operand_cache is True
+    assert PipelineConfig.parse({}).rollout.operand_cache is False
 
 
 def test_operand_cache_refused_at_build_without_a_gpu(tmp_path):
