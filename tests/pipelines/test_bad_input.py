@@ -53,6 +53,8 @@ CASES = [
      ["precision.keep_high_precision: 'lm_hed' matches no module"]),
     (["validate", "--preset", "fp4-guided", "--set", "precision.guided_layers='*.layers.9.*'"],
      ["precision.guided_layers: '*.layers.9.*' matches none"]),
+    (["validate", "--preset", "w4a4-kv4", "--set", "rollout.operand_cache=fp8"],
+     ["rollout.operand_cache='fp8' holds mxfp4 operands", "--preset w4a4-kv4-mx", "rollout.operand_cache='bf16'"]),
     # where it would write
     (["run", "--out", "{tmp}/a_file"], ["a_file: exists and is not a folder"]),
     (["run", "--out", "{tmp}/a_file/run"], ["a_file is a file, not a folder"]),
