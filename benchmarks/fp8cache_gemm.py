@@ -19,7 +19,9 @@ replays after 3 warm-up), each measured in this run:
 Numerics, outside the graphs: `operand_mismatch` (E4M3 activation x 2**(top - 133) != its bf16 operand: 0 expected
 for these rows; weights: E4M3 == bf16 operand x 32, `weight_mismatch`), and the float32 accumulators of bf16 / fp8
 slow / fp8 fast against a float64 sum of the same operand values: max |err| / max |ref| (`err_*`). The JSON is
-rewritten after every row; past `--budget-s` no new row starts.
+rewritten after every row; past `--budget-s` no new row starts. Per shape also the weight sync's refresh of each
+cache (`refresh_bf16_us`: the dequant kernel into the bf16 cache, `refresh_fp8_us`: the E4M3 writer with its
+exactness count).
 """
 
 from __future__ import annotations
@@ -84,8 +86,16 @@ def measure(name: str, N: int, K: int, ms: list[int], device, gen, dry: bool) ->
     ok = [f8.attach_fp8(p, f"{name}[{i}]") is not None for i, p in enumerate(f8s)]
     wb, w8 = operand_cache.cached(bfs[0]).buf, operand_cache.cached(f8s[0]).buf if ok[0] else None
     rows = []
+    sync = {}
+    if all(ok) and not dry:   # the weight sync's refresh of each cache (kernels only; the FP8 check's host sync
+        # is one .item() per weight on top)
+        from trace_rl.kernels.linear import hopper_weight
+
+        h, q, cnt = hopper_weight(f8s[0]), f8s[0].q, torch.zeros(1, dtype=torch.int32, device=device)
+        _timed(sync, "refresh_bf16", [lambda: fp4_dequant.dequantize_to(q, h, wb)] * 2)
+        _timed(sync, "refresh_fp8", [lambda: f8.write_weight_e4m3(q, h, w8, cnt)] * 2)
     for M in ms:
-        row = {"shape": name, "N": N, "K": K, "M": M, "copies": copies, "fp8_attached": all(ok)}
+        row = {"shape": name, "N": N, "K": K, "M": M, "copies": copies, "fp8_attached": all(ok), **sync}
         rows.append(row)
         if not all(ok):
             row["error"] = "the weight does not fit E4M3 exactly (attach_fp8 returned None)"

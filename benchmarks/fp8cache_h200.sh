@@ -41,7 +41,7 @@ try:
     keys = ("gemm_bf16_us", "gemm_fp8_us", "gemm_fp8_fast_us", "gemm_bf16_tflops", "gemm_fp8_tflops",
             "gemm_fp8_fast_tflops", "gemm_fp8_speedup", "gemm_fp8_fast_speedup", "linear_bf16_us", "linear_fp8_us",
             "linear_fp8_speedup", "quant_bf16_us", "quant_e4m3_us", "cast_us", "operand_mismatch", "weight_mismatch",
-            "err_bf16", "err_fp8", "err_fp8_fast")
+            "err_bf16", "err_fp8", "err_fp8_fast", "refresh_bf16_us", "refresh_fp8_us")
     fmt = lambda k, v: round(v, 4) if isinstance(v, float) and not k.startswith("err") else v   # noqa: E731
     s["rows"] = [{"case": f"{x['shape']} M={x['M']}", **{k: fmt(k, x[k]) for k in keys if k in x},
                   **{k: v for k, v in x.items() if k.endswith("error")}} for x in r["rows"]]
