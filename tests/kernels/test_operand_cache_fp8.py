@@ -197,7 +197,8 @@ def test_linear_on_fp8_cache_equals_bf16_cache(N, K, monkeypatch, device, gen):
     a8, rs = quantize_dequant_e4m3(x)
     y_bf = fp4_dequant.accumulate(xb, operand_cache.cached(bf).buf).double()
     y_8 = fp4_dequant.accumulate(a8, operand_cache.cached(fp).buf).double() * rs.double()[:, None]
-    assert torch.allclose(y_8, y_bf, rtol=1e-6, atol=1e-6 * y_bf.abs().max().item())
+    tol = 1e-6 if device == "cpu" else 1e-3     # Hopper's FP8 MMA adds at reduced precision (the GPU test measures)
+    assert torch.allclose(y_8, y_bf, rtol=tol, atol=tol * y_bf.abs().max().item())
     out_bf = fp4_linear(x, bf, "mxfp4", bias)
     out_8 = fp4_linear(x, fp, "mxfp4", bias)
     assert out_8.dtype == torch.bfloat16 and torch.allclose(out_8.float(), out_bf.float(), rtol=1e-2, atol=1e-2)
@@ -213,7 +214,7 @@ def test_linear_on_fp8_cache_equals_bf16_cache(N, K, monkeypatch, device, gen):
     assert torch.allclose(small.float(), out_bf[:4].float(), rtol=2e-2, atol=2e-2)
 
 
-def test_backend_records_the_fp8_paths(monkeypatch, gen):
+def test_backend_records_the_fp8_paths(monkeypatch, device, gen):
     """The fp4 backend's W4A4 producers emit E4M3 for a consumer reading its FP8 cache and the linear records
     fp4.operand_cache_fp8; bf16 rows reaching it are converted by the named cast path (the same values)."""
     from trace_rl.backends import fp4 as fp4_backend
@@ -221,8 +222,8 @@ def test_backend_records_the_fp8_paths(monkeypatch, gen):
     monkeypatch.setattr(fp4_backend, "_on_kernels", lambda x: True)
     monkeypatch.setattr(fp4_dequant, "DEQUANT_CUBLAS_MIN_M", 5)
     backend = get_backend("fp4")
-    bf, fp = _pair(48, 96, gen, "cpu")
-    x = torch.randn(6, 96, generator=gen).to(torch.bfloat16)
+    bf, fp = _pair(48, 96, gen, device)
+    x = torch.randn(6, 96, generator=gen).to(torch.bfloat16).to(device)
     xq = backend.quantize_input(x, fp, "mxfp4")
     assert xq.x.dtype == torch.float8_e4m3fn and xq.row_scale is not None
     y = backend.linear_quantized(xq, fp)
