@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from trace_rl.formats import per_token
+from trace_rl.kernels import fp4_dequant
 from trace_rl.kernels.fp4_dequant import dequant_matmul, use_dequant_cublas
 from trace_rl.kernels.fp4_gemm import GemmConfig, fp4_matmul
 from trace_rl.kernels.gemm_dispatch import dense_path
@@ -70,12 +71,6 @@ def small_m_gemm(rows: int, device, packed, config=None) -> str:
                       config is not None)
 
 
-def fp4_dequant_min_m() -> int:
-    from trace_rl.kernels import fp4_dequant
-
-    return fp4_dequant.DEQUANT_CUBLAS_MIN_M
-
-
 def w4a4_e4m3(x2: torch.Tensor, silu_mul: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """mxfp4 W4A4 rows as the FP8 operand cache takes them: (float8_e4m3fn [rows, K], float32 [rows] row scale) from
     the quantize kernel's E4M3 stores (`quantize_dequant_e4m3`), or for rows it does not take (> 16384 wide) its bf16
@@ -97,7 +92,7 @@ def _dense_matmul(x2, packed, row_scale, bias, out_dtype, config, path: str | No
         return operand_cache_matmul(x2, packed, row_scale, bias, out_dtype)
     if x2.dtype == torch.float8_e4m3fn:
         raise ValueError(f"fp4_linear: E4M3 activations are for a weight's FP8 operand cache at >= "
-                         f"{fp4_dequant_min_m()} rows (config None); this call has {x2.shape[0]} rows, "
+                         f"{fp4_dequant.DEQUANT_CUBLAS_MIN_M} rows (config None); this call has {x2.shape[0]} rows, "
                          f"{'a config' if config is not None else 'no FP8 cache'}")
     if config is None and use_dequant_cublas(x2.shape[0], packed.out_features, packed.in_features):
         return dequant_matmul(x2, packed.q, hopper_weight(packed), row_scale, bias, out_dtype)
