@@ -10,8 +10,9 @@ row scale, bias, one rounding) is shared. nvfp4 cannot do this (E4M3 block scale
 significant bits): nvfp4 stays on the bf16 cache (`rollout.operand_cache: fp8` with an nvfp4 plan is refused).
 
 **E4M3 range.** Normal values (1 + m/8) 2**e for e in [-6, 8] (largest finite 448), subnormals m 2**-9 (m = 1..7).
-A code c x 2**j is exact iff c 2**j <= 448 and c 2**j is a multiple of 2**-9 (c = 0.5, 1.5, 3 need j >= -8, -9,
--9... i.e. 0.5 x 2**j >= 2**-9 for c = 0.5 and 1.5; c in {1, 2, 4} need less, 3 and 6 the same as 1.5).
+A code c x 2**j is exact iff c 2**j <= 448 and c 2**j is a multiple of 2**-9: codes 0.5 and 1.5 need j >= -8, 1 and 3
+j >= -9, 2 and 6 j >= -10, 4 j >= -11. The largest block is put at j = 6 (6 x 64 = 384), so every block with j >= -8,
+i.e. within 14 binades of its row's largest, is exact.
 
 **Weight** (`OperandCacheFP8`, written at attach and every weight sync): the Hopper layout maps each row's largest
 block exponent to b = 254, so the bf16 operand is code x 2**(b - 253) <= 12, and the E4M3 cache holds it x 2**5
