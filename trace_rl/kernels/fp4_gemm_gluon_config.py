@@ -141,7 +141,14 @@ SMALL_GRID_CANDIDATES = {
 # SMALL_GRID_K padded columns: the measured shape only): per format, {largest M covered: config}, the smallest key
 # covering M. Empty (the default): SMALL_M, unchanged. Filled from the `smallm` check's summary.json
 # ("rule_proposal"), e.g. {"nvfp4": {16: SMALL_GRID_CANDIDATES["split8"][0]}}.
-SMALL_GRID: dict[str, dict[int, GluonConfig]] = {"nvfp4": {}, "mxfp4": {}}
+# Set from the H200 run of 2026-12-02 (`benchmarks/results/smallm_h200_1202f_summary.json`, 4096x1024 = K x N, graph
+# medians, two rounds, each candidate won every round): nvfp4 k256_split16 0.72-0.78 of the shipped time at M = 1 / 4 /
+# 16 (W4A16 and W4A4), 1.22x gemlite at M = 1 (shipped: 0.94x); mxfp4 split8 0.93-0.95 at M = 1 / 4, 1.06x gemlite at
+# M = 1; at M = 16 no mxfp4 candidate won. Bits differ from SMALL_M's by the split-K partition only (deterministic).
+SMALL_GRID: dict[str, dict[int, GluonConfig]] = {
+    "nvfp4": {8: SMALL_GRID_CANDIDATES["k256_split16"][0], 16: SMALL_GRID_CANDIDATES["k256_split16"][0]},
+    "mxfp4": {8: SMALL_GRID_CANDIDATES["split8"][0]},
+}
 SMALL_GRID_MAX_ROWS = 1024
 SMALL_GRID_K = (4096, )
 
