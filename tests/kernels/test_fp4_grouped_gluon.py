@@ -32,8 +32,8 @@ def _rel_err(y, ref):
 def test_token_tile_by_mean_rows_per_expert():
     """TILE_RULE (the H200 measurements; the dispatch's cases: tests/kernels/test_grouped_dispatch.py)."""
     batches = (64, 128, 192, 256, 320, 409, 512)
-    assert [token_tile(8 * b, 128) for b in batches] == [16, 16, 16, 32, 32, 32, "64x64"]
-    assert [token_tile(8 * b, 128, "mxfp4") for b in batches] == [16, 16, 16, 32, 32, 64, 64]
+    assert [token_tile(8 * b, 128) for b in batches] == [16, 16, 16, 32, 32, "32d", "32d"]
+    assert [token_tile(8 * b, 128, "mxfp4") for b in batches] == [16, 16, 16, "32x64ob", "32x64ob", "32x64ob", 64]
     assert token_tile(0, 128) == 16
 
 

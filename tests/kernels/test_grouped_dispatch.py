@@ -24,8 +24,9 @@ def _path(fmt, k, batch, cap=(9, 0), gluon=True, **kw):
 @pytest.mark.parametrize("fmt,k,batch,want", [
     # nvfp4 (both GEMMs): Gluon at every measured batch (B = 409 gate_up: 117.6 vs 118.6, a tie; down 61.1 vs 72.0)
     *[("nvfp4", k, b, "gluon") for k in (GATE_UP_K, DOWN_K) for b in (16, 128, 256, 409, 512)],
-    # mxfp4 gate_up: Gluon at 128 / 256 / 512, Triton at 409 (105.7 vs the best Gluon tile 116.4)
-    ("mxfp4", GATE_UP_K, 128, "gluon"), ("mxfp4", GATE_UP_K, 256, "gluon"), ("mxfp4", GATE_UP_K, 409, "triton"),
+    # mxfp4 gate_up: Gluon at every measured batch (B = 409: the 32x64ob tile 100.7 us vs Triton 105.3, check moe512;
+    # before it Triton had won there against the 32-token tile's 116.4)
+    ("mxfp4", GATE_UP_K, 128, "gluon"), ("mxfp4", GATE_UP_K, 256, "gluon"), ("mxfp4", GATE_UP_K, 409, "gluon"),
     ("mxfp4", GATE_UP_K, 512, "gluon"),
     # mxfp4 down (K = 768): the launcher refuses it (24-byte scale rows, not 512-column K steps)
     *[("mxfp4", DOWN_K, b, "triton") for b in (128, 256, 409, 512)],
@@ -37,7 +38,7 @@ def test_rule_at_the_measured_batches(fmt, k, batch, want):
     assert path == want, why
 
 
-def test_every_reason_for_triton():
+def test_every_reason_for_triton(monkeypatch):
     cases = [(dict(cap=(10, 0)), "not an sm_90"), (dict(cap=(8, 0)), "not an sm_90"), (dict(cap=None), "not an sm_90"),
              (dict(gluon=False), "Gluon is not importable"), (dict(explicit_config=True), "explicit Triton GemmConfig"),
              (dict(fused_act_quant=True), "FUSE_ACT_QUANT"), (dict(bias_ok=False), "bias"),
@@ -50,6 +51,7 @@ def test_every_reason_for_triton():
     assert "not a multiple" in grouped_path("nvfp4", 1280 + 128, 64, E, (9, 0), True)[1]   # 1408: 5.5 steps of 256
     assert "not a multiple" in grouped_path("mxfp4", 768, 64, E, (9, 0), True)[1]
     assert "not measured" in _path("nvfp4", GATE_UP_K, 600)[1]
+    monkeypatch.setitem(gdp.TRITON_FASTER, "mxfp4", ((20, 28),))      # a measured Triton range, as before moe512
     assert "Triton kernel measured faster" in _path("mxfp4", GATE_UP_K, 409)[1]
 
 
@@ -64,9 +66,9 @@ def test_rule_is_independent_of_n():
 
 def test_token_tile_by_mean_rows_per_expert():
     batches = (64, 128, 192, 256, 320, 409, 448, 512)           # mean 4, 8, 12, 16, 20, 25.6, 28, 32
-    assert [token_tile(8 * b, E, "nvfp4") for b in batches] == [16, 16, 16, 32, 32, 32, 32, "64x64"]
-    assert [token_tile(8 * b, E, "mxfp4") for b in batches] == [16, 16, 16, 32, 32, 64, 64, 64]
-    assert token_tile(0, E, "nvfp4") == 16 and token_tile(8 * 4096, E, "nvfp4") == "64x64"
+    assert [token_tile(8 * b, E, "nvfp4") for b in batches] == [16, 16, 16, 32, 32, "32d", "32d", "32d"]
+    assert [token_tile(8 * b, E, "mxfp4") for b in batches] == [16, 16, 16] + ["32x64ob"] * 4 + [64]
+    assert token_tile(0, E, "nvfp4") == 16 and token_tile(8 * 4096, E, "nvfp4") == "32d"
     assert tile_config("nvfp4", "64x64") is GLUON_VARIANTS["64x64"]
     assert tile_config("mxfp4", 32) is GROUPED_GLUON["mxfp4"][32]
     with pytest.raises(ValueError, match="no mxfp4 tile"):
@@ -75,12 +77,13 @@ def test_token_tile_by_mean_rows_per_expert():
         token_tile(64, E, "fp8")
 
 
-def test_mxfp4_triton_range_is_where_the_tile_rule_has_no_winner():
-    """TRITON_FASTER's mxfp4 range starts where TILE_RULE's 32-token tile ends (20 rows): above, the measured Gluon
-    tiles lost to Triton until 64 won at 32 rows."""
-    (lo, hi), = gdp.TRITON_FASTER["mxfp4"]
-    assert lo == 20 and token_tile(lo * E, E, "mxfp4") == 32 and token_tile(lo * E + 1, E, "mxfp4") == 64
-    assert hi < gdp.GLUON_MAX_MEAN == 32
+def test_no_triton_range_since_the_moe512_tiles():
+    """TRITON_FASTER held mxfp4's 20-28 rows per expert until check `moe512` measured the 32x64ob tile faster than
+    Triton there (B = 409): every measured mean up to GLUON_MAX_MEAN now takes a Gluon tile."""
+    assert gdp.TRITON_FASTER == {"nvfp4": (), "mxfp4": ()}
+    for fmt in ("nvfp4", "mxfp4"):
+        for b in (64, 256, 409, 512):
+            assert gdp.grouped_path(fmt, 2048, 8 * b, E, (9, 0), True)[0] == "gluon"
 
 
 def test_cpu_takes_triton_and_logs_once(monkeypatch, caplog):

@@ -102,8 +102,12 @@ GLUON_VARIANTS = {"64x256": GluonConfig(block_n=256, num_warps=8, maxnreg=144, b
 # tile order, 3-CTA 64-row tiles, the dual-accumulator "32d") against these picks at B = 256 / 409 / 512; its
 # summary's `tile_rule.<fmt>.line` is this table's line as the measured winners give it (`test_expect`: the pinned
 # lists of the two tests that check this rule). Any name tile_config resolves can stand in a rule.
-TILE_RULE = {"nvfp4": ((12, 16), (28, 32), (None, "64x64")),
-             "mxfp4": ((12, 16), (20, 32), (None, 64))}
+# Measured (2026-12-02, check `moe512`, `benchmarks/results/moe512_h200_1202f_summary.json`; gate_up + down us of the
+# shipped pick -> the winner, every candidate bit-identical to the shipped tile on the GPU): nvfp4 B = 409: 174.7 ->
+# 163.2 (32d), B = 512: 199.7 -> 189.3 (32d), B = 256: 32 stays (148.3); mxfp4 gate_up B = 256: 97.3 -> 92.7
+# (32x64ob), B = 409: Triton 105.3 -> 100.7 (32x64ob, so TRITON_FASTER is empty), B = 512: 64 stays (124.9).
+TILE_RULE = {"nvfp4": ((12, 16), (20, 32), (None, "32d")),
+             "mxfp4": ((12, 16), (28, "32x64ob"), (None, 64))}
 
 
 def token_tile(rows: int, n_experts: int, fmt: str = "nvfp4") -> int | str:

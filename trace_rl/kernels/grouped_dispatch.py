@@ -10,8 +10,9 @@ are in fp4_grouped_gluon.py above TILE_RULE):
 - the launcher takes the shape: nvfp4 / mxfp4, padded K a multiple of the K step (256 / 512 columns; then the scale
   rows are 16-byte aligned for TMA): mxfp4 at K = 768 (the Qwen3-30B-A3B down projection) takes Triton;
 - the mean rows per expert is where the H200 measured the Gluon tile faster: up to GLUON_MAX_MEAN (32: B = 512 at
-  top-8 of 128 experts; nothing above was measured) and outside TRITON_FASTER (mxfp4 at 20-28 rows: B = 409,
-  Triton 105.7 us vs Gluon's best 116.4 on the gate_up GEMM).
+  top-8 of 128 experts; nothing above was measured) and outside TRITON_FASTER (empty since check `moe512`: mxfp4 at
+  20-28 rows, B = 409, had Triton 105.7 us vs the 32-token tile's 116.4 on the gate_up GEMM; the 32x64ob tile
+  now takes it in 100.7 vs Triton's 105.3).
 The rule reads the rows of the buffer, not the router's counts (on the device: the launch must not synchronise),
 and not N: the stacked gate | up GEMM and the unstacked gate and up take the same kernel and tile (their bits are
 compared). This is a dispatch rule, not a fallback: `grouped_path` is a pure function of what it is given (tested
@@ -31,7 +32,7 @@ log = logging.getLogger("trace_rl.kernels")
 GLUON_GROUPED = True      # module switch: False sends every grouped FP4 GEMM to the Triton fp4_grouped_matmul
 GLUON_MAX_MEAN = 32       # mean rows per expert measured on the H200 (B = 512 of top-8 / 128): above, Triton
 # mean rows per expert (lo, hi] where the Triton kernel beat every Gluon tile on the H200
-TRITON_FASTER = {"nvfp4": (), "mxfp4": ((20, 28),)}
+TRITON_FASTER = {"nvfp4": (), "mxfp4": ()}
 
 
 def grouped_path(fmt: str, k_padded: int, rows: int, n_experts: int, capability: tuple[int, int] | None,
