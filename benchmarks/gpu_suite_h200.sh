@@ -4,11 +4,12 @@
 # small test processes) cut at GPU_SUITE_S seconds (default 230). Per shard OUT/shard_<i>.{txt,log}; OUT/summary.json
 # counts PASSED / FAILED / ERROR / SKIPPED from the -v logs (a shard cut by the timeout writes no junit XML, so the
 # logs are read, and the ids it never reached are listed as `not_run`) and names every failed id with its last lines.
+# GPU_SUITE_TESTS: the paths to collect (default tests/).
 # Why: the suite's GPU half is not in CI (CI has no GPU); this is how a session sees every GPU test at once.
 . "$(dirname "$0")/h200_check.sh"
 SHARDS=${SHARDS:-8}
 GPU_SUITE_S=${GPU_SUITE_S:-230}
-$PY -m pytest --collect-only -q -p no:cacheprovider -m gpu tests 2>/dev/null | grep "::" > "$OUT/test_ids.txt"
+$PY -m pytest --collect-only -q -p no:cacheprovider -m gpu ${GPU_SUITE_TESTS:-tests} 2>/dev/null | grep "::" > "$OUT/test_ids.txt"
 pids=()
 set -f          # test ids carry [params]: no globbing
 for i in $(seq 0 $((SHARDS - 1))); do
