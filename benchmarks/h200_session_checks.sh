@@ -37,6 +37,10 @@
 #            candidate configs of the Gluon GEMM (split 8 / 2, 256-column steps, two warpgroups) vs the shipped
 #            config vs cuBLAS BF16 vs gemlite at M = 1/4/16, W4A16 + W4A4 prequantized, bit identity, + their GPU
 #            tests; summary.json's rule_proposal names the SMALL_GRID to set; no torchrl needed; named only
+#   m64      benchmarks/m64_h200.sh              issue 15's W4A16 M = 64 target (1.6x cuBLAS): the M = 64 candidate configs
+#            of the Gluon GEMM (split 2 / 4, fin epilogue, overlap, 64-row tiles at 2 CTAs/SM, 2 x 32 tokens) vs the
+#            wide tile vs cuBLAS BF16 at 4096x12288 / 12288x4096, both formats (M = 128 as time allows), bit identity
+#            at the same split, + their GPU tests; summary.json's rule_proposal names the M64_GRID to set; named only
 #   gluoneng the engine's Gluon path GPU tests alone (LEAN the default)
 #   gluontests the Gluon attention's GPU tests (every variant, LEAN now the default) + the engine's Gluon path tests
 #   attnintf benchmarks/attention_interference.py  the attention alone / the layer's bf16 GEMMs alone / both interleaved
@@ -154,6 +158,7 @@ for name in $NAMES; do
         gemmship) bash benchmarks/gemm_ship_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         gemmship2) SHIP_TESTS=0 SHIP_SHAPES=12288x4096,4096x1024 bash benchmarks/gemm_ship_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         smallm) bash benchmarks/smallm_h200.sh "$d" > "$d/run.log" 2>&1 ;;
+        m64) bash benchmarks/m64_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         attnfault) bash benchmarks/attention_fault_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         gluontests) pytest_check "$d" 115 -m gpu tests/kernels/test_paged_attention_gluon.py tests/kv/test_gluon_path.py \
                         "tests/engine/test_native_gpu.py::test_gluon_attention_equals_kernels_in_graphs" \

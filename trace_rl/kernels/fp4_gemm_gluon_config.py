@@ -152,6 +152,62 @@ SMALL_GRID: dict[str, dict[int, GluonConfig]] = {
 SMALL_GRID_MAX_ROWS = 1024
 SMALL_GRID_K = (4096, )
 
+# M = 64 (issue 15: W4A16 >= 1.6x cuBLAS BF16 at 4096x12288 and 12288x4096; WIDE's 64-token tile: 1.29-1.33x). What
+# the grid does at M = 64 on 132 SMs (BM 64 = one token tile; nvfp4 256-column steps, mxfp4 512):
+#   WIDE 64: 128 rows (two warpgroups), 1 CTA per SM (104 registers x 12 warps; nvfp4 4 slots = 201 KB, mxfp4 2 =
+#   197 KB); 4096x12288: 96 row tiles, auto split 1 -> 96 programs on 132 SMs (27% of the SMs idle), 16 / 8 steps;
+#   12288x4096: 32 row tiles, auto split 4 -> 128 programs, 12 / 6 steps each. One decode + MMA pipeline per SM.
+# The kernel is not bytes-bound there (5.3 us of FP4 against 22-24 us): the candidates trade fill and the number of
+# independent pipelines per SM (latency hiding of the decode -> wgmma chain) against split-K traffic and decode:
+#   wide_split2 / wide_split4   WIDE at a fixed split: 4096x12288 -> 192 / 384 programs (1.5 / 2.9 waves of 4 / 8
+#                               steps), 12288x4096 split 2 -> 64 programs of 24 steps (the other side)
+#   wide_fin                    WIDE on the fin kernel (fast split-K epilogue; same bits at the same split)
+#   wide_overlap                nvfp4: WIDE_OVERLAP's 64-token tile (128 registers, the decode under the wgmma)
+#   wide_overlap_s2             mxfp4: the same with 2 slots (4 do not fit mxfp4's 64 KB activation slots)
+#   n64_w4                      64 rows, one consumer warpgroup, 2 slots, 128 registers: nvfp4 2 CTAs per SM (86 KB
+#                               each, 128 x 8 warps x 32): two independent pipelines per SM, 192 programs at
+#                               4096x12288, auto split 4 (256 programs) at 12288x4096; mxfp4 1 CTA per SM (166 KB)
+#   n64_w4_split2 / _split4     n64_w4 at a fixed split: 4096x12288 nvfp4 -> 384 / 768 programs of 8 / 4 steps over
+#                               264 resident slots (at most 3 / 6 per SM: 3/4 of wide's 128 x 16-step critical
+#                               path, + the partials); mxfp4 split 2 -> 384 programs of 4 steps at 1 CTA per SM
+#   n64_w4_overlap              the same with overlap
+#   bm32x2                      WIDE's 32-token tile over two token tiles (2 CTAs per SM, 80 registers): twice the
+#                               decode, twice the programs
+# Every candidate is `_fp4_gemm_ws_kernel` (or its fin twin) at its split: the bits depend on the K partition only
+# (tests/kernels/test_fp4_gemm_gluon_m64.py checks each against WIDE at the same split). fmts: where it applies.
+M64_CANDIDATES = {
+    "wide_split2": (GluonConfig(num_warps=8, maxnreg=104, block_m=64, stages=4, split_k=2), ("nvfp4", )),
+    "wide_split4": (GluonConfig(num_warps=8, maxnreg=104, block_m=64, stages=4, split_k=4), ("nvfp4", )),
+    "mx_wide_split2": (GluonConfig(num_warps=8, maxnreg=104, block_m=64, stages=2, split_k=2), ("mxfp4", )),
+    "mx_wide_split4": (GluonConfig(num_warps=8, maxnreg=104, block_m=64, stages=2, split_k=4), ("mxfp4", )),
+    "wide_fin": (GluonConfig(num_warps=8, maxnreg=104, block_m=64, stages=4, fin=True), ("nvfp4", )),
+    "mx_wide_fin": (GluonConfig(num_warps=8, maxnreg=104, block_m=64, stages=2, fin=True), ("mxfp4", )),
+    "wide_overlap": (GluonConfig(num_warps=8, maxnreg=128, block_m=64, stages=4, overlap=True), ("nvfp4", )),
+    "wide_overlap_s2": (GluonConfig(num_warps=8, maxnreg=128, block_m=64, stages=2, overlap=True), ("mxfp4", )),
+    "n64_w4": (GluonConfig(block_n=64, num_warps=4, maxnreg=128, block_m=64, stages=2), ("nvfp4", "mxfp4")),
+    "n64_w4_split2": (GluonConfig(block_n=64, num_warps=4, maxnreg=128, block_m=64, stages=2, split_k=2),
+                      ("nvfp4", "mxfp4")),
+    "n64_w4_split4": (GluonConfig(block_n=64, num_warps=4, maxnreg=128, block_m=64, stages=2, split_k=4),
+                      ("nvfp4", )),
+    "n64_w4_overlap": (GluonConfig(block_n=64, num_warps=4, maxnreg=128, block_m=64, stages=2, overlap=True),
+                       ("nvfp4", "mxfp4")),
+    "bm32x2": (GluonConfig(num_warps=8, maxnreg=80, block_m=32, stages=3), ("nvfp4", "mxfp4")),
+}
+# The rule `config_for` applies at 32 < M <= 64: per format, {(padded N, padded K) or None (every shape): config}.
+# Empty (the default): WIDE's 64-token tile, unchanged. Filled from the `m64` check's summary.json
+# ("rule_proposal"), e.g. {"nvfp4": {(12288, 4096): M64_CANDIDATES["n64_w4"][0]}}.
+M64_GRID: dict[str, dict[tuple[int, int] | None, GluonConfig]] = {"nvfp4": {}, "mxfp4": {}}
+
+
+def m64_grid_config(M: int, fmt: str, n_padded: int | None, k_padded: int | None) -> GluonConfig | None:
+    """M64_GRID's config for M tokens on an [n_padded, k_padded] weight (that shape's entry, else the None entry),
+    or None (WIDE applies): only at 32 < M <= 64 and where the config's K step divides k_padded."""
+    tiles = M64_GRID.get(fmt) or {}
+    if not 32 < M <= 64 or not tiles:
+        return None
+    c = tiles.get((n_padded, k_padded), tiles.get(None))
+    return c if c is not None and (k_padded is None or k_padded % c.bk(fmt) == 0) else None
+
 
 def small_m_fits(k_padded: int, fmt: str) -> bool:
     """Whether SMALL_M's K step divides the weight's padded K (its scale rows must also be 16-byte aligned)."""
@@ -175,12 +231,16 @@ def config_for(M: int, fmt: str = "nvfp4", k_padded: int | None = None,
                n_padded: int | None = None) -> GluonConfig:
     """SMALL_M at M <= 16 (SMALL_GRID's config for a small weight where one is set, `small_grid_config`; DEFAULT
     where `k_padded` is given and SMALL_M's K step does not divide it), else the format's WIDE config for the
-    smallest token tile covering M (the largest one past it: a grid over token tiles)."""
+    smallest token tile covering M (the largest one past it: a grid over token tiles; M64_GRID's config where one
+    is set at 32 < M <= 64, `m64_grid_config`)."""
     if M <= 16:
         small = small_grid_config(M, fmt, n_padded, k_padded)
         if small is not None:
             return small
         return SMALL_M if k_padded is None or small_m_fits(k_padded, fmt) else DEFAULT
+    m64 = m64_grid_config(M, fmt, n_padded, k_padded)
+    if m64 is not None:
+        return m64
     tiles = WIDE[fmt]
     return tiles[next((t for t in sorted(tiles) if t >= M), max(tiles))]
 

@@ -18,7 +18,7 @@ from trace_rl.kernels.fp4_gemm_gluon import (
     _shared_layouts,
     scale_words,
 )
-from trace_rl.kernels.fp4_gemm_gluon_config import SMALL_GRID_CANDIDATES
+from trace_rl.kernels.fp4_gemm_gluon_config import M64_CANDIDATES, SMALL_GRID_CANDIDATES
 from trace_rl.kernels.hopper_fp4 import COLS, ROWS
 
 # Compile gate (sass_gate.py; Triton 3.6 only: the Gluon API is experimental and version-pinned). The consumer's K
@@ -134,10 +134,33 @@ def small_grid_gate_cases():
     return cases
 
 
+# The M = 64 candidates (M64_CANDIDATES, benchmarks/m64_sweep.py) at their token tile (64; bm32x2: 32), fin ones at
+# split 4 (the split is a constexpr of the finish only). Measured (Triton 3.6, sm_90, 2026-12-02): nvfp4 2.73 / 2.77
+# (64 rows, one warpgroup, without / with overlap), mxfp4 2.40-2.42, 128 registers, no spills. Budgets: + ~3-5%.
+M64_BUDGET = {"nvfp4": 2.9, "mxfp4": 2.5}
+
+
+def m64_gate_cases():
+    """One case per new compile: a candidate that is a gated config (WIDE / WIDE_OVERLAP or an earlier candidate) at
+    another split (a runtime argument of `_fp4_gemm_ws_kernel`) is that case already."""
+    gated = {(dataclasses.replace(c, split_k=0), "nvfp4") for c, _, _ in GATE_WIDE} | \
+        {(dataclasses.replace(c, split_k=0), "mxfp4") for c, _, _ in GATE_WIDE_MX}
+    cases = []
+    for name, (c, fmts) in M64_CANDIDATES.items():
+        for f in fmts:
+            if not c.fin and (dataclasses.replace(c, split_k=0), f) in gated:
+                continue
+            if not c.fin:
+                gated.add((dataclasses.replace(c, split_k=0), f))
+            case = gate_case(c, c.block_m, M64_BUDGET[f], f, 4)
+            cases.append(dataclasses.replace(case, name=f"{case.name} [m64 {name}]"))
+    return cases
+
+
 def sass_gate_cases():
     if not triton.__version__.startswith("3.6"):
         return []
     return [gate_case(c, bm, b) for c, bm, b in GATE + GATE_WIDE] + \
         [gate_case(c, bm, b, "mxfp4") for c, bm, b in GATE_MX + GATE_WIDE_MX] + \
         [gate_case(c, bm, SMALL_M_BUDGET[f], f, s, p, r) for c, bm, f, s, p, r in GATE_SMALL_M] + \
-        small_grid_gate_cases()
+        small_grid_gate_cases() + m64_gate_cases()
