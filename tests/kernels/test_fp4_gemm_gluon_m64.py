@@ -108,6 +108,9 @@ def test_candidate_matches_reference_and_wide_bits_gpu(name, fmt, gen):
         assert y.shape == (M, 200) and torch.isfinite(y).all() and _rel(y, ref) < 1e-2, (M, _rel(y, ref))
         assert torch.equal(y, fp4_matmul_gluon(x, h, c)), f"{name}: not deterministic at M = {M}"
         bm, bk = c.tile_m(M), c.bk(fmt)
-        split = launch_grid(M, h.padded, c, bm, bk, lambda: _sm_count(0) * c.ctas_per_sm(bm, fmt))[3]
-        wide = fp4_matmul_gluon(x, h, replace(WIDE[fmt][64], split_k=split))
+        split = launch_grid(M, h.padded, c, bm, bk, lambda bm=bm: _sm_count(0) * c.ctas_per_sm(bm, fmt))[3]
+        w = WIDE[fmt][64]
+        kb, kb_w = h.padded[1] // bk, h.padded[1] // w.bk(fmt)
+        assert bk * -(-kb // split) == w.bk(fmt) * -(-kb_w // split), "K = 1536: WIDE cuts the same K partition"
+        wide = fp4_matmul_gluon(x, h, replace(w, split_k=split))
         assert torch.equal(y, wide), f"{name} at split {split}: other bits than WIDE's tile at that split (M = {M})"

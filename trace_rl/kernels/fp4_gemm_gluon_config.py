@@ -164,6 +164,8 @@ SMALL_GRID_K = (4096, )
 #   wide_fin                    WIDE on the fin kernel (fast split-K epilogue; same bits at the same split)
 #   wide_overlap                nvfp4: WIDE_OVERLAP's 64-token tile (128 registers, the decode under the wgmma)
 #   wide_overlap_s2             mxfp4: the same with 2 slots (4 do not fit mxfp4's 64 KB activation slots)
+#   wide_k512                   nvfp4: WIDE at 512-column steps, 2 slots (SMALL_M's step): half the per-step
+#                               barriers, waits and slot releases per weight (mxfp4's step is 512 already)
 #   n64_w4                      64 rows, one consumer warpgroup, 2 slots, 128 registers: nvfp4 2 CTAs per SM (86 KB
 #                               each, 128 x 8 warps x 32): two independent pipelines per SM, 192 programs at
 #                               4096x12288, auto split 4 (256 programs) at 12288x4096; mxfp4 1 CTA per SM (166 KB)
@@ -183,6 +185,7 @@ M64_CANDIDATES = {
     "wide_fin": (GluonConfig(num_warps=8, maxnreg=104, block_m=64, stages=4, fin=True), ("nvfp4", )),
     "mx_wide_fin": (GluonConfig(num_warps=8, maxnreg=104, block_m=64, stages=2, fin=True), ("mxfp4", )),
     "wide_overlap": (GluonConfig(num_warps=8, maxnreg=128, block_m=64, stages=4, overlap=True), ("nvfp4", )),
+    "wide_k512": (GluonConfig(num_warps=8, maxnreg=104, block_m=64, stages=2, block_k=512), ("nvfp4", )),
     "wide_overlap_s2": (GluonConfig(num_warps=8, maxnreg=128, block_m=64, stages=2, overlap=True), ("mxfp4", )),
     "n64_w4": (GluonConfig(block_n=64, num_warps=4, maxnreg=128, block_m=64, stages=2), ("nvfp4", "mxfp4")),
     "n64_w4_split2": (GluonConfig(block_n=64, num_warps=4, maxnreg=128, block_m=64, stages=2, split_k=2),

@@ -136,7 +136,8 @@ def small_grid_gate_cases():
 
 # The M = 64 candidates (M64_CANDIDATES, benchmarks/m64_sweep.py) at their token tile (64; bm32x2: 32), fin ones at
 # split 4 (the split is a constexpr of the finish only). Measured (Triton 3.6, sm_90, 2026-12-02): nvfp4 2.73 / 2.77
-# (64 rows, one warpgroup, without / with overlap), mxfp4 2.40-2.42, 128 registers, no spills. Budgets: + ~3-5%.
+# (64 rows, one warpgroup, without / with overlap; wide_fin 2.73, wide_k512 2.64), mxfp4 2.40-2.42, 104-128
+# registers, no spills. Budgets: + ~3-5%.
 M64_BUDGET = {"nvfp4": 2.9, "mxfp4": 2.5}
 
 
