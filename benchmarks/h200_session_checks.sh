@@ -41,6 +41,12 @@
 #            of the Gluon GEMM (split 2 / 4, fin epilogue, overlap, 64-row tiles at 2 CTAs/SM, 2 x 32 tokens) vs the
 #            wide tile vs cuBLAS BF16 at 4096x12288 / 12288x4096, both formats (M = 128 as time allows), bit identity
 #            at the same split, + their GPU tests; summary.json's rule_proposal names the M64_GRID to set; named only
+#   smallwide SMALLM_SHAPES=... benchmarks/smallm_h200.sh   the same sweep at Qwen3-8B's 4096x12288, 12288x4096,
+#            4096x6144, 4096x4096 (K x N; large first) and the 4096x1024 control, with the larger-weight candidates
+#            (split 3 / 4, 256-column steps at split 2 / 3 / 6, two warpgroups at split 2 / 4) + their GPU tests;
+#            summary.json: rule_proposal (SMALL_GRID to paste: every shape and M bucket where a candidate wins every
+#            round by >= 2%), issue_table (cuBLAS BF16 / FP4, shipped and best, per shape / M: issue 15's 2.2x);
+#            < 120 s; named only
 #   gluoneng the engine's Gluon path GPU tests alone (LEAN the default)
 #   gluontests the Gluon attention's GPU tests (every variant, LEAN now the default) + the engine's Gluon path tests
 #   attnintf benchmarks/attention_interference.py  the attention alone / the layer's bf16 GEMMs alone / both interleaved
@@ -159,6 +165,9 @@ for name in $NAMES; do
         gemmship2) SHIP_TESTS=0 SHIP_SHAPES=12288x4096,4096x1024 bash benchmarks/gemm_ship_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         smallm) bash benchmarks/smallm_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         m64) bash benchmarks/m64_h200.sh "$d" > "$d/run.log" 2>&1 ;;
+        smallwide) SMALLM_SHAPES=4096x12288,12288x4096,4096x6144,4096x4096,4096x1024 \
+                   SMALLM_TESTS='[[-](split3|split4|k256_split2|k256_split3|k256_split6|w8_split2|w8_split4)-(nvfp4|mxfp4)' \
+                   bash benchmarks/smallm_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         attnfault) bash benchmarks/attention_fault_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         gluontests) pytest_check "$d" 115 -m gpu tests/kernels/test_paged_attention_gluon.py tests/kv/test_gluon_path.py \
                         "tests/engine/test_native_gpu.py::test_gluon_attention_equals_kernels_in_graphs" \

@@ -17,12 +17,19 @@
 # 2. OUT/summary.json: rcs, test counts / failures, `rule_proposal` (per format and token tile: the candidate to put
 #    in fp4_gemm_gluon_config.SMALL_GRID, or keep; its Python), `vs_gemlite` (W4A16, shipped and best), failed
 #    checks, per point us / best / ratios / splits / bits vs shipped.
+# Env (the `smallwide` check: SMALLM_SHAPES=4096x12288,12288x4096,4096x6144,4096x4096,4096x1024 with
+# SMALLM_TESTS naming the larger-weight candidates): SMALLM_SHAPES, K x N shapes measured in that order (default
+# 4096x1024; the precompile covers all of them, the sweep stops starting points at its budget: later shapes are
+# "skipped"); SMALLM_TESTS, an extended regex the GPU test ids must match (default: every test).
 . "$(dirname "$0")/h200_check.sh"
 export GEMLITE_SRC=${GEMLITE_SRC:-$PWD/.gpu/gemlite_src}
 [ -d "$GEMLITE_SRC" ] || echo "gemlite source not at $GEMLITE_SRC: its rows say why; the rest runs" > "$OUT/gemlite.txt"
 TESTS=tests/kernels/test_fp4_gemm_gluon_small_grid.py
+SHAPES=${SMALLM_SHAPES:-4096x1024}
+echo "shapes $SHAPES; tests matching ${SMALLM_TESTS:-.}" > "$OUT/config.txt"
 : > "$OUT/test_ids.txt"
-$PY -m pytest --collect-only -q -p no:cacheprovider $TESTS -m gpu 2>/dev/null | grep "::" > "$OUT/test_ids.txt"
+$PY -m pytest --collect-only -q -p no:cacheprovider $TESTS -m gpu 2>/dev/null | grep "::" \
+    | grep -E -- "${SMALLM_TESTS:-.}" > "$OUT/test_ids.txt"
 pids=()
 set -f          # test ids carry [params]: no globbing
 for i in 0 1 2 3; do
@@ -33,12 +40,13 @@ for i in 0 1 2 3; do
     pids+=($!)
 done
 set +f
-timeout 48 $PY benchmarks/smallm_sweep.py --precompile-only --precompile-timeout-s 44 > "$OUT/precompile.log" 2>&1
+timeout 48 $PY benchmarks/smallm_sweep.py --precompile-only --precompile-timeout-s 44 --shapes "$SHAPES" \
+    > "$OUT/precompile.log" 2>&1
 pre_rc=$?
 test_rc=0
 for p in "${pids[@]}"; do wait "$p" || test_rc=$?; done
 left=$(( 112 - ($(date +%s) - start) ))
-timeout $(( left > 20 ? left : 20 )) $PY benchmarks/smallm_sweep.py --out "$OUT/smallm.json" \
+timeout $(( left > 20 ? left : 20 )) $PY benchmarks/smallm_sweep.py --out "$OUT/smallm.json" --shapes "$SHAPES" \
     --budget-s $(( left > 30 ? left - 14 : 15 )) > "$OUT/smallm.log" 2>&1
 bench_rc=$?
 $PY - "$OUT" "$pre_rc" "$bench_rc" "$test_rc" <<'PY'
@@ -47,7 +55,7 @@ import xml.etree.ElementTree as ET
 sys.path.insert(0, "benchmarks")
 from h200_summary import tail, write
 out, pre_rc, bench_rc, test_rc = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-s = {"precompile_rc": pre_rc, "bench_rc": bench_rc, "pytest_rc": test_rc,
+s = {"config": tail(out, "config.txt", 1), "precompile_rc": pre_rc, "bench_rc": bench_rc, "pytest_rc": test_rc,
      "precompile_tail": [line[:600] for line in tail(out, "precompile.log", 3)]}
 if os.path.exists(os.path.join(out, "gemlite.txt")):
     s["gemlite_note"] = tail(out, "gemlite.txt", 1)
@@ -68,10 +76,13 @@ s["pytest"], s["pytest_failed"] = counts, failed[:20]
 s["pytest_tails"] = {os.path.basename(f): tail(out, os.path.basename(f), 2)
                      for f in sorted(glob.glob(os.path.join(out, "pytest_*.log")))}
 try:
-    from smallm_sweep import summarize
+    from smallm_summary import summarize
     s.update(summarize(json.load(open(os.path.join(out, "smallm.json")))))
 except Exception as e:   # noqa: BLE001
     s["bench_error"] = repr(e)
     s["bench_log_tail"] = tail(out, "smallm.log", 15)
+first = ("config", "precompile_rc", "bench_rc", "pytest_rc", "pytest", "pytest_failed", "bench_error", "rule_proposal",
+         "issue_table", "checks_failed", "errors", "skipped")        # what the session log's first 3000 chars show
+s = {**{k: s[k] for k in first if k in s}, **{k: v for k, v in s.items() if k not in first}}
 write(out, s, 9000)
 PY

@@ -1,25 +1,29 @@
-"""Small-weight Gluon FP4 GEMM configs at M <= 16 (issue 15, "ahead of gemlite at every M": 4096x1024 at M = 1 is the
-one point gemlite wins, 5.0-5.4 us against 5.4-5.7) against the shipped config, cuBLAS BF16 and gemlite, in one run.
+"""Gluon FP4 GEMM configs at M <= 16 (issue 15: the small-weight rule, and >= 2.2x cuBLAS BF16 at the large shapes)
+against the shipped config, cuBLAS BF16 and gemlite, in one run, per weight shape.
 
-    python benchmarks/smallm_sweep.py --out smallm.json [--budget-s 60]     # an sm_90 GPU, Triton 3.6
-    python benchmarks/smallm_sweep.py --precompile-only                     # fill Triton's cache (worker processes)
+    python benchmarks/smallm_sweep.py --out smallm.json [--budget-s 60] [--shapes 4096x12288,4096x1024]
+    python benchmarks/smallm_sweep.py --precompile-only [--shapes ...]      # fill Triton's cache (worker processes)
+    python benchmarks/smallm_sweep.py --dry [--shapes ...]                  # each variant's launch, no GPU
 
-At K x N = 4096 x 1024 (x [M, 4096] @ W^T, W [1024, 4096]), M = 1 / 4 / 16, nvfp4 and mxfp4, W4A16 (bf16 x) and
-W4A4 prequantized (x = code x block scale from `quantize_dequant_bf16`, nvfp4 with its per-token row scale: the
-`fp4_linear_prequantized` launch), every variant launched as the shipped path launches it inside a graph
+Shapes are K x N (x [M, K] @ W^T, W [N, K]; default 4096x1024, the `smallm` check; `smallwide` adds Qwen3-8B's
+4096x12288, 12288x4096, 4096x6144, 4096x4096), in the order given. Per shape, M = 1 / 4 / 16, nvfp4 and mxfp4, W4A16
+(bf16 x) and W4A4 prequantized (x = code x block scale from `quantize_dequant_bf16`, nvfp4 with its per-token row
+scale: the `fp4_linear_prequantized` launch), every variant launched as the shipped path launches it inside a graph
 (`fp4_matmul_gluon(..., pdl=True)`):
-- `shipped`: config None (`config_for`: SMALL_M at its auto split, unless SMALL_GRID names one);
-- each of fp4_gemm_gluon_config.SMALL_GRID_CANDIDATES for the format (explicit split; see there);
-- `cublas_bf16` (F.linear on bf16 weight copies) and `gemlite_int4` (gemlite's A16W4 INT4, group 64, H100 configs;
-  W4A16 rows only; from GEMLITE_SRC / .gpu/gemlite_src, or its reason when absent).
+- `shipped`: config None (`config_for`: SMALL_GRID's config where the rule names one, else SMALL_M at its auto split);
+- each of fp4_gemm_gluon_config.SMALL_GRID_CANDIDATES for the format (explicit split), less those making the same
+  launch as an earlier variant at the point and those needing more than WAVES waves (`variants`; the row's
+  `excluded` says which and why);
+- `cublas_bf16` (F.linear on bf16 weight copies, both acts: the issue's baseline) and `gemlite_int4` (gemlite's A16W4
+  INT4, group 64; W4A16 rows only; from GEMLITE_SRC / .gpu/gemlite_src, or its reason when absent).
 Before timing, per point: each variant's output against the float64 reference (relative Frobenius < 1e-2 and finite,
-else not timed), `bit_identical_vs_shipped` (only candidates with the shipped K partition can be), the largest
-difference otherwise, and (W4A16) `bit_identical_vs_nofin`: the same config on `_fp4_gemm_ws_kernel` (fin=False) at
-the same split, the project's bit-exactness rule for a new split.
-Timing: microseconds per call, one CUDA graph of calls over weight copies beyond L2, median of 15 replays
-(kernel_baselines.graph_us), ROUNDS rounds per point, the variants in reverse order in the second round; a variant's
-`us` is the mean of its round medians, `rounds_us` lists them. The JSON is rewritten after every point; past
-`--budget-s` no new point starts ("skipped"). No torchrl: torch, triton, trace_rl's kernels and gemlite only.
+else not timed), `bit_identical_vs_shipped`, the largest difference otherwise, and (W4A16) `bit_identical_vs_nofin`:
+the same config on `_fp4_gemm_ws_kernel` (fin=False) at the same split, the project's bit-exactness rule for a split.
+Timing: microseconds per call, one CUDA graph of calls over weight copies beyond L2 (the large shapes read HBM),
+median of 15 replays (kernel_baselines.graph_us), ROUNDS rounds per point, the variants in reverse order in the
+second round; a variant's `us` is the mean of its round medians, `rounds_us` lists them. The JSON is rewritten after
+every point; past `--budget-s` no new point starts ("skipped"). The summary and the rule proposal: smallm_summary.py.
+No torchrl: torch, triton, trace_rl's kernels and gemlite only.
 """
 
 from __future__ import annotations
@@ -33,22 +37,60 @@ from dataclasses import asdict, replace
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-K, N = 4096, 1024
+SHAPES = [(4096, 1024)]          # (K, N), the `smallm` check's one shape
+WIDE_SHAPES = "4096x12288,12288x4096,4096x6144,4096x4096,4096x1024"     # the `smallwide` check: large ones first
 MS = [1, 4, 16]
 FMTS = ["nvfp4", "mxfp4"]
 ACTS = ["w4a16", "prequant"]
 ROUNDS = 2
+WAVES = 2           # a candidate needing more than WAVES waves of resident programs at a point is not timed there
 DEV = "cuda"
 
 
-def variants(fmt: str) -> dict:
-    """name -> GluonConfig (None: the launcher's own choice) for `fmt`."""
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    """"4096x12288,12288x4096" (K x N each) -> [(4096, 12288), (12288, 4096)]."""
+    try:
+        shapes = [tuple(int(v) for v in part.lower().split("x")) for part in text.split(",") if part.strip()]
+    except ValueError:
+        shapes = []
+    if not shapes or any(len(s) != 2 or min(s) < 1 for s in shapes):
+        raise SystemExit(f"--shapes takes K x N pairs like 4096x12288,12288x4096, got {text!r}")
+    return shapes
+
+
+def all_variants(fmt: str) -> dict:
+    """name -> GluonConfig (None: the launcher's own choice, `config_for`) for `fmt`, before any per-point filter."""
     from trace_rl.kernels.fp4_gemm_gluon_config import SMALL_GRID_CANDIDATES
 
     return {"shipped": None, **{n: c for n, (c, fmts) in SMALL_GRID_CANDIDATES.items() if fmt in fmts}}
 
 
-def _weights(fmt: str, n: int, seed: int = 0) -> tuple[list, list]:
+def variants(fmt: str, K: int, N: int, M: int, sms: int = 132) -> tuple[dict, dict]:
+    """(timed, excluded) at one point: `timed` name -> config as in all_variants, less the candidates whose launch
+    (config at its evened split) an earlier variant already makes (`shipped` first: same kernel, same bits) and those
+    needing more than WAVES waves of resident programs (SMs x CTAs per SM; e.g. split 16 at 4096x12288: 8 waves);
+    `excluded` name -> why."""
+    from trace_rl.kernels.fp4_gemm_gluon_config import GluonConfig
+    from trace_rl.kernels.hopper_fp4 import padded_shape
+
+    pad = padded_shape(N, K)
+    timed, excluded, seen = {}, {}, {}
+    for name, cfg in all_variants(fmt).items():
+        f = _launch_facts(M, fmt, pad, cfg, sms)
+        # the launch: the config's fields but its split_k (0 = auto), and the split it runs at
+        launch = (tuple(sorted((k, v) for k, v in f["config"].items() if k != "split_k")), f["split"])
+        resident = sms * GluonConfig(**f["config"]).ctas_per_sm(f["block_m"], fmt)
+        if launch in seen:
+            excluded[name] = f"same launch as {seen[launch]}"
+        elif name != "shipped" and f["programs"] > WAVES * resident:
+            excluded[name] = f"{f['programs']} programs > {WAVES} waves of {resident}"
+        else:
+            seen[launch] = name
+            timed[name] = cfg
+    return timed, excluded
+
+
+def _weights(fmt: str, K: int, N: int, n: int, seed: int = 0) -> tuple[list, list]:
     """`n` random [N, K] weights: (PackedWeights, their Hopper layouts), the layouts derived now (never inside a
     capture)."""
     import torch
@@ -65,7 +107,7 @@ def _weights(fmt: str, n: int, seed: int = 0) -> tuple[list, list]:
     return ps, [hopper_weight(p) for p in ps]
 
 
-def _inputs(fmt: str, M: int, seed: int):
+def _inputs(fmt: str, K: int, M: int, seed: int):
     """(x bf16 [M, K], xq prequantized, row scale or None)."""
     import torch
 
@@ -85,9 +127,10 @@ def _call(inp, h, cfg, rs):
 
 
 def _compile_job(job: tuple) -> str:
-    """Worker (spawn): every launch of one (format, variant) at every M and act (+ the fin=False check launch), or
-    gemlite's kernels at every M (`("gemlite", ...)`), to fill Triton's cache."""
-    fmt, name = job
+    """Worker (spawn): every launch of one (format, variant) at every shape and M where `variants` times it, both
+    acts (+ the fin=False check launch), or gemlite's kernels at every M (`("gemlite", "", shapes)`), to fill
+    Triton's cache."""
+    fmt, name, shapes = job
     try:
         import torch
 
@@ -97,33 +140,43 @@ def _compile_job(job: tuple) -> str:
             ok, why = gemlite_available()
             if not ok:
                 return ""
-            layer = gemlite_int4_linear(torch.randn(N, K, device=DEV, dtype=torch.bfloat16) * 0.02)
-            for M in MS:
-                layer(torch.randn(M, K, device=DEV, dtype=torch.bfloat16))
+            for K, N in shapes:
+                layer = gemlite_int4_linear(torch.randn(N, K, device=DEV, dtype=torch.bfloat16) * 0.02)
+                for M in MS:
+                    layer(torch.randn(M, K, device=DEV, dtype=torch.bfloat16))
             torch.cuda.synchronize()
             return ""
         from trace_rl.kernels.fp4_gemm_gluon import config_for, fp4_matmul_gluon
 
-        (_, ), (h, ) = _weights(fmt, 1)
-        cfg = variants(fmt)[name]
-        for M in MS:
-            x, xq, rs = _inputs(fmt, M, 1)
-            _call(x, h, cfg, None)
-            _call(xq, h, cfg, rs)
-            fp4_matmul_gluon(x, h, replace(cfg or config_for(M, fmt, h.padded[1], h.padded[0]), fin=False))
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        for K, N in shapes:
+            if not any(name in variants(fmt, K, N, M, sms)[0] for M in MS):
+                continue
+            (_, ), (h, ) = _weights(fmt, K, N, 1)
+            cfg = all_variants(fmt)[name]
+            for M in MS:
+                if name not in variants(fmt, K, N, M, sms)[0]:
+                    continue
+                x, xq, rs = _inputs(fmt, K, M, 1)
+                _call(x, h, cfg, None)
+                _call(xq, h, cfg, rs)
+                used = cfg or config_for(M, fmt, h.padded[1], h.padded[0])
+                split = _launch_facts(M, fmt, h.padded, cfg, sms)["split"]
+                fp4_matmul_gluon(x, h, replace(used, fin=False, split_k=split))
+            del h
         torch.cuda.synchronize()
         return ""
     except Exception as e:   # noqa: BLE001
-        return f"{job}: {e!r}"[:300]
+        return f"{job[:2]}: {e!r}"[:300]
 
 
-def precompile(timeout_s: float = 40.0, workers: int = 12) -> tuple[list[str], list[tuple]]:
+def precompile(shapes, timeout_s: float = 40.0, workers: int = 12) -> tuple[list[str], list[tuple]]:
     """Every job of `_compile_job` in `workers` spawned processes; a job still running after `timeout_s` (a kernel
     that never finishes would hang the run) has its workers killed. Returns (errors, hung jobs)."""
     from concurrent.futures import ProcessPoolExecutor, wait
     from multiprocessing import get_context
 
-    jobs = [("gemlite", "")] + [(fmt, name) for fmt in FMTS for name in variants(fmt)]
+    jobs = [("gemlite", "", shapes)] + [(fmt, name, shapes) for fmt in FMTS for name in all_variants(fmt)]
     pool = ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=get_context("spawn"))
     futs = {pool.submit(_compile_job, j): j for j in jobs}
     done, pending = wait(futs, timeout=timeout_s)
@@ -132,7 +185,7 @@ def precompile(timeout_s: float = 40.0, workers: int = 12) -> tuple[list[str], l
         for proc in list(getattr(pool, "_processes", {}).values()):
             proc.kill()
     pool.shutdown(wait=False, cancel_futures=True)
-    return errors, sorted(futs[f] for f in pending)
+    return errors, sorted(futs[f][:2] for f in pending)
 
 
 def _rel(a, b) -> float:
@@ -156,22 +209,23 @@ def _launch_facts(M: int, fmt: str, padded: tuple[int, int], cfg, sms: int) -> d
             "k_steps_per_program": -(-kb // split), "columns_per_program": -(-kb // split) * bk}
 
 
-def _point(fmt, M, act, ps, hs, w_bf16, gl_layers, gl_reason, graph_us, errors) -> dict:
-    """One (format, M, act) point: checks, then ROUNDS rounds of timing."""
+def _point(fmt, K, N, M, act, ps, hs, w_bf16, gl_layers, gl_reason, graph_us, errors) -> dict:
+    """One (shape, format, M, act) point: checks, then ROUNDS rounds of timing."""
     import torch
     import torch.nn.functional as F
 
     from trace_rl.kernels.fp4_gemm_gluon import GluonConfig, fp4_matmul_gluon, launch_grid
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    x, xq, rs = _inputs(fmt, M, 1000 + M)
+    x, xq, rs = _inputs(fmt, K, M, 1000 + M)
     inp, rs = (x, None) if act == "w4a16" else (xq, rs)
     ref = inp.double() @ ps[0].q.dequantize().double().T
     if rs is not None:
         ref = ref * rs.double()[:, None]
-    row = {"fmt": fmt, "K": K, "N": N, "M": M, "act": act, "variants": {}}
+    vars_, excluded = variants(fmt, K, N, M, sms)
+    row = {"fmt": fmt, "K": K, "N": N, "M": M, "act": act, "variants": {}, "excluded": excluded}
     outs = {}
-    for name, cfg in variants(fmt).items():
+    for name, cfg in vars_.items():
         v = row["variants"][name] = {}
         try:
             v.update(_launch_facts(M, fmt, hs[0].padded, cfg, sms))
@@ -190,7 +244,7 @@ def _point(fmt, M, act, ps, hs, w_bf16, gl_layers, gl_reason, graph_us, errors) 
             outs[name] = y
         except Exception as e:   # noqa: BLE001 -- one failing variant must not lose the point
             v["ok"] = False
-            errors.append(f"{fmt} M {M} {act} {name}: {e!r}"[:400])
+            errors.append(f"{fmt} {K}x{N} M {M} {act} {name}: {e!r}"[:400])
     base = outs.get("shipped")
     for name, y in outs.items():
         if base is not None:
@@ -199,11 +253,12 @@ def _point(fmt, M, act, ps, hs, w_bf16, gl_layers, gl_reason, graph_us, errors) 
             d = (y.float() - base.float()).abs()
             v["max_abs_diff_vs_shipped"] = d.max().item()
             v["rel_vs_shipped"] = _rel(y, base)
+    del ref, outs, base
     timed = {n: (lambda cfg=cfg: [lambda h=h: _call(inp, h, cfg, rs) for h in hs])
-             for n, cfg in variants(fmt).items() if row["variants"][n].get("ok")}
+             for n, cfg in vars_.items() if row["variants"][n].get("ok")}
+    bf = [w_bf16[i % len(w_bf16)] for i in range(len(hs))]
+    timed["cublas_bf16"] = lambda: [lambda w=w: F.linear(x, w) for w in bf]      # the same bf16 x in both acts
     if act == "w4a16":
-        bf = [w_bf16[i % len(w_bf16)] for i in range(len(hs))]
-        timed["cublas_bf16"] = lambda: [lambda w=w: F.linear(x, w) for w in bf]
         if gl_layers:
             timed["gemlite_int4"] = lambda: [lambda g=g: g(x) for g in gl_layers]
         else:
@@ -214,7 +269,7 @@ def _point(fmt, M, act, ps, hs, w_bf16, gl_layers, gl_reason, graph_us, errors) 
             try:
                 rounds[n].append(graph_us(timed[n]()))
             except Exception as e:   # noqa: BLE001
-                errors.append(f"{fmt} M {M} {act} {n} timing: {e!r}"[:400])
+                errors.append(f"{fmt} {K}x{N} M {M} {act} {n} timing: {e!r}"[:400])
     row["us"] = {n: round(sum(t) / len(t), 3) for n, t in rounds.items() if t}
     row["rounds_us"] = {n: [round(u, 3) for u in t] for n, t in rounds.items() if t}
     fp4 = {n: u for n, u in row["us"].items() if n in row["variants"]}
@@ -240,148 +295,91 @@ def measure(args) -> None:
     from kernel_baselines import gemlite_available, gemlite_int4_linear, graph_us, json_saver, run_env, weight_copies
 
     start = time.time()
+    shapes = args.shapes
     res = {"env": run_env(torch.cuda.get_device_name(0), sms=torch.cuda.get_device_properties(0).multi_processor_count),
-           "shape": {"K": K, "N": N}, "rows": [], "skipped": [], "errors": []}
+           "shapes": [{"K": K, "N": N} for K, N in shapes], "rows": [], "skipped": [], "errors": [],
+           "weight_copies": {}}
     save = json_saver(res, args.out)
     gl_ok, gl_info = gemlite_available()
     res["gemlite"] = gl_info if gl_ok else {"unavailable": gl_info}
     save()
-    torch.manual_seed(0)
-    n = weight_copies(N * K // 2)
-    w_bf16 = [torch.randn(N, K, device=DEV, dtype=torch.bfloat16) * 0.02 for _ in range(weight_copies(N * K * 2))]
-    gl_layers, gl_reason = [], (f"gemlite unavailable: {gl_info}" if not gl_ok else "")
-    if gl_ok:
-        try:
-            gl_layers = [gemlite_int4_linear(w_bf16[i % len(w_bf16)]) for i in range(n)]
-        except Exception as e:   # noqa: BLE001
-            gl_reason = f"gemlite layer failed: {e!r}"[:300]
-            res["errors"].append(gl_reason)
-    res["weight_copies"] = n
-    # M = 1 first for both formats (the point the issue misses), then 4, then 16
-    order = [(M, fmt) for M in MS for fmt in FMTS]
-    weights = {}
-    for M, fmt in order:
+    for K, N in shapes:
         if time.time() - start > args.budget_s:
-            res["skipped"] += [{"fmt": fmt, "M": M, "act": a} for a in ACTS]
+            res["skipped"] += [{"K": K, "N": N, "fmt": f, "M": M, "act": a} for M in MS for f in FMTS for a in ACTS]
             continue
-        if fmt not in weights:
-            weights[fmt] = _weights(fmt, n)
-        ps, hs = weights[fmt]
-        for act in ACTS:
-            if time.time() - start > args.budget_s:
-                res["skipped"].append({"fmt": fmt, "M": M, "act": act})
-                continue
-            row = _point(fmt, M, act, ps, hs, w_bf16, gl_layers, gl_reason, graph_us, res["errors"])
-            res["rows"].append(row)
-            save()
-            print({k: row.get(k) for k in ("fmt", "M", "act", "best", "best_us", "best_vs_shipped")}, row["us"],
-                  flush=True)
+        torch.manual_seed(0)
+        n = weight_copies(N * K // 2)
+        w_bf16 = [torch.randn(N, K, device=DEV, dtype=torch.bfloat16) * 0.02
+                  for _ in range(weight_copies(N * K * 2))]
+        gl_layers, gl_reason = [], (f"gemlite unavailable: {gl_info}" if not gl_ok else "")
+        if gl_ok:
+            try:
+                gl_layers = [gemlite_int4_linear(w_bf16[i % len(w_bf16)]) for i in range(n)]
+            except Exception as e:   # noqa: BLE001
+                gl_reason = f"gemlite layer failed: {e!r}"[:300]
+                res["errors"].append(f"{K}x{N}: {gl_reason}")
+        res["weight_copies"][f"{K}x{N}"] = n
+        weights = {}
+        # M = 1 first for both formats (the points the issue misses most), then 4, then 16
+        for M, fmt in [(M, fmt) for M in MS for fmt in FMTS]:
+            for act in ACTS:
+                if time.time() - start > args.budget_s:
+                    res["skipped"].append({"K": K, "N": N, "fmt": fmt, "M": M, "act": act})
+                    continue
+                if fmt not in weights:
+                    weights[fmt] = _weights(fmt, K, N, n)
+                ps, hs = weights[fmt]
+                row = _point(fmt, K, N, M, act, ps, hs, w_bf16, gl_layers, gl_reason, graph_us, res["errors"])
+                res["rows"].append(row)
+                save()
+                print({k: row.get(k) for k in ("fmt", "K", "N", "M", "act", "best", "best_us", "best_vs_shipped",
+                                               "best_vs_cublas_bf16")}, row["us"], flush=True)
+        del weights, w_bf16, gl_layers
+        torch.cuda.empty_cache()
     res["total_s"] = round(time.time() - start, 1)
     save()
 
 
-MARGIN = 0.98       # a candidate replaces SMALL_M at a token tile only at <= 98% of its time (mean over the points)
-TILE_MS = {8: (1, 4), 16: (16, )}     # SMALL_GRID's keys (largest M covered) and the measured M they cover
-
-
-def rule_proposal(rows: list[dict]) -> dict:
-    """Per format and token tile (SMALL_GRID key 8: M = 1 / 4; 16: M = 16): the candidate with the lowest mean of
-    us / shipped us over the tile's measured points (both acts), among candidates measured at all of them, correct
-    at all (`ok`) and, where checked, bit-identical to the fin=False launch at their split; it is proposed when that
-    mean is <= MARGIN and it beat shipped in every round of every point, else SMALL_M stays ("keep")."""
-    out = {}
-    for fmt in FMTS:
-        per_tile = {}
-        for tile, ms in TILE_MS.items():
-            pts = [r for r in rows if r["fmt"] == fmt and r["M"] in ms and "shipped" in r.get("us", {})]
-            if not pts:
-                per_tile[tile] = {"choice": "keep", "why": "not measured"}
-                continue
-            scores = {}
-            for name in pts[0]["variants"]:
-                if name == "shipped":
-                    continue
-                vs = [r["variants"].get(name, {}) for r in pts]
-                if not all(v.get("ok") and v.get("bit_identical_vs_nofin", True) for v in vs) or \
-                        not all(name in r["us"] for r in pts):
-                    continue
-                ratio = sum(r["us"][name] / r["us"]["shipped"] for r in pts) / len(pts)
-                every = all(c < s for r in pts for c, s in zip(r["rounds_us"][name], r["rounds_us"]["shipped"]))
-                scores[name] = (round(ratio, 3), every)
-            best = min(scores, key=lambda n: scores[n][0], default=None)
-            entry = {"points": len(pts), "scores": {n: r for n, (r, _) in scores.items()}}
-            if best is not None and scores[best][0] <= MARGIN and scores[best][1]:
-                entry.update(choice=best, time_vs_shipped=scores[best][0],
-                             same_bits_as_shipped=all(r["variants"][best].get("bit_identical_vs_shipped")
-                                                      for r in pts))
-            else:
-                entry.update(choice="keep", why=f"no candidate at <= {MARGIN} of shipped in every round"
-                             if best else "no candidate passed its checks")
-            per_tile[tile] = entry
-        out[fmt] = per_tile
-    chosen = {fmt: {t: e["choice"] for t, e in tiles.items() if e["choice"] != "keep"} for fmt, tiles in out.items()}
-    out["SMALL_GRID"] = "{" + ", ".join(
-        f'"{fmt}": {{' + ", ".join(f'{t}: SMALL_GRID_CANDIDATES["{n}"][0]' for t, n in sorted(c.items())) + "}"
-        for fmt, c in chosen.items()) + "}"
-    return out
-
-
-def summarize(res: dict) -> dict:
-    """The check's summary.json body from the sweep's JSON: per point the us, the best variant and the ratios, every
-    variant's checks, and `rule_proposal` (the SMALL_GRID to set, as Python)."""
-    s = {"gemlite": res.get("gemlite"), "weight_copies": res.get("weight_copies"), "total_s": res.get("total_s"),
-         "errors": res.get("errors", [])[:8], "skipped": res.get("skipped", [])}
-    rows = res.get("rows", [])
-    s["rule_proposal"] = rule_proposal(rows)
-    s["vs_gemlite"] = {f"{r['fmt']} M={r['M']}": {"shipped": r.get("shipped_vs_gemlite_int4"),
-                                                  "best": r.get("best_vs_gemlite_int4"), "best_name": r.get("best")}
-                       for r in rows if r["act"] == "w4a16" and "gemlite_int4" in r.get("us", {})}
-    checks_failed = [f"{r['fmt']} M={r['M']} {r['act']} {n}: " + ", ".join(
-        k for k in ("ok", "bit_identical_vs_nofin") if v.get(k) is False)
-        for r in rows for n, v in r["variants"].items()
-        if v.get("ok") is False or v.get("bit_identical_vs_nofin") is False]
-    s["checks_failed"] = checks_failed
-    s["rows"] = [{"fmt": r["fmt"], "M": r["M"], "act": r["act"], "us": {k: round(u, 2) for k, u in r["us"].items()},
-                  **{k: r[k] for k in ("best", "best_vs_shipped", "best_wins_every_round", "best_vs_gemlite_int4",
-                                       "shipped_vs_gemlite_int4", "best_vs_cublas_bf16", "shipped_vs_cublas_bf16")
-                     if k in r},
-                  "split": {n: v.get("split") for n, v in r["variants"].items()},
-                  "bits_vs_shipped": {n: v.get("bit_identical_vs_shipped") for n, v in r["variants"].items()},
-                  "max_rel_vs_ref": max((v.get("rel_vs_ref", 0) for v in r["variants"].values()), default=None)}
-                 for r in rows]
-    return s
-
-
-def dry(sms: int = 132) -> dict:
-    """Per format and M, each variant's launch (config, split, programs, columns per program) on `sms` SMs: no GPU."""
+def dry(shapes=None, sms: int = 132) -> dict:
+    """Per shape, format and M, each variant's launch (config, split, programs, columns per program) on `sms` SMs and
+    the excluded ones: no GPU."""
     from trace_rl.kernels.hopper_fp4 import padded_shape
 
-    pad = padded_shape(N, K)
-    return {fmt: {M: {n: _launch_facts(M, fmt, pad, c, sms) for n, c in variants(fmt).items()} for M in MS}
-            for fmt in FMTS}
+    out = {}
+    for K, N in shapes or SHAPES:
+        pad = padded_shape(N, K)
+        out[f"{K}x{N}"] = {fmt: {M: {**{n: _launch_facts(M, fmt, pad, c, sms)
+                                        for n, c in variants(fmt, K, N, M, sms)[0].items()},
+                                     "excluded": variants(fmt, K, N, M, sms)[1]} for M in MS} for fmt in FMTS}
+    return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="smallm.json")
+    ap.add_argument("--shapes", default=",".join(f"{K}x{N}" for K, N in SHAPES),
+                    help=f"K x N weight shapes, comma-separated, measured in this order (smallwide: {WIDE_SHAPES})")
     ap.add_argument("--budget-s", type=float, default=60.0, help="start no new point after this many seconds")
     ap.add_argument("--precompile-only", action="store_true")
     ap.add_argument("--precompile-timeout-s", type=float, default=40.0)
     ap.add_argument("--dry", action="store_true", help="print each variant's launch on 132 SMs (no GPU) and exit")
     args = ap.parse_args()
+    args.shapes = parse_shapes(args.shapes)
     if args.dry:
         import json
 
-        plan = dry()
+        plan = dry(args.shapes)
         with open(args.out, "w") as f:
             json.dump(plan, f, indent=1)
-        for fmt, per_m in plan.items():
-            for M, vs in per_m.items():
-                print(fmt, M, {n: (v["split"], v["programs"], v["columns_per_program"]) for n, v in vs.items()})
+        for shape, per_fmt in plan.items():
+            for fmt, per_m in per_fmt.items():
+                for M, vs in per_m.items():
+                    print(shape, fmt, M, {n: (v["split"], v["programs"], v["columns_per_program"])
+                                          for n, v in vs.items() if n != "excluded"}, "excluded:", vs["excluded"])
         return 0
     if args.precompile_only:
         t0 = time.time()
-        errors, hung = precompile(args.precompile_timeout_s)
+        errors, hung = precompile(args.shapes, args.precompile_timeout_s)
         print({"precompile_s": round(time.time() - t0, 1), "errors": errors, "hung": hung}, flush=True)
         return 1 if errors or hung else 0
     measure(args)

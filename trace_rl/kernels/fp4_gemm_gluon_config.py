@@ -136,21 +136,47 @@ SMALL_GRID_CANDIDATES = {
                                  split_k=16), ("nvfp4", )),
     "w8_split8": (GluonConfig(block_n=128, num_warps=8, stages=2, maxnreg=80, overlap=True, block_k=512, fin=True,
                               split_k=8), ("nvfp4", "mxfp4")),
+    # Larger weights (Qwen3-8B's 4096x4096 / 4096x6144 / 4096x12288 / 12288x4096, K x N; check `smallwide`), where
+    # SMALL_M's auto split already fills the 3 CTAs per SM (384 programs at 4096x12288, split 2; 12288x4096, split
+    # 6): other splits trade a second wave against fewer / more partials; 256-column steps (4 slots: 1024 columns in
+    # flight, SMALL_M's bytes) a finer pipeline at SMALL_M's partition (k256_split2 at 4096x12288, k256_split6 at
+    # 12288x4096: same bits as SMALL_M there); two warpgroups x 128 rows half the programs of the same partition.
+    "split3": (GluonConfig(block_n=64, stages=2, maxnreg=80, overlap=True, block_k=512, fin=True, split_k=3),
+               ("nvfp4", "mxfp4")),
+    "split4": (GluonConfig(block_n=64, stages=2, maxnreg=80, overlap=True, block_k=512, fin=True, split_k=4),
+               ("nvfp4", "mxfp4")),
+    "k256_split2": (GluonConfig(block_n=64, stages=4, maxnreg=80, overlap=True, block_k=256, fin=True, split_k=2),
+                    ("nvfp4", )),
+    "k256_split3": (GluonConfig(block_n=64, stages=4, maxnreg=80, overlap=True, block_k=256, fin=True, split_k=3),
+                    ("nvfp4", )),
+    "k256_split6": (GluonConfig(block_n=64, stages=4, maxnreg=80, overlap=True, block_k=256, fin=True, split_k=6),
+                    ("nvfp4", )),
+    "w8_split2": (GluonConfig(block_n=128, num_warps=8, stages=2, maxnreg=80, overlap=True, block_k=512, fin=True,
+                              split_k=2), ("nvfp4", "mxfp4")),
+    "w8_split4": (GluonConfig(block_n=128, num_warps=8, stages=2, maxnreg=80, overlap=True, block_k=512, fin=True,
+                              split_k=4), ("nvfp4", "mxfp4")),
 }
-# The rule `config_for` applies at M <= 16 to a small weight (at most SMALL_GRID_MAX_ROWS padded rows and exactly
-# SMALL_GRID_K padded columns: the measured shape only): per format, {largest M covered: config}, the smallest key
-# covering M. Empty (the default): SMALL_M, unchanged. Filled from the `smallm` check's summary.json
-# ("rule_proposal"), e.g. {"nvfp4": {16: SMALL_GRID_CANDIDATES["split8"][0]}}.
+# The rule `config_for` applies at M <= 16: per format, {weight class: {M bucket: config}}. A weight class is
+# (min rows, max rows, K): a weight of padded rows in [min, max] and exactly K padded columns (the measured shapes
+# only: no extrapolation to other K or rows); classes of a format must not overlap. M bucket 8 covers M = 1..8, 16
+# covers M = 9..16 (M_BUCKETS); a missing bucket or class: SMALL_M, unchanged. A config applies only where its K
+# step divides K. Filled from the `smallm` / `smallwide` checks' summary.json ("rule_proposal": its SMALL_GRID line
+# is this dict as Python).
 # Set from the H200 run of 2026-12-02 (`benchmarks/results/smallm_h200_1202f_summary.json`, 4096x1024 = K x N, graph
 # medians, two rounds, each candidate won every round): nvfp4 k256_split16 0.72-0.78 of the shipped time at M = 1 / 4 /
 # 16 (W4A16 and W4A4), 1.22x gemlite at M = 1 (shipped: 0.94x); mxfp4 split8 0.93-0.95 at M = 1 / 4, 1.06x gemlite at
 # M = 1; at M = 16 no mxfp4 candidate won. Bits differ from SMALL_M's by the split-K partition only (deterministic).
-SMALL_GRID: dict[str, dict[int, GluonConfig]] = {
-    "nvfp4": {8: SMALL_GRID_CANDIDATES["k256_split16"][0], 16: SMALL_GRID_CANDIDATES["k256_split16"][0]},
-    "mxfp4": {8: SMALL_GRID_CANDIDATES["split8"][0]},
+M_BUCKETS = (8, 16)
+SMALL_GRID: dict[str, dict[tuple[int, int, int], dict[int, GluonConfig]]] = {
+    "nvfp4": {(1, 1024, 4096): {8: SMALL_GRID_CANDIDATES["k256_split16"][0],
+                                16: SMALL_GRID_CANDIDATES["k256_split16"][0]}},
+    "mxfp4": {(1, 1024, 4096): {8: SMALL_GRID_CANDIDATES["split8"][0]}},
 }
-SMALL_GRID_MAX_ROWS = 1024
-SMALL_GRID_K = (4096, )
+
+
+def m_bucket(M: int) -> int:
+    """SMALL_GRID's M bucket of M <= 16 tokens: 8 (M = 1..8, token tile 8) or 16 (M = 9..16, token tile 16)."""
+    return next(b for b in M_BUCKETS if M <= b)
 
 # M = 64 (issue 15: W4A16 >= 1.6x cuBLAS BF16 at 4096x12288 and 12288x4096; WIDE's 64-token tile: 1.29-1.33x). What
 # the grid does at M = 64 on 132 SMs (BM 64 = one token tile; nvfp4 256-column steps, mxfp4 512):
@@ -217,16 +243,20 @@ def small_m_fits(k_padded: int, fmt: str) -> bool:
     return k_padded % SMALL_M.bk(fmt) == 0
 
 
+def small_grid_class(fmt: str, n_padded: int, k_padded: int) -> tuple[int, int, int] | None:
+    """The SMALL_GRID weight class (min rows, max rows, K) of an [n_padded, k_padded] weight, or None."""
+    return next((key for key in SMALL_GRID.get(fmt) or {}
+                 if key[2] == k_padded and key[0] <= n_padded <= key[1]), None)
+
+
 def small_grid_config(M: int, fmt: str, n_padded: int | None, k_padded: int | None) -> GluonConfig | None:
     """SMALL_GRID's config for M tokens on an [n_padded, k_padded] weight, or None (SMALL_M applies): only at
-    M <= 16, for a weight of at most SMALL_GRID_MAX_ROWS rows and a K in SMALL_GRID_K that the config's step
-    divides."""
-    tiles = SMALL_GRID.get(fmt) or {}
-    if M > 16 or not tiles or n_padded is None or k_padded is None:
+    M <= 16, for a weight in one of the format's classes, at an M bucket the class names, where the config's step
+    divides K."""
+    if M > 16 or n_padded is None or k_padded is None:
         return None
-    if n_padded > SMALL_GRID_MAX_ROWS or k_padded not in SMALL_GRID_K:
-        return None
-    c = next((tiles[t] for t in sorted(tiles) if t >= M), None)
+    key = small_grid_class(fmt, n_padded, k_padded)
+    c = SMALL_GRID[fmt][key].get(m_bucket(M)) if key is not None else None
     return c if c is not None and k_padded % c.bk(fmt) == 0 else None
 
 

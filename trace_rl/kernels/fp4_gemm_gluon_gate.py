@@ -121,7 +121,13 @@ SMALL_M_BUDGET = {"nvfp4": 2.75, "mxfp4": 2.5}
 # step's bookkeeping over half the columns); 80 registers, no spills. Budgets: + ~3%.
 SMALL_GRID_BUDGET = {("split8", "nvfp4"): 2.75, ("split8", "mxfp4"): 2.5, ("split2", "nvfp4"): 2.75,
                      ("split2", "mxfp4"): 2.5, ("k256_split4", "nvfp4"): 2.9, ("k256_split8", "nvfp4"): 2.9,
-                     ("k256_split16", "nvfp4"): 2.9, ("w8_split8", "nvfp4"): 2.75, ("w8_split8", "mxfp4"): 2.5}
+                     ("k256_split16", "nvfp4"): 2.9, ("w8_split8", "nvfp4"): 2.75, ("w8_split8", "mxfp4"): 2.5,
+                     # the larger-weight candidates (check `smallwide`): the same main loops as above (split only
+                     # changes the finish); k256 at 4 slots as k256_split4
+                     ("split3", "nvfp4"): 2.75, ("split3", "mxfp4"): 2.5, ("split4", "nvfp4"): 2.75,
+                     ("split4", "mxfp4"): 2.5, ("k256_split2", "nvfp4"): 2.9, ("k256_split3", "nvfp4"): 2.9,
+                     ("k256_split6", "nvfp4"): 2.9, ("w8_split2", "nvfp4"): 2.75, ("w8_split2", "mxfp4"): 2.5,
+                     ("w8_split4", "nvfp4"): 2.75, ("w8_split4", "mxfp4"): 2.5}
 
 
 def small_grid_gate_cases():
