@@ -165,7 +165,7 @@ for name in $NAMES; do
         gemmship2) SHIP_TESTS=0 SHIP_SHAPES=12288x4096,4096x1024 bash benchmarks/gemm_ship_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         smallm) bash benchmarks/smallm_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         m64) bash benchmarks/m64_h200.sh "$d" > "$d/run.log" 2>&1 ;;
-        smallwide) SMALLM_SHAPES=4096x12288,12288x4096,4096x6144,4096x4096,4096x1024 \
+        smallwide) SMALLM_SHAPES=4096x12288,12288x4096,4096x6144,4096x4096,4096x1024 SMALLM_PRECOMPILE_S=50 \
                    SMALLM_TESTS='[[-](split3|split4|k256_split2|k256_split3|k256_split6|w8_split2|w8_split4)-(nvfp4|mxfp4)' \
                    bash benchmarks/smallm_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         attnfault) bash benchmarks/attention_fault_h200.sh "$d" > "$d/run.log" 2>&1 ;;

@@ -20,7 +20,8 @@
 # Env (the `smallwide` check: SMALLM_SHAPES=4096x12288,12288x4096,4096x6144,4096x4096,4096x1024 with
 # SMALLM_TESTS naming the larger-weight candidates): SMALLM_SHAPES, K x N shapes measured in that order (default
 # 4096x1024; the precompile covers all of them, the sweep stops starting points at its budget: later shapes are
-# "skipped"); SMALLM_TESTS, an extended regex the GPU test ids must match (default: every test).
+# "skipped"); SMALLM_TESTS, an extended regex the GPU test ids must match (default: every test);
+# SMALLM_PRECOMPILE_S, the precompile's limit (default 44 s; its hung jobs compile in the sweep, before timing).
 . "$(dirname "$0")/h200_check.sh"
 export GEMLITE_SRC=${GEMLITE_SRC:-$PWD/.gpu/gemlite_src}
 [ -d "$GEMLITE_SRC" ] || echo "gemlite source not at $GEMLITE_SRC: its rows say why; the rest runs" > "$OUT/gemlite.txt"
@@ -40,7 +41,8 @@ for i in 0 1 2 3; do
     pids+=($!)
 done
 set +f
-timeout 48 $PY benchmarks/smallm_sweep.py --precompile-only --precompile-timeout-s 44 --shapes "$SHAPES" \
+PRE_S=${SMALLM_PRECOMPILE_S:-44}
+timeout $(( PRE_S + 4 )) $PY benchmarks/smallm_sweep.py --precompile-only --precompile-timeout-s $PRE_S --shapes "$SHAPES" \
     > "$OUT/precompile.log" 2>&1
 pre_rc=$?
 test_rc=0

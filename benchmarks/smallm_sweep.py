@@ -167,7 +167,7 @@ def _compile_job(job: tuple) -> str:
         torch.cuda.synchronize()
         return ""
     except Exception as e:   # noqa: BLE001
-        return f"{job[:2]}: {e!r}"[:300]
+        return f"{job[0]} {job[1]} {job[2]}: {e!r}"[:300]
 
 
 def precompile(shapes, timeout_s: float = 40.0, workers: int = 12) -> tuple[list[str], list[tuple]]:
@@ -176,7 +176,9 @@ def precompile(shapes, timeout_s: float = 40.0, workers: int = 12) -> tuple[list
     from concurrent.futures import ProcessPoolExecutor, wait
     from multiprocessing import get_context
 
-    jobs = [("gemlite", "", shapes)] + [(fmt, name, shapes) for fmt in FMTS for name in all_variants(fmt)]
+    # `shipped` compiles another split (and config) per shape: one job per shape, submitted first (the longest)
+    jobs = [(fmt, "shipped", [shape]) for shape in shapes for fmt in FMTS] + [("gemlite", "", shapes)] + \
+        [(fmt, name, shapes) for fmt in FMTS for name in all_variants(fmt) if name != "shipped"]
     pool = ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=get_context("spawn"))
     futs = {pool.submit(_compile_job, j): j for j in jobs}
     done, pending = wait(futs, timeout=timeout_s)
@@ -185,7 +187,7 @@ def precompile(shapes, timeout_s: float = 40.0, workers: int = 12) -> tuple[list
         for proc in list(getattr(pool, "_processes", {}).values()):
             proc.kill()
     pool.shutdown(wait=False, cancel_futures=True)
-    return errors, sorted(futs[f][:2] for f in pending)
+    return errors, sorted((j[0], j[1], "+".join(f"{k}x{n}" for k, n in j[2])) for j in map(futs.get, pending))
 
 
 def _rel(a, b) -> float:

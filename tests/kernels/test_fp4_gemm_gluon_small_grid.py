@@ -1,13 +1,14 @@
 """The small-weight candidates of the Gluon FP4 GEMM at M <= 16 (fp4_gemm_gluon_config.SMALL_GRID_CANDIDATES, issue
 15's 4096x1024 at M = 1 against gemlite; benchmarks/smallm_sweep.py measures them) and the rule that would select
-one (`SMALL_GRID`, empty by default):
-- CPU: every candidate is a valid config for its formats that fits shared memory; with SMALL_GRID empty
-  `config_for` is unchanged at every small-M shape; filled, it takes the named config only at M <= 16 on a weight of
-  at most SMALL_GRID_MAX_ROWS rows and a K of SMALL_GRID_K that its step divides; the torch emulation of the
-  kernel's data path (test_fp4_gemm_gluon._emulate) at each candidate's tile (64 x 256, 128 x 512) reproduces the
-  reference;
-- sm_90 GPU + Triton 3.6: each candidate against the float64 reference at 4096x1024 (M = 1 / 16) and at a ragged
-  shape (N = 200, K = 1536: a partial row tile; M = 5), bit-equal to `_fp4_gemm_ws_kernel` (fin=False) at its own split
+one (`SMALL_GRID`: {format: {weight class (min rows, max rows, K): {M bucket 8 / 16: config}}}):
+- CPU: every candidate is a valid config for its formats that fits shared memory; the committed rule selects the
+  4096x1024 configs measured in the `smallm` check (nvfp4 k256_split16 at M <= 16, mxfp4 split8 at M <= 8) and SMALL_M
+  elsewhere; a rule takes a config only at M <= 16, in its M bucket, on a weight inside one of its classes, where
+  its step divides K; the torch emulation of the kernel's data path (test_fp4_gemm_gluon._emulate) at each
+  candidate's tile (64 x 256, 128 x 512) reproduces the reference;
+- sm_90 GPU + Triton 3.6: each candidate against the float64 reference at 4096x1024 (M = 1 / 16), at a ragged
+  shape (N = 200, K = 1536: a partial row tile; M = 5) and at K = 12288 (the down projection's K, where split 3 / 6
+  are even; N = 256, M = 3), bit-equal to `_fp4_gemm_ws_kernel` (fin=False) at its own split
   and to itself without PDL; W4A4 (row scale + bias); candidates with the same K partition give the same bits
   (split8 = k256_split8 = w8_split8; k256_split4 = SMALL_M at 4096x1024, whose auto split is 4)."""
 
@@ -51,37 +52,62 @@ def test_candidates_are_valid_fin_configs(name, fmt):
     assert c.fin and c.split_k > 0, "a candidate names its split (the sweep's point), and runs the fin kernel"
     for bm in (8, 16):
         assert c.smem_bytes(bm, fmt) <= SMEM_LIMIT
-    assert 4096 % c.bk(fmt) == 0 and (4096 // c.bk(fmt)) % c.split_k == 0, "an even K partition at 4096"
+    assert any(k % c.bk(fmt) == 0 and (k // c.bk(fmt)) % c.split_k == 0 for k in (4096, 12288)), \
+        "an even K partition at Qwen3-8B's K = 4096 or 12288"
+
+
+def test_committed_rule_is_the_measured_small_weight_selection():
+    """The 4096x1024 selection of the `smallm` run (benchmarks/results/smallm_h200_1202f_summary.json), for weights
+    of up to 1024 rows at K = 4096; every other weight keeps SMALL_M until a `smallwide` result names a class."""
+    cand = {n: c for n, (c, _) in SMALL_GRID_CANDIDATES.items()}
+    for M in range(1, 17):
+        for n in (1024, 512):
+            assert config_for(M, "nvfp4", 4096, n) == cand["k256_split16"]
+            assert config_for(M, "mxfp4", 4096, n) == (cand["split8"] if M <= 8 else SMALL_M)
+        for k, n in ((4096, 12288), (12288, 4096), (4096, 6144), (4096, 4096), (4096, 2048), (8192, 1024)):
+            assert config_for(M, "nvfp4", k, n) == config_for(M, "mxfp4", k, n) == SMALL_M, (k, n)
+        assert config_for(M, "nvfp4", 4096) == SMALL_M                          # rows unknown
 
 
 def test_config_for_follows_small_grid():
-    """Whatever SMALL_GRID holds (empty as committed: SMALL_M everywhere): its configs are measured, gated
-    candidates, and `config_for` takes them only for small weights; larger weights keep SMALL_M."""
+    """Whatever SMALL_GRID holds: its configs are gated candidates of their format, its classes of a format do not
+    overlap, its buckets are M_BUCKETS, and `config_for` takes them only inside a class."""
     candidates = [c for c, _ in SMALL_GRID_CANDIDATES.values()]
     assert set(gc.SMALL_GRID) == {"nvfp4", "mxfp4"}
-    for fmt, tiles in gc.SMALL_GRID.items():
-        assert all(c in candidates and fmt in SMALL_GRID_CANDIDATES[n][1]
-                   for c in tiles.values() for n, (cc, _) in SMALL_GRID_CANDIDATES.items() if cc == c)
-        for M in (1, 4, 8, 16):
-            small = next((tiles[t] for t in sorted(tiles) if t >= M), SMALL_M)
-            assert config_for(M, fmt, 4096, 1024) == small
-            for n in (2048, 4096, None):
-                assert config_for(M, fmt, 4096, n) == config_for(M, fmt, 4096) == SMALL_M
+    for fmt, classes in gc.SMALL_GRID.items():
+        keys = sorted(classes)
+        for (lo, hi, k), nxt in zip(keys, keys[1:] + [None]):
+            assert 1 <= lo <= hi and (nxt is None or nxt[2] != k or nxt[0] > hi), ("overlapping classes", keys)
+        for (lo, hi, k), tiles in classes.items():
+            assert set(tiles) <= set(gc.M_BUCKETS)
+            assert all(c in candidates and any(cc == c and fmt in f for cc, f in SMALL_GRID_CANDIDATES.values())
+                       for c in tiles.values())
+            for M in (1, 4, 8, 9, 16):
+                assert config_for(M, fmt, k, hi) == config_for(M, fmt, k, lo) == tiles.get(gc.m_bucket(M), SMALL_M)
+            assert config_for(17, fmt, k, hi) in WIDE[fmt].values()
 
 
 def test_rule_takes_the_named_config_only_where_it_applies(monkeypatch):
     small, sixteen = SMALL_GRID_CANDIDATES["split8"][0], SMALL_GRID_CANDIDATES["k256_split16"][0]
-    monkeypatch.setattr(gc, "SMALL_GRID", {"nvfp4": {8: small, 16: sixteen}, "mxfp4": {16: small}})
+    split3 = SMALL_GRID_CANDIDATES["split3"][0]
+    monkeypatch.setattr(gc, "SMALL_GRID", {"nvfp4": {(1, 1024, 4096): {8: small, 16: sixteen},
+                                                     (12288, 12288, 4096): {16: split3}},
+                                           "mxfp4": {(1, 1024, 4096): {16: small}}})
     assert config_for(1, "nvfp4", 4096, 1024) == config_for(8, "nvfp4", 4096, 1024) == small
     assert config_for(9, "nvfp4", 4096, 1024) == config_for(16, "nvfp4", 4096, 1024) == sixteen
-    assert config_for(4, "mxfp4", 4096, 1024) == config_for(16, "mxfp4", 4096, 512) == small
+    assert config_for(16, "nvfp4", 4096, 12288) == config_for(9, "nvfp4", 4096, 12288) == split3
+    assert config_for(8, "nvfp4", 4096, 12288) == SMALL_M                       # bucket 8 not named
+    assert config_for(16, "nvfp4", 4096, 12160) == SMALL_M                      # outside the exact class
+    assert config_for(16, "mxfp4", 4096, 512) == small and config_for(4, "mxfp4", 4096, 1024) == SMALL_M
     assert config_for(17, "nvfp4", 4096, 1024) == WIDE["nvfp4"][32]           # past 16 tokens: the wide tiles
-    assert config_for(1, "nvfp4", 4096, 2048) == SMALL_M                        # more rows than SMALL_GRID_MAX_ROWS
-    assert config_for(1, "nvfp4", 8192, 1024) == SMALL_M                        # a K not in SMALL_GRID_K
+    assert config_for(1, "nvfp4", 4096, 2048) == SMALL_M                        # in no class
+    assert config_for(1, "nvfp4", 8192, 1024) == SMALL_M                        # a K in no class
     assert config_for(1, "nvfp4", 4096) == SMALL_M                              # rows unknown
-    monkeypatch.setattr(gc, "SMALL_GRID_K", (1280, ))                           # 1280: 5 x 256, not 512 columns
-    monkeypatch.setattr(gc, "SMALL_GRID", {"nvfp4": {16: small}, "mxfp4": {}})
-    assert config_for(1, "nvfp4", 1280, 1024) == gc.DEFAULT                    # its step does not divide K
+    # 1280 = 5 x 256 columns, not a multiple of 512: the class matches, split8's step does not divide K
+    monkeypatch.setattr(gc, "SMALL_GRID", {"nvfp4": {(1, 1024, 1280): {16: small}}, "mxfp4": {}})
+    assert config_for(1, "nvfp4", 1280, 1024) == gc.DEFAULT
+    assert gc.small_grid_class("nvfp4", 1024, 1280) == (1, 1024, 1280) and gc.small_grid_class("mxfp4", 1, 1) is None
+    assert [gc.m_bucket(M) for M in (1, 8, 9, 16)] == [8, 8, 16, 16]
 
 
 @pytest.mark.parametrize("fmt,BN,bk", [("nvfp4", 64, 256), ("nvfp4", 128, 512), ("mxfp4", 128, 512)])
@@ -102,7 +128,7 @@ def test_emulated_data_path_at_candidate_tiles(fmt, BN, bk, gen):
 @gpu36[0]
 @gpu36[1]
 @pytest.mark.parametrize("name,fmt", CASES)
-@pytest.mark.parametrize("N,K,Ms", [(1024, 4096, (1, 16)), (200, 1536, (5, ))])
+@pytest.mark.parametrize("N,K,Ms", [(1024, 4096, (1, 16)), (200, 1536, (5, )), (256, 12288, (3, ))])
 def test_candidate_matches_reference_and_previous_launch_gpu(name, fmt, N, K, Ms, gen):
     """At the first M also without PDL and W4A4 (row scale + bias): few compiles per case (the check runs these
     beside its sweep's precompile)."""
