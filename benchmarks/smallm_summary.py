@@ -89,9 +89,7 @@ def rule_proposal(rows: list[dict], small_grid: dict | None = None, candidates: 
                     changes.append(f"{fmt} {K}x{N} M bucket {b}: {e['choice']} at {e['time_vs_shipped']} of shipped "
                                    f"(worst round {e['worst_round_vs_shipped']}) -> class {key}")
         out[fmt] = per_shape
-    out["changes"] = changes
-    out["SMALL_GRID"] = grid_python(grid)
-    return out
+    return {"SMALL_GRID": grid_python(grid), "changes": changes, **out}     # the Python to paste first
 
 
 def issue_table(rows: list[dict]) -> dict:
