@@ -178,6 +178,7 @@ def m_bucket(M: int) -> int:
     """SMALL_GRID's M bucket of M <= 16 tokens: 8 (M = 1..8, token tile 8) or 16 (M = 9..16, token tile 16)."""
     return next(b for b in M_BUCKETS if M <= b)
 
+
 # M = 64 (issue 15: W4A16 >= 1.6x cuBLAS BF16 at 4096x12288 and 12288x4096; WIDE's 64-token tile: 1.29-1.33x). What
 # the grid does at M = 64 on 132 SMs (BM 64 = one token tile; nvfp4 256-column steps, mxfp4 512):
 #   WIDE 64: 128 rows (two warpgroups), 1 CTA per SM (104 registers x 12 warps; nvfp4 4 slots = 201 KB, mxfp4 2 =
