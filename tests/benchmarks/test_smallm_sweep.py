@@ -199,9 +199,9 @@ def test_rule_proposal_per_shape_keeps_the_control(monkeypatch):
     the 4096x1024 control's entries stay unless a candidate wins there; a control winner goes into its class."""
     from trace_rl.kernels import fp4_gemm_gluon_config as gc
 
-    monkeypatch.setattr(gc, "SMALL_GRID", {"nvfp4": {(1, 1024, 4096): {8: gc.SMALL_GRID_CANDIDATES["k256_split16"][0],
-                                                                        16: gc.SMALL_GRID_CANDIDATES["k256_split16"][0]}},
-                                           "mxfp4": {(1, 1024, 4096): {8: gc.SMALL_GRID_CANDIDATES["split8"][0]}}})
+    k16, s8 = gc.SMALL_GRID_CANDIDATES["k256_split16"][0], gc.SMALL_GRID_CANDIDATES["split8"][0]
+    monkeypatch.setattr(gc, "SMALL_GRID", {"nvfp4": {(1, 1024, 4096): {8: k16, 16: k16}},
+                                           "mxfp4": {(1, 1024, 4096): {8: s8}}})
     rows = []
     for act in sw.ACTS:
         rows += [_row("nvfp4", 4096, 12288, 16, {"shipped": [10.0, 10.2], "split3": [9.7, 9.9], "w8_split4": [9.0, 9.5],
