@@ -34,11 +34,15 @@ def test_candidates_are_valid_configs(name, fmt):
         assert c.ctas_per_sm(bm, fmt) == 2, "two independent pipelines per SM is the point of n64_w4 (nvfp4)"
 
 
-def test_config_for_is_wide_while_m64_grid_is_empty():
-    assert all(not tiles for tiles in gc.M64_GRID.values()), "M64_GRID is set from the m64 check's measurement"
-    for fmt in ("nvfp4", "mxfp4"):
-        for M in (33, 50, 64):
-            for n, k in ((12288, 4096), (4096, 12288), (None, None)):
+def test_committed_m64_rule_is_the_measured_selection():
+    """M64_GRID as the `m64` run measured it (benchmarks/results/m64_h200_1202f_summary.json); other shapes WIDE."""
+    c = {n: cfg for n, (cfg, _) in M64_CANDIDATES.items()}
+    for M in (33, 50, 64):
+        assert config_for(M, "nvfp4", 4096, 12288) == c["wide_overlap"]
+        assert config_for(M, "mxfp4", 4096, 12288) == c["wide_overlap_s2"]
+        for fmt in ("nvfp4", "mxfp4"):
+            assert config_for(M, fmt, 12288, 4096) == c["n64_w4"]
+            for k, n in ((4096, 4096), (None, None)):
                 assert config_for(M, fmt, k, n) == WIDE[fmt][64]
 
 

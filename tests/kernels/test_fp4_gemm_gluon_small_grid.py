@@ -57,14 +57,22 @@ def test_candidates_are_valid_fin_configs(name, fmt):
 
 
 def test_committed_rule_is_the_measured_small_weight_selection():
-    """The 4096x1024 selection of the `smallm` run (benchmarks/results/smallm_h200_1202f_summary.json), for weights
-    of up to 1024 rows at K = 4096; every other weight keeps SMALL_M until a `smallwide` result names a class."""
+    """The selections of the `smallm` run (4096x1024: benchmarks/results/smallm_h200_1202f_summary.json, weights of up
+    to 1024 rows at K = 4096) and the `smallwide` run (smallwide_h200_1202f_summary.json: exactly 12288 / 6144 / 4096
+    rows at K = 4096); every other weight keeps SMALL_M."""
     cand = {n: c for n, (c, _) in SMALL_GRID_CANDIDATES.items()}
     for M in range(1, 17):
+        small = M <= 8
         for n in (1024, 512):
             assert config_for(M, "nvfp4", 4096, n) == cand["k256_split16"]
-            assert config_for(M, "mxfp4", 4096, n) == (cand["split8"] if M <= 8 else SMALL_M)
-        for k, n in ((4096, 12288), (12288, 4096), (4096, 6144), (4096, 4096), (4096, 2048), (8192, 1024)):
+            assert config_for(M, "mxfp4", 4096, n) == (cand["split8"] if small else SMALL_M)
+        assert config_for(M, "nvfp4", 4096, 12288) == (cand["k256_split2"] if small else SMALL_M)
+        assert config_for(M, "nvfp4", 4096, 6144) == cand["k256_split2"]
+        assert config_for(M, "nvfp4", 4096, 4096) == cand["k256_split3"]
+        assert config_for(M, "mxfp4", 4096, 12288) == SMALL_M
+        assert config_for(M, "mxfp4", 4096, 6144) == cand["split2"]
+        assert config_for(M, "mxfp4", 4096, 4096) == (cand["split3"] if small else SMALL_M)
+        for k, n in ((12288, 4096), (4096, 2048), (8192, 1024), (4096, 8192), (4096, 12800)):
             assert config_for(M, "nvfp4", k, n) == config_for(M, "mxfp4", k, n) == SMALL_M, (k, n)
         assert config_for(M, "nvfp4", 4096) == SMALL_M                          # rows unknown
 
@@ -161,8 +169,10 @@ def test_same_k_partition_same_bits_gpu(fmt, gen):
     for M in (1, 16):
         x = torch.randn(M, 4096, generator=gen).to(torch.bfloat16).cuda()
         ys = {n: fp4_matmul_gluon(x, h, c, pdl=True) for n, (c, f) in SMALL_GRID_CANDIDATES.items() if fmt in f}
-        shipped = fp4_matmul_gluon(x, h, replace(SMALL_M, split_k=4), pdl=True)
-        assert torch.equal(fp4_matmul_gluon(x, h, pdl=True), shipped)       # SMALL_M's auto split here: 4
+        shipped = fp4_matmul_gluon(x, h, replace(SMALL_M, split_k=4), pdl=True)     # SMALL_M's auto split here: 4
+        # the launch without a config takes config_for's pick (SMALL_GRID's candidate where the rule names one)
+        picked = config_for(M, fmt, h.padded[1], h.padded[0])
+        assert torch.equal(fp4_matmul_gluon(x, h, pdl=True), fp4_matmul_gluon(x, h, picked, pdl=True)), (M, picked)
         for n in ("k256_split8", "w8_split8"):
             if n in ys:
                 assert torch.equal(ys[n], ys["split8"]), (n, M)

@@ -166,11 +166,23 @@ SMALL_GRID_CANDIDATES = {
 # medians, two rounds, each candidate won every round): nvfp4 k256_split16 0.72-0.78 of the shipped time at M = 1 / 4 /
 # 16 (W4A16 and W4A4), 1.22x gemlite at M = 1 (shipped: 0.94x); mxfp4 split8 0.93-0.95 at M = 1 / 4, 1.06x gemlite at
 # M = 1; at M = 16 no mxfp4 candidate won. Bits differ from SMALL_M's by the split-K partition only (deterministic).
+# The larger classes from check `smallwide` (`benchmarks/results/smallwide_h200_1202f_summary.json`, same method, every
+# winner <= 0.98 of the shipped time in every round at W4A16 and W4A4): nvfp4 N = 12288 x K = 4096 k256_split2 at M <= 8
+# (0.96; SMALL_M's partition there, so the same bits: 2.17-2.20x -> 2.23-2.28x cuBLAS), N = 6144 k256_split2 (0.95),
+# N = 4096 k256_split3 (0.92-0.93); mxfp4 N = 6144 split2 (0.93-0.95), N = 4096 split3 at M <= 8 (0.91).
 M_BUCKETS = (8, 16)
 SMALL_GRID: dict[str, dict[tuple[int, int, int], dict[int, GluonConfig]]] = {
     "nvfp4": {(1, 1024, 4096): {8: SMALL_GRID_CANDIDATES["k256_split16"][0],
-                                16: SMALL_GRID_CANDIDATES["k256_split16"][0]}},
-    "mxfp4": {(1, 1024, 4096): {8: SMALL_GRID_CANDIDATES["split8"][0]}},
+                                16: SMALL_GRID_CANDIDATES["k256_split16"][0]},
+              (12288, 12288, 4096): {8: SMALL_GRID_CANDIDATES["k256_split2"][0]},
+              (6144, 6144, 4096): {8: SMALL_GRID_CANDIDATES["k256_split2"][0],
+                                   16: SMALL_GRID_CANDIDATES["k256_split2"][0]},
+              (4096, 4096, 4096): {8: SMALL_GRID_CANDIDATES["k256_split3"][0],
+                                   16: SMALL_GRID_CANDIDATES["k256_split3"][0]}},
+    "mxfp4": {(1, 1024, 4096): {8: SMALL_GRID_CANDIDATES["split8"][0]},
+              (6144, 6144, 4096): {8: SMALL_GRID_CANDIDATES["split2"][0],
+                                   16: SMALL_GRID_CANDIDATES["split2"][0]},
+              (4096, 4096, 4096): {8: SMALL_GRID_CANDIDATES["split3"][0]}},
 }
 
 
@@ -226,7 +238,15 @@ M64_CANDIDATES = {
 # The rule `config_for` applies at 32 < M <= 64: per format, {(padded N, padded K) or None (every shape): config}.
 # Empty (the default): WIDE's 64-token tile, unchanged. Filled from the `m64` check's summary.json
 # ("rule_proposal"), e.g. {"nvfp4": {(12288, 4096): M64_CANDIDATES["n64_w4"][0]}}.
-M64_GRID: dict[str, dict[tuple[int, int] | None, GluonConfig]] = {"nvfp4": {}, "mxfp4": {}}
+# Set from the H200 run of 2026-12-02 (`benchmarks/results/m64_h200_1202f_summary.json`, graph medians, two rounds, each
+# pick won every round): N = 12288 x K = 4096 nvfp4 wide_overlap 21.7 us = 1.33x cuBLAS (WIDE 1.21x), mxfp4
+# wide_overlap_s2 1.35x (1.32x); N = 4096 x K = 12288 n64_w4 1.46x / 1.43x (1.26x / 1.33x). Issue 15's 1.6x is not
+# reached; the shipped fp4_linear takes Gluon only up to gemm_dispatch.GLUON_MAX_M = 16, so these are what the Gluon
+# path gives at M = 33-64 when called directly.
+M64_GRID: dict[str, dict[tuple[int, int] | None, GluonConfig]] = {
+    "nvfp4": {(12288, 4096): M64_CANDIDATES["wide_overlap"][0], (4096, 12288): M64_CANDIDATES["n64_w4"][0]},
+    "mxfp4": {(12288, 4096): M64_CANDIDATES["wide_overlap_s2"][0], (4096, 12288): M64_CANDIDATES["n64_w4"][0]},
+}
 
 
 def m64_grid_config(M: int, fmt: str, n_padded: int | None, k_padded: int | None) -> GluonConfig | None:

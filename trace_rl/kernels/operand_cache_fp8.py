@@ -58,7 +58,7 @@ import torch
 import triton
 import triton.language as tl
 
-from trace_rl.kernels.fp4_dequant import BLOCK_K, BLOCK_N, _operand_bits, _use_triton
+from trace_rl.kernels.fp4_dequant import _operand_bits, _use_triton
 from trace_rl.kernels.fp_bits import e4m3_round
 from trace_rl.kernels.hopper_fp4 import LAYOUT_KEY, operand
 
@@ -68,6 +68,9 @@ KEY = "operand_cache"        # the same layout entry as the bf16 cache: one cach
 WEIGHT_SHIFT = 5             # E4M3 weight = bf16 operand x 2**5 (row max code x 2**(254 - 248) = 6 x 64)
 ACT_TOP_BIAS = 133           # E4M3 activation = value x 2**(133 - top): the row's largest block at code x 2**6
 ROW_SCALE_BIAS = ACT_TOP_BIAS + WEIGHT_SHIFT    # activation row scale 2**(top - 138)
+# the weight writer's tile: half the dequant kernel's 32 x 256 rows (its E4M3 rounding holds more live values per
+# element; at 32 rows Triton 3.9's ptxas spilled 138 local accesses at 255 registers, check test_sass_gate)
+WRITER_BN, WRITER_BK = 16, 256
 EXACT_SPAN = 14              # blocks within this many binades of their row's largest are exact in E4M3
 FAST_ACCUM = False           # torch._scaled_mm use_fast_accum (the A/B of benchmarks/fp8cache_gemm.py)
 
@@ -145,9 +148,9 @@ def write_weight_e4m3(q, h, out: torch.Tensor, inexact: torch.Tensor) -> None:
         inexact.add_(bad)
         return
     codes = q.codes.reshape(n, k // 2)
-    grid = (triton.cdiv(n, BLOCK_N), triton.cdiv(k, BLOCK_K))
+    grid = (triton.cdiv(n, WRITER_BN), triton.cdiv(k, WRITER_BK))
     _weight_e4m3_kernel[grid](codes, h.scales, out.view(torch.uint8), inexact, n, k, codes.stride(0),
-                              h.scales.stride(0), out.stride(0), BN=BLOCK_N, BK=BLOCK_K, num_warps=4)
+                              h.scales.stride(0), out.stride(0), BN=WRITER_BN, BK=WRITER_BK, num_warps=4)
 
 
 class InexactWeight(RuntimeError):
@@ -255,10 +258,10 @@ def sass_gate_cases():
     from trace_rl.kernels.rmsnorm_quantize import _add_rms_norm_quantize_kernel
     from trace_rl.kernels.sass_gate import GateCase
 
-    cases = [GateCase(f"weight_e4m3 mxfp4 {BLOCK_N}x{BLOCK_K}", _weight_e4m3_kernel,
+    cases = [GateCase(f"weight_e4m3 mxfp4 {WRITER_BN}x{WRITER_BK}", _weight_e4m3_kernel,
                       dict(codes_ptr="*u8", scales_ptr="*u8", out_ptr="*u8", inexact_ptr="*i32", N="i32", K="i32",
                            stride_c="i32", stride_s="i32", stride_o="i32"),
-                      dict(BN=BLOCK_N, BK=BLOCK_K), 4, 1, BLOCK_N * BLOCK_K / 128, GATE_BUDGETS["weight"],
+                      dict(BN=WRITER_BN, BK=WRITER_BK), 4, 1, WRITER_BN * WRITER_BK / 128, GATE_BUDGETS["weight"],
                       divisible=("codes_ptr", "scales_ptr", "out_ptr", "K", "stride_c", "stride_s", "stride_o"),
                       register_a=False, forbid=(), whole_kernel=True)]
     sig = dict(x_ptr="*bf16", out_ptr="*u8", gscale_ptr="*fp32", n_rows="i32", K="i32", stride_x="i32",
