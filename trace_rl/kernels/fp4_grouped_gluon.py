@@ -185,28 +185,15 @@ def _grouped_producer(w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, emp
             e, mt, n = sched.locate(t, incl, NT)
             j = _produce_tile(w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, j, e, n,
                               gl.load(off_ptr + e) + mt * BM, NP, KB, BN, BK, STAGES)
-    else:   # written out, not through _produce_tile: the shipped kernels' SASS stays byte for byte as it was
-        nbytes: gl.constexpr = w_desc.block_type.nbytes + s_desc.block_type.nbytes + x_desc.block_type.nbytes
-        SW: gl.constexpr = s_desc.block_type.shape[1]
+    else:
         for w in range(pid, work, nprog):
             e = w // NT
             n = w - e * NT
             start = gl.load(off_ptr + e)
             m_tiles = gl.cdiv(gl.maximum(gl.load(off_ptr + e + 1) - start, 0), BM)
-            n16_0 = (e * NP + n * BN) // 16
-            srow = e * NP + n * BN
             for mt in range(m_tiles):
-                m0 = start + mt * BM
-                for kb in range(KB):
-                    slot = j % STAGES
-                    # a fresh mbarrier counts as having completed the phase before phase 0: the first round passes
-                    mbarrier.wait(empty.index(slot), ((j // STAGES) & 1) ^ 1)
-                    bar = ready.index(slot)
-                    mbarrier.expect(bar, nbytes)
-                    tma.async_copy_global_to_shared(w_desc, [kb * (BK // 128), n16_0, 0], bar, w_bufs.index(slot))
-                    tma.async_copy_global_to_shared(s_desc, [srow, kb * SW], bar, s_bufs.index(slot))
-                    tma.async_copy_global_to_shared(x_desc, [m0, kb * BK], bar, x_bufs.index(slot))
-                    j += 1
+                j = _produce_tile(w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, j, e, n,
+                                  start + mt * BM, NP, KB, BN, BK, STAGES)
 
 
 @gluon.jit
