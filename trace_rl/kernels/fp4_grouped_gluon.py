@@ -151,6 +151,23 @@ def tma_rows(x: torch.Tensor) -> torch.Tensor:
 
 
 @gluon.jit
+def zero_tail_rows(out_ptr, off_ptr, E, R, N, stride_om, pid, nprog):
+    """Rows offsets[E] .. R of out (capacity padding past the experts' rows) as zeros, spread over the programs:
+    the grouped kernels' `zero_tail`, no memset launch."""
+    NWZ: gl.constexpr = gl.num_warps()
+    ZL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NWZ, 1], [1, 0])
+    ZR: gl.constexpr = 4 * NWZ
+    zeros = gl.zeros([ZR, 64], out_ptr.dtype.element_ty, ZL)
+    tail0 = gl.load(off_ptr + E)
+    for r0 in range(tail0 + pid * ZR, R, nprog * ZR):
+        r = r0 + gl.arange(0, ZR, layout=gl.SliceLayout(1, ZL))
+        for c0 in range(0, N, 64):
+            c = c0 + gl.arange(0, 64, layout=gl.SliceLayout(0, ZL))
+            gl.store(out_ptr + gl.expand_dims(r, 1).to(gl.int64) * stride_om + gl.expand_dims(c, 0), zeros,
+                     mask=gl.expand_dims(r < R, 1) & gl.expand_dims(c < N, 0))
+
+
+@gluon.jit
 def _produce_tile(w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, j, e, n, m0, NP, KB,
                   BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr):
     """One token tile's K steps (rows m0 .. m0 + BM of expert e's N tile n): the layout words, scale words and
@@ -306,17 +323,7 @@ def _fp4_grouped_gluon_kernel(w_desc, s_desc, x_desc, off_ptr, rf_ptr, out_ptr, 
                              E, NT, NP, KB, BN, BK, BM, STAGES, EP, BALANCED)),
     ], [1], [24])
     if ZERO_TAIL:   # rows offsets[E] .. R (capacity padding) come back as zeros
-        NWZ: gl.constexpr = gl.num_warps()
-        ZL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NWZ, 1], [1, 0])
-        ZR: gl.constexpr = 4 * NWZ
-        zeros = gl.zeros([ZR, 64], out_ptr.dtype.element_ty, ZL)
-        tail0 = gl.load(off_ptr + E)
-        for r0 in range(tail0 + pid * ZR, R, nprog * ZR):
-            r = r0 + gl.arange(0, ZR, layout=gl.SliceLayout(1, ZL))
-            for c0 in range(0, N, 64):
-                c = c0 + gl.arange(0, 64, layout=gl.SliceLayout(0, ZL))
-                gl.store(out_ptr + gl.expand_dims(r, 1).to(gl.int64) * stride_om + gl.expand_dims(c, 0), zeros,
-                         mask=gl.expand_dims(r < R, 1) & gl.expand_dims(c < N, 0))
+        zero_tail_rows(out_ptr, off_ptr, E, R, N, stride_om, pid, nprog)
 
 
 def grouped_descriptors(x: torch.Tensor, w: HopperFP4, c: GluonConfig):

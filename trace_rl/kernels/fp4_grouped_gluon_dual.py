@@ -150,7 +150,9 @@ def _fp4_grouped_dual_kernel(w_desc, s_desc, x_desc, off_ptr, rf_ptr, out_ptr, r
         (_dual_producer, (w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, x2_bufs, ready, empty, off_ptr, pid, nprog,
                           E, NT, NP, KB, BN, BK, BM, STAGES, EP)),
     ], [1], [24])
-    if ZERO_TAIL:   # rows offsets[E] .. R (capacity padding) come back as zeros (fp4_grouped_gluon's tail)
+    # rows offsets[E] .. R (capacity padding) come back as zeros: fp4_grouped_gluon.zero_tail_rows written out, as
+    # calling it moved one PRMT in this kernel's SASS (sass_diff, 2026-12-02) and no GPU run has checked that build
+    if ZERO_TAIL:
         NWZ: gl.constexpr = gl.num_warps()
         ZL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NWZ, 1], [1, 0])
         ZR: gl.constexpr = 4 * NWZ
