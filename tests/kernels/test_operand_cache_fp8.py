@@ -92,7 +92,7 @@ def test_attach_checks_and_falls_back_by_name(caplog, device, gen):
         assert f8.attach_fp8(odd, "layers.2.q_proj") is None
     assert "layers.1.down_proj keeps the bf16 cache: " in caplog.text and operand_cache.KEY not in wide.layout
     assert "layers.2.q_proj keeps the bf16 cache: torch._scaled_mm needs N and K multiples of 16" in caplog.text
-    with pytest.raises(ValueError, match="nvfp4 operands need 5 significant bits"):
+    with pytest.raises(ValueError, match="nvfp4 operands need up to 6 significant bits"):
         f8.attach_fp8(PackedWeight("nvfp4", 37, 96, q=_q(37, 96, "nvfp4", gen).to(device)))
     with pytest.raises(ValueError, match="FP8 operand caches"):
         operand_cache.attach_stacked([fits, PackedWeight("mxfp4", 48, 96, q=_weight(48, 96, gen).to(device))])

@@ -48,7 +48,8 @@ def fp8_why_not(plan) -> str:
     if plan.rollout_weights != "mxfp4" or plan.rollout_activations != "mxfp4":
         return (f"the FP8 operand cache holds mxfp4 operands exactly in E4M3 and multiplies W4A4 mxfp4 activations; "
                 f"plan {plan.label!r} has {plan.rollout_weights!r} weights and {plan.rollout_activations!r} "
-                f"activations (nvfp4's E4M3 scale x E2M1 code needs 5 significant bits). Use a w4a4 mxfp4 plan "
+                f"activations (nvfp4's E4M3 scale x E2M1 code needs up to 6 significant bits, E4M3 holds 4). "
+                f"Use a w4a4 mxfp4 plan "
                 f"(e.g. w4a4-kv4-mx) or operand_cache 'bf16'")
     return ""
 

@@ -6,8 +6,9 @@ bf16 GEMMs (compute-bound at M ~ 300). For **mxfp4** every operand value is an E
 EXACTLY an E4M3 (float8_e4m3fn) value as long as the row's block exponents are close enough; E4M3 x E4M3 products
 are exact in float32 (4-bit significands), so `torch._scaled_mm` (scales 1, float32 output, `FAST_ACCUM` False)
 sums the same exact products as the bf16 GEMM, and everything after the accumulator (the FP4 epilogue: row factor,
-row scale, bias, one rounding) is shared. nvfp4 cannot do this (E4M3 block scale x E2M1 code needs up to 5
-significant bits): nvfp4 stays on the bf16 cache (`rollout.operand_cache: fp8` with an nvfp4 plan is refused).
+row scale, bias, one rounding) is shared. nvfp4 cannot do this (E4M3 block scale x E2M1 code needs up to 6
+significant bits, e.g. 1.5 x 1.875 = 10.1101b): nvfp4 stays on the bf16 cache (`rollout.operand_cache: fp8` with an
+nvfp4 plan is refused).
 
 **E4M3 range.** Normal values (1 + m/8) 2**e for e in [-6, 8] (largest finite 448), subnormals m 2**-9 (m = 1..7).
 A code c x 2**j is exact iff c 2**j <= 448 and c 2**j is a multiple of 2**-9: codes 0.5 and 1.5 need j >= -8, 1 and 3
@@ -140,7 +141,7 @@ def write_weight_e4m3(q, h, out: torch.Tensor, inexact: torch.Tensor) -> None:
     add its inexact count to `inexact` (int32 [1]; no host sync here)."""
     if q.format != "mxfp4" or len(q.shape) != 2:
         raise ValueError(f"FP8 operand cache: takes a dense mxfp4 weight, got {q.format} {tuple(q.shape)} (nvfp4 "
-                         f"operands need 5 significant bits: keep the bf16 cache)")
+                         f"operands need up to 6 significant bits: keep the bf16 cache)")
     n, k = h.n, h.k
     if not _use_triton(out):
         e4, bad = weight_e4m3_reference(h)
@@ -201,8 +202,8 @@ def attach_fp8(packed, name: str = "") -> OperandCacheFP8 | None:
         return oc
     if packed.fmt != "mxfp4" or packed.q is None or len(packed.q.shape) != 2:
         raise ValueError(f"FP8 operand cache: takes a dense mxfp4 weight, got {packed.fmt} "
-                         f"{None if packed.q is None else tuple(packed.q.shape)} (nvfp4 operands need 5 significant "
-                         f"bits: keep the bf16 cache)")
+                         f"{None if packed.q is None else tuple(packed.q.shape)} (nvfp4 operands need up to 6 "
+                         f"significant bits: keep the bf16 cache)")
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         raise RuntimeError("FP8 operand cache: would be allocated inside a CUDA-graph capture; attach it before "
                            "capturing")
