@@ -9,26 +9,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.engine.qwen3_decode import B, L, decode_logits, qwen3_layers
+
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
-B, L = 313, 257
-
-
 def _model(layers=2):
-    from trace_rl.bench.measure import build_rollout_model
-    from trace_rl.plan import PrecisionPlan
-
-    plan = PrecisionPlan.preset("w4a4-kv4")
-    return build_rollout_model("qwen3-8b", plan, torch.device("cuda"), torch.bfloat16, 0, layers), plan
+    return qwen3_layers("w4a4-kv4", layers)
 
 
 def _logits(engine):
-    from trace_rl.bench.decode_grid import prime_decode
-
-    prime_decode(engine, B, L)
-    path = engine.attention_path(B, L)
-    with torch.no_grad():
-        return engine._decode_forward(B, path, engine.attention_span(path, L)).float().clone()
+    return decode_logits(engine, B, L)
 
 
 # the stacked GEMMs' paths: q/k/v runs `operand_stack_cublas`; gate/up of a SiLU x mul MLP runs the stacked GEMM with
