@@ -56,4 +56,4 @@ def test_fp8_engine_logits_match_the_bf16_cache_gpu():
     rel = float((a - b).norm() / b.norm())
     agree = float((a.argmax(-1) == b.argmax(-1)).float().mean())
     print(f"fp8 vs bf16 operand cache logits: rel {rel:.3g}, argmax agree {agree:.4f}; cache bytes {nbytes}")
-    assert rel < 1e-2 and agree > 0.95
+    assert rel < 1e-3 and agree > 0.99      # the H200 measured rel 0, agree 1.0 (2026-12-02)

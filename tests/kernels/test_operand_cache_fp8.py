@@ -197,7 +197,10 @@ def test_linear_on_fp8_cache_equals_bf16_cache(N, K, monkeypatch, device, gen):
     a8, rs = quantize_dequant_e4m3(x)
     y_bf = fp4_dequant.accumulate(xb, operand_cache.cached(bf).buf).double()
     y_8 = fp4_dequant.accumulate(a8, operand_cache.cached(fp).buf).double() * rs.double()[:, None]
-    tol = 1e-6 if device == "cpu" else 1e-3     # Hopper's FP8 MMA adds at reduced precision (the GPU test measures)
+    # exact products, float32 sums in another order: the H200 (use_fast_accum False) measured the FP8 accumulator's
+    # error against a float64 sum at 0 at Qwen3-8B shapes (fp8cache_h200_1202f_summary.json); fast accumulation
+    # showed ~1e-4 there, which these bounds reject
+    tol = 1e-6 if device == "cpu" else 1e-5
     assert torch.allclose(y_8, y_bf, rtol=tol, atol=tol * y_bf.abs().max().item())
     out_bf = fp4_linear(x, bf, "mxfp4", bias)
     out_8 = fp4_linear(x, fp, "mxfp4", bias)
@@ -267,7 +270,7 @@ def test_fp8_cache_at_qwen3_shapes_gpu(N, K, gen):
         e_bf = ((fp4_dequant.accumulate(xb, wb).double() - exact).abs().max() / scale).item()
         e_8 = ((fp4_dequant.accumulate(a8, oc.buf).double() * rs.double()[:, None] - exact).abs().max() / scale).item()
         print(f"{N}x{K} M={M}: accumulator max error / max |sum|: bf16 {e_bf:.2e}, fp8 {e_8:.2e}")
-        assert e_bf < 1e-4 and e_8 < 1e-3
+        assert e_bf < 1e-5 and e_8 < 1e-5       # both measured 0 on the H200 (exact accumulation mode)
         y_bf, y_8 = fp4_linear(x, bf, "mxfp4"), fp4_linear(x, fp, "mxfp4")
         rel = ((y_8.double() - y_bf.double()).norm() / y_bf.double().norm()).item()
         assert rel < 2e-3
