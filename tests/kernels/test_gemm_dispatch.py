@@ -70,3 +70,109 @@ def test_backend_records_the_gemm_it_takes(monkeypatch, gen):
     monkeypatch.setattr(linear, "dense_path", lambda *a: "gluon")
     backend._record_dense(3, p, torch.device("cpu"))
     assert backend.paths.last == "fp4.gluon"
+
+
+# -- mid M (16 < M <= MID_M_LIMIT): GLUON_MID_M's measured weights only --------------------------------------------
+
+def test_mid_m_table_is_empty_by_default_so_mid_m_takes_triton():
+    """Until the H200 measures a win (check `midm`, summary.json rule_proposal.GLUON_MID_M) no weight is listed: every
+    16 < M linear takes the Triton fp4_matmul, as before the mid-M rule."""
+    assert gd.GLUON_MID_M == {"nvfp4": {}, "mxfp4": {}}
+    assert gd.MID_M_LIMIT == 128
+    for M in (17, 33, 64, 128):
+        for fmt in ("nvfp4", "mxfp4"):
+            assert small_m_path(M, fmt, 4096, (9, 0), True, False, n_padded=12288) == ("triton", "M > 16")
+
+
+def test_mid_m_table_entry_takes_gluon_up_to_its_m(monkeypatch):
+    monkeypatch.setattr(gd, "GLUON_MID_M", {"nvfp4": {(12288, 4096): 64}, "mxfp4": {(4096, 12288): 512}})
+    for M in (17, 24, 32, 33, 48, 64):
+        path, why = small_m_path(M, "nvfp4", 4096, (9, 0), True, False, n_padded=12288)
+        assert path == "gluon" and "GLUON_MID_M" in why, (M, why)
+    path, why = small_m_path(65, "nvfp4", 4096, (9, 0), True, False, n_padded=12288)
+    assert path == "triton" and "M > 64" in why and "GLUON_MID_M" in why
+    assert small_m_path(16, "nvfp4", 4096, (9, 0), True, False, n_padded=12288)[0] == "gluon"   # small M: as before
+    others = [((64, "nvfp4", 4096, (9, 0), True, False, True, 6144), "M > 16"),           # another shape
+              ((64, "nvfp4", 12288, (9, 0), True, False, True, 4096), "M > 16"),          # N and K swapped
+              ((64, "mxfp4", 4096, (9, 0), True, False, True, 12288), "M > 16"),          # the other format's entry
+              ((64, "nvfp4", 4096, (8, 0), True, False, True, 12288), "not an sm_90"),
+              ((64, "nvfp4", 4096, (9, 0), False, False, True, 12288), "not importable"),
+              ((64, "nvfp4", 4096, (9, 0), True, True, True, 12288), "explicit Triton GemmConfig"),
+              ((64, "nvfp4", 4096, (9, 0), True, False, False, 12288), "GLUON_SMALL_M is off")]
+    for args, why in others:
+        path, reason = small_m_path(*args)
+        assert path == "triton" and why in reason, (args, reason)
+    # an entry past MID_M_LIMIT is capped there: from DEQUANT_CUBLAS_MIN_M on the cuBLAS paths take over anyway
+    assert small_m_path(128, "mxfp4", 12288, (9, 0), True, False, n_padded=4096)[0] == "gluon"
+    assert small_m_path(129, "mxfp4", 12288, (9, 0), True, False, n_padded=4096)[0] == "triton"
+
+
+def test_mid_m_k_step_is_the_mid_m_configs(monkeypatch):
+    """At mid M the K check is the mid-M config's step (nvfp4 wide tiles: 256 columns), not SMALL_M's 512."""
+    monkeypatch.setattr(gd, "GLUON_MID_M", {"nvfp4": {(4096, 1280): 64, (4096, 1152): 64}, "mxfp4": {(4096, 1280): 64}})
+    assert small_m_path(48, "nvfp4", 1280, (9, 0), True, False, n_padded=4096)[0] == "gluon"   # 5 x 256
+    path, why = small_m_path(48, "nvfp4", 1152, (9, 0), True, False, n_padded=4096)            # 4.5 x 256
+    assert path == "triton" and "256-column K step" in why
+    path, why = small_m_path(48, "mxfp4", 1280, (9, 0), True, False, n_padded=4096)            # 2.5 x 512
+    assert path == "triton" and "512-column K step" in why
+
+
+def test_dense_path_mid_m_asks_the_rule_only_for_listed_weights(monkeypatch, caplog):
+    monkeypatch.setattr(gd, "_LOGGED", set())
+    monkeypatch.setattr(gd, "GLUON_MID_M", {"nvfp4": {(12288, 4096): 64}, "mxfp4": {}})
+    with caplog.at_level(logging.INFO, logger="trace_rl.kernels"):
+        assert gd.dense_path(64, torch.device("cpu"), "nvfp4", 4096, False, 12288) == "triton"    # CPU: the rule says
+        assert gd.dense_path(65, torch.device("cpu"), "mxfp4", 4096, False, 6144) == "triton"
+    lines = [r.getMessage() for r in caplog.records if "small-M FP4 linears" in r.getMessage()]
+    assert len(lines) == 1 and "not an sm_90" in lines[0]
+
+
+def test_mid_m_config_is_the_wide_pick_on_the_fin_kernel():
+    from dataclasses import replace
+
+    from trace_rl.kernels.fp4_gemm_gluon_config import M64_GRID, WIDE, config_for, mid_m_config
+
+    for fmt in ("nvfp4", "mxfp4"):
+        for M in (17, 24, 32, 33, 48, 64, 65, 96, 128):
+            for n, k in ((12288, 4096), (4096, 12288), (6144, 4096), (4096, 4096)):
+                c = mid_m_config(M, fmt, n, k)
+                assert c.fin and c == replace(config_for(M, fmt, k, n), fin=True), (fmt, M, n, k)
+        assert mid_m_config(24, fmt, 6144, 4096) == replace(WIDE[fmt][32], fin=True)
+        assert mid_m_config(64, fmt, 12288, 4096) == replace(M64_GRID[fmt][(12288, 4096)], fin=True)
+        assert mid_m_config(64, fmt, 6144, 4096) == replace(WIDE[fmt][64], fin=True)
+    try:
+        mid_m_config(16, "nvfp4", 4096, 4096)
+    except ValueError as e:
+        assert "M <= 16" in str(e)
+    else:
+        raise AssertionError("mid_m_config(16) must refuse: M <= 16 is the small-M config's")
+
+
+def test_linear_launches_the_mid_m_config(monkeypatch, gen):
+    """`_dense_matmul` on the Gluon path hands fp4_matmul_gluon `mid_m_config` at M > 16 and None (config_for's
+    small-M pick) at M <= 16, with the row scale and bias (a stand-in launcher: no sm_90 here)."""
+    import sys
+    import types
+
+    from trace_rl.backends import PackedWeight
+    from trace_rl.formats import get_format
+    from trace_rl.kernels import linear
+    from trace_rl.kernels.fp4_gemm_gluon_config import mid_m_config
+
+    calls = []
+
+    def fake(x2, h, config=None, row_scale=None, bias=None, out_dtype=torch.bfloat16, pdl=False):
+        calls.append((x2.shape[0], config, row_scale is not None, bias is not None, pdl))
+        return torch.zeros(x2.shape[0], h.n, dtype=out_dtype)
+
+    monkeypatch.setitem(sys.modules, "trace_rl.kernels.fp4_gemm_gluon",
+                        types.SimpleNamespace(fp4_matmul_gluon=fake))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)    # a CPU-only torch has no CUDA
+    p = PackedWeight("nvfp4", 200, 512, q=get_format("nvfp4").quantize(torch.randn(200, 512, generator=gen)))
+    bias = torch.randn(200)
+    for M in (8, 40):
+        x = torch.randn(M, 512, generator=gen).to(torch.bfloat16)
+        linear._dense_matmul(x, p, torch.ones(M), bias, torch.bfloat16, None, "gluon")
+    h = linear.hopper_weight(p)
+    assert calls[0] == (8, None, True, True, False)
+    assert calls[1] == (40, mid_m_config(40, "nvfp4", *h.padded), True, True, False) and calls[1][1].fin

@@ -5,7 +5,7 @@ dispatch rule (gemm_dispatch.py) and the benchmarks read the shipped config itse
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -257,6 +257,16 @@ def m64_grid_config(M: int, fmt: str, n_padded: int | None, k_padded: int | None
         return None
     c = tiles.get((n_padded, k_padded), tiles.get(None))
     return c if c is not None and (k_padded is None or k_padded % c.bk(fmt) == 0) else None
+
+
+def mid_m_config(M: int, fmt: str, n_padded: int | None = None, k_padded: int | None = None) -> GluonConfig:
+    """The config `fp4_linear` launches at 16 < M <= gemm_dispatch.MID_M_LIMIT where gemm_dispatch.GLUON_MID_M sends
+    it to Gluon: `config_for`'s choice (WIDE's token tile, or M64_GRID's pick at 32 < M <= 64) on the `fin` kernel,
+    which takes the W4A4 row scale, the bias and programmatic dependent launch as the small-M path does (the same
+    main loop; the fast split-K finish gives the same bits as `_finish` at the same split)."""
+    if M <= 16:
+        raise ValueError(f"mid_m_config: M = {M}; M <= 16 takes config_for's small-M config")
+    return replace(config_for(M, fmt, k_padded, n_padded), fin=True)
 
 
 def small_m_fits(k_padded: int, fmt: str) -> bool:

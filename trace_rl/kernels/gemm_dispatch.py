@@ -7,6 +7,13 @@ is not a whole number of its 512-column K steps, an explicit Triton `GemmConfig`
 dispatch rule, not a fallback: `small_m_path` is a pure function of what it is given (tested on CPU), and the first
 decision of each kind is logged once per process (`log_path`), so a run's log says which GEMM its small-M linears
 take. `GLUON_SMALL_M = False` turns the Gluon path off.
+
+Mid M (16 < M <= MID_M_LIMIT, below the dequantize + cuBLAS range; issue 15's M = 64 target): the Gluon GEMM at
+`fp4_gemm_gluon_config.mid_m_config` (the wide token tile, or M64_GRID's per-shape pick, on the `fin` kernel: W4A4
+row scale, bias, PDL as at small M) only for the weights GLUON_MID_M lists, up to the M it names: per format
+{(padded N, padded K): max M}, filled from the H200's measurements (check `midm`, summary.json
+`rule_proposal.GLUON_MID_M`: the largest M up to which the Gluon path beat the Triton one in every round). A weight
+not listed, or M above its entry, takes the Triton `fp4_matmul` as before.
 """
 
 from __future__ import annotations
@@ -14,24 +21,37 @@ from __future__ import annotations
 import functools
 import logging
 
-from trace_rl.kernels.fp4_gemm_gluon_config import SMALL_M, small_m_fits
+from trace_rl.kernels.fp4_gemm_gluon_config import SMALL_M, mid_m_config, small_m_fits
 
 log = logging.getLogger("trace_rl.kernels")
 
 GLUON_SMALL_M = True      # module switch: False sends every linear to the Triton fp4_matmul
 GLUON_MAX_M = 16          # SMALL_M's token tiles (8 / 16): wider M takes the Triton kernel (or cuBLAS past it)
+MID_M_LIMIT = 128         # the mid-M rule's range ends where fp4_dequant.DEQUANT_CUBLAS_MIN_M's cuBLAS path starts
+# {format: {(padded N, padded K): the largest M (GLUON_MAX_M < M <= MID_M_LIMIT) the Gluon GEMM takes}}: measured
+# only (check `midm`); empty: every mid-M linear takes the Triton fp4_matmul.
+GLUON_MID_M: dict[str, dict[tuple[int, int], int]] = {"nvfp4": {}, "mxfp4": {}}
+
+
+def mid_m_max(fmt: str, n_padded: int | None, k_padded: int) -> int:
+    """GLUON_MID_M's largest M for this weight (capped at MID_M_LIMIT), or GLUON_MAX_M where it has no entry."""
+    return min(MID_M_LIMIT, (GLUON_MID_M.get(fmt) or {}).get((n_padded, k_padded), GLUON_MAX_M))
 
 
 def small_m_path(M: int, fmt: str, k_padded: int, capability: tuple[int, int] | None, gluon: bool,
-                 explicit_config: bool, enabled: bool = True) -> tuple[str, str]:
+                 explicit_config: bool, enabled: bool = True, n_padded: int | None = None) -> tuple[str, str]:
     """("gluon" | "triton", why) for a dense FP4 linear of M rows on a weight of format `fmt` whose Hopper layout
-    has `k_padded` columns, on a device of compute `capability` (None: not CUDA), `gluon`: Triton 3.6's Gluon is
-    importable, `explicit_config`: the caller passed a Triton GemmConfig, `enabled`: GLUON_SMALL_M."""
+    is [`n_padded`, `k_padded`], on a device of compute `capability` (None: not CUDA), `gluon`: Triton 3.6's Gluon
+    is importable, `explicit_config`: the caller passed a Triton GemmConfig, `enabled`: GLUON_SMALL_M. M <= 16: the
+    small-M path; 16 < M <= GLUON_MID_M's entry for (n_padded, k_padded): the mid-M path (module doc)."""
     if not enabled:
         return "triton", "GLUON_SMALL_M is off"
     if explicit_config:
         return "triton", "an explicit Triton GemmConfig was given"
-    if M > GLUON_MAX_M:
+    mid = M > GLUON_MAX_M
+    if mid and M > mid_m_max(fmt, n_padded, k_padded):
+        if (n_padded, k_padded) in (GLUON_MID_M.get(fmt) or {}):
+            return "triton", f"M > {mid_m_max(fmt, n_padded, k_padded)} (GLUON_MID_M's {fmt} {n_padded}x{k_padded})"
         return "triton", f"M > {GLUON_MAX_M}"
     if M < 1:
         return "triton", "no rows"
@@ -41,9 +61,12 @@ def small_m_path(M: int, fmt: str, k_padded: int, capability: tuple[int, int] | 
         return "triton", "Triton 3.6's Gluon is not importable"
     if fmt not in ("nvfp4", "mxfp4"):
         return "triton", f"format {fmt}"
-    if not small_m_fits(k_padded, fmt):
-        return "triton", (f"K pads to {k_padded}, not a multiple of the Gluon GEMM's {SMALL_M.bk(fmt)}-column "
-                          f"K step")
+    step = mid_m_config(M, fmt, n_padded, k_padded).bk(fmt) if mid else SMALL_M.bk(fmt)
+    if k_padded % step if mid else not small_m_fits(k_padded, fmt):
+        return "triton", f"K pads to {k_padded}, not a multiple of the Gluon GEMM's {step}-column K step"
+    if mid:
+        return "gluon", (f"{GLUON_MAX_M} < M <= {mid_m_max(fmt, n_padded, k_padded)} on sm_90 for {fmt} "
+                         f"{n_padded}x{k_padded} (GLUON_MID_M): mid_m_config with programmatic dependent launch")
     return "gluon", f"M <= {GLUON_MAX_M} on sm_90: fp4_gemm_gluon.SMALL_M with programmatic dependent launch"
 
 
@@ -78,14 +101,14 @@ def log_path(path: str, why: str) -> None:
     key = (path, why)
     if key not in _LOGGED:
         _LOGGED.add(key)
-        log.info("small-M FP4 linears (M <= %d) take the %s GEMM: %s", GLUON_MAX_M,
-                 "Gluon" if path == "gluon" else "Triton fp4_matmul", why)
+        log.info("small-M FP4 linears (M <= %d, or a GLUON_MID_M weight up to its M) take the %s GEMM: %s",
+                 GLUON_MAX_M, "Gluon" if path == "gluon" else "Triton fp4_matmul", why)
 
 
-def dense_path(rows: int, device, fmt: str, k_padded: int, explicit_config: bool) -> str:
-    """`small_m_path` for a linear of `rows` rows on `device` (a torch.device), logged at M <= GLUON_MAX_M;
-    "gluon" or "triton"."""
-    if rows > GLUON_MAX_M:       # no device query or log on the large-M path
+def dense_path(rows: int, device, fmt: str, k_padded: int, explicit_config: bool, n_padded: int | None = None) -> str:
+    """`small_m_path` for a linear of `rows` rows on `device` (a torch.device) over an [n_padded, k_padded] layout,
+    logged at M <= GLUON_MAX_M and where GLUON_MID_M sends it to Gluon; "gluon" or "triton"."""
+    if rows > mid_m_max(fmt, n_padded, k_padded):     # no device query or log on the Triton / cuBLAS path
         return "triton"
     cap = None
     if device.type == "cuda":
@@ -93,6 +116,6 @@ def dense_path(rows: int, device, fmt: str, k_padded: int, explicit_config: bool
 
         cap = device_capability(device.index if device.index is not None else torch.cuda.current_device())
     gluon = cap == (9, 0) and GLUON_SMALL_M and gluon_available()
-    path, why = small_m_path(rows, fmt, k_padded, cap, gluon, explicit_config, GLUON_SMALL_M)
+    path, why = small_m_path(rows, fmt, k_padded, cap, gluon, explicit_config, GLUON_SMALL_M, n_padded)
     log_path(path, why)
     return path

@@ -11,7 +11,9 @@ accumulation order; `use_dequant_cublas(M, N, K)` says which). A weight with a p
 mxfp4 weight with the FP8 cache (operand_cache_fp8.py) takes W4A4 activations as E4M3 there (`w4a4_e4m3`).
 
 At M <= 16 on an sm_90 GPU with Triton 3.6 both take the Gluon GEMM (fp4_gemm_gluon.SMALL_M, programmatic dependent
-launch; the rule: gemm_dispatch.py, `GLUON_SMALL_M` turns it off), elsewhere the Triton `fp4_matmul`. W4A4 there: the
+launch; the rule: gemm_dispatch.py, `GLUON_SMALL_M` turns it off), and at 16 < M <= the weight's GLUON_MID_M entry
+(measured shapes only) the Gluon GEMM at `mid_m_config` (the wide token tile on the same `fin` kernel), elsewhere the
+Triton `fp4_matmul`. W4A4 there: the
 activation quantize kernel issues griddepcontrol.launch_dependents at its start, so the GEMM's setup and weight
 prefetch run under it.
 
@@ -27,7 +29,8 @@ from trace_rl.formats import per_token
 from trace_rl.kernels import fp4_dequant
 from trace_rl.kernels.fp4_dequant import dequant_matmul, use_dequant_cublas
 from trace_rl.kernels.fp4_gemm import GemmConfig, fp4_matmul
-from trace_rl.kernels.gemm_dispatch import dense_path
+from trace_rl.kernels.fp4_gemm_gluon_config import mid_m_config
+from trace_rl.kernels.gemm_dispatch import GLUON_MAX_M, dense_path
 from trace_rl.kernels.hopper_fp4 import LAYOUT_KEY, HopperFP4, padded_shape, to_hopper
 from trace_rl.kernels.operand_cache import operand_cache_matmul, use_fp8_operand, use_operand_cache
 from trace_rl.kernels.row_quantize import emits_e4m3, quantize_dequant_bf16, quantize_dequant_e4m3
@@ -66,9 +69,9 @@ def hopper_weight(packed) -> HopperFP4:
 
 def small_m_gemm(rows: int, device, packed, config=None) -> str:
     """"gluon" or "triton": the GEMM a dense linear of `rows` rows on `device` takes below cuBLAS' range
-    (gemm_dispatch)."""
-    return dense_path(rows, device, packed.fmt, padded_shape(packed.out_features, packed.in_features)[1],
-                      config is not None)
+    (gemm_dispatch: M <= 16, or a GLUON_MID_M weight up to its M)."""
+    n_padded, k_padded = padded_shape(packed.out_features, packed.in_features)
+    return dense_path(rows, device, packed.fmt, k_padded, config is not None, n_padded)
 
 
 def w4a4_e4m3(x2: torch.Tensor, silu_mul: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,7 +88,8 @@ def w4a4_e4m3(x2: torch.Tensor, silu_mul: bool = False) -> tuple[torch.Tensor, t
 
 def _dense_matmul(x2, packed, row_scale, bias, out_dtype, config, path: str | None = None):
     """The FP4 GEMM, or at large M (and no explicit config) cuBLAS on the operand cache or dequantize + cuBLAS. At
-    M <= 16 on sm_90 (`small_m_gemm`, `path` if the caller already asked) the Gluon GEMM, launched as a
+    M <= 16 on sm_90, or a GLUON_MID_M weight up to its M (`small_m_gemm`, `path` if the caller already asked) the
+    Gluon GEMM, launched as a
     programmatic dependent of the kernel before it (fp4_gemm_gluon_epilogue's contract: it reads x and the row
     scales, and writes, only after that kernel completes)."""
     if config is None and use_operand_cache(x2.shape[0], packed):
@@ -99,11 +103,15 @@ def _dense_matmul(x2, packed, row_scale, bias, out_dtype, config, path: str | No
     if (path or small_m_gemm(x2.shape[0], x2.device, packed, config)) == "gluon":
         from trace_rl.kernels.fp4_gemm_gluon import fp4_matmul_gluon
 
+        h = hopper_weight(packed)
+        # mid M (gemm_dispatch.GLUON_MID_M): the wide tile on the `fin` kernel (row scale, bias, PDL); M <= 16:
+        # config_for's small-M pick (config None)
+        gc = mid_m_config(x2.shape[0], packed.fmt, *h.padded) if x2.shape[0] > GLUON_MAX_M else None
         # PDL only inside a CUDA-graph capture: there the node before the GEMM is the model's own kernel (a norm, a
         # quantize), never a weight writer; in eager mode the kernel before could be a weight sync's in-place layout
         # refresh, whose writes the GEMM's pre-wait weight prefetch would race (and eager decode is launch-bound:
         # the overlap buys nothing there).
-        return fp4_matmul_gluon(x2, hopper_weight(packed), row_scale=row_scale, bias=bias, out_dtype=out_dtype,
+        return fp4_matmul_gluon(x2, h, gc, row_scale=row_scale, bias=bias, out_dtype=out_dtype,
                                 pdl=torch.cuda.is_current_stream_capturing())
     return fp4_matmul(x2, hopper_weight(packed), row_scale, bias, out_dtype=out_dtype, config=config)
 
