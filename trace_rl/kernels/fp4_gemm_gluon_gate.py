@@ -164,10 +164,36 @@ def m64_gate_cases():
     return cases
 
 
+# The mid-M configs `fp4_linear` launches where gemm_dispatch.GLUON_MID_M lists a weight (mid_m_config: WIDE's token
+# tiles and M64_GRID's per-shape picks on the `fin` kernel), as it launches them: PDL on, W4A16 and W4A4 (row scale +
+# bias) alternating, split 2 and 1 (the direct store). One case per distinct config and token tile, over the
+# shapes M64_GRID names and a shape it does not (WIDE), at M = 24 / 64 / 128 (token tiles 32 / 64 / 128; mxfp4's
+# largest is 64). Budgets: M64_BUDGET (the same main loops as the m64 candidates).
+MID_M_SHAPES = ((6144, 4096), (12288, 4096), (4096, 12288))       # (padded N, padded K)
+
+
+def mid_m_gate_cases():
+    from trace_rl.kernels.fp4_gemm_gluon_config import mid_m_config
+
+    cases, seen = [], set()
+    for fmt in ("nvfp4", "mxfp4"):
+        for M in (24, 64, 128):
+            for n, k in MID_M_SHAPES:
+                c = mid_m_config(M, fmt, n, k)
+                bm = c.tile_m(M)
+                if (c, bm, fmt) in seen:
+                    continue
+                seen.add((c, bm, fmt))
+                w4a4 = len(seen) % 2 == 1
+                case = gate_case(c, bm, M64_BUDGET[fmt], fmt, 1 if len(seen) % 3 == 0 else 2, True, w4a4)
+                cases.append(dataclasses.replace(case, name=f"{case.name} [mid M {M} {n}x{k}]"))
+    return cases
+
+
 def sass_gate_cases():
     if not triton.__version__.startswith("3.6"):
         return []
     return [gate_case(c, bm, b) for c, bm, b in GATE + GATE_WIDE] + \
         [gate_case(c, bm, b, "mxfp4") for c, bm, b in GATE_MX + GATE_WIDE_MX] + \
         [gate_case(c, bm, SMALL_M_BUDGET[f], f, s, p, r) for c, bm, f, s, p, r in GATE_SMALL_M] + \
-        small_grid_gate_cases() + m64_gate_cases()
+        small_grid_gate_cases() + m64_gate_cases() + mid_m_gate_cases()
