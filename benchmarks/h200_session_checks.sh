@@ -41,6 +41,11 @@
 #            of the Gluon GEMM (split 2 / 4, fin epilogue, overlap, 64-row tiles at 2 CTAs/SM, 2 x 32 tokens) vs the
 #            wide tile vs cuBLAS BF16 at 4096x12288 / 12288x4096, both formats (M = 128 as time allows), bit identity
 #            at the same split, + their GPU tests; summary.json's rule_proposal names the M64_GRID to set; named only
+#   midm     benchmarks/midm_h200.sh             issue 15's M = 64 target through the shipped fp4_linear: the mid-M Gluon
+#            path (gemm_dispatch.GLUON_MID_M -> mid_m_config, PDL) vs the Triton path vs cuBLAS BF16 at M = 17-64
+#            (+96/128 as time allows) on Qwen3-8B's 6 dense shapes, nvfp4 / mxfp4, W4A16 / W4A4, + its 28 GPU tests
+#            (incl. an engine decode at B = 33); summary.json: rule_proposal.GLUON_MID_M (the line to paste),
+#            issue15_m64 (x cuBLAS at M = 64, target 1.6); < 120 s; named only
 #   smallwide SMALLM_SHAPES=... benchmarks/smallm_h200.sh   the same sweep at Qwen3-8B's 4096x12288, 12288x4096,
 #            4096x6144, 4096x4096 (K x N; large first) and the 4096x1024 control, with the larger-weight candidates
 #            (split 3 / 4, 256-column steps at split 2 / 3 / 6, two warpgroups at split 2 / 4) + their GPU tests;
@@ -165,6 +170,7 @@ for name in $NAMES; do
         gemmship2) SHIP_TESTS=0 SHIP_SHAPES=12288x4096,4096x1024 bash benchmarks/gemm_ship_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         smallm) bash benchmarks/smallm_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         m64) bash benchmarks/m64_h200.sh "$d" > "$d/run.log" 2>&1 ;;
+        midm) bash benchmarks/midm_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         smallwide) SMALLM_SHAPES=4096x12288,12288x4096,4096x6144,4096x4096,4096x1024 SMALLM_PRECOMPILE_S=50 \
                    SMALLM_TESTS='[[-](split3|split4|k256_split2|k256_split3|k256_split6|w8_split2|w8_split4)-(nvfp4|mxfp4)' \
                    bash benchmarks/smallm_h200.sh "$d" > "$d/run.log" 2>&1 ;;
