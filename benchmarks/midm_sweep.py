@@ -85,28 +85,25 @@ def _dequant_takes(M: int, K: int, N: int) -> bool:
 
 
 def _compile_job(job: tuple) -> str:
-    """Worker (spawn): one (format, K, N) weight's linears at every M, both tables, W4A16 and W4A4, eagerly and
-    captured in a graph (the PDL launch is another compile), to fill Triton's cache."""
-    fmt, K, N = job
+    """Worker (spawn): one (format, K, N, M) point's linears, both tables, W4A16 and W4A4, eagerly and captured in a
+    graph (the PDL launch is another compile), to fill Triton's cache."""
+    fmt, K, N, M = job
     try:
         import torch
 
         from trace_rl.kernels.linear import fp4_linear
 
         (p, ) = _weights(fmt, N, K, 1)
-        for M in MS_FIRST + MS_LATER:
-            if _dequant_takes(M, K, N):
-                continue
-            x = torch.randn(M, K, device=DEV, dtype=torch.bfloat16)
-            for table in (fmt, None):
-                with mid_m_table(table, _padded(p)):
-                    for act in ("bf16", fmt):
+        x = torch.randn(M, K, device=DEV, dtype=torch.bfloat16)
+        for table in (fmt, None):
+            with mid_m_table(table, _padded(p)):
+                for act in ("bf16", fmt):
+                    fp4_linear(x, p, act)
+                    torch.cuda.synchronize()
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g):
                         fp4_linear(x, p, act)
-                        torch.cuda.synchronize()
-                        g = torch.cuda.CUDAGraph()
-                        with torch.cuda.graph(g):
-                            fp4_linear(x, p, act)
-                        del g
+                    del g
         torch.cuda.synchronize()
         return ""
     except Exception as e:   # noqa: BLE001
@@ -114,10 +111,11 @@ def _compile_job(job: tuple) -> str:
 
 
 def precompile(timeout_s: float = 40.0):
+    """Every point's launches in 10 worker processes (the check runs its GPU-test shards, compiling too, at the same
+    time on the machine's 16 cores), in the sweep's order: a precompile cut by its timeout has compiled the first."""
     import gemm_compute as gcb
 
-    jobs = [(fmt, K, N) for K, N in SHAPES for fmt in FMTS]
-    # 10 workers: the check runs its GPU-test shards (compiling too) at the same time on the machine's 16 cores
+    jobs = [(fmt, K, N, M) for _, K, N, fmt, ms in _order() for M in ms if not _dequant_takes(M, K, N)]
     return gcb.precompile(workers=10, jobs=jobs, job_fn=_compile_job, timeout_s=timeout_s)
 
 
