@@ -13,7 +13,8 @@ Paths (reported in `paths`, never silent):
   place; else the weight is quantized (`prepare_weight`), copied in, and the layouts re-derived.
 - `fp4.gluon`: the same at M <= 16 on an sm_90 GPU with Triton 3.6's Gluon (`kernels.gemm_dispatch`): the Gluon
   warp-specialised FP4 GEMM (`kernels.fp4_gemm_gluon.SMALL_M`, programmatic dependent launch) instead of the Triton
-  one; `kernels.gemm_dispatch.GLUON_SMALL_M = False` turns it off.
+  one, and at 16 < M <= a weight's `gemm_dispatch.GLUON_MID_M` entry (measured shapes) its wide tiles
+  (`mid_m_config`); `kernels.gemm_dispatch.GLUON_SMALL_M = False` turns it off.
 - `fp4.dequant_cublas`: the same on CUDA at M >= `kernels.fp4_dequant.DEQUANT_CUBLAS_MIN_M` rows over weights of
   at most `DEQUANT_CUBLAS_MAX_WEIGHT` elements (`use_dequant_cublas(M, N, K)`): the weight
   dequantized to a bf16 scratch, one cuBLAS GEMM (float32 output), the FP4 GEMM's epilogue

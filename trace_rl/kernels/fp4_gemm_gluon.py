@@ -31,9 +31,10 @@ so the wide configs run two consumer warpgroups of 64 rows each.
 
 M <= 16 is shipped (`SMALL_M`, the `fin` kernel `_fp4_gemm_ws_fin_kernel`: 64-row tiles, 512-column steps, the
 fast split-K epilogue, W4A4 row scales and bias, programmatic dependent launch; fp4_gemm_gluon_epilogue.py states
-the PDL contract): `kernels.linear` takes it for M <= 16 on sm_90 (`gemm_dispatch.small_m_path`). Gluon has no
-interpreter, so this runs only on an sm_90 GPU; its compile-gate cases (fp4_gemm_gluon_gate.py) compile it for
-sm_90 on any machine.
+the PDL contract): `kernels.linear` takes it for M <= 16 on sm_90 (`gemm_dispatch.small_m_path`), and the wide
+tiles on the same `fin` kernel (`mid_m_config`) at 16 < M <= the weight's `gemm_dispatch.GLUON_MID_M` entry.
+Gluon has no interpreter, so this runs only on an sm_90 GPU; its compile-gate cases (fp4_gemm_gluon_gate.py)
+compile it for sm_90 on any machine.
 """
 
 from __future__ import annotations

@@ -241,8 +241,8 @@ M64_CANDIDATES = {
 # Set from the H200 run of 2026-12-02 (`benchmarks/results/m64_h200_1202f_summary.json`, graph medians, two rounds, each
 # pick won every round): N = 12288 x K = 4096 nvfp4 wide_overlap 21.7 us = 1.33x cuBLAS (WIDE 1.21x), mxfp4
 # wide_overlap_s2 1.35x (1.32x); N = 4096 x K = 12288 n64_w4 1.46x / 1.43x (1.26x / 1.33x). Issue 15's 1.6x is not
-# reached; the shipped fp4_linear takes Gluon only up to gemm_dispatch.GLUON_MAX_M = 16, so these are what the Gluon
-# path gives at M = 33-64 when called directly.
+# reached. The shipped fp4_linear takes these (on the fin kernel: `mid_m_config`) only for the weights
+# gemm_dispatch.GLUON_MID_M lists (check `midm`); elsewhere they are what the Gluon path gives when called directly.
 M64_GRID: dict[str, dict[tuple[int, int] | None, GluonConfig]] = {
     "nvfp4": {(12288, 4096): M64_CANDIDATES["wide_overlap"][0], (4096, 12288): M64_CANDIDATES["n64_w4"][0]},
     "mxfp4": {(12288, 4096): M64_CANDIDATES["wide_overlap_s2"][0], (4096, 12288): M64_CANDIDATES["n64_w4"][0]},
