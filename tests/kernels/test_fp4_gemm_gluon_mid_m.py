@@ -194,7 +194,7 @@ class _EveryWeight(dict):
 def test_engine_decode_b33_takes_the_mid_m_gluon_path(monkeypatch):
     """A decode step of 33 sequences on 2 Qwen3-8B-shaped W4A4 (nvfp4) layers with every weight listed: the dense
     linears take the Gluon GEMM (fp4.gluon recorded, no fp4.triton); logits close to the same step with the table
-    empty (the Triton fp4_matmul), same argmax almost everywhere."""
+    empty (the Triton fp4_matmul), same argmax almost everywhere; the captured step (PDL launches) runs it too."""
     from tests.engine.qwen3_decode import decode_logits, qwen3_layers
     from trace_rl.engine.native import NativeEngine
 
@@ -215,3 +215,10 @@ def test_engine_decode_b33_takes_the_mid_m_gluon_path(monkeypatch):
     assert _rel(gluon_logits, triton_logits) < 2e-2
     same = (gluon_logits.argmax(-1) == triton_logits.argmax(-1)).float().mean().item()
     assert same >= 0.9, same
+    from trace_rl.bench.decode_grid import prime_decode
+
+    prime_decode(engine, B, L)                 # the captured step: the Gluon GEMMs as PDL launches in the graph
+    n = paths.counts.get("fp4.gluon", 0)
+    engine.decode_step(B, L, (1.0, 0, 1.0))
+    torch.cuda.synchronize()
+    assert engine.graphs.captured and paths.counts.get("fp4.gluon", 0) > n
