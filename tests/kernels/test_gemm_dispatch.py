@@ -74,14 +74,24 @@ def test_backend_records_the_gemm_it_takes(monkeypatch, gen):
 
 # -- mid M (16 < M <= MID_M_LIMIT): GLUON_MID_M's measured weights only --------------------------------------------
 
+# What gemm_dispatch.GLUON_MID_M ships: empty until check `midm` measures the Gluon path winning (after that run its
+# summary.json rule_proposal.GLUON_MID_M is pasted both into gemm_dispatch.py and here).
+SHIPPED_MID_M = {"nvfp4": {}, "mxfp4": {}}
+
+
 def test_mid_m_table_is_empty_by_default_so_mid_m_takes_triton():
     """Until the H200 measures a win (check `midm`, summary.json rule_proposal.GLUON_MID_M) no weight is listed: every
-    16 < M linear takes the Triton fp4_matmul, as before the mid-M rule."""
-    assert gd.GLUON_MID_M == {"nvfp4": {}, "mxfp4": {}}
+    16 < M linear takes the Triton fp4_matmul, as before the mid-M rule. Data-driven on SHIPPED_MID_M: with entries,
+    a listed weight takes Gluon up to its M and Triton past it, every other weight Triton."""
+    assert gd.GLUON_MID_M == SHIPPED_MID_M
     assert gd.MID_M_LIMIT == 128
-    for M in (17, 33, 64, 128):
-        for fmt in ("nvfp4", "mxfp4"):
-            assert small_m_path(M, fmt, 4096, (9, 0), True, False, n_padded=12288) == ("triton", "M > 16")
+    assert all(16 < m <= gd.MID_M_LIMIT for t in SHIPPED_MID_M.values() for m in t.values())
+    shapes = {(12288, 4096), (4096, 12288), (6144, 4096), (4096, 4096), (24576, 4096), (1024, 4096)}
+    for fmt in ("nvfp4", "mxfp4"):
+        for n, k in shapes | set(SHIPPED_MID_M[fmt]):
+            for M in (17, 24, 32, 33, 48, 64, 65, 96, 128):
+                path, why = small_m_path(M, fmt, k, (9, 0), True, False, n_padded=n)
+                assert path == ("gluon" if M <= SHIPPED_MID_M[fmt].get((n, k), 16) else "triton"), (fmt, n, k, M, why)
 
 
 def test_mid_m_table_entry_takes_gluon_up_to_its_m(monkeypatch):
