@@ -62,7 +62,8 @@ def small_m_path(M: int, fmt: str, k_padded: int, capability: tuple[int, int] | 
     if fmt not in ("nvfp4", "mxfp4"):
         return "triton", f"format {fmt}"
     step = mid_m_config(M, fmt, n_padded, k_padded).bk(fmt) if mid else SMALL_M.bk(fmt)
-    if k_padded % step if mid else not small_m_fits(k_padded, fmt):
+    fits = k_padded % step == 0 if mid else small_m_fits(k_padded, fmt)
+    if not fits:
         return "triton", f"K pads to {k_padded}, not a multiple of the Gluon GEMM's {step}-column K step"
     if mid:
         return "gluon", (f"{GLUON_MAX_M} < M <= {mid_m_max(fmt, n_padded, k_padded)} on sm_90 for {fmt} "
