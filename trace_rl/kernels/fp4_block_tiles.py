@@ -229,15 +229,23 @@ def _quantize_dequant_rows_kernel(x_ptr, out_ptr, gscale_ptr, n_rows, K, stride_
                                   MX: tl.constexpr, ROWS: tl.constexpr, NB: tl.constexpr, NCH: tl.constexpr,
                                   SILU_MUL: tl.constexpr, SILU_EXACT: tl.constexpr = False,
                                   SILU_INTERP: tl.constexpr = False,
-                                  LAUNCH_DEPENDENTS: tl.constexpr = False, E4M3: tl.constexpr = False):
+                                  LAUNCH_DEPENDENTS: tl.constexpr = False, E4M3: tl.constexpr = False,
+                                  PDL_WAIT: tl.constexpr = False):
     """The W4A4 activation path (`quantize_dequant_bf16`): `_quantize_dequant_row_chunks` on rows of x (SILU_MUL:
     of SiLU(x[:, :K]) * x[:, K:]). Same bits as `_quantize_rows_kernel`.
     LAUNCH_DEPENDENTS (compiled only, never in the interpreter): griddepcontrol.launch_dependents first, so a GEMM
     launched after it with programmatic dependent launch (the small-M Gluon GEMM) starts its setup and weight
     prefetch now; that GEMM waits for this kernel's completion before it reads the operand or the row scales.
-    E4M3 (mxfp4): E4M3 bytes and the row scale instead of bf16 (`_e4m3_blocks`, the FP8 operand cache)."""
-    if LAUNCH_DEPENDENTS:
+    E4M3 (mxfp4): E4M3 bytes and the row scale instead of bf16 (`_e4m3_blocks`, the FP8 operand cache).
+    PDL_WAIT (compiled only): this kernel is itself launched as a programmatic dependent (`launch_pdl=True`) of the
+    kernel before it, so its CTAs may start before that kernel has finished: launch_dependents (as above), then
+    griddepcontrol.wait before any global load or store (the rows it reads, and the buffers it writes, which that
+    kernel may still read). The compile gate checks the wait (ACQBULK) precedes the first LDG/STG
+    (row_quantize_gate.py, `GateCase.first_before`)."""
+    if LAUNCH_DEPENDENTS or PDL_WAIT:
         tl.extra.cuda.gdc_launch_dependents()
+    if PDL_WAIT:
+        tl.extra.cuda.gdc_wait()
     _quantize_dequant_row_chunks(_load_blocks, (x_ptr, stride_x, SILU_MUL, SILU_EXACT, SILU_INTERP), out_ptr,
                                  gscale_ptr, tl.program_id(0) * ROWS, n_rows, K, stride_out, MX, ROWS, NB, NCH, E4M3)
 

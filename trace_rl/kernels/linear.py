@@ -15,7 +15,10 @@ launch; the rule: gemm_dispatch.py, `GLUON_SMALL_M` turns it off), and at 16 < M
 (measured shapes only) the Gluon GEMM at `mid_m_config` (the wide token tile on the same `fin` kernel), elsewhere the
 Triton `fp4_matmul`. W4A4 there: the
 activation quantize kernel issues griddepcontrol.launch_dependents at its start, so the GEMM's setup and weight
-prefetch run under it.
+prefetch run under it; and inside a CUDA-graph capture (where the GEMM launches with PDL) the quantize is itself
+launched with PDL (`QUANTIZE_PDL`, `w4a4_quantize_pdl`): its CTAs start under the previous kernel's tail and wait
+(griddepcontrol.wait) before their first global access, which takes the separate quantize launch's fixed cost off
+the small-M W4A4 linear (issue 15's o_proj and MLP misses at M <= 16).
 
 `fp4_grouped_linear` (mixture of experts) takes the Gluon grouped GEMM (fp4_grouped_gluon.py) or the Triton
 `fp4_grouped_matmul` by grouped_dispatch.py's rule (`GLUON_GROUPED` turns the Gluon one off).
@@ -34,6 +37,20 @@ from trace_rl.kernels.gemm_dispatch import GLUON_MAX_M, dense_path
 from trace_rl.kernels.hopper_fp4 import LAYOUT_KEY, HopperFP4, padded_shape, to_hopper
 from trace_rl.kernels.operand_cache import operand_cache_matmul, use_fp8_operand, use_operand_cache
 from trace_rl.kernels.row_quantize import emits_e4m3, quantize_dequant_bf16, quantize_dequant_e4m3
+
+# The W4A4 activation quantize before the small-M Gluon GEMM launched as a programmatic dependent of the kernel before
+# it (row_quantize.launch_quantize_rows' `pdl_wait`); False: launched plainly (still signalling launch_dependents).
+# Same bits either way (tests/kernels/test_w4a4_pdl_gpu.py); the time: check `w4a4pdl`.
+QUANTIZE_PDL = True
+
+
+def w4a4_quantize_pdl(path: str) -> bool:
+    """Whether the W4A4 activation quantize before a dense GEMM on `path` ("gluon" / "triton", `small_m_gemm`) launches
+    with PDL: `QUANTIZE_PDL`, the Gluon GEMM, and inside a CUDA-graph capture, i.e. exactly where that GEMM itself
+    launches with PDL (`_dense_matmul`; in eager mode the kernel before could be a weight sync's, and eager decode
+    is launch-bound). The quantize waits before any global access, so whatever kernel precedes it is safe."""
+    return (QUANTIZE_PDL and path == "gluon" and torch.cuda.is_available()
+            and torch.cuda.is_current_stream_capturing())
 
 
 def derive_layout(q, out: HopperFP4 | None = None) -> HopperFP4:
@@ -147,9 +164,10 @@ def fp4_linear(x: torch.Tensor, packed, act_fmt: str = "bf16", bias: torch.Tenso
     if act_fmt == "bf16":
         xb = x2.to(torch.bfloat16)
         xb = xb if xb.stride(-1) == 1 else xb.contiguous()
-    else:   # before the Gluon GEMM the quantize kernel lets it launch early (PDL): its prologue under the quantize
+    else:   # before the Gluon GEMM the quantize kernel lets it launch early (PDL): its prologue under the quantize;
+        # in a capture the quantize is a PDL launch too (its start under the kernel before it)
         xb, row_scale = quantize_dequant_bf16(x2 if x2.stride(-1) == 1 else x2.contiguous(), per_token(act_fmt),
-                                              launch_dependents=path == "gluon")
+                                              launch_dependents=path == "gluon", pdl_wait=w4a4_quantize_pdl(path))
     y = _dense_matmul(xb, packed, row_scale, bias, x.dtype, config, path)
     return y.reshape(*lead, packed.out_features)
 

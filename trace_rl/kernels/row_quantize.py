@@ -158,14 +158,17 @@ def _quantize_rows_kernel(
     FMT: tl.constexpr, HAS_DEST: tl.constexpr, EMIT_BF16: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SINGLE: tl.constexpr,
     SILU_MUL: tl.constexpr = False, FAST_DIV: tl.constexpr = False, SILU_EXACT: tl.constexpr = False,
-    SILU_INTERP: tl.constexpr = False, LAUNCH_DEPENDENTS: tl.constexpr = False,
+    SILU_INTERP: tl.constexpr = False, LAUNCH_DEPENDENTS: tl.constexpr = False, PDL_WAIT: tl.constexpr = False,
 ):
     """SINGLE (K <= BLOCK_K): each row is loaded once, for its amax and its codes. SILU_MUL: the operand is
     SiLU(x[:, :K]) * x[:, K:] (x has 2K columns), the experts' SwiGLU fused in. FAST_DIV (nvfp4:row): divide
     by the block scales as `div_rn_by_reciprocal` where `fast_div_ok` holds for every row amax of the program
-    (else div_rn, as without it); same bits either way. LAUNCH_DEPENDENTS: as `_quantize_dequant_rows_kernel`'s."""
-    if LAUNCH_DEPENDENTS:
+    (else div_rn, as without it); same bits either way. LAUNCH_DEPENDENTS, PDL_WAIT: as
+    `_quantize_dequant_rows_kernel`'s (the wait before the first global access, the KV write's slot load included)."""
+    if LAUNCH_DEPENDENTS or PDL_WAIT:
         tl.extra.cuda.gdc_launch_dependents()
+    if PDL_WAIT:
+        tl.extra.cuda.gdc_wait()
     G: tl.constexpr = 16 if FMT <= 1 else (32 if FMT == 2 else BLOCK_K)  # elements per scale
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < n_rows
@@ -243,14 +246,20 @@ def tensor_amax_bits(x2: torch.Tensor) -> torch.Tensor:
 
 
 def launch_quantize_rows(x2, fmt_id, codes, scales, gscale, dest=None, heads=1, emit_bf16=False, silu_mul=False,
-                         fast_div=False, launch_dependents=False, e4m3=False):
+                         fast_div=False, launch_dependents=False, e4m3=False, pdl_wait=False):
     """Quantize rows of x2 [rows, K] (unit column stride) into preallocated outputs (see kernel). `dest`:
     the KV write's slots, or for nvfp4 (tensor scale) the int32 amax bits from `tensor_amax_bits`.
     `silu_mul`: x2 is [rows, 2K] gate | up. `fast_div`: the general kernel's FAST_DIV (nvfp4:row).
     `launch_dependents`: the kernel signals griddepcontrol.launch_dependents at its start (a programmatic dependent
     launch after it may begin; compiled kernels only: off in the interpreter). `e4m3` (mxfp4 with emit_bf16, the
-    block-tile kernel only): E4M3 bytes into `codes` and each row's scale into `gscale` (`quantize_dequant_e4m3`)."""
+    block-tile kernel only): E4M3 bytes into `codes` and each row's scale into `gscale` (`quantize_dequant_e4m3`).
+    `pdl_wait`: launched as a programmatic dependent of the kernel before it (`launch_pdl=True`), the kernel signals
+    launch_dependents and then waits (griddepcontrol.wait) before its first global access; for the small-M W4A4
+    linear inside a CUDA-graph capture (`kernels.linear.w4a4_quantize_pdl` says when). Compiled kernels only: off in
+    the interpreter, like `launch_dependents`; same bits either way."""
     launch_dependents = bool(launch_dependents) and not interpreting()
+    pdl_wait = bool(pdl_wait) and not interpreting()
+    pdl = {"PDL_WAIT": True, "launch_pdl": True} if pdl_wait else {}    # unset: the cached non-PDL compile
     n_rows = x2.shape[0]
     K = x2.shape[1] // 2 if silu_mul else x2.shape[1]
     G = BLOCK[fmt_id] if fmt_id != FMT_FP8_ROW else 16
@@ -265,7 +274,7 @@ def launch_quantize_rows(x2, fmt_id, codes, scales, gscale, dest=None, heads=1, 
         _quantize_dequant_rows_kernel[(triton.cdiv(n_rows, rows),)](
             x2, codes, gscale if gscale is not None else codes, n_rows, K, x2.stride(0), codes.stride(0),
             MX=fmt_id == FMT_MXFP4, ROWS=rows, NB=nb, NCH=nch, SILU_MUL=silu_mul, LAUNCH_DEPENDENTS=launch_dependents,
-            E4M3=bool(e4m3), num_warps=warps, **silu)
+            E4M3=bool(e4m3), num_warps=warps, **silu, **pdl)
         return
     bm, bk, warps = _tiles(n_rows, K, G)
     grid = (triton.cdiv(n_rows, bm),)
@@ -275,7 +284,7 @@ def launch_quantize_rows(x2, fmt_id, codes, scales, gscale, dest=None, heads=1, 
         n_rows, K, x2.stride(0), codes.stride(0), scales.stride(0) if scales is not None else 0, heads,
         FMT=fmt_id, HAS_DEST=dest is not None and fmt_id != FMT_NVFP4, EMIT_BF16=emit_bf16, BLOCK_M=bm, BLOCK_K=bk,
         SINGLE=K <= bk, SILU_MUL=silu_mul, FAST_DIV=bool(fast_div) and fmt_id == FMT_NVFP4_ROW,
-        LAUNCH_DEPENDENTS=launch_dependents, num_warps=warps, **silu)
+        LAUNCH_DEPENDENTS=launch_dependents, num_warps=warps, **silu, **pdl)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -327,15 +336,16 @@ def quantize(x: torch.Tensor, fmt_name: str, fast: bool | None = None) -> QTenso
                    name)
 
 
-def quantize_dequant_bf16(x2: torch.Tensor, fmt_name: str, silu_mul: bool = False,
-                          launch_dependents: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def quantize_dequant_bf16(x2: torch.Tensor, fmt_name: str, silu_mul: bool = False, launch_dependents: bool = False,
+                          pdl_wait: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """W4A4 activations: (bf16 [rows, K] = code value * block scale, float32 [rows] row global or None).
 
     x2 quantized per token with `fmt_name` ("nvfp4:row" or "mxfp4"); value * global reproduces
     `get_format(fmt_name).dequantize(quantize(x2))` up to the float32 rounding of that last product.
     `silu_mul`: x2 is [rows, 2K] (gate | up); quantize `swiglu.silu_mul(x2)` in the same launch (same codes
     and scales as running it first). `launch_dependents`: the kernel lets a programmatic dependent launch after it
-    (the small-M Gluon GEMM, `kernels.linear`) start at once (`launch_quantize_rows`)."""
+    (the small-M Gluon GEMM, `kernels.linear`) start at once (`launch_quantize_rows`). `pdl_wait`: the launch is itself
+    a programmatic dependent of the kernel before it (`launch_quantize_rows`; inside a CUDA-graph capture only)."""
     name = get_format(fmt_name).name
     if name not in ("nvfp4:row", "mxfp4"):
         raise ValueError(f"W4A4 activations are quantized per token to nvfp4:row or mxfp4, not {fmt_name!r}")
@@ -349,7 +359,7 @@ def quantize_dequant_bf16(x2: torch.Tensor, fmt_name: str, silu_mul: bool = Fals
     gscale = torch.empty(n_rows, device=x2.device, dtype=torch.float32) if fmt_id == FMT_NVFP4_ROW else None
     if n_rows:
         launch_quantize_rows(x2, fmt_id, out, None, gscale, emit_bf16=True, silu_mul=silu_mul,
-                             launch_dependents=launch_dependents)
+                             launch_dependents=launch_dependents, pdl_wait=pdl_wait)
     return out, gscale
 
 
@@ -358,8 +368,8 @@ def emits_e4m3(k: int, silu_mul: bool = False) -> bool:
     return k % BLOCK[FMT_MXFP4] == 0 and _dequant_tiles(1, k, BLOCK[FMT_MXFP4], silu_mul) is not None
 
 
-def quantize_dequant_e4m3(x2: torch.Tensor, silu_mul: bool = False,
-                          launch_dependents: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_dequant_e4m3(x2: torch.Tensor, silu_mul: bool = False, launch_dependents: bool = False,
+                          pdl_wait: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """mxfp4 W4A4 activations for the FP8 operand cache (operand_cache_fp8.py): (float8_e4m3fn [rows, K], float32
     [rows] row scale) from the same launch as `quantize_dequant_bf16(x2, "mxfp4", silu_mul)` with E4M3 stores: the
     same codes and block scales, each row shifted so its largest block sits at the top of E4M3; E4M3 value x
@@ -377,5 +387,5 @@ def quantize_dequant_e4m3(x2: torch.Tensor, silu_mul: bool = False,
     row_scale = torch.empty(n_rows, device=x2.device, dtype=torch.float32)
     if n_rows:
         launch_quantize_rows(x2, FMT_MXFP4, out.view(torch.uint8), None, row_scale, emit_bf16=True, silu_mul=silu_mul,
-                             launch_dependents=launch_dependents, e4m3=True)
+                             launch_dependents=launch_dependents, e4m3=True, pdl_wait=pdl_wait)
     return out, row_scale

@@ -14,6 +14,9 @@ slow path of the IEEE divisions is not counted; CPU compile, 2026-12-01) plus ~1
         input, issue 16; 16 warps, 64 registers: fp4_block_tiles.SILU_MUL_MAX_WARPS; at 8 warps 82.4 per element
         but 122 registers, and Triton 3.9 spills)
     quantize_dequant mxfp4 K2048          415 instr / 16 elem = 25.9  -> budget 29
+    (PDL variants, `pdl_wait`, 2026-12-03: +1 instruction (ACQBULK, griddepcontrol.wait) over launch_dependents'
+    PREEXIT, +2 where the kernel had neither: nvfp4:row K4096 897 / 16 = 56.1, mxfp4 K4096 417 / 16 = 26.1,
+    nvfp4:row K12288 53.5, mxfp4 K12288 24.7, nvfp4:row silu exact K12288 2094 / 24 = 87.25; the same budgets)
     quantize_rows nvfp4:row K2048        1087 instr / 16 elem = 67.9  -> budget 75
     quantize_rows fp8_e4m3:row K2048      697 instr / 16 elem = 43.6  -> budget 48
     quantize_weight nvfp4 (4096 / program)       52.1 per elem      -> budget 57 (Triton 3.9, 2026-12-02)
@@ -67,8 +70,29 @@ def sass_gate_cases():
                               1, rows * 4096 / (32 * warps), budget,
                               divisible=("x_ptr", "out_ptr", "gscale_ptr", "K", "stride_x", "stride_out"),
                               register_a=False, forbid=(), whole_kernel=True, require=("PREEXIT", )))
+    # the same launched with PDL inside a CUDA-graph capture (kernels.linear.w4a4_quantize_pdl): launch_dependents,
+    # then griddepcontrol.wait (ACQBULK) before the first global load or store; o_proj's K = 4096, the down
+    # projection's 12288 (SiLU x mul fused: FP4Backend.quantize_silu_mul_input), and the general kernel's bf16 rows
+    # past 16384 (fp4_linear's quantize there)
+    for name, mx, K, silu, budget in (("nvfp4:row K4096 pdl_wait", False, 4096, False, 61.0),
+                                      ("mxfp4 K4096 pdl_wait", True, 4096, False, 29.0),
+                                      ("nvfp4:row K12288 pdl_wait", False, 12288, False, 61.0),
+                                      ("mxfp4 K12288 pdl_wait", True, 12288, False, 29.0),
+                                      ("nvfp4:row silu exact K12288 pdl_wait", False, 12288, True, 96.0)):
+        rows, nb, nch, warps = _dequant_tiles(16, K, 32 if mx else 16, silu)
+        cases.append(GateCase(f"quantize_dequant {name}", _quantize_dequant_rows_kernel, sig,
+                              dict(MX=mx, ROWS=rows, NB=nb, NCH=nch, SILU_MUL=silu, SILU_EXACT=silu,
+                                   SILU_INTERP=False, PDL_WAIT=True), warps,
+                              1, rows * K / (32 * warps), budget,
+                              divisible=("x_ptr", "out_ptr", "gscale_ptr", "K", "stride_x", "stride_out"),
+                              register_a=False, forbid=(), whole_kernel=True, require=("PREEXIT", "ACQBULK"),
+                              first_before=("ACQBULK", ),
+                              options=(("enable_fp_fusion", True),) if silu else ()))
     # `quantize` (codes and scales out): nvfp4:row and fp8 rows, K = 2048
-    for name, fmt, budget in (("nvfp4:row K2048", FMT_NVFP4_ROW, 75.0), ("fp8_e4m3:row K2048", FMT_FP8_ROW, 48.0)):
+    # (and the general kernel's PDL variant, which fp4_linear launches for bf16 rows past 16384: the same wait rule)
+    for name, fmt, budget, pdl in (("nvfp4:row K2048", FMT_NVFP4_ROW, 75.0, False),
+                                   ("fp8_e4m3:row K2048", FMT_FP8_ROW, 48.0, False),
+                                   ("nvfp4:row K2048 pdl_wait", FMT_NVFP4_ROW, 75.0, True)):
         K = 2048
         block_m, block_k, warps = _tiles(ROWS, K, 16)
         sig = dict(x_ptr="*bf16", codes_ptr="*u8", scales_ptr="*fp32" if fmt == FMT_FP8_ROW else "*u8",
@@ -77,11 +101,12 @@ def sass_gate_cases():
         cases.append(GateCase(f"quantize_rows {name}", _quantize_rows_kernel, sig,
                               dict(FMT=fmt, HAS_DEST=False, EMIT_BF16=False, BLOCK_M=block_m, BLOCK_K=block_k,
                                    SINGLE=K <= block_k, SILU_MUL=False, FAST_DIV=False, SILU_EXACT=False,
-                                   SILU_INTERP=False), warps, 1,
+                                   SILU_INTERP=False, PDL_WAIT=pdl), warps, 1,
                               block_m * K / (32 * warps), budget,
                               divisible=("x_ptr", "codes_ptr", "scales_ptr", "K", "stride_x", "stride_codes",
                                          "stride_scales"),
-                              register_a=False, forbid=(), whole_kernel=True))
+                              register_a=False, forbid=(), whole_kernel=True,
+                              require=("PREEXIT", "ACQBULK") if pdl else (), first_before=("ACQBULK", ) if pdl else ()))
     # the weight sync's block-tile quantizer (`quantize(w, fmt, fast=True)`); nvfp4 counts both division paths
     from trace_rl.kernels.weight_quantize import _blocks_per_program, _quantize_weight_kernel
 

@@ -24,7 +24,10 @@ thread):
   (sass_wgmma_hazard.py: undefined behaviour that gives wrong results, timing-dependent);
 - no spill traffic (LDL/STL) in the loop (spills elsewhere are reported, not failed);
 - every opcode prefix of `require` somewhere in the kernel (e.g. a warp-specialised kernel's USETMAXREG, mbarrier
-  SYNCS and UTMALDG).
+  SYNCS and UTMALDG);
+- every opcode prefix of `first_before` before the kernel's first global memory access (LDG / STG / generic LD / ST,
+  atomics, cp.async, TMA; `first_global_access`): a kernel launched with PDL must pass griddepcontrol.wait (ACQBULK)
+  before it reads what the kernel before it wrote, or writes what that kernel may still read.
 A `@gluon.jit` kernel compiles through Gluon's source (its `options` can carry e.g. maxnreg).
 
 Adding a case: define `sass_gate_cases() -> list[GateCase]` in your kernel module and list the module in
@@ -78,6 +81,7 @@ class GateCase:
                                          # loop inside its work-item loop)
     a_in_flight: bool = False            # check that no loop instruction writes an in-flight HGMMA's A registers
                                          # (sass_wgmma_hazard.py)
+    first_before: tuple = ()             # opcode prefixes that must occur before the kernel's first global access
 
 
 @dataclass
@@ -192,6 +196,34 @@ def whole_kernel(sass: str) -> list[str]:
     return body[:last_exit + 1]
 
 
+# Base opcodes (before the first ".") that touch global memory: LDG / STG, generic LD / ST (a generic address may be
+# global), global atomics and reductions, cp.async (LDGSTS) and TMA. Shared memory's LDS / STS / LDSM are not.
+GLOBAL_ACCESS = ("LDG", "STG", "LD", "ST", "ATOM", "ATOMG", "RED", "REDG", "LDGSTS", "UTMALDG", "UTMASTG", "UBLKCP")
+
+
+def first_global_access(body: list[str]) -> int | None:
+    """Index in `body` (instruction texts) of the first global memory access (`GLOBAL_ACCESS`), or None."""
+    for i, text in enumerate(body):
+        m = _OPCODE.match(text)
+        if m and m.group(1).split(".")[0] in GLOBAL_ACCESS:
+            return i
+    return None
+
+
+def first_before_violations(body: list[str], ops: tuple) -> list[str]:
+    """What is wrong with `ops` (opcode prefixes) having to come before the first global access of `body`."""
+    first = first_global_access(body)
+    out = []
+    for op in ops:
+        at = next((i for i, t in enumerate(body) if (m := _OPCODE.match(t)) and m.group(1).startswith(op)), None)
+        if at is None:
+            out.append(f"no {op} in the kernel (it must precede the first global access)")
+        elif first is not None and at > first:
+            out.append(f"{op} (instruction {at}) after the first global access ({body[first]}, instruction {first}): "
+                       f"a PDL launch must wait before it reads or writes global memory")
+    return out
+
+
 def inspect(case: GateCase, sass: str, usage: dict) -> GateReport:
     import triton
 
@@ -223,6 +255,7 @@ def inspect(case: GateCase, sass: str, usage: dict) -> GateReport:
     for op in case.require:
         if not any(o.startswith(op) for o in every):
             rep.violations.append(f"no {op} in the kernel")
+    rep.violations += first_before_violations(whole_kernel(sass), case.first_before)
     if case.a_in_flight:
         from trace_rl.kernels.sass_wgmma_hazard import a_register_hazards
 
