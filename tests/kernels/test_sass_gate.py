@@ -36,3 +36,28 @@ def test_shipped_kernel_configs_pass_the_sm90_gate(tmp_path):
     assert proc.returncode == 0, proc.stdout
     for r in reports:
         assert not r["violations"], (r["name"], r["violations"])
+
+
+def _sass(*instructions: str) -> str:
+    """cuobjdump-style text of `instructions`, one per line at consecutive addresses."""
+    return "\n".join(f"        /*{16 * i:04x}*/                   {t} ;" for i, t in enumerate(instructions))
+
+
+def test_first_before_rule_on_synthetic_sass():
+    """`GateCase.first_before`: an opcode (a PDL launch's wait, ACQBULK) must come before the kernel's first global
+    access; shared-memory and constant loads do not count, predicated and generic accesses do."""
+    from trace_rl.kernels.sass_gate import first_before_violations, first_global_access, whole_kernel
+
+    ok = whole_kernel(_sass("LDC R1, c[0x0][0x28]", "S2R R2, SR_TID.X", "LDS R3, [R2]", "PREEXIT", "ACQBULK",
+                            "LDG.E.128 R4, desc[UR4][R2.64]", "STG.E [R2.64], R4", "EXIT", "BRA 0x70"))
+    assert first_global_access(ok) == 5
+    assert first_before_violations(ok, ("ACQBULK", "PREEXIT")) == []
+    late = whole_kernel(_sass("S2R R2, SR_TID.X", "@P0 LDG.E R4, desc[UR4][R2.64]", "ACQBULK", "STG.E [R2.64], R4",
+                              "EXIT"))
+    (v, ) = first_before_violations(late, ("ACQBULK", ))
+    assert "after the first global access" in v and "LDG.E" in v
+    generic = whole_kernel(_sass("ST.E [R2.64], R4", "ACQBULK", "EXIT"))
+    assert first_before_violations(generic, ("ACQBULK", ))
+    (missing, ) = first_before_violations(ok, ("USETMAXREG", ))
+    assert missing.startswith("no USETMAXREG")
+    assert first_before_violations(whole_kernel(_sass("ACQBULK", "EXIT")), ("ACQBULK", )) == []   # no global access
