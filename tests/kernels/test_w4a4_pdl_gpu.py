@@ -2,9 +2,8 @@
 a CUDA-graph capture, on the small-M Gluon GEMM's path, the quantize waits in griddepcontrol.wait before its first
 global access) gives the bits it gives without: eagerly (where it does not apply) and replayed from a CUDA graph, at
 o_proj's 4096x4096 and the down projection's 12288 -> 4096 at M = 1 / 16, an odd shape (2080 -> 224, M = 5), nvfp4
-/ mxfp4. In every
-chain the quantize reads what the kernel just before it wrote (a torch multiply, or the previous Gluon GEMM, which
-signals launch_dependents early), so a missing wait shows as stale input. Also the fp4 backend's fused SiLU x mul
+/ mxfp4. In every chain the quantize reads what the kernel just before it wrote (a torch multiply, or the previous
+Gluon GEMM, which signals launch_dependents early), so a missing wait shows as stale input. Also the fp4 backend's fused SiLU x mul
 quantize (`quantize_silu_mul_input`) before the down projection. The time: check `w4a4pdl`
 (benchmarks/w4a4_pdl.py)."""
 
