@@ -104,6 +104,12 @@
 #            fused producer + prequantized GEMM vs W4A16 (producer + fp4_linear) vs cuBLAS, W4A4 with its separate
 #            quantize launch, nvfp4 / mxfp4, M = 1-512 (+313 for o_proj's quantize), bits fused = apart; < 120 s;
 #            named only
+#   w4a4pdl  benchmarks/w4a4_pdl_h200.sh   issue 15's W4A4 misses at M <= 16 (o_proj, the MLP's down projection): the
+#            W4A4 activation quantize launched with PDL (kernels.linear.QUANTIZE_PDL) vs the plain launch vs W4A16 in
+#            CUDA graphs at o_proj 4096x4096, down 12288x4096, qkv 4096x6144, gate_up 4096x12288, nvfp4 / mxfp4,
+#            M = 1/4/16 (+64, no PDL: control), + its GPU tests (on / off bit-identical eager and in a graph);
+#            summary.json: pytest.failures, bits_ok, rows[].pdl_over_old (< 1 = faster), worst_engine_over_w4a16
+#            before / after, over_target_after; < 120 s; named only
 #   moegluon benchmarks/moe_gluon_h200.sh  the opt-in Gluon grouped FP4 GEMM (trace_rl/kernels/fp4_grouped_gluon.py):
 #            its GPU tests, then at B = 409 / 512 / 128 / 256 routed tokens gate+up and down vs the Triton grouped
 #            kernel, torch._grouped_mm and the cuBLAS expert loop (graph), nvfp4 / mxfp4 (+ W4A4 prequantized);
@@ -193,6 +199,7 @@ for name in $NAMES; do
         moe512) bash benchmarks/moe512_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         mlpfuse) bash benchmarks/mlp_fuse_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         w4a4prod) bash benchmarks/w4a4_producers_h200.sh "$d" > "$d/run.log" 2>&1 ;;
+        w4a4pdl) bash benchmarks/w4a4_pdl_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         presets) pytest_check "$d" 145 tests/pipelines/test_presets_gpu.py ;;
         engine) pytest_check "$d" 85 tests/engine/test_native_gpu.py -k "not gluon" ;;
         opprof) bash benchmarks/engine_opcache_profile_h200.sh "$d" > "$d/run.log" 2>&1 ;;
