@@ -1,10 +1,11 @@
 """GPU (issue 15): the W4A4 linear with its activation quantize launched with PDL (kernels.linear.QUANTIZE_PDL: inside
 a CUDA-graph capture, on the small-M Gluon GEMM's path, the quantize waits in griddepcontrol.wait before its first
 global access) gives the bits it gives without: eagerly (where it does not apply) and replayed from a CUDA graph, at
-o_proj's 4096x4096 and the down projection's 12288 -> 4096 at M = 1 / 16, an odd shape (2080 -> 224, M = 5), nvfp4
-/ mxfp4. In every chain the quantize reads what the kernel just before it wrote (a torch multiply, or the previous
-Gluon GEMM, which signals launch_dependents early), so a missing wait shows as stale input. Also the fp4 backend's fused SiLU x mul
-quantize (`quantize_silu_mul_input`) before the down projection. The time: check `w4a4pdl`
+o_proj's 4096x4096 and the down projection's 12288 -> 4096 at M = 1 / 16, an odd shape (2560 -> 1536: five K steps,
+M = 5), nvfp4 / mxfp4, each followed by a second W4A4 linear to 200 outputs (not a multiple of the 64-row tile). In
+every chain the quantize reads what the kernel just before it wrote (a torch multiply, or the previous Gluon GEMM,
+which signals launch_dependents early), so a missing wait shows as stale input. Also the fp4 backend's fused SiLU x
+mul quantize (`quantize_silu_mul_input`) before the down projection. The time: check `w4a4pdl`
 (benchmarks/w4a4_pdl.py)."""
 
 import pytest
@@ -53,9 +54,9 @@ def _graph_and_eager(fn, capture, pdl, monkeypatch):
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("K,N,M", [(4096, 4096, 1), (4096, 4096, 16), (12288, 4096, 1), (12288, 4096, 16),
-                                   (2080, 224, 5)])
+                                   (2560, 1536, 5)])
 def test_quantize_pdl_same_bits_eager_and_graph(fmt, K, N, M, capture, gen, monkeypatch):
-    p, p2 = _weight(N, K, fmt, gen), _weight(N, N, fmt, gen)
+    p, p2 = _weight(N, K, fmt, gen), _weight(200, N, fmt, gen)    # K of both: the Gluon GEMM's (multiples of 512)
     x = (torch.randn(M, K, generator=gen) * 3).to(torch.bfloat16).cuda()
     s = torch.full((1, K), 1.5, dtype=torch.bfloat16, device="cuda")
 
