@@ -5,7 +5,8 @@
 # PYTHONPATH), < 120 s:
 #     benchmarks/w4a4_pdl_h200.sh OUT_DIR
 # 0. in the background: the GPU tests (tests/kernels/test_w4a4_pdl_gpu.py: QUANTIZE_PDL on / off bit-identical eager
-#    and in a CUDA graph) -> OUT/pytest.{log,xml} (<= 55 s); meanwhile benchmarks/w4a4_pdl.py --precompile-only (every
+#    and in a CUDA graph; and the Gluon small-M chain of dependent W4A16 / W4A4 linears in a graph, now with PDL
+#    quantizes) -> OUT/pytest.{log,xml} (<= 55 s); meanwhile benchmarks/w4a4_pdl.py --precompile-only (every
 #    row's kernels, captured with the switch off and on, 12 worker processes) -> OUT/precompile.log (<= 42 s)
 # 1. after the tests: benchmarks/w4a4_pdl.py -> OUT/w4a4_pdl.json (+ .log): o_proj 4096x4096, mlp_down 12288x4096,
 #    qkv 4096x6144, gate_up 4096x12288, nvfp4 / mxfp4, M = 1/4/16 then 64 (the Triton GEMM, no PDL: a control);
@@ -19,7 +20,8 @@
 . "$(dirname "$0")/h200_check.sh"
 SEL=(${W4A4PDL_PAIRS:+--pairs $W4A4PDL_PAIRS} ${W4A4PDL_MS:+--ms $W4A4PDL_MS} ${W4A4PDL_FMTS:+--fmts $W4A4PDL_FMTS})
 timeout 55 $PY -m pytest -v -p no:cacheprovider -rs --junitxml="$OUT/pytest.xml" -m gpu \
-    tests/kernels/test_w4a4_pdl_gpu.py > "$OUT/pytest.log" 2>&1 &
+    tests/kernels/test_w4a4_pdl_gpu.py "tests/kernels/test_fp4_gemm_gluon_small.py::test_pdl_chain_replays_in_a_cuda_graph" \
+    > "$OUT/pytest.log" 2>&1 &
 test_pid=$!
 timeout 42 $PY benchmarks/w4a4_pdl.py --precompile-only --precompile-timeout-s 38 ${SEL[@]+"${SEL[@]}"} \
     > "$OUT/precompile.log" 2>&1
