@@ -158,6 +158,8 @@ def summarize(res: dict) -> dict:
         s.setdefault("worst_engine_over_w4a16", {})[name] = {k: {"ratio": v[0], "M": v[1]} for k, v in worst.items()}
     s["over_target_after"] = [f"{row['pair']} {row['fmt']} M={row['M']}: {row['engine_after_over_w4a16']}"
                               for row in rows if row.get("meets_target_after") is False]
+    s["apart_over_target_after"] = [f"{row['pair']} {row['fmt']} M={row['M']}: {row['pdl_over_w4a16']}" for row in rows
+                                    if row.get("pdl_over_w4a16", 0) > TARGET]   # quantize + GEMM, every pair
     gluon = [row["pdl_over_old"] for row in rows if row.get("gemm_path") == "gluon" and "pdl_over_old" in row]
     s["pdl_over_old_gluon"] = {"min": min(gluon), "max": max(gluon), "n": len(gluon)} if gluon else None
     s["rows"] = [{k: row[k] for k in ("pair", "fmt", "M", "gemm_path", "pdl_over_old", "old_over_w4a16",

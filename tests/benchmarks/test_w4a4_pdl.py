@@ -71,6 +71,7 @@ def test_engine_variants_order_ratios_summary():
     bench.ratios(row2)
     s = bench.summarize({"rows": [row, row2], "skipped": [{}], "errors": []})
     assert s["bits_ok"] and s["over_target_after"] == ["o_proj nvfp4 M=4: 1.2"]
+    assert s["apart_over_target_after"] == ["o_proj nvfp4 M=4: 1.2"]
     assert s["worst_engine_over_w4a16"]["before"]["o_proj nvfp4"] == {"ratio": 1.3, "M": 1}
     assert s["worst_engine_over_w4a16"]["after"]["o_proj nvfp4"] == {"ratio": 1.2, "M": 4}
     assert s["pdl_over_old_gluon"] == {"min": 0.846, "max": 0.923, "n": 2} and s["skipped"] == 1
