@@ -14,7 +14,7 @@
 # 2. OUT/summary.json. Look at: `pytest.failures` (must be []), `bits_ok` (must be true), `pdl_over_old_gluon` and
 #    `rows[].pdl_over_old` (< 1: the PDL launch is faster; M = 64 rows are the no-PDL control, ~1),
 #    `worst_engine_over_w4a16` before / after per pair and format, `over_target_after` (the points still > 1.15 x
-#    W4A16 as the engine runs them). Follow-up: if PDL is slower (pdl_over_old > 1.02 on the Gluon rows) set
+#    W4A16 as the engine runs them; `apart_over_target_after`: quantize + GEMM on every pair). Follow-up: if PDL is slower (pdl_over_old > 1.02 on the Gluon rows) set
 #    kernels/linear.py QUANTIZE_PDL = False; either way put the after numbers into docs/kernels.md.
 # Env: W4A4PDL_PAIRS="o_proj,mlp_down" / W4A4PDL_MS="1,16" / W4A4PDL_FMTS=nvfp4 restrict the rows.
 . "$(dirname "$0")/h200_check.sh"
