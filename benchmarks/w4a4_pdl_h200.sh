@@ -14,8 +14,9 @@
 # 2. OUT/summary.json. Look at: `pytest.failures` (must be []), `bits_ok` (must be true), `pdl_over_old_gluon` and
 #    `rows[].pdl_over_old` (< 1: the PDL launch is faster; M = 64 rows are the no-PDL control, ~1),
 #    `worst_engine_over_w4a16` before / after per pair and format, `over_target_after` (the points still > 1.15 x
-#    W4A16 as the engine runs them; `apart_over_target_after`: quantize + GEMM on every pair). Follow-up: if PDL is slower (pdl_over_old > 1.02 on the Gluon rows) set
-#    kernels/linear.py QUANTIZE_PDL = False; either way put the after numbers into docs/kernels.md.
+#    W4A16 as the engine runs them; `apart_over_target_after`: quantize + GEMM on every pair). Follow-up: if PDL
+#    is slower (pdl_over_old > 1.02 on the Gluon rows) set kernels/linear.py QUANTIZE_PDL = False; either way put
+#    the after numbers into docs/kernels.md and docs/benchmarks.md.
 # Env: W4A4PDL_PAIRS="o_proj,mlp_down" / W4A4PDL_MS="1,16" / W4A4PDL_FMTS=nvfp4 restrict the rows.
 . "$(dirname "$0")/h200_check.sh"
 SEL=(${W4A4PDL_PAIRS:+--pairs $W4A4PDL_PAIRS} ${W4A4PDL_MS:+--ms $W4A4PDL_MS} ${W4A4PDL_FMTS:+--fmts $W4A4PDL_FMTS})
