@@ -7,7 +7,8 @@ o_proj and the MLP's down projection, where the separate quantize launch's fixed
 
 Pairs (Qwen3-8B; K x N; the producers and variants of benchmarks/w4a4_producer_pairs.py): `o_proj` 4096x4096 (the
 attention output, no producer of ours), `mlp_down` 12288x4096 (SiLU x mul of gate | up), `qkv` 4096x6144 and `gate_up`
-4096x12288 (residual add + RMSNorm); nvfp4 and mxfp4; M = 1, 4, 16, 64 (64: the Triton GEMM, no PDL: a control).
+4096x12288 (residual add + RMSNorm); nvfp4 and mxfp4; M = 1, 4, 16, 64 (64: the Triton GEMM, no PDL: a control,
+unless gemm_dispatch.GLUON_MID_M sends the weight to the Gluon GEMM there: `gemm_path` says).
 Per row, microseconds per pair (one CUDA graph of calls over weight copies larger than L2, median of 15 replays,
 `kernel_baselines.graph_us`): `w4a16` (producer + fp4_linear on bf16), `w4a4_apart_old` / `w4a4_apart_pdl` (producer +
 fp4_linear(.., fmt): its quantize launch + the GEMM, captured with QUANTIZE_PDL off / on), for qkv / gate_up also

@@ -12,7 +12,8 @@
 #    qkv 4096x6144, gate_up 4096x12288, nvfp4 / mxfp4, M = 1/4/16 then 64 (the Triton GEMM, no PDL: a control);
 #    CUDA-graph us of W4A16, W4A4 with its quantize launch old (QUANTIZE_PDL off) and PDL, the engine's variants.
 # 2. OUT/summary.json. Look at: `pytest.failures` (must be []), `bits_ok` (must be true), `pdl_over_old_gluon` and
-#    `rows[].pdl_over_old` (< 1: the PDL launch is faster; M = 64 rows are the no-PDL control, ~1),
+#    `rows[].pdl_over_old` (< 1: the PDL launch is faster; rows with gemm_path triton, M = 64 unless GLUON_MID_M
+#    lists the weight, are the no-PDL control, ~1),
 #    `worst_engine_over_w4a16` before / after per pair and format, `over_target_after` (the points still > 1.15 x
 #    W4A16 as the engine runs them; `apart_over_target_after`: quantize + GEMM on every pair). Follow-up: if PDL
 #    is slower (pdl_over_old > 1.02 on the Gluon rows) set kernels/linear.py QUANTIZE_PDL = False; either way put
@@ -60,7 +61,7 @@ except Exception as e:   # noqa: BLE001
     s["bench_error"] = repr(e)
     s["bench_log_tail"] = tail(out, "w4a4_pdl.log", 20)
 s["look_at"] = ("pytest.failures == [] and bits_ok; rows[].pdl_over_old < 1 on gemm_path gluon (M <= 16) means the "
-                "PDL quantize launch is faster (M = 64: control); worst_engine_over_w4a16.after vs .before; "
+                "PDL quantize launch is faster (gemm_path triton rows: control); worst_engine_over_w4a16.after vs .before; "
                 "over_target_after: points still > 1.15 x W4A16. If pdl_over_old > 1.02 on the gluon rows: "
                 "set kernels/linear.py QUANTIZE_PDL = False")
 write(out, s, 12000)
