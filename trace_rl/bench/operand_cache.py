@@ -9,19 +9,29 @@ the bf16 and with the FP8 cache. The cache (`engine/operand_cache.py`) is alloca
 free memory, so the row's B is what fits beside it (the FP8 cache's 1 byte per weight element, not 2); each row
 records `operand_cache`, `operand_cache_kind`, `operand_cache_GB` and `batch`. Only FP4-weight plans take it (an
 error naming the flag otherwise; fp8 only mxfp4 W4A4 plans).
+
+`--realistic-operand-cache` takes the same spec for the realistic workload's plans (`--realistic-plans`;
+`parse(..., flag=REALISTIC_FLAG, plans_flag=...)`): the cache is attached before that workload's page pool is sized
+from free memory, so the pool is what fits beside it. `--realistic-uncached 0` drops the uncached run of each plan
+(and attention choice) the spec names (`runs_for(..., uncached=False)`): one engine per plan, e.g. the 36-layer check
+(benchmarks/engine_realistic36.py), whose budget has no room for both.
 """
 
 from __future__ import annotations
 
 FLAG = "--operand-cache"
+REALISTIC_FLAG = "--realistic-operand-cache"
+UNCACHED_FLAG = "--realistic-uncached"
 
 
 KINDS = ("bf16", "fp8")
 
 
-def parse(spec: str, plans: tuple[str, ...], choices_of=None) -> dict[str, dict[str, list[str] | None]]:
+def parse(spec: str, plans: tuple[str, ...], choices_of=None, flag: str = FLAG,
+          plans_flag: str = "the fixed workload's --plans") -> dict[str, dict[str, list[str] | None]]:
     """{plan: {kind: the attention choices that also run with that cache kind, None for all}}; ValueError naming
-    the flag. `choices_of(plan)`: the plan's --engine-attention choices; a CHOICE naming another would add no row."""
+    `flag`. `choices_of(plan)`: the plan's --engine-attention choices; a CHOICE naming another would add no row.
+    `plans_flag`: where `plans` come from (said when an entry names another plan)."""
     from trace_rl.engine.operand_cache import fp8_why_not
     from trace_rl.plan import PrecisionPlan, format_family
 
@@ -33,21 +43,21 @@ def parse(spec: str, plans: tuple[str, ...], choices_of=None) -> dict[str, dict[
             choice, kind = "", choice
         kind = kind or "bf16"
         if plan not in plans:
-            raise ValueError(f"{FLAG}: plan {plan!r} (in {entry!r}) is not one of the fixed workload's --plans "
+            raise ValueError(f"{flag}: plan {plan!r} (in {entry!r}) is not one of {plans_flag} "
                              f"({', '.join(plans)})")
         if kind not in KINDS:
-            raise ValueError(f"{FLAG}: {entry!r}: cache kind {kind!r}; choose one of {', '.join(KINDS)}")
+            raise ValueError(f"{flag}: {entry!r}: cache kind {kind!r}; choose one of {', '.join(KINDS)}")
         try:
             pp = PrecisionPlan.preset(plan)
         except (KeyError, ValueError) as err:
-            raise ValueError(f"{FLAG}: {plan!r}: {err}") from None
+            raise ValueError(f"{flag}: {plan!r}: {err}") from None
         if format_family(pp.rollout_weights) != "fp4":
-            raise ValueError(f"{FLAG}: plan {plan!r} has {pp.rollout_weights!r} weights; the operand cache holds the "
+            raise ValueError(f"{flag}: plan {plan!r} has {pp.rollout_weights!r} weights; the operand cache holds the "
                              f"operand of FP4 weights (name an nvfp4/mxfp4 plan, e.g. w4a4-kv4)")
         if kind == "fp8" and fp8_why_not(pp):
-            raise ValueError(f"{FLAG}: {entry!r}: {fp8_why_not(pp)}")
+            raise ValueError(f"{flag}: {entry!r}: {fp8_why_not(pp)}")
         if choice and choices_of is not None and choice not in choices_of(plan):
-            raise ValueError(f"{FLAG}: {entry!r}: {plan} runs with attention {', '.join(choices_of(plan))} "
+            raise ValueError(f"{flag}: {entry!r}: {plan} runs with attention {', '.join(choices_of(plan))} "
                              f"(--engine-attention), so {choice!r} would add no row; name one of those")
         kinds = out.setdefault(plan, {})
         if not choice:
@@ -57,14 +67,29 @@ def parse(spec: str, plans: tuple[str, ...], choices_of=None) -> dict[str, dict[
     return out
 
 
-def runs_for(parsed: dict[str, dict[str, list[str] | None]], plan: str, choice: str) -> list[bool | str]:
-    """The operand-cache settings the fixed workload runs `plan` with `choice` at: False, then True (the bf16
-    cache) and/or "fp8" where the spec names them (`NativeEngine(operand_cache=...)` takes each)."""
-    out: list[bool | str] = [False]
+def runs_for(parsed: dict[str, dict[str, list[str] | None]], plan: str, choice: str,
+             uncached: bool = True) -> list[bool | str]:
+    """The operand-cache settings a workload runs `plan` with `choice` at: False, then True (the bf16 cache)
+    and/or "fp8" where the spec names them (`NativeEngine(operand_cache=...)` takes each). `uncached=False`
+    (`--realistic-uncached 0`): no False run where the spec names a cache for this plan and choice."""
+    out: list[bool | str] = []
     for kind, choices in parsed.get(plan, {}).items():
         if choices is None or choice in choices:
             out.append(True if kind == "bf16" else kind)
-    return out
+    return out if out and not uncached else [False, *out]
+
+
+def parse_uncached(value: int, parsed: dict) -> bool:
+    """`--realistic-uncached`: 1 (default) also runs each named plan without the cache, 0 only with it; ValueError
+    naming the flag for another value, or for 0 when `--realistic-operand-cache` names no plan (0 would change
+    nothing: every plan would still run uncached)."""
+    if value not in (0, 1):
+        raise ValueError(f"{UNCACHED_FLAG} {value}: choose 1 (also run the plans {REALISTIC_FLAG} names without the "
+                         f"cache) or 0 (only with it)")
+    if value == 0 and not parsed:
+        raise ValueError(f"{UNCACHED_FLAG} 0 drops the uncached run of the plans {REALISTIC_FLAG} names, and it names "
+                         f"none; name a plan there (e.g. {REALISTIC_FLAG} w4a4-kv4) or leave {UNCACHED_FLAG} at 1")
+    return bool(value)
 
 
 def label(setting: bool | str) -> str:

@@ -16,7 +16,9 @@ Parts (`--parts`, each written to rollout.json as soon as it finishes, one failu
 (`trace_rl.bench.engine_attention`; default auto; rows and summary lines say what was asked and what ran). The
 fixed workload's step rows also carry `attention_times`: ms per layer call of the engine's candidates and of the
 Gluon path where the cache can take it (`steps.attention_times`). `--operand-cache` repeats fixed-workload runs of FP4
-plans with the engine's persistent operand cache (`trace_rl.bench.operand_cache`).
+plans with the engine's persistent operand cache (`trace_rl.bench.operand_cache`); `--realistic-operand-cache` and
+`--realistic-uncached` do the same for the realistic workload, and `--realistic-deadline` guards each of its runs'
+time (`trace_rl.bench.realistic_guard`).
 """
 
 from __future__ import annotations
@@ -71,6 +73,17 @@ def add_rollout_bench_args(parser: argparse.ArgumentParser) -> argparse.Argument
     a("--realistic-layers", type=int, default=0, help="layers run in the realistic workload (0: all; fewer "
       "layers keep the shapes and scale the KV pool to the whole model's token capacity)")
     a("--realistic-max-batch", type=int, default=512, help="slots of the realistic workload's engine")
+    a("--realistic-operand-cache", default="",
+      help="realistic workload: PLAN, PLAN=CHOICE, PLAN=fp8 or PLAN=CHOICE:fp8 entries (the syntax of "
+           "--operand-cache, plans of --realistic-plans) that run with the engine's operand cache, attached before the "
+           "page pool is sized from free memory (rows record operand_cache, operand_cache_kind, operand_cache_GB)")
+    a("--realistic-uncached", type=int, default=1,
+      help="1: each plan --realistic-operand-cache names also runs without the cache (first); 0: only with it")
+    a("--realistic-deadline", type=float, default=0.0,
+      help="realistic workload's time guard: a Unix time (seconds) by which each plan's run must end; each plan is "
+           "probed after its engine is built (a few short steps, trace_rl/bench/realistic_guard.py), its run's time "
+           "estimated, and the run skipped (under \"realistic_skipped\", with why) when it would end later; "
+           "0: no guard")
     a("--hf-batch", type=int, default=64, help="sequences in the HF comparison")
     a("--hf-new-tokens", type=int, default=64, help="response length of the HF comparison")
     a("--hf-model", default="", help="model preset of the HF comparison (default: each of --models)")
@@ -127,6 +140,10 @@ def run_rollout_bench(args) -> dict:
 
     oc = operand_cache.parse(args.operand_cache, tuple(p for p in args.plans.split(",") if p),
                              lambda plan: engine_attention.choices_for(attention, plan))
+    real_oc = operand_cache.parse(args.realistic_operand_cache, tuple(p for p in args.realistic_plans.split(",") if p),
+                                  lambda plan: engine_attention.choices_for(attention, plan),
+                                  flag=operand_cache.REALISTIC_FLAG, plans_flag="--realistic-plans")
+    real_uncached = operand_cache.parse_uncached(args.realistic_uncached, real_oc)
     from trace_rl.bench.baseline import VARIANTS
 
     variants = [v for v in args.baseline_variants.split(",") if v]
@@ -140,8 +157,8 @@ def run_rollout_bench(args) -> dict:
               "torch": torch.__version__, "read_bandwidth_TBps": (bw["read"] or 0) / 1e12,
               "copy_bandwidth_TBps": (bw["copy"] or 0) / 1e12,
               "args": {k: v for k, v in vars(args).items() if not callable(v)},
-              "grid": [], "profile": [], "results": [], "realistic": [], "hf": [], "steps": [], "errors": [],
-              "log": []}
+              "grid": [], "profile": [], "results": [], "realistic": [], "realistic_skipped": [], "hf": [],
+              "steps": [], "errors": [], "log": []}
     t0 = time.perf_counter()
 
     def log(line: str) -> None:
@@ -193,9 +210,10 @@ def run_rollout_bench(args) -> dict:
         if "realistic" in parts:
             for plan in filter(None, args.realistic_plans.split(",")):
                 for choice in engine_attention.choices_for(attention, plan):
-                    attempt(f"realistic {name} {plan} attention={choice}",
-                            lambda n=name, p=plan, c=choice: realistic_workload(args, n, p, device, log, c),
-                            "realistic")
+                    for cached in operand_cache.runs_for(real_oc, plan, choice, real_uncached):
+                        attempt(f"realistic {name} {plan} attention={choice}" + operand_cache.label(cached),
+                                lambda n=name, p=plan, c=choice, o=cached: _realistic_row(
+                                    realistic_workload(args, n, p, device, log, c, o), report), "realistic", many=True)
         if "hf" in parts and args.hf_batch:
             attempt(f"hf {name}", lambda n=name: hf_vs_native(args, n, device, log), "hf")
     report["summary"] = summary(report)
@@ -211,6 +229,15 @@ def run_rollout_bench(args) -> dict:
     return report
 
 
+def _realistic_row(row: dict, report: dict) -> list[dict]:
+    """A realistic run's row as a list for `attempt` (many=True): [] when the time guard skipped it (its row goes
+    under "realistic_skipped", which is no measurement)."""
+    if "skipped" in row:
+        report["realistic_skipped"].append(row)
+        return []
+    return [row]
+
+
 def unmeasured(report: dict) -> str:
     """Why the run measured nothing ("" when it measured something; the CLI then exits 1 with this). A steps row
     counts when it has step times: a skipped one (a choice the cache or machine cannot take, a batch that does not
@@ -224,6 +251,10 @@ def unmeasured(report: dict) -> str:
     if failed:
         return (f"nothing was measured: every row failed ({len(failed)}, \"error\" in their rows; e.g. "
                 f"{failed[0]['error']})")
+    guarded = report.get("realistic_skipped", [])
+    if guarded:
+        return (f"nothing was measured: the time guard skipped every realistic run ({len(guarded)}, under "
+                f"\"realistic_skipped\"; e.g. {guarded[0]['plan']}: {guarded[0]['skipped']})")
     skipped = [r for r in steps if "skipped" in r]
     if skipped:
         return (f"nothing was measured: every steps cell was skipped ({len(skipped)}, \"skipped\" in their rows; "
@@ -270,7 +301,9 @@ def summary(report: dict) -> list[dict]:
     for x in report["realistic"]:
         lines.append({"realistic": x["plan"], "tokens_per_s": x["tokens_per_s"],
                       "vs_bf16": x["tokens_per_s"] / bf16["tokens_per_s"] if bf16 else None,
-                      **{k: x.get(k) for k in attention}})
+                      "operand_cache_kind": x.get("operand_cache_kind"), **{k: x.get(k) for k in attention}})
+    for x in report.get("realistic_skipped", []):
+        lines.append({"realistic": x["plan"], "skipped": x["skipped"], "estimate_s": x.get("estimate_s")})
     for hf in report["hf"]:
         lines.append({"model": hf["model"], "native_vs_hf_decode_same_tokens": hf["native_vs_hf_decode_same_tokens"],
                       "hf_truncated": hf["hf_truncated"], "hf_tokens_reached": hf["hf_tokens_reached"],

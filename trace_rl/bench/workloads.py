@@ -14,6 +14,9 @@ sample reaches its drawn length, and masks it before: random weights never choos
 is what the GPU holds beside the weights; with `--realistic-layers` < the model's layers (a cheaper run
 of the same shapes), the pool is scaled to hold as many tokens as the whole model's would. Reported: tokens/s (graph
 captures excluded and included), preemptions, mean decode batch, prefill tokens, shared prompt pages.
+`--realistic-operand-cache` runs a plan with the engine's operand cache, attached before the pool is sized (the pool
+is what fits beside it); `--realistic-deadline` probes each built engine and skips a run that would not end in time
+(`realistic_guard`; a probed run's captures and counts exclude the probe's).
 
 Both build their engine with the decode attention `--engine-attention` gives the plan (`engine_attention`: forced
 where the cache can take it, else auto and the row says why); every row records the paths it ran (`attention_used`).
@@ -70,11 +73,23 @@ def kv_budget(args, model, device, layers_scale: float = 1.0) -> tuple[float, fl
     emulated = sum(4 * lin.quant.out_features * lin.quant.in_features for lin in model.linears().values()
                    if "emulated" in lin.quant.backend.available(device).path and lin.quant.weight_fmt != "bf16")
     free -= args.reserve_gb * 2**30 + emulated
-    if layers_scale < 1.0:
-        per_layer = bm.weight_bytes(model, within="model.layers.0.")
+    if layers_scale < 1.0:   # the missing layers' operand caches too, where one is attached (it is in `free`)
+        per_layer = bm.weight_bytes(model, within="model.layers.0.") + _cache_bytes(model, "model.layers.0.")
         missing = per_layer * (len(model.model.layers) / layers_scale - len(model.model.layers))
         free = (free - missing) * layers_scale
     return max(free, 0.0), total
+
+
+def _cache_bytes(model, within: str) -> int:
+    """Operand-cache bytes of the dense FP4 linears named `within...` (engine.operand_cache.model_bytes, per layer:
+    a stacked group's operands through its parts' views, its float32 row factors once)."""
+    from trace_rl.engine.operand_cache import KEY
+
+    caches = [lin.quant.packed.layout[KEY] for n, lin in model.linears().items() if n.startswith(within)
+              and getattr(lin, "quant", None) is not None and lin.quant.weight_fmt in ("nvfp4", "mxfp4")
+              and KEY in lin.quant.packed.layout]
+    stacks = {id(oc.stack): oc.stack for oc in caches if getattr(oc, "stack", None) is not None}
+    return sum(oc.nbytes for oc in caches) + sum(st.nbytes for st in stacks.values())
 
 
 def fixed_workload(args, name: str, plan_name: str, response: int, device, bw, log,
@@ -227,13 +242,19 @@ def draw_lengths(rows: int, median: float, sigma: float, low: int, high: int, se
     return lengths.round().clamp(low, high).long()
 
 
-def realistic_workload(args, name: str, plan_name: str, device, log, attention: str = "auto") -> dict:
-    """`attention`: the engine's decode attention where its cache can take it, else auto (`engine_attention`)."""
+def realistic_workload(args, name: str, plan_name: str, device, log, attention: str = "auto",
+                       operand_cache: bool | str = False) -> dict:
+    """`attention`: the engine's decode attention where its cache can take it, else auto (`engine_attention`).
+    `operand_cache` (`--realistic-operand-cache`: True / 'bf16', or 'fp8'): the engine's persistent operand cache,
+    attached BEFORE the page pool is sized from free memory (`realistic_pages`), so the pool is what fits beside it.
+    With `args.realistic_deadline` (a Unix time), the built engine is probed first (`realistic_guard`) and the run
+    skipped when its estimate would end after the deadline: the row is then {"plan", "skipped", "estimate_s", ...}."""
     from trace_rl.bench.engine_attention import label, resolve, used_paths
     from trace_rl.bench.measure import build_rollout_model, free
     from trace_rl.data import schema as K
     from trace_rl.engine.base import SamplingParams
     from trace_rl.engine.native import NativeEngine
+    from trace_rl.engine.operand_cache import kind_of
     from trace_rl.models import preset
     from trace_rl.plan import PrecisionPlan
 
@@ -246,14 +267,12 @@ def realistic_workload(args, name: str, plan_name: str, device, log, attention: 
     c = model.config
     rows, r, p = args.realistic_prompts * args.group, args.realistic_max, args.prompt_len
     block = args.block_size or _page(plan)
-    per_token = bm.kv_bytes_per_token(plan.kv_cache, c.num_layers, c.num_kv_heads, c.head_dim)
-    if device.type == "cuda":
-        budget, _ = kv_budget(args, model, device, layers / full_layers)
-        slots = min(rows, args.realistic_max_batch)
-        num_pages = int((budget - slots * 40 * c.vocab_size * layers / full_layers) // (per_token * block))
-    else:
-        num_pages = rows * math.ceil((p + r) / block)
-    num_pages = max(num_pages, math.ceil((p + r) / block))
+    oc_bytes = 0
+    if operand_cache:     # before the pool is sized: the caches' memory is not the KV pool's
+        from trace_rl.engine.operand_cache import attach_model
+
+        oc_bytes = attach_model(model, plan, device, operand_cache)
+    num_pages, per_token = realistic_pages(args, model, plan, device, layers / full_layers, rows, block)
     targets = torch.full((rows + 1,), 1 << 40, dtype=torch.long, device=device)
     lengths = draw_lengths(rows, args.realistic_median, args.realistic_sigma, 16, r, args.seed)
     targets[:rows] = lengths.to(device)
@@ -264,38 +283,72 @@ def realistic_workload(args, name: str, plan_name: str, device, log, attention: 
                                                  f"realistic {name} {plan_name}")
     engine = NativeEngine(model, plan, max_batch=min(rows, args.realistic_max_batch), max_seq_len=p + r,
                           block_size=block, device=device, prefill_tokens=args.prefill_tokens, kv_layout="pool",
-                          num_pages=num_pages, attention=engine_attention)
+                          num_pages=num_pages, attention=engine_attention, operand_cache=operand_cache)
     engine_ref.append(engine)
     prompts = random_prompts(args.realistic_prompts, p, c.vocab_size, device, args.seed + 5)
     sampling = SamplingParams(n=args.group, temperature=1.0, max_new_tokens=r, stop_token_ids=(stop_id,),
                               seed=args.seed)
+    head = {"model": name, "plan": plan_name, "layers": layers, "full_layers": full_layers, "rows": rows,
+            "prompt_len": p, "max_response": r, "page_size": block, "num_pages": num_pages,
+            "kv_pool_GB": num_pages * block * per_token / 1e9, "operand_cache": bool(operand_cache),
+            "operand_cache_kind": kind_of(operand_cache) or None, "operand_cache_GB": oc_bytes / 1e9,
+            **attention_fields}
+    estimate = None
+    if getattr(args, "realistic_deadline", 0):
+        from trace_rl.bench.realistic_guard import guard
+
+        estimate = guard(engine, prompts, sampling, lengths, args.realistic_deadline, log)
+        if estimate.get("skip"):
+            free(engine, model)
+            return {**head, "skipped": estimate["skip"], "estimate_s": estimate["estimate_s"], "estimate": estimate}
+    before = engine.report()         # the probe's captures and counts are not the run's
     holder: dict = {}
     seconds = bm.wall_s(lambda: _generate_into(engine, prompts, sampling, holder), device)
     out = holder["out"]
     rep = engine.report()
     ngen = out[K.NUM_GENERATED]
     tokens = int(ngen.sum())
-    setup_s = rep["graph_capture_s"]
-    res = {"model": name, "plan": plan_name, "layers": layers, "full_layers": full_layers, "rows": rows,
-           "prompt_len": p, "max_response": r, "page_size": block, "num_pages": num_pages,
-           "kv_pool_GB": num_pages * block * per_token / 1e9, "tokens": tokens, "seconds": seconds,
+    setup_s = rep["graph_capture_s"] - before["graph_capture_s"]
+    run = {k: rep[k] - before[k] for k in ("preemptions", "decode_rows", "decode_steps", "prefill_tokens",
+                                            "shared_prompt_pages")}
+    res = {**head, "tokens": tokens, "seconds": seconds,
            "graph_capture_s": setup_s, "tokens_per_s": tokens / max(seconds - setup_s, 1e-9),
            "tokens_per_s_with_capture": tokens / seconds,
            "lengths": {"mean": float(ngen.float().mean()), "median": float(ngen.float().median()),
                        "max": int(ngen.max()), "at_max": int((ngen == r).sum()),
                        "drawn_mean": float(lengths.float().mean()),
                        "honoured": bool(torch.equal(ngen.cpu(), lengths))},
-           "preemptions": rep["preemptions"], "mean_decode_batch": rep["decode_rows"] / max(rep["decode_steps"], 1),
-           "decode_steps": rep["decode_steps"], "prefill_tokens": rep["prefill_tokens"],
-           "shared_prompt_pages": rep["shared_prompt_pages"], "peak_pages": rep["peak_pages"],
-           "attention": rep["attention_chosen"], "linear": rep["linear"], **attention_fields,
-           "attention_used": used_paths(engine)}
+           "preemptions": run["preemptions"], "mean_decode_batch": run["decode_rows"] / max(run["decode_steps"], 1),
+           "decode_steps": run["decode_steps"], "prefill_tokens": run["prefill_tokens"],
+           "shared_prompt_pages": run["shared_prompt_pages"], "peak_pages": rep["peak_pages"],
+           "attention": rep["attention_chosen"], "linear": rep["linear"],
+           "operand_cache_kinds": rep["operand_cache_kinds"], "attention_used": used_paths(engine)}
+    if estimate is not None:
+        res.update(estimate_s=estimate["estimate_s"], estimate=estimate)
     log(f"realistic {name}[{layers}/{full_layers} layers] {label(res):<10} {rows} rows: {tokens} tokens in "
         f"{seconds:.1f}s ({res['tokens_per_s']:.0f} tok/s w/o {setup_s:.1f}s capture), preemptions "
-        f"{res['preemptions']}, mean batch {res['mean_decode_batch']:.0f}, pool {res['kv_pool_GB']:.1f} GB, attention "
-        f"{','.join(res['attention_used'])}")
+        f"{res['preemptions']}, mean batch {res['mean_decode_batch']:.0f}, pool {res['kv_pool_GB']:.1f} GB"
+        + (f", operand cache {res['operand_cache_GB']:.1f} GB" if operand_cache else "")
+        + (f", estimated {estimate['estimate_s']:.1f}s" if estimate else "")
+        + f", attention {','.join(res['attention_used'])}")
     free(engine, model)
     return res
+
+
+def realistic_pages(args, model, plan, device, layers_scale: float, rows: int, block: int) -> tuple[int, float]:
+    """(pages of the realistic workload's pool, KV bytes per token): on a GPU what the free memory holds beside the
+    weights and whatever is already allocated (the operand cache: call this after attaching it), less the sampling
+    temporaries of the engine's slots; on a CPU every sample's whole length. At least one longest sequence."""
+    c = model.config
+    per_token = bm.kv_bytes_per_token(plan.kv_cache, c.num_layers, c.num_kv_heads, c.head_dim)
+    p, r = args.prompt_len, args.realistic_max
+    if device.type == "cuda":
+        budget, _ = kv_budget(args, model, device, layers_scale)
+        slots = min(rows, args.realistic_max_batch)
+        num_pages = int((budget - slots * 40 * c.vocab_size * layers_scale) // (per_token * block))
+    else:
+        num_pages = rows * math.ceil((p + r) / block)
+    return max(num_pages, math.ceil((p + r) / block)), per_token
 
 
 def _generate_into(engine, prompts, sampling, holder: dict) -> None:
