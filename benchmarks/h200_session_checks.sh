@@ -91,6 +91,11 @@
 #            the realistic workload at 64 prompts x 8 (bf16, w4a4-kv4, w4a16, fp8; 2 of Qwen3-8B's layers); NOT a
 #            < 120 s check: a whole call (~330-420 s, starts only with >= 360 s left, gets what is left); named
 #            only, alone: `... h200_session_checks.sh OUT engremain` (or the script itself)
+#   real36   benchmarks/engine_realistic36_h200.sh issue 16's realistic workload on the WHOLE Qwen3-8B (36 layers):
+#            32 prompts x 8, lengths median 1500, bf16 / w4a4-kv4 (Gluon + bf16 operand cache) / w4a4-kv4-mx (FP8
+#            operand cache) / fp8 / w4a16, one process per plan, each time-guarded; NOT a < 120 s check: a whole call
+#            (~490 s, starts only with >= 500 s left, gets what is left); named only, alone:
+#            `... h200_session_checks.sh OUT real36` (or the script itself)
 #   normquant benchmarks/norm_quant_h200.sh   the fused residual add + RMSNorm + W4A4 activation quantization (issue 16
 #            item 3): GPU tests (bit-identical to the two kernels at B = 1 / 313 / 512 x 4096 with NaN/Inf rows; engine
 #            logits of 2 Qwen3-8B layers bit-identical with the fusion on/off, nvfp4 and mxfp4), then CUDA-graph us of
@@ -144,7 +149,7 @@ W=/tmp/h200_checks
 mkdir -p "$OUT" "$W"
 start=$(date +%s)
 need() { case $1 in presets) echo 150;; trainattn) echo 62;; engine) echo 90;; fixedgluon) echo 300;; gpusuite) echo 200;;
-          engremain) echo 360;; *) echo 122;; esac; }
+          engremain) echo 360;; real36) echo 500;; *) echo 122;; esac; }
 pytest_check() {   # DIR TIMEOUT_S ARGS...: pytest into DIR/pytest.log, its rc into DIR/summary.json
     local d=$1 t=$2; shift 2
     timeout "$t" $PYTHON -m pytest -v -p no:cacheprovider -rs "$@" > "$d/pytest.log" 2>&1
@@ -210,6 +215,7 @@ for name in $NAMES; do
         fp4engine) bash benchmarks/engine_fp4_gluon_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         fixedgluon) BUDGET_S=$(( left - 10 )) bash benchmarks/engine_fixed_gluon_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         engremain) BUDGET_S=$(( left - 10 )) bash benchmarks/engine_remaining_h200.sh "$d" > "$d/run.log" 2>&1 ;;
+        real36) BUDGET_S=$(( left - 10 )) bash benchmarks/engine_realistic36_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         *) echo "[$name] unknown check" ;;
     esac
     echo "[$name] rc $? in $(( $(date +%s) - t0 )) s"
