@@ -147,3 +147,12 @@ def test_script_tiny_cpu(tmp_path):
     assert s["lengths"]["requested"] == {"median": 20.0, "sigma": 1.0, "max": 48}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bf16", "bf16.log", "driver.log", "summary.json", "w4a16",
                                                           "w4a16.log"]
+
+
+def test_registered_as_a_whole_call_check():
+    """`real36` runs alone: named only (not in the default order), started with >= 500 s left, given what is left."""
+    checks = open(os.path.join(ROOT, "benchmarks", "h200_session_checks.sh")).read()
+    assert "real36) BUDGET_S=$(( left - 10 )) bash benchmarks/engine_realistic36_h200.sh" in checks
+    assert "real36) echo 500;;" in checks and "#   real36   benchmarks/engine_realistic36_h200.sh" in checks
+    default = checks[checks.index('NAMES=${*:-"'):].split("\n")[0]
+    assert "real36" not in default
