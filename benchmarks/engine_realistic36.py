@@ -112,7 +112,7 @@ def _tail(out: str, plan: str, n: int = 6) -> list[str]:
 
 
 def summarize(out: str, plans: list[str], metas: dict, args=None) -> dict:
-    runs, not_measured, errors, requested = [], [], [], None
+    runs, not_measured, errors, requested, tails = [], [], [], None, {}
     for plan in plans:
         meta = metas.get(plan)
         if meta is None:
@@ -142,8 +142,8 @@ def summarize(out: str, plans: list[str], metas: dict, args=None) -> dict:
             why = f"failed: {rep['errors'][0]['error'][:300]}"
         else:
             why = f"no row (rc {meta.get('rc')}; log tail in log_tail)"
-        not_measured.append({"plan": plan, "why": why, "estimate_s": skipped[0].get("estimate_s") if skipped else None,
-                             "log_tail": _tail(out, plan)})
+        not_measured.append({"plan": plan, "why": why, "estimate_s": skipped[0].get("estimate_s") if skipped else None})
+        tails[plan] = _tail(out, plan)
     bf16 = next((r for r in runs if r["plan"] == "bf16"), None)
     for r in runs:
         r["vs_bf16"] = r["tokens_per_s"] / bf16["tokens_per_s"] if bf16 else None
@@ -155,7 +155,8 @@ def summarize(out: str, plans: list[str], metas: dict, args=None) -> dict:
     ok = not not_measured and not errors and all_layers and honoured
     headline = {"ok": ok, "tokens_per_s": {r["plan"]: r["tokens_per_s"] for r in runs},
                 "fp4_vs_bf16": fp4, "fp4_faster_than_bf16": {p: v > 1 for p, v in fp4.items() if v is not None}}
-    s = {"headline": headline, "not_measured": not_measured, "all_layers": all_layers, "lengths_honoured": honoured,
+    # the first 3000 characters are what h200_session_checks.sh prints: the verdict before the per-run detail
+    s = {"headline": headline, "all_layers": all_layers, "lengths_honoured": honoured, "not_measured": not_measured,
          "look_at": ("ok true = every plan measured on all layers with every drawn length met; then fp4_vs_bf16 "
                      "(w4a4-kv4 = Gluon attention + bf16 operand cache, w4a4-kv4-mx = FP8 operand cache) is the "
                      "36-layer realistic-workload ratio for docs/benchmarks.md 'Realistic RL workload'; "
@@ -165,7 +166,7 @@ def summarize(out: str, plans: list[str], metas: dict, args=None) -> dict:
          "workload": None if args is None else {"model": args.model, "layers": args.layers or "all",
                                                 "prompts": args.prompts, "group": args.group,
                                                 "budget_s": args.budget_s, "bench_args": args.bench_args},
-         "process": metas}
+         "process": metas, "log_tail": tails}
     return s
 
 
