@@ -8,6 +8,9 @@ buffers in place: a captured CUDA graph stays valid across weight syncs. `packed
 
 from __future__ import annotations
 
+import contextlib
+import sys
+
 import torch
 from torch import nn
 
@@ -96,7 +99,13 @@ class QuantLinear(nn.Module):
 def load_linear_weights(items: list[tuple[QuantLinear, torch.Tensor, torch.Tensor | None]]) -> None:
     """`layer.load_weight(weight, bias)` for each (layer, weight, bias); the nvfp4 layers on the fused path get
     their tensor amaxes from one launch over all their weights (`weight_quantize.weights_amax_bits`) instead of a
-    launch each (each launch's ramp and tail: ~1 ms of the 8B sync's 4.2 ms amax pass, estimated). Same bits."""
+    launch each (each launch's ramp and tail: ~1 ms of the 8B sync's 4.2 ms amax pass, estimated). Same bits. FP8
+    operand caches are checked once for the whole call (`fp8_sync_check`)."""
+    with fp8_sync_check():
+        _load_linear_weights(items)
+
+
+def _load_linear_weights(items) -> None:
     items = [(layer, w.detach().to(layer.w_codes.device).contiguous() if layer.weight_fmt != "bf16" else w, b)
              for layer, w, b in items]
     ahead = [i for i, (layer, w, _) in enumerate(items)
@@ -111,3 +120,13 @@ def load_linear_weights(items: list[tuple[QuantLinear, torch.Tensor, torch.Tenso
             amax = {i: bits[j:j + 1] for j, i in enumerate(ahead)}
     for i, (layer, w, b) in enumerate(items):
         layer.load_weight(w, b, amax.get(i))
+
+
+def fp8_sync_check():
+    """The context a weight sync runs in: FP8 operand caches (`kernels.operand_cache_fp8`, mxfp4) refreshed inside it
+    add their inexactness to device slots and ONE host read at the end raises `InexactWeight` naming every weight
+    that no longer fits (`deferred_exactness_check`), instead of a read (a wait for the GPU) per weight: check
+    `fp8sync` times both. A no-op context while that module was never imported: no FP8 cache can exist then (and
+    this module must import without Triton)."""
+    mod = sys.modules.get("trace_rl.kernels.operand_cache_fp8")
+    return mod.deferred_exactness_check() if mod is not None else contextlib.nullcontext()

@@ -65,8 +65,11 @@ def load_packed(engine, tensors: Mapping[str, torch.Tensor], version: int) -> No
             raise ValueError(f"load_packed: {key} is {tuple(src.shape)} {src.dtype}, the engine holds "
                              f"{tuple(dst.shape)} {dst.dtype}")
         dst.copy_(src)
-    for lin in engine.model.linears().values():   # dequantized copies and kernel layouts are stale now
-        lin.quant.packed.refresh_layouts()
+    from trace_rl.backends.quant_linear import fp8_sync_check
+
+    with fp8_sync_check():                          # FP8 operand caches: one exactness read for all of them
+        for lin in engine.model.linears().values():   # dequantized copies and kernel layouts are stale now
+            lin.quant.packed.refresh_layouts()
     for experts in engine.model.experts():         # MoE: the grouped kernel's layouts, the loop's caches
         experts.refresh_layouts()
     if engine.recapture_after_load and engine.graphs is not None:

@@ -39,7 +39,7 @@ from collections.abc import Mapping
 import torch
 from tensordict import TensorDict
 
-from trace_rl.backends.quant_linear import load_linear_weights
+from trace_rl.backends.quant_linear import fp8_sync_check, load_linear_weights
 from trace_rl.data import schema as K
 from trace_rl.engine.base import RolloutEngine, SamplingParams
 from trace_rl.engine.cuda_graphs import DecodeGraphs, batch_buckets, bucket_for
@@ -234,16 +234,17 @@ class NativeEngine(RolloutEngine):
             return sd[key].to(self.device)
 
         batch, held = [], 0     # QuantLinears loaded together: nvfp4's tensor amaxes in one launch per batch
-        for name, lin in self.model.linears().items():
-            parts = lin.fused_from or (name,)          # a fused rollout layer stacks its parts' weights
-            weight = torch.cat([take(f"{p}.weight") for p in parts])
-            bias = torch.cat([take(f"{p}.bias") for p in parts]) if lin.quant.bias is not None else None
-            batch.append((lin.quant, weight, bias))
-            held += weight.nbytes
-            if held >= self.SYNC_BATCH_BYTES:          # bounds the weights (and stacked copies) alive at once
-                load_linear_weights(batch)
-                batch, held = [], 0
-        load_linear_weights(batch)
+        with fp8_sync_check():  # FP8 operand caches: one exactness read for the whole sync, naming every bad weight
+            for name, lin in self.model.linears().items():
+                parts = lin.fused_from or (name,)          # a fused rollout layer stacks its parts' weights
+                weight = torch.cat([take(f"{p}.weight") for p in parts])
+                bias = torch.cat([take(f"{p}.bias") for p in parts]) if lin.quant.bias is not None else None
+                batch.append((lin.quant, weight, bias))
+                held += weight.nbytes
+                if held >= self.SYNC_BATCH_BYTES:          # bounds the weights (and stacked copies) alive at once
+                    load_linear_weights(batch)
+                    batch, held = [], 0
+            load_linear_weights(batch)
         for experts in self.model.experts():
             experts.load_weight(take(f"{experts.name}.gate_up_proj"), take(f"{experts.name}.down_proj"))
         for name, p in self.model.named_parameters():

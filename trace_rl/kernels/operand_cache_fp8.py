@@ -53,7 +53,9 @@ cache's 2).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 
 import torch
 import triton
@@ -121,7 +123,69 @@ def _weight_e4m3_kernel(codes_ptr, scales_ptr, out_ptr, inexact_ptr, N, K, strid
     ok = row_ok & (cols < K)[None, :]
     tl.store(out_ptr + r64 * stride_o + cols[None, :], code.to(tl.uint8), mask=ok)
     bad = tl.sum(tl.sum((ok & finite & (rounded != a)).to(tl.int32), axis=1), axis=0)
-    tl.atomic_add(inexact_ptr, bad)
+    if bad != 0:                 # no atomic traffic on one address where the tile is exact (the common case)
+        tl.atomic_add(inexact_ptr, bad, sem="relaxed")
+
+
+# The direct writer (`WRITER_DIRECT`, the default): each block's eight E4M3 results (E2M1 magnitude 0..7 x
+# 2**(b - 248), rounded like the old writer) as the bytes of two int32 words, bit 7 of each byte its inexact flag
+# (E4M3 magnitudes are < 0x80); an element is one byte of one word. Per block k = b - 242 (E2M1 x 2**-6 has the E4M3
+# bits magnitude << 2): k >= 1: magnitude << 2 + 8k (0.5 -> 8k, 2**(k - 7)); k = 0..-6: the tables below (E4M3
+# subnormals, ties to even: 0.5 -> 0, 1.5 -> 2 quanta of 2**-9), k <= -7: 0. Inexact: what the old writer counts,
+# the finite nonzero bf16 operand values x 32 that E4M3 does not hold: k = -3 rounds 0.5 and 1.5, -4 also 1 and 3,
+# -5 everything but 2 and 4, -6 every nonzero value, down to where the bf16 operand itself underflows to 0
+# (code x 2**(b - 253) <= 2**-134, ties to even): b = 120 keeps magnitudes >= 1, 119 >= 1.5, 118 >= 3, 117 only 6.
+# b = 255 (the NaN block): 0x7F, no sign (the old writer's NaN).
+WRITER_DIRECT = True
+DIRECT_BN, DIRECT_BK = 16, 256
+
+
+@triton.jit
+def _direct_tables(s):
+    """(lo, hi, sign mask) int32 per scale byte s (int32 0..255): the module comment's tables, flags in bit 7."""
+    k = s - 242
+    lo = tl.where(k >= 1, 0x0C080000 + k * 0x08080800,
+                  tl.where(k == 0, 0x0C080400, tl.where(k == -1, 0x06040200, tl.where(
+                      k == -2, 0x03020100, tl.where(k == -3, 0x02010000, tl.where(k == -4, 0x01000000, 0))))))
+    hi = tl.where(k >= 1, 0x1C181410 + k * 0x08080808,
+                  tl.where(k == 0, 0x1C181410, tl.where(k == -1, 0x14100C08, tl.where(k == -2, 0x0C080604, tl.where(
+                      k == -3, 0x06040302, tl.where(k == -4, 0x03020201, tl.where(
+                          k == -5, 0x02010100, tl.where(k == -6, 0x01000000, 0))))))))
+    # flags (bit 7 of a byte; 0x80808000 etc. as int32): magnitudes 1 3 | 1 2 3, 5 | 1 2 3, 4 5 7 | all nonzero
+    lo = lo | tl.where(k >= -2, 0, tl.where(k == -3, -2147450880, tl.where(k >= -121, -2139062272, tl.where(
+        k == -122, -2139095040, tl.where(k == -123, -2147483648, 0)))))
+    hi = hi | tl.where(k >= -3, 0, tl.where(k == -4, 0x8000, tl.where(k == -5, -2147450752, tl.where(
+        k >= -123, -2139062144, tl.where(k == -124, -2139062272, tl.where(k == -125, -2147483648, 0))))))
+    nan = s == 255
+    return tl.where(nan, 0x7F7F7F7F, lo), tl.where(nan, 0x7F7F7F7F, hi), tl.where(nan, 0, 0x80)
+
+
+@triton.jit
+def _weight_e4m3_direct_kernel(codes_ptr, scales_ptr, out_ptr, inexact_ptr, N, K, stride_c, stride_s, stride_o,
+                               BN: tl.constexpr, BK: tl.constexpr):
+    """`_weight_e4m3_kernel`'s bytes and inexact count (bit for bit, NaN 0x7F), each FP4 code looked up in its
+    block's table (`_direct_tables`) instead of through the bf16 operand and a float rounding; the count's atomic only
+    where a tile holds inexact values."""
+    G: tl.constexpr = 32
+    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    r64 = rows[:, None].to(tl.int64)
+    row_ok = (rows < N)[:, None]
+    c2 = tl.program_id(1) * (BK // 2) + tl.arange(0, BK // 2)
+    byte = tl.load(codes_ptr + r64 * stride_c + c2[None, :], mask=row_ok & (c2 < K // 2)[None, :],
+                   other=0).to(tl.int32)
+    c = tl.reshape(tl.join(byte & 15, byte >> 4), (BN, BK // G, G))      # column 2j: low nibble of byte j
+    cs = tl.program_id(1) * (BK // G) + tl.arange(0, BK // G)
+    s = tl.load(scales_ptr + r64 * stride_s + cs[None, :], mask=row_ok & (cs < K // G)[None, :],
+                other=0).to(tl.int32)                                     # masked: s = 0, codes 0 (no flags)
+    lo, hi, sign = _direct_tables(s)
+    word = tl.where((c & 4) != 0, hi[:, :, None], lo[:, :, None])
+    x = word >> ((c & 3) << 3)
+    bad = tl.sum(tl.sum(tl.sum(x & 0x80, axis=2), axis=1), axis=0) >> 7
+    code = tl.reshape((x & 0x7F) | ((c << 4) & sign[:, :, None]), (BN, BK))
+    cols = tl.program_id(1) * BK + tl.arange(0, BK)
+    tl.store(out_ptr + r64 * stride_o + cols[None, :], code.to(tl.uint8), mask=row_ok & (cols < K)[None, :])
+    if bad != 0:                 # the common (exact) case adds nothing: no atomic traffic on one address
+        tl.atomic_add(inexact_ptr, bad, sem="relaxed")
 
 
 def weight_e4m3_reference(h) -> tuple[torch.Tensor, int]:
@@ -136,9 +200,48 @@ def weight_e4m3_reference(h) -> tuple[torch.Tensor, int]:
     return e4, inexact
 
 
-def write_weight_e4m3(q, h, out: torch.Tensor, inexact: torch.Tensor) -> None:
+def _where_chain(k: torch.Tensor, cases, default: int) -> torch.Tensor:
+    out = torch.full_like(k, default)
+    for cond, value in reversed(cases):
+        out = torch.where(cond(k), value if isinstance(value, int) else value(k), out)
+    return out
+
+
+def direct_e4m3_twin(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The direct writer's integer ops in torch (`_direct_tables`, then the lookup): mxfp4 codes uint8 [N, K/2] (two a
+    byte, even column in the low nibble) and Hopper-layout scale bytes [N, K/32] -> (uint8 [N, K] E4M3 bytes,
+    bool [N, K] inexact). The CPU test holds it and both kernels to the old writer's float spec over every code and
+    scale byte."""
+    s = scales.view(torch.uint8).to(torch.int64)
+    k = s - 242
+    lo = _where_chain(k, [(lambda k: k >= 1, lambda k: 0x0C080000 + k * 0x08080800), (lambda k: k == 0, 0x0C080400),
+                          (lambda k: k == -1, 0x06040200), (lambda k: k == -2, 0x03020100),
+                          (lambda k: k == -3, 0x02010000), (lambda k: k == -4, 0x01000000)], 0)
+    hi = _where_chain(k, [(lambda k: k >= 1, lambda k: 0x1C181410 + k * 0x08080808), (lambda k: k == 0, 0x1C181410),
+                          (lambda k: k == -1, 0x14100C08), (lambda k: k == -2, 0x0C080604),
+                          (lambda k: k == -3, 0x06040302), (lambda k: k == -4, 0x03020201),
+                          (lambda k: k == -5, 0x02010100), (lambda k: k == -6, 0x01000000)], 0)
+    lo = lo | _where_chain(k, [(lambda k: k >= -2, 0), (lambda k: k == -3, 0x80008000),
+                               (lambda k: k >= -121, 0x80808000), (lambda k: k == -122, 0x80800000),
+                               (lambda k: k == -123, 0x80000000)], 0)
+    hi = hi | _where_chain(k, [(lambda k: k >= -3, 0), (lambda k: k == -4, 0x8000), (lambda k: k == -5, 0x80008080),
+                               (lambda k: k >= -123, 0x80808080), (lambda k: k == -124, 0x80808000),
+                               (lambda k: k == -125, 0x80000000)], 0)
+    nan = s == 255
+    lo, hi = torch.where(nan, 0x7F7F7F7F, lo), torch.where(nan, 0x7F7F7F7F, hi)
+    sign = torch.where(nan, 0, 0x80)
+    b = codes.view(torch.uint8).to(torch.int64)
+    c = torch.stack([b & 15, b >> 4], dim=-1).reshape(b.shape[0], -1)              # [N, K]
+    rep = lambda t: t.repeat_interleave(32, dim=1)                                   # noqa: E731 - per block
+    x = torch.where((c & 4) != 0, rep(hi), rep(lo)) >> ((c & 3) << 3)
+    return ((x & 0x7F) | ((c << 4) & rep(sign))).to(torch.uint8), (x & 0x80) != 0
+
+
+def write_weight_e4m3(q, h, out: torch.Tensor, inexact: torch.Tensor, direct: bool | None = None) -> None:
     """Write weight `q`'s E4M3 operand (its Hopper layout `h`, mxfp4) into `out` [N, K] float8_e4m3fn in place and
-    add its inexact count to `inexact` (int32 [1]; no host sync here)."""
+    add its inexact count to `inexact` (int32 [1]; no host sync here). `direct` (default `WRITER_DIRECT`): the
+    table-lookup writer `_weight_e4m3_direct_kernel`; False: `_weight_e4m3_kernel` (through the bf16 operand). Both
+    write the same bytes and count."""
     if q.format != "mxfp4" or len(q.shape) != 2:
         raise ValueError(f"FP8 operand cache: takes a dense mxfp4 weight, got {q.format} {tuple(q.shape)} (nvfp4 "
                          f"operands need up to 6 significant bits: keep the bf16 cache)")
@@ -149,13 +252,84 @@ def write_weight_e4m3(q, h, out: torch.Tensor, inexact: torch.Tensor) -> None:
         inexact.add_(bad)
         return
     codes = q.codes.reshape(n, k // 2)
-    grid = (triton.cdiv(n, WRITER_BN), triton.cdiv(k, WRITER_BK))
-    _weight_e4m3_kernel[grid](codes, h.scales, out.view(torch.uint8), inexact, n, k, codes.stride(0),
-                              h.scales.stride(0), out.stride(0), BN=WRITER_BN, BK=WRITER_BK, num_warps=4)
+    direct = WRITER_DIRECT if direct is None else direct
+    kernel, bn, bk = (_weight_e4m3_direct_kernel, DIRECT_BN, DIRECT_BK) if direct else \
+        (_weight_e4m3_kernel, WRITER_BN, WRITER_BK)
+    grid = (triton.cdiv(n, bn), triton.cdiv(k, bk))
+    kernel[grid](codes, h.scales, out.view(torch.uint8), inexact, n, k, codes.stride(0), h.scales.stride(0),
+                 out.stride(0), BN=bn, BK=bk, num_warps=4)
 
 
 class InexactWeight(RuntimeError):
-    """A weight whose mxfp4 operand E4M3 does not hold exactly (its rows' block exponents span > 15 binades)."""
+    """Weights whose mxfp4 operand E4M3 no longer holds exactly after a weight sync (a row's block exponents span
+    > 15 binades): `names` (each weight's cache name) and `counts` (its inexact values), in sync order."""
+
+    def __init__(self, bad: list[tuple[str, int]]):
+        self.names = [name for name, _ in bad]
+        self.counts = [n for _, n in bad]
+        listed = ", ".join(f"{name}: {n} operand values" for name, n in bad[:16])
+        more = f" and {len(bad) - 16} more" if len(bad) > 16 else ""
+        super().__init__(
+            f"FP8 operand cache: {len(bad)} weight(s) do not fit float8_e4m3fn exactly after this weight sync "
+            f"({listed}{more}): a row's mxfp4 block exponents span more than {EXACT_SPAN + 1} binades, and the cache "
+            f"is read by captured CUDA graphs, so it cannot switch to bf16 in place (rounding it silently is not "
+            f"allowed); use the bf16 cache for them: rebuild the engine with rollout.operand_cache: bf16 (or "
+            f"NativeEngine(operand_cache='bf16'))")
+
+
+class _Deferred:
+    """One weight sync's inexact counts: an int32 slot per FP8 weight written while it is active, in device buffers
+    zeroed once per CHUNK weights; `check` reads them all at once."""
+
+    CHUNK = 1024
+
+    def __init__(self):
+        self.names: list[str] = []
+        self.chunks: list[torch.Tensor] = []
+        self.sizes: list[int] = []        # slots used in each chunk
+
+    def slot(self, device, name: str) -> torch.Tensor:
+        device = torch.device(device)
+        if not self.chunks or self.sizes[-1] == self.CHUNK or self.chunks[-1].device != device:
+            self.chunks.append(torch.zeros(self.CHUNK, dtype=torch.int32, device=device))
+            self.sizes.append(0)
+        self.names.append(name or "(unnamed)")
+        i = self.sizes[-1]
+        self.sizes[-1] += 1
+        return self.chunks[-1][i:i + 1]
+
+    def check(self) -> None:
+        read = {}
+        for dev in dict.fromkeys(c.device for c in self.chunks):      # one host read per device (one in practice)
+            read[dev] = iter(torch.cat([c[:n] for c, n in zip(self.chunks, self.sizes) if c.device == dev]).tolist())
+        counts = [next(read[c.device]) for c, n in zip(self.chunks, self.sizes) for _ in range(n)]
+        bad = [(name, n) for name, n in zip(self.names, counts) if n]
+        if bad:
+            raise InexactWeight(bad)
+
+
+_LOCAL = threading.local()
+
+
+def _deferred() -> _Deferred | None:
+    return getattr(_LOCAL, "active", None)
+
+
+@contextlib.contextmanager
+def deferred_exactness_check():
+    """Within it, every FP8 cache refresh (`OperandCacheFP8.refresh_from`: weight sync) adds its inexact count to a
+    device slot instead of reading it back; on leaving, ONE host read checks them all and raises `InexactWeight`
+    naming every weight that does not fit (not raised when the body raised). Nested uses join the outermost. The
+    engine's syncs run in it (`backends.quant_linear.fp8_sync_check`)."""
+    if _deferred() is not None:
+        yield _deferred()
+        return
+    col = _LOCAL.active = _Deferred()
+    try:
+        yield col
+    finally:
+        _LOCAL.active = None
+    col.check()
 
 
 class OperandCacheFP8:
@@ -181,13 +355,15 @@ class OperandCacheFP8:
         return int(self.inexact.item())
 
     def refresh_from(self, q) -> None:
+        """Rewrite the cache from `q` (weight sync); inside `deferred_exactness_check` its count goes to the sync's
+        slot (checked once at the end), otherwise it is read back here: InexactWeight if any value is inexact."""
+        col = _deferred()
+        if col is not None:
+            write_weight_e4m3(q, self.layout[LAYOUT_KEY], self.buf, col.slot(self.buf.device, self.name))
+            return
         bad = self.write(q)
         if bad:
-            raise InexactWeight(
-                f"FP8 operand cache: weight {self.name or '(unnamed)'}: {bad} operand values do not fit float8_e4m3fn "
-                f"exactly after this weight sync (a row's mxfp4 block exponents span more than {EXACT_SPAN + 1} "
-                f"binades), and the cache is read by captured CUDA graphs, so it cannot switch to bf16 in place; "
-                f"rebuild the engine with rollout.operand_cache: bf16 (or NativeEngine(operand_cache='bf16'))")
+            raise InexactWeight([(self.name or "(unnamed)", bad)])
 
 
 def attach_fp8(packed, name: str = "") -> OperandCacheFP8 | None:
@@ -265,6 +441,13 @@ def sass_gate_cases():
                       dict(BN=WRITER_BN, BK=WRITER_BK), 4, 1, WRITER_BN * WRITER_BK / 128, GATE_BUDGETS["weight"],
                       divisible=("codes_ptr", "scales_ptr", "out_ptr", "K", "stride_c", "stride_s", "stride_o"),
                       register_a=False, forbid=(), whole_kernel=True)]
+    wsig = dict(codes_ptr="*u8", scales_ptr="*u8", out_ptr="*u8", inexact_ptr="*i32", N="i32", K="i32",
+                stride_c="i32", stride_s="i32", stride_o="i32")
+    for bn, bk in ((DIRECT_BN, DIRECT_BK),):
+        cases.append(GateCase(f"weight_e4m3_direct mxfp4 {bn}x{bk}", _weight_e4m3_direct_kernel, wsig,
+                              dict(BN=bn, BK=bk), 4, 1, bn * bk / 128, GATE_BUDGETS["weight_direct"],
+                              divisible=("codes_ptr", "scales_ptr", "out_ptr", "K", "stride_c", "stride_s",
+                                         "stride_o"), register_a=False, forbid=(), whole_kernel=True))
     sig = dict(x_ptr="*bf16", out_ptr="*u8", gscale_ptr="*fp32", n_rows="i32", K="i32", stride_x="i32",
                stride_out="i32")
     for name, K, silu in (("K4096", 4096, False), ("silu exact K12288", 12288, True)):
@@ -293,7 +476,7 @@ def sass_gate_cases():
 # norm 51.1 (bf16 stores: 34.2) SASS per element and thread. The E4M3 rounding is done on the bits (`e4m3_round`: exact
 # in the interpreter too, whose float8 cast truncates subnormal ties); ~1 us of issue at 313 x 4096, under the launch's
 # memory and latency.
-GATE_BUDGETS = {"weight": 77.0, "K4096": 47.0, "silu exact K12288": 81.0, "norm": 56.0}
+GATE_BUDGETS = {"weight": 77.0, "weight_direct": 100.0, "K4096": 47.0, "silu exact K12288": 81.0, "norm": 56.0}
 
 
 __all__ = ["ACT_TOP_BIAS", "EXACT_SPAN", "FAST_ACCUM", "InexactWeight", "OperandCacheFP8", "ROW_SCALE_BIAS",
