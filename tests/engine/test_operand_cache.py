@@ -137,3 +137,34 @@ def test_fp8_cache_attached_counted_and_refreshed_in_place(monkeypatch):
     state = {k: -2 * v if v.is_floating_point() else v for k, v in model.state_dict().items()}
     engine.load_weights(state, 1)
     assert check() == ptrs
+
+
+def test_fp8_sync_checks_once_and_names_every_inexact_weight(monkeypatch):
+    """A weight sync (load_weights' batched loads, weight_sync.load_packed) with two weights E4M3 cannot hold raises
+    one InexactWeight naming both (one host read for the sync, none per weight), leaves policy_version as it was; a
+    fitting sync after it goes through."""
+    pytest.importorskip("triton")
+    from trace_rl.distributed.weight_sync import load_packed, unique_state_keys
+    from trace_rl.kernels import operand_cache_fp8 as f8
+
+    monkeypatch.setattr(engine_oc, "why_not", lambda plan, device, kind="bf16": "")
+    model, _ = tiny_model("tiny", seed=2)
+    engine = NativeEngine(model, PrecisionPlan.preset("w4a4-kv4-mx"), max_batch=2, max_seq_len=32, operand_cache="fp8")
+    names = [n for n, lin in engine.model.linears().items() if not lin.fused_from and lin.quant.weight_fmt == "mxfp4"]
+    bad_names = [names[0], names[-1]]
+    good = {k: v.clone() for k, v in model.state_dict().items()}
+    bad = {k: v.clone() for k, v in good.items()}
+    for n in bad_names:
+        w = bad[f"{n}.weight"]
+        w[0, :32] = torch.linspace(0.1, 6.0, 32) * 2.0 ** -20 * w[0].abs().max()     # ~21 binades below the row
+    monkeypatch.setattr(f8.OperandCacheFP8, "write", lambda self, q: pytest.fail("a per-weight host read"))
+    with pytest.raises(f8.InexactWeight) as err:
+        engine.load_weights(bad, 1)
+    assert err.value.names == bad_names and engine.policy_version == 0
+    live = engine.model.state_dict()
+    payload = {k: live[k].clone() for k in unique_state_keys(engine.model)}      # the inexact weights, packed
+    engine.load_weights(good, 2)
+    assert engine.policy_version == 2
+    with pytest.raises(f8.InexactWeight) as err:
+        load_packed(engine, payload, 3)
+    assert err.value.names == bad_names and engine.policy_version == 2

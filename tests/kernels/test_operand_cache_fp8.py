@@ -301,3 +301,117 @@ def test_fp8_cache_graph_replay_after_reload_gpu(gen, capture):
     expect = layer(x)
     rel = ((out.double() - expect.double()).norm() / expect.double().norm()).item()
     assert rel < 1e-3
+
+
+# ---- the direct writer and the deferred exactness check ----
+
+def _every_code_and_scale():
+    """codes uint8 [256, 256] and scales uint8 [256, 16]: row r has scale byte r in every block, block j code j in
+    every element (K = 512: all 16 codes x all 256 scale bytes)."""
+    byte = torch.arange(16, dtype=torch.uint8).repeat_interleave(16)
+    return (byte | (byte << 4)).repeat(256, 1), torch.arange(256, dtype=torch.uint8)[:, None].repeat(1, 16)
+
+
+def _old_writer_spec(codes, scales):
+    """What `_weight_e4m3_kernel` computes, in float64/torch casts: the bf16 operand code x 2**(b - 253) (float32
+    product, then bf16, both ties to even; b = 0: 0, b = 255: +-Inf or NaN), x 32, to E4M3 (0x7F where not
+    finite); inexact = finite and E4M3 != the value."""
+    b = codes.to(torch.int64)
+    c = torch.stack([b & 15, b >> 4], dim=-1).reshape(b.shape[0], -1)
+    e2m1 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6], dtype=torch.float64)[c & 7] * torch.where(c >= 8, -1.0, 1.0)
+    s = scales.to(torch.int64).repeat_interleave(32, dim=1)
+    scale = torch.where(s == 255, float("inf"), torch.where(s == 0, 0.0, torch.ldexp(torch.ones(()), s - 253.0)))
+    v = (e2m1 * scale.double()).float().to(torch.bfloat16).float() * 32
+    finite = torch.isfinite(v)
+    e4 = torch.where(finite, v, 0.0).to(torch.float8_e4m3fn)
+    return torch.where(finite, e4.view(torch.uint8), 0x7F), finite & (e4.float() != v)
+
+
+def test_direct_writer_equals_old_writer_on_every_code_and_scale(device):
+    """All 16 codes x all 256 scale bytes (NaN b = 255, b = 0, the exact range b >= 240, the rounded range and where
+    the bf16 operand underflows): the direct writer's integer twin = the old writer's float spec (bytes and each
+    inexact flag), and both kernels (interpreter on CPU) write those bytes and count those flags."""
+    codes, scales = _every_code_and_scale()
+    twin, flags = f8.direct_e4m3_twin(codes, scales)
+    spec, spec_flags = _old_writer_spec(codes, scales)
+    assert torch.equal(twin, spec.to(torch.uint8)) and torch.equal(flags, spec_flags)
+    assert flags.any() and (twin == 0x7F).sum() == 16 * 32 and (twin == 0x80).any()       # the cases are all there
+    for kernel in (f8._weight_e4m3_kernel, f8._weight_e4m3_direct_kernel):
+        out = torch.empty(256, 512, dtype=torch.uint8, device=device)
+        count = torch.zeros(1, dtype=torch.int32, device=device)
+        kernel[(16, 2)](codes.to(device), scales.to(device), out, count, 256, 512, 256, 16, 512, BN=16, BK=256)
+        assert torch.equal(out.cpu(), twin), kernel
+        assert int(count) == int(flags.sum()), kernel
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_writers_agree_at_odd_shapes(direct, device, gen):
+    """Both writers through `write_weight_e4m3` (odd N, ragged last tile) against the torch spec."""
+    q = _q(37, 96, "mxfp4", gen)
+    ref, bad = f8.weight_e4m3_reference(to_hopper(q))
+    out = torch.empty(37, 96, dtype=torch.float8_e4m3fn, device=device)
+    count = torch.zeros(1, dtype=torch.int32, device=device)
+    f8.write_weight_e4m3(q.to(device), to_hopper(q.to(device)), out, count, direct=direct)
+    _same_e4m3(out.cpu(), ref)
+    assert int(count) == bad
+
+
+def _inexact(w):
+    """`w` with row 0's first block ~21 binades below the row's largest: E4M3 cannot hold it."""
+    w = w.clone()
+    w[0, :32] = torch.linspace(0.1, 6.0, 32) * 2.0 ** -20
+    return w
+
+
+def test_deferred_check_reads_once_and_names_every_inexact_weight(monkeypatch, device, gen):
+    """Inside `deferred_exactness_check` no refresh reads its count back (`write` is never called); leaving it raises
+    once, naming every inexact weight in sync order with its count and the fix; nested uses join the outer one; an
+    error in the body is not replaced; the batched `load_linear_weights` runs in one."""
+    from trace_rl.backends.quant_linear import fp8_sync_check, load_linear_weights
+
+    N, K = 32, 160
+    layers = {name: QuantLinear(torch.randn(N, K, generator=gen), "mxfp4").to(device)
+              for name in ("layers.0.o_proj", "layers.0.down_proj", "layers.1.o_proj")}
+    for name, layer in layers.items():
+        assert f8.attach_fp8(layer.packed, name) is not None
+
+    def no_read(self, q):
+        raise AssertionError("a per-weight host read inside the deferred check")
+
+    monkeypatch.setattr(f8.OperandCacheFP8, "write", no_read)
+    ok = torch.randn(N, K, generator=gen).to(device)
+    bad = _inexact(torch.randn(N, K, generator=gen) * 3).to(device)
+    a, b, c = layers.values()
+    with pytest.raises(f8.InexactWeight) as err:
+        with f8.deferred_exactness_check():
+            a.load_weight(bad)
+            b.load_weight(ok)
+            c.load_weight(bad)
+    assert err.value.names == ["layers.0.o_proj", "layers.1.o_proj"] and min(err.value.counts) > 0
+    assert "2 weight(s)" in str(err.value) and "use the bf16 cache for them" in str(err.value)
+    assert "rollout.operand_cache: bf16" in str(err.value) and "layers.0.down_proj" not in str(err.value)
+    with f8.deferred_exactness_check():                     # all fit: nothing raised
+        for layer in layers.values():
+            layer.load_weight(ok)
+    assert f8.is_fp8(a.packed) and torch.equal(a.packed.layout[operand_cache.KEY].buf.float().cpu(),
+                                               operand(hopper_weight(a.packed)).float().cpu() * 32)
+    with pytest.raises(f8.InexactWeight) as err:
+        with f8.deferred_exactness_check() as outer:
+            with f8.deferred_exactness_check() as inner:
+                assert inner is outer
+                b.load_weight(bad)
+            a.load_weight(bad)                             # the inner exit raised nothing: checked at the outer
+    assert err.value.names == ["layers.0.down_proj", "layers.0.o_proj"]
+    with pytest.raises(KeyError, match="the body's own"):
+        with f8.deferred_exactness_check():
+            a.load_weight(bad)
+            raise KeyError("the body's own")
+    assert f8._deferred() is None
+    with pytest.raises(f8.InexactWeight) as err:
+        load_linear_weights([(a, bad.cpu(), None), (b, ok.cpu(), None), (c, bad.cpu(), None)])
+    assert err.value.names == ["layers.0.o_proj", "layers.1.o_proj"]
+    monkeypatch.undo()
+    with pytest.raises(f8.InexactWeight, match="layers.0.o_proj: [0-9]+ operand values"):
+        a.load_weight(bad)                                 # outside: the per-weight check
+    with fp8_sync_check() as col:
+        assert isinstance(col, f8._Deferred)
