@@ -134,6 +134,10 @@
 #            (bit-identical E4M3 operands, accumulator vs float64 and the bf16 cache, graph replay after an in-place
 #            reload), then the bf16 cache's cuBLAS GEMM vs torch._scaled_mm (fast accum off / on) and the whole W4A4
 #            linear both ways at Qwen3-8B's qkv / gate_up / o_proj / down, M = 128 / 313 / 512; < 120 s; named only
+#   fp8sync  benchmarks/fp8sync_h200.sh   the FP8 operand cache's weight sync (issue 16): a Qwen3-8B-shaped mxfp4 sync
+#            (252 linears) with per-weight exactness reads vs one batched read vs the bf16 cache (fp8_per_weight_ms,
+#            fp8_batched_ms, bf16_ms, batched_over_bf16), the E4M3 writer at gate/up 24576x4096 old vs direct
+#            (writer_us), writers_bit_identical, fp8_equals_bf16_x32, then its GPU tests (pytest_rc); < 60 s; named only
 # The default order puts first what the stability study's runs depend on (wsync presets engine guided trainattn: ~9 min),
 # then the speed checks (grid gemm gemmwide attn gemmbound): a second call,
 # `BUDGET_S=... benchmarks/h200_session_checks.sh OUT grid gemm gemmwide attn gemmbound`; fp4engine only when named
@@ -148,7 +152,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 W=/tmp/h200_checks
 mkdir -p "$OUT" "$W"
 start=$(date +%s)
-need() { case $1 in presets) echo 150;; trainattn) echo 62;; engine) echo 90;; fixedgluon) echo 300;; gpusuite) echo 200;;
+need() { case $1 in presets) echo 150;; trainattn) echo 62;; fp8sync) echo 62;; engine) echo 90;; fixedgluon) echo 300;; gpusuite) echo 200;;
           engremain) echo 360;; real36) echo 500;; *) echo 122;; esac; }
 pytest_check() {   # DIR TIMEOUT_S ARGS...: pytest into DIR/pytest.log, its rc into DIR/summary.json
     local d=$1 t=$2; shift 2
@@ -212,6 +216,7 @@ for name in $NAMES; do
         siluexact) bash benchmarks/silu_exact_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         opcache) pytest_check "$d" 115 tests/kernels/test_operand_cache.py -m gpu ;;
         fp8cache) bash benchmarks/fp8cache_h200.sh "$d" > "$d/run.log" 2>&1 ;;
+        fp8sync) bash benchmarks/fp8sync_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         fp4engine) bash benchmarks/engine_fp4_gluon_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         fixedgluon) BUDGET_S=$(( left - 10 )) bash benchmarks/engine_fixed_gluon_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         engremain) BUDGET_S=$(( left - 10 )) bash benchmarks/engine_remaining_h200.sh "$d" > "$d/run.log" 2>&1 ;;
