@@ -87,6 +87,12 @@ def main() -> None:
     res: dict = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
                  "torch": torch.__version__, "layers": nl, "linears": nl * len(linears), "dry": args.dry}
     t0 = time.time()
+
+    def dump() -> None:          # after every stage: a run cut by its timeout keeps what it measured
+        res["wall_s"] = round(time.time() - t0, 1)
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+
     names = [f"layers.{i}.{p}" for i in range(nl) for p, _, _ in linears]
     weights = [(torch.randn(n, k, device=device) * torch.exp(0.5 * torch.randn(n, 1, device=device))).to(torch.bfloat16)
                for _ in range(nl) for _, n, k in linears]
@@ -100,6 +106,7 @@ def main() -> None:
                 raise RuntimeError(f"{name}: does not fit E4M3 at attach (the bench's weights should)")
         sets[kind] = layers
     res["setup_s"] = round(time.time() - t0, 1)
+    dump()
     times = {k: [] for k in sets}
     for kind, layers in sets.items():            # warm-up: compiles, first-touch
         _sync(quant_linear, layers, weights, kind != "fp8_per_weight")
@@ -111,6 +118,7 @@ def main() -> None:
         res[f"{kind}_all_ms"] = [round(t, 3) for t in ts]
     res["batched_over_bf16"] = res["fp8_batched_ms"] / res["bf16_ms"]
     res["per_weight_over_batched"] = res["fp8_per_weight_ms"] / res["fp8_batched_ms"]
+    dump()
     res["fp8_equals_bf16_x32"] = all(
         torch.equal(a.packed.layout[operand_cache.KEY].buf.float(), b.packed.layout[operand_cache.KEY].buf.float() * 32)
         for a, b in zip(sets["fp8_batched"], sets["bf16"]))
@@ -130,6 +138,7 @@ def main() -> None:
     ok, cnt = _writers_same(f8, wide, hopper_weight(PackedWeight("mxfp4", n, k, q=wide)), n, k, device)
     res["wide_span_inexact_values"] = cnt
     res["writers_bit_identical"] = bool(same and ok and cnt > 0)
+    dump()
     if not args.dry:
         from trace_rl.engine.timing import graph_median_us
         from trace_rl.kernels import fp4_dequant
@@ -146,9 +155,7 @@ def main() -> None:
         res["writer_speedup"] = res["writer_us"]["old"] / res["writer_us"]["direct"]
         # the floor: read codes + scales (~0.53 B / element), write 1 B / element, at ~4.8 TB/s
         res["writer_bytes_floor_us"] = n * k * (1 + 0.5 + 1 / 32) / 4.8e12 * 1e6
-    res["wall_s"] = round(time.time() - t0, 1)
-    with open(args.out, "w") as f:
-        json.dump(res, f, indent=1)
+    dump()
     print(json.dumps(res, indent=1))
 
 

@@ -139,7 +139,7 @@ def _wide_span(N, K, gen):
 
     w = torch.randn(N, K, generator=gen)
     w = w * torch.exp2(-torch.randint(0, 25, (N, K // 32), generator=gen).float()).repeat_interleave(32, dim=1)
-    return get_format("mxfp4").quantize(w)
+    return get_format("mxfp4").quantize(w.cuda())
 
 
 @pytest.mark.gpu
@@ -152,8 +152,8 @@ def test_writers_bit_identical_gpu(N, K, wide, gen):
     from trace_rl.formats import get_format
 
     q = (_wide_span(N, K, gen) if wide else
-         get_format("mxfp4").quantize(torch.randn(N, K, generator=gen) * torch.exp(torch.randn(N, 1, generator=gen))))
-    q = q.to("cuda")
+         get_format("mxfp4").quantize((torch.randn(N, K, generator=gen) * torch.exp(torch.randn(N, 1, generator=gen)))
+                                      .cuda()))
     h = to_hopper(q)
     outs, counts = [], []
     for direct in (True, False):
