@@ -140,6 +140,7 @@ def _weight_e4m3_kernel(codes_ptr, scales_ptr, out_ptr, inexact_ptr, N, K, strid
 WRITER_DIRECT = True           # write_weight_e4m3's default: the table-lookup writer (operand_cache_fp8_direct)
 DIRECT_BN, DIRECT_BK = 16, 256   # its tile (16.4 SASS per element; 32 x 256 gave 24.0, 64 x 256 22.7: gate CLI)
 
+
 def weight_e4m3_reference(h) -> tuple[torch.Tensor, int]:
     """(float8_e4m3fn [N, K] = operand(h) x 2**WEIGHT_SHIFT with NaN where the operand is not finite, the number of
     finite operand values it does not hold exactly): the torch spec of `_weight_e4m3_kernel` (mxfp4 layouts)."""
