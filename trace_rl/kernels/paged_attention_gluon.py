@@ -37,16 +37,18 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from trace_rl.formats import kv_layout as L
 from trace_rl.kernels.paged_attention_gluon_tiles import (  # noqa: F401 - MX_ADD, MX_CLAMP: this module's names too
     MX_ADD,
+    MX_CHK,
     MX_CLAMP,
     MX_FOLD,
     _consume_tiles,
     _epilogue,
     _load_q,
+    _out_not_finite,
     _produce_tiles,
     _ring,
 )
 
-FORMATS = {"nvfp4:row": 0, "mxfp4": 1}               # PagedKV.fmt -> the MX constexpr (2: mxfp4 with MX_FOLD)
+FORMATS = {"nvfp4:row": 0, "mxfp4": 1}      # PagedKV.fmt -> the MX constexpr (2: mxfp4 with MX_FOLD, 3: mx_checked)
 LOG2E = 1.4426950408889634
 HEAD_DIM, PAGE, BLOCK_T, N_PAD = 128, 64, 128, 16
 
@@ -77,10 +79,15 @@ def _decode_attention_ws_kernel(q_ptr, out_ptr, bt_ptr, lens_ptr, kc_desc, ks_de
                                 vg_desc, qk_scale, stride_qb, stride_qh, stride_ob, stride_oh, stride_bt,
                                 HKV: gl.constexpr, GROUP: gl.constexpr, N: gl.constexpr, D: gl.constexpr,
                                 DV: gl.constexpr, PAGE: gl.constexpr, T: gl.constexpr, STAGES: gl.constexpr,
-                                MX: gl.constexpr, UNROLL: gl.constexpr = 1, COLMAX: gl.constexpr = False):
+                                MX: gl.constexpr, UNROLL: gl.constexpr = 1, COLMAX: gl.constexpr = False,
+                                REDO: gl.constexpr = False):
     h = gl.program_id(0)
     b = gl.program_id(1)
     seq_len = gl.load(lens_ptr + b)
+    todo = True
+    if REDO:          # mx_checked's second launch: only the items the checked launch left non-finite, else nothing
+        todo = _out_not_finite(out_ptr, b, h, stride_ob, stride_oh, GROUP, N, D)
+        seq_len = gl.where(todo, seq_len, 0)
     n_tiles = gl.cdiv(seq_len, T)
     NP: gl.constexpr = T // PAGE
     kc_b, ks_b, kg_b, vc_b, vs_b, vg_b, q_s, p_s, ready, empty = _ring(kc_desc, ks_desc, kg_desc, vc_desc, vs_desc,
@@ -92,7 +99,7 @@ def _decode_attention_ws_kernel(q_ptr, out_ptr, bt_ptr, lens_ptr, kc_desc, ks_de
         (_producer, (kc_desc, ks_desc, kg_desc, vc_desc, vs_desc, vg_desc, kc_b, ks_b, kg_b, vc_b, vs_b, vg_b,
                      ready, empty, bt_row, h, seq_len, n_tiles, HKV, NP, PAGE, STAGES, MX)),
     ], [1], [24])
-    _epilogue(acc, l_i, out_ptr, b, h, stride_ob, stride_oh, GROUP, N, D, DV, MX)
+    _epilogue(acc, l_i, out_ptr, b, h, stride_ob, stride_oh, GROUP, N, D, DV, MX, REDO, todo)
 
 
 @dataclass(frozen=True)
@@ -128,6 +135,13 @@ class GluonAttentionConfig:
     # persistent only: programs to launch (0: SMs x ctas_per_sm(), one per resident CTA slot; tests set a few to
     # give each program several items)
     programs: int = 0
+    # mxfp4 only (nvfp4 ignores it, as mx_fold): the scale folded into the pairs with a 2**5 offset (MX = 3,
+    # paged_attention_gluon_tiles.MX_CHK: one HMUL2 per pair, no bias multiply, like mx_fold) and checked: exact for
+    # stored scale bytes 1..134, a block outside that window makes its (sequence, kv head) output NaN / Inf, and a
+    # second launch (the exact kernel, REDO) recomputes exactly the items whose output is not finite. The result is
+    # bit-identical to the exact kernel's (NaN blocks and out-of-window scales included) for every byte the KV writer
+    # produces (it never stores 0; tiles.MX_CHK says why). Opt-in until the H200 check mxkv has timed it.
+    mx_checked: bool = False
 
     def check(self) -> None:
         if not 2 <= self.stages <= 6:
@@ -138,6 +152,13 @@ class GluonAttentionConfig:
             raise ValueError(f"GluonAttentionConfig {self}: unroll (full tiles per loop iteration) is 1 or 2")
         if self.programs < 0 or (self.programs and not self.persistent):
             raise ValueError(f"GluonAttentionConfig {self}: programs is a count >= 1 of the persistent kernel's")
+        if self.mx_fold and self.mx_checked:
+            raise ValueError(f"GluonAttentionConfig {self}: mx_fold and mx_checked are two ways to fold mxfp4's scale; "
+                             "set one")
+
+    def mx(self, kv_format: str) -> int:
+        """The kernel's MX constexpr for a cache of `kv_format`: 0 nvfp4, 1 mxfp4 exact, 2 folded, 3 checked."""
+        return FORMATS[kv_format] * (2 if self.mx_fold else 3 if self.mx_checked else 1)
 
     def smem_bytes(self, kv_format: str = "nvfp4:row") -> int:
         per_page = 4 * sum(_words(kv_format).values())
@@ -161,15 +182,23 @@ LEAN = GluonAttentionConfig(n_pad=8, unroll=2, col_max=True)
 LEAN_WIDE = GluonAttentionConfig(col_max=True)
 LEAN_LOOP = True
 LEAN_WIDE_LOOP = False
+# LEAN with mxfp4's checked fold (mx_checked; compile gate: 2.81 SASS per element at group 8 against exact LEAN's
+# 3.21), bit-identical to the exact kernel. LEAN_MX_CHECKED makes it what a call without a config runs over mxfp4
+# caches (groups <= 8; groups 9..16 stay exact): off until the H200 check mxkv (benchmarks/mxkv_h200.sh) has found
+# it bit-identical and timed it (issue 15: mxfp4 at >= 0.75 of the read ceiling). Turning it on is this one line;
+# tests/kernels/test_paged_attention_gluon_checked.py::test_default_config_follows_lean_mx_checked follows it.
+LEAN_CHECKED = GluonAttentionConfig(n_pad=8, unroll=2, col_max=True, mx_checked=True)
+LEAN_MX_CHECKED = False
 
 
-def default_config(group: int) -> GluonAttentionConfig:
-    """The config a call without one runs: with LEAN_LOOP set, LEAN where the group fits its N (else LEAN_WIDE with
-    LEAN_WIDE_LOOP set); DEFAULT otherwise, and for a group not known (< 1): DEFAULT's N = 16 takes every group."""
+def default_config(group: int, kv_format: str | None = None) -> GluonAttentionConfig:
+    """The config a call without one runs: with LEAN_LOOP set, LEAN where the group fits its N (LEAN_CHECKED for an
+    mxfp4 cache with LEAN_MX_CHECKED set; else LEAN_WIDE with LEAN_WIDE_LOOP set); DEFAULT otherwise, and for a group
+    not known (< 1): DEFAULT's N = 16 takes every group."""
     if not LEAN_LOOP or group < 1:
         return DEFAULT
     if group <= LEAN.n_pad:
-        return LEAN
+        return LEAN_CHECKED if LEAN_MX_CHECKED and kv_format == "mxfp4" else LEAN
     return LEAN_WIDE if LEAN_WIDE_LOOP else DEFAULT
 
 
@@ -205,7 +234,7 @@ def _words(kv_format: str = "nvfp4:row", dv: int = HEAD_DIM) -> dict:
 
 def _out_factor(mx: int) -> float:
     """What a decoded element is short of its value (the factor on the scores and the output)."""
-    return (L.NVFP4_FACTOR, 1.0, 2.0 ** MX_FOLD)[mx]
+    return (L.NVFP4_FACTOR, 1.0, 2.0 ** MX_FOLD, 2.0 ** MX_CHK)[mx]
 
 
 def _check(q, k, v, block_table, seq_lens, n_pad: int = N_PAD):
@@ -255,14 +284,15 @@ def decode_attention_gluon(q: torch.Tensor, k, v, block_table: torch.Tensor, seq
                            config: GluonAttentionConfig | None = None) -> torch.Tensor:
     """`paged_attention.decode_attention` over nvfp4 or mxfp4 caches (same arguments), warp-specialised, one split
     per (kv head, sequence). Returns [B, Hq, D] in q.dtype; a sequence of length 0 gives zeros."""
-    c = config or default_config(q.shape[-2] // k.heads if getattr(k, "heads", 0) and q.dim() == 3 else 0)
+    c = config or default_config(q.shape[-2] // k.heads if getattr(k, "heads", 0) and q.dim() == 3 else 0,
+                                 getattr(k, "fmt", None))
     c.check()
     _check(q, k, v, block_table, seq_lens, c.n_pad)
     B, Hq, D = q.shape
     hkv = k.heads
     blocks = k.num_blocks * hkv
     dv = L.v_rows(D)
-    mx = FORMATS[k.fmt] * (2 if c.mx_fold else 1)
+    mx = c.mx(k.fmt)
     kc, ks, vc, vs = (_block_desc(t.view(torch.int32), blocks) for t in (k.codes, k.scales, v.codes, v.scales))
     # mxfp4: no per-token factors; the K / V scale descriptors stand in for them (the kernel never loads them)
     kg, vg = (ks, vs) if mx else (_block_desc(k.global_scale, blocks), _block_desc(v.global_scale, blocks))
@@ -286,9 +316,13 @@ def decode_attention_gluon(q: torch.Tensor, k, v, block_table: torch.Tensor, seq
         if grid:
             _decode_attention_persistent_kernel[(grid, )](*args, B * hkv, **consts, UNROLL=c.unroll, COLMAX=c.col_max,
                                                           num_warps=4, maxnreg=c.maxnreg)
-        return out
-    _decode_attention_ws_kernel[(hkv, B)](*args, **consts, UNROLL=c.unroll, COLMAX=c.col_max, num_warps=4,
-                                          maxnreg=c.maxnreg)
+    else:
+        _decode_attention_ws_kernel[(hkv, B)](*args, **consts, UNROLL=c.unroll, COLMAX=c.col_max, num_warps=4,
+                                              maxnreg=c.maxnreg)
+    if mx == 3 and B:   # REDO: the exact kernel (MX 1, its own score factor) over the items left non-finite only
+        args = args[:10] + (scale * LOG2E * _out_factor(1), ) + args[11:]
+        _decode_attention_ws_kernel[(hkv, B)](*args, **dict(consts, MX=1), UNROLL=c.unroll, COLMAX=c.col_max,
+                                              REDO=True, num_warps=4, maxnreg=c.maxnreg)
     return out
 
 

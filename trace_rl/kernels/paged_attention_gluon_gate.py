@@ -11,7 +11,6 @@ import triton
 from trace_rl.formats import kv_layout as L
 from trace_rl.kernels.paged_attention_gluon import (
     BLOCK_T,
-    FORMATS,
     HEAD_DIM,
     PAGE,
     GluonAttentionConfig,
@@ -27,7 +26,7 @@ def gate_case(c: GluonAttentionConfig, group: int = 4, kv_heads: int = 8, budget
     from trace_rl.kernels.sass_gate import GateCase
 
     w = _words(kv_format)
-    mx = FORMATS[kv_format] * (2 if c.mx_fold else 1)
+    mx = c.mx(kv_format)
     kg, vg = (_block_sig(w["ks"], "i32"), _block_sig(w["vs"], "i32")) if mx else \
         (_block_sig(w["kg"], "fp32"), _block_sig(w["vg"], "fp32"))              # mxfp4: the launcher's placeholders
     sig = dict(q_ptr="*bf16", out_ptr="*bf16", bt_ptr="*i32", lens_ptr="*i32",
@@ -36,7 +35,7 @@ def gate_case(c: GluonAttentionConfig, group: int = 4, kv_heads: int = 8, budget
                stride_qb="i32", stride_qh="i32", stride_ob="i32", stride_oh="i32", stride_bt="i32")
     consts = dict(HKV=kv_heads, GROUP=group, N=c.n_pad, D=HEAD_DIM, DV=L.v_rows(HEAD_DIM), PAGE=PAGE, T=BLOCK_T,
                   STAGES=c.stages, MX=mx)
-    name = kv_format.split(":")[0] + ("" if mx != 1 else " bias")
+    name = kv_format.split(":")[0] + {1: " bias", 3: " checked"}.get(mx, "")
     kernel, kind = _decode_attention_ws_kernel, "ws"
     if c.persistent:      # its main loop is the inner (tile) loop of the item loop
         kernel, kind = _decode_attention_persistent_kernel, "persistent"

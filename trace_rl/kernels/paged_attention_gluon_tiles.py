@@ -18,7 +18,9 @@ run, one (kv head, sequence)'s tiles at a time. Organised against what bounds th
   consumer at ~195 of 232 registers) interleave with each other.
 
 The constexpr MX picks the format: 0 nvfp4 (per-token float32 factors on the scores and the probabilities), 1 mxfp4
-through kv_decode's exact 2**125 bias multiply, 2 mxfp4 with the bias folded into the scale pairs (MX_FOLD, below).
+through kv_decode's exact 2**125 bias multiply, 2 mxfp4 with the bias folded into the scale pairs (MX_FOLD, below),
+3 mxfp4 folded with a 2**5 offset and checked (MX_CHK, below: exact inside its scale window, loudly non-finite
+outside it, for the launcher's exact REDO).
 mxfp4 has no per-token factors: its producer copies four boxes per page, not six. `_load_q` and `_epilogue` read q
 and write the output in the MMA's column / row orders (kv_layout.k_dim_of_col, v_dim_of_row).
 """
@@ -58,6 +60,34 @@ _MX_PAIRS = gl.constexpr("""{
     min.u16x2 b, b, c;
     mad.lo.u32 $1, b, 128, 0x1F801F80;
 }""")                                                # (min(b, 192) + 63) << 7 per 16-bit half: 0x1F80 = 63 << 7
+# mxfp4 checked (MX = 3, GluonAttentionConfig.mx_checked): the scale folded with an offset of 2**MX_CHK, so one HMUL2
+# per pair gives code x scale x 2**-MX_CHK (2**MX_CHK goes into the float32 score factor and the output, as MX_FOLD
+# does). The pair is 2**(stored - 133) (bf16 exponent field stored + MX_CHK_ADD): exact in bf16 for stored bytes
+# 1..134 (scales 2**-127 .. 2**6: the smallest value, 0.5 x 2**-127 x 2**-5 = 2**-133, is bf16's smallest
+# subnormal; 134 + 120 = 254 the largest finite exponent), so inside that window every decoded element is the exact
+# kernel's times 2**-5, exactly, and so are the scores and the output before their float32 factors: bit-identical.
+# Outside it the launch is made to fail loudly instead of rounding: a V pair clamps to +Inf (stored >= 135: min(b,
+# 135) + 120 = 255), so its block's values are +-Inf / NaN and every output column of those head dims is non-finite;
+# a K pair becomes NaN (0x7FC0: +Inf would let a block whose products all share one sign give a -Inf score, i.e.
+# a token silently dropped), so the token's score is NaN in every column, its probability and the row sum l NaN,
+# and the whole (sequence, kv head) output NaN. decode_attention_gluon then relaunches the exact kernel (MX = 1)
+# over exactly the items whose output is not finite (REDO), which also keeps a NaN block (stored 255) NaN as the
+# exact kernel makes it. Stored byte 0 is the one that differs without being caught (exact: zeros; here
+# code x 2**-132): kv_layout's E8M0 encoding stores code 254 (2**127) as 0, and no finite block gets code 254 (amax
+# < 2**128 gives <= 252; kv_write and formats/mxfp4.py quantize with that rule), so the KV writer never produces 0.
+MX_CHK = 5
+MX_CHK_ADD, MX_CHK_TOP, MX_CHK_OUT = gl.constexpr(120), gl.constexpr(135), gl.constexpr(2.0 ** MX_CHK)
+_MX_CHK_PAIRS = gl.constexpr("""{
+    .reg .b32 a, b, c;
+    mov.b32 c, 0x00870087;
+    and.b32 a, $2, 0x00FF00FF;
+    min.u16x2 a, a, c;
+    mad.lo.u32 $0, a, 128, 0x3C003C00;
+    shr.b32 b, $2, 8;
+    and.b32 b, b, 0x00FF00FF;
+    min.u16x2 b, b, c;
+    mad.lo.u32 $1, b, 128, 0x3C003C00;
+}""")                                                # (min(b, 135) + 120) << 7 per 16-bit half: 0x3C00 = 120 << 7
 
 
 @gluon.jit
@@ -134,6 +164,12 @@ def _k_decode(kw_s, ksw_s, A_LAYOUT: gl.constexpr, T: gl.constexpr, D: gl.conste
         hw = ksw_s.load(KS).to(gl.int32) & 0xFFFF
         p02 = (gl.minimum(hw & 255, MX_CLAMP) + MX_ADD) * 0x00800080
         p13 = (gl.minimum(hw >> 8, MX_CLAMP) + MX_ADD) * 0x00800080
+    elif MX == 3:     # checked: stored + MX_CHK_ADD, and a NaN pair (0x7FC0) for stored >= MX_CHK_TOP
+        hw = ksw_s.load(KS).to(gl.int32) & 0xFFFF
+        lo = gl.minimum(hw & 255, MX_CHK_TOP)
+        hi = gl.minimum(hw >> 8, MX_CHK_TOP)
+        p02 = lo * 0x00800080 + 0x3C003C00 + ((lo + 121) >> 8) * 0x00400040
+        p13 = hi * 0x00800080 + 0x3C003C00 + ((hi + 121) >> 8) * 0x00400040
     else:
         p02, p13 = gl.inline_asm_elementwise(_NV_PAIRS, "=r,=r,r", [ksw_s.load(KS)], dtype=(gl.int32, gl.int32),
                                              is_pure=True, pack=1)
@@ -165,6 +201,9 @@ def _vt_decode(vw_s, vsw_s, A_LAYOUT: gl.constexpr, NP: gl.constexpr, DV: gl.con
         sw = vsw_s.load(VSX)
         if MX == 2:
             p02, p13 = gl.inline_asm_elementwise(_MX_PAIRS, "=r,=r,r", [sw], dtype=(gl.int32, gl.int32),
+                                                 is_pure=True, pack=1)
+        elif MX == 3:
+            p02, p13 = gl.inline_asm_elementwise(_MX_CHK_PAIRS, "=r,=r,r", [sw], dtype=(gl.int32, gl.int32),
                                                  is_pure=True, pack=1)
         else:
             p02 = (sw << 7) & 0x7F807F80                                 # bytes 0, 2 -> (b0 << 7, b2 << 7)
@@ -375,7 +414,7 @@ def _consume_tiles(j0, seq_len, n_tiles, qk_scale, q_s, p_s, kc_b, ks_b, kg_b, v
 
 @gluon.jit
 def _epilogue(acc, l_i, out_ptr, b, h, stride_ob, stride_oh, GROUP: gl.constexpr, N: gl.constexpr, D: gl.constexpr,
-              DV: gl.constexpr, MX: gl.constexpr):
+              DV: gl.constexpr, MX: gl.constexpr, ONLY_IF: gl.constexpr = False, todo=None):
     """out[b, h's query heads] = O^T / l. nvfp4 V elements decode to code x scale / 2**7 (mxfp4: code x scale); rows
     in V^T's MMA order (kv_layout.v_dim_of_row); a sequence of length 0 (l = 0) gives zeros."""
     if GROUP <= N // 2 and N >= 16:
@@ -386,6 +425,8 @@ def _epilogue(acc, l_i, out_ptr, b, h, stride_ob, stride_oh, GROUP: gl.constexpr
         o = gl.where(gl.expand_dims(l_i, 0) == 0, 0.0, acc / gl.expand_dims(l_i, 0))
     elif MX == 2:
         o = gl.where(gl.expand_dims(l_i, 0) == 0, 0.0, acc * MX_OUT / gl.expand_dims(l_i, 0))
+    elif MX == 3:
+        o = gl.where(gl.expand_dims(l_i, 0) == 0, 0.0, acc * MX_CHK_OUT / gl.expand_dims(l_i, 0))
     else:
         o = gl.where(gl.expand_dims(l_i, 0) == 0, 0.0, acc * 128.0 / gl.expand_dims(l_i, 0))
     rho = gl.arange(0, DV, layout=gl.SliceLayout(1, layout))
@@ -393,9 +434,25 @@ def _epilogue(acc, l_i, out_ptr, b, h, stride_ob, stride_oh, GROUP: gl.constexpr
     g, hr, w, mt = rho & 7, (rho >> 3) & 1, (rho >> 4) & 3, rho >> 6
     out_dim = 16 * (2 * w + (g >> 2)) + 4 * (g & 3) + 2 * (mt & 1) + hr + 128 * (mt >> 1)
     keep = gl.expand_dims(out_dim < D, 1) & gl.expand_dims(n < GROUP, 0)
+    if ONLY_IF:       # the REDO launch (mx_checked): write only the items it recomputed
+        keep = keep & todo
     o_ptr = out_ptr + b.to(gl.int64) * stride_ob + gl.expand_dims(h * GROUP + n, 0) * stride_oh \
         + gl.expand_dims(out_dim, 1)
     gl.store(o_ptr, o.to(out_ptr.dtype.element_ty), mask=keep)
+
+
+@gluon.jit
+def _out_not_finite(out_ptr, b, h, stride_ob, stride_oh, GROUP: gl.constexpr, N: gl.constexpr, D: gl.constexpr):
+    """True where out[b, kv head h's query heads] (written by the checked launch) holds a NaN or +-Inf: the item the
+    REDO launch recomputes with the exact kernel."""
+    NW: gl.constexpr = gl.num_warps()
+    OL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
+    n = gl.arange(0, N, layout=gl.SliceLayout(1, OL))
+    c = gl.arange(0, D, layout=gl.SliceLayout(0, OL))
+    o_rows = out_ptr + b.to(gl.int64) * stride_ob + gl.expand_dims(h * GROUP + n, 1) * stride_oh
+    o = gl.load(o_rows + gl.expand_dims(c, 0), mask=gl.expand_dims(n < GROUP, 1), other=0.0).to(gl.float32)
+    bad = gl.where(gl.abs(o) < float("inf"), 0, 1)          # NaN compares false: not finite
+    return gl.max(gl.max(bad, axis=1), axis=0) > 0
 
 
 @gluon.jit
