@@ -22,7 +22,7 @@ from trace_rl.kernels.paged_attention_gluon_persistent import _decode_attention_
 
 
 def gate_case(c: GluonAttentionConfig, group: int = 4, kv_heads: int = 8, budget: float = 3.35,
-              kv_format: str = "nvfp4:row", full_waits: int = 2):
+              kv_format: str = "nvfp4:row", full_waits: int = 2, redo: bool = False):
     from trace_rl.kernels.sass_gate import GateCase
 
     w = _words(kv_format)
@@ -42,6 +42,9 @@ def gate_case(c: GluonAttentionConfig, group: int = 4, kv_heads: int = 8, budget
         sig["work"] = "i32"
     consts["UNROLL"] = c.unroll       # an iteration of the tile loop runs `unroll` tiles, each with its 2 full waits
     consts["COLMAX"] = c.col_max
+    if redo:          # mx_checked's second launch: the exact kernel, run only where the checked output is not finite
+        consts["REDO"] = True
+        kind += " redo"
     full_waits *= c.unroll
     kind += "" if c.unroll == 1 else f" u{c.unroll}"
     kind += "" if c.n_pad == 16 else f" n{c.n_pad}"
@@ -109,7 +112,16 @@ GATE = ((GluonAttentionConfig(), 4, 3.15, "nvfp4:row"), (GluonAttentionConfig(st
         (GluonAttentionConfig(persistent=True, n_pad=8, unroll=2, col_max=True), 4, 3.25, "mxfp4"),
         (GluonAttentionConfig(persistent=True), 4, 3.5, "mxfp4"),
         (GluonAttentionConfig(persistent=True), 16, 3.8, "mxfp4"),
-        (GluonAttentionConfig(persistent=True, mx_fold=True), 4, 3.25, "mxfp4"))
+        (GluonAttentionConfig(persistent=True, mx_fold=True), 4, 3.25, "mxfp4"),
+        # mxfp4 checked (mx_checked, MX 3: the 2**5-offset fold, +Inf V pairs outside the window, the largest K scale
+        # byte kept per thread; paged_attention_gluon_tiles.MX_CHK): LEAN_CHECKED 2.81 at groups 8 and 4 (1441 SASS,
+        # the folded fold_lean's 2.82) against the exact LEAN's 3.21, and N = 16 (DEFAULT + mx_checked) 3.31 at group
+        # 16 (848) against the exact 3.78. The K window check costs ~0: 2 integer max per tile in the loop (a first
+        # version that made out-of-window K pairs NaN in the decode, ~6 ops per pair, was 2.88 / 3.38). nvfp4's and
+        # the exact / folded mxfp4 cases' SASS are unchanged by it (the MX 3 code is all behind constexpr branches)
+        (GluonAttentionConfig(n_pad=8, unroll=2, col_max=True, mx_checked=True), 8, 2.85, "mxfp4"),
+        (GluonAttentionConfig(n_pad=8, unroll=2, col_max=True, mx_checked=True), 4, 2.85, "mxfp4"),
+        (GluonAttentionConfig(mx_checked=True), 16, 3.35, "mxfp4"))
 # The persistent variant over nvfp4: ptxas serialises every wgmma of its tile loop (C7513, "non wgmma instructions
 # defining input registers of a wgmma between start and end of the pipeline stage": 32 full waits, 3.36 per element
 # at group 4, 3.67 at 16), whatever the register budget (maxnreg 128-168 alike) and with the factor loads after the
@@ -127,8 +139,14 @@ GATE_SERIALISED = ((GluonAttentionConfig(persistent=True), 4, 3.45, "nvfp4:row")
                    (GluonAttentionConfig(persistent=True), 16, 3.75, "nvfp4:row"))
 
 
+# mx_checked's REDO launch (the exact kernel with a check of the checked output first): its tile loop is the exact
+# LEAN's (3.21 at group 8), compiled here so that the REDO constexpr cannot break unseen
+GATE_REDO = ((GluonAttentionConfig(n_pad=8, unroll=2, col_max=True), 8, 3.25, "mxfp4"), )
+
+
 def sass_gate_cases():
     if not triton.__version__.startswith("3.6"):
         return []
     return [gate_case(c, group, budget=budget, kv_format=fmt) for c, group, budget, fmt in GATE] + \
+        [gate_case(c, group, budget=budget, kv_format=fmt, redo=True) for c, group, budget, fmt in GATE_REDO] + \
         [gate_case(c, group, budget=budget, kv_format=fmt, full_waits=32) for c, group, budget, fmt in GATE_SERIALISED]

@@ -67,14 +67,16 @@ _MX_PAIRS = gl.constexpr("""{
 # subnormal; 134 + 120 = 254 the largest finite exponent), so inside that window every decoded element is the exact
 # kernel's times 2**-5, exactly, and so are the scores and the output before their float32 factors: bit-identical.
 # Outside it the launch is made to fail loudly instead of rounding: a V pair clamps to +Inf (stored >= 135: min(b,
-# 135) + 120 = 255), so its block's values are +-Inf / NaN and every output column of those head dims is non-finite;
-# a K pair becomes NaN (0x7FC0: +Inf would let a block whose products all share one sign give a -Inf score, i.e.
-# a token silently dropped), so the token's score is NaN in every column, its probability and the row sum l NaN,
-# and the whole (sequence, kv head) output NaN. decode_attention_gluon then relaunches the exact kernel (MX = 1)
-# over exactly the items whose output is not finite (REDO), which also keeps a NaN block (stored 255) NaN as the
-# exact kernel makes it. Stored byte 0 is the one that differs without being caught (exact: zeros; here
-# code x 2**-132): kv_layout's E8M0 encoding stores code 254 (2**127) as 0, and no finite block gets code 254 (amax
-# < 2**128 gives <= 252; kv_write and formats/mxfp4.py quantize with that rule), so the KV writer never produces 0.
+# 135) + 120 = 255), so its block's values are +-Inf / NaN and every output column of those head dims is non-finite
+# (a token past the sequence has its V^T zeroed first); a K pair is not clamped (a wrong finite value, or +Inf,
+# whose products could all share one sign and give a -Inf score: a token silently dropped), instead every thread
+# keeps the largest K scale byte it decoded (2 integer max per tile) and one reduction after the tile loop makes
+# the row sums l NaN when any is >= 135: the whole (sequence, kv head) output NaN. decode_attention_gluon then
+# relaunches the exact kernel (MX = 1) over exactly the items whose output is not finite (REDO), which also keeps
+# a NaN block (stored 255) NaN as the exact kernel makes it. Stored byte 0 is the one that differs without being
+# caught (exact: zeros; here code x 2**-132): kv_layout's E8M0 encoding stores code 254 (2**127) as 0, and no
+# finite block gets code 254 (amax < 2**128 gives <= 252; kv_write and formats/mxfp4.py quantize with that rule),
+# so the KV writer never produces 0.
 MX_CHK = 5
 MX_CHK_ADD, MX_CHK_TOP, MX_CHK_OUT = gl.constexpr(120), gl.constexpr(135), gl.constexpr(2.0 ** MX_CHK)
 _MX_CHK_PAIRS = gl.constexpr("""{
@@ -146,6 +148,12 @@ def _join8(x, pair, MX: gl.constexpr):
     return gl.join(gl.join(gl.join(o0l, o0h), gl.join(o1l, o1h)), gl.join(gl.join(o2l, o2h), gl.join(o3l, o3h)))
 
 
+@gluon.constexpr_function
+def _ks_layout(nw):
+    """K scales [T/16, g, tq] (16-bit halves, mxfp4; words, nvfp4): the rows of warp w's MMA fragment in warp w."""
+    return gl.BlockedLayout([1, 1, 1], [1, 8, 4], [nw, 1, 1], [2, 1, 0])
+
+
 @gluon.jit
 def _k_decode(kw_s, ksw_s, A_LAYOUT: gl.constexpr, T: gl.constexpr, D: gl.constexpr, NW: gl.constexpr,
               MX: gl.constexpr):
@@ -154,7 +162,7 @@ def _k_decode(kw_s, ksw_s, A_LAYOUT: gl.constexpr, T: gl.constexpr, D: gl.conste
     (block 2tq, hr), (2tq+1, hr) of rows g, g + 8 (kv_layout's [rg, g, block, hr] with 8 blocks); mxfp4 16-bit
     halves, the bytes (block tq, hr) (4 blocks: a thread's row is one block, so both halves of its pair are it)."""
     KW: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, D // 32], [1, 1, 8, 4, 1], [NW, 1, 1, 1, 1], [4, 3, 2, 1, 0])
-    KS: gl.constexpr = gl.BlockedLayout([1, 1, 1], [1, 8, 4], [NW, 1, 1], [2, 1, 0])
+    KS: gl.constexpr = _ks_layout(NW)
     w = gl.permute(kw_s.load(KW), (0, 2, 3, 4, 1))                       # [T/16, g, tq, jw, hr]
     if MX == 1:       # bf16x2 (2**(e-126), 2**(e-126)) = stored byte << 7 in each half (kv_decode.fp4_scale_pair)
         hw = ksw_s.load(KS).to(gl.int32) & 0xFFFF
@@ -164,12 +172,12 @@ def _k_decode(kw_s, ksw_s, A_LAYOUT: gl.constexpr, T: gl.constexpr, D: gl.conste
         hw = ksw_s.load(KS).to(gl.int32) & 0xFFFF
         p02 = (gl.minimum(hw & 255, MX_CLAMP) + MX_ADD) * 0x00800080
         p13 = (gl.minimum(hw >> 8, MX_CLAMP) + MX_ADD) * 0x00800080
-    elif MX == 3:     # checked: stored + MX_CHK_ADD, and a NaN pair (0x7FC0) for stored >= MX_CHK_TOP
+    elif MX == 3:     # checked: the exponent field stored + MX_CHK_ADD (garbage past the window: flagged below)
         hw = ksw_s.load(KS).to(gl.int32) & 0xFFFF
-        lo = gl.minimum(hw & 255, MX_CHK_TOP)
-        hi = gl.minimum(hw >> 8, MX_CHK_TOP)
-        p02 = lo * 0x00800080 + 0x3C003C00 + ((lo + 121) >> 8) * 0x00400040
-        p13 = hi * 0x00800080 + 0x3C003C00 + ((hi + 121) >> 8) * 0x00400040
+        lo = hw & 255
+        hi = hw >> 8
+        p02 = lo * 0x00800080 + MX_CHK_ADD * 0x00800080
+        p13 = hi * 0x00800080 + MX_CHK_ADD * 0x00800080
     else:
         p02, p13 = gl.inline_asm_elementwise(_NV_PAIRS, "=r,=r,r", [ksw_s.load(KS)], dtype=(gl.int32, gl.int32),
                                              is_pure=True, pack=1)
@@ -179,7 +187,11 @@ def _k_decode(kw_s, ksw_s, A_LAYOUT: gl.constexpr, T: gl.constexpr, D: gl.conste
     y = _join8(w, pair, MX)                      # n16 0, g 1, tq 2, jw 3, hr 4, half 5, b 6 (i&1), a 7 (i>>1)
     # row 16 n16 + 8 hr + g; column 32 jw + 16 a + 8 b + 2 tq + half (attention_tiles._k_fp4's permutation)
     y = gl.permute(y, (0, 4, 1, 3, 7, 6, 2, 5))
-    return gl.convert_layout(gl.reshape(y, [T, D]), A_LAYOUT, assert_trivial=True)
+    k = gl.convert_layout(gl.reshape(y, [T, D]), A_LAYOUT, assert_trivial=True)
+    kb = 0
+    if MX == 3:       # and the largest stored scale byte of the thread's blocks (the caller's window check)
+        kb = gl.maximum(lo, hi)
+    return k, kb
 
 
 @gluon.jit
@@ -264,13 +276,14 @@ def _pad_half(x, fill: gl.constexpr):
 
 
 @gluon.jit
-def _tile(j, it, m_i, l_acc, acc, vt_prev, q_b, p_s, kc_r, ks_r, kg_r, vc_r, vs_r, vg_r, ready, empty, seq_len,
+def _tile(j, it, m_i, l_acc, acc, vt_prev, kbig, q_b, p_s, kc_r, ks_r, kg_r, vc_r, vs_r, vg_r, ready, empty, seq_len,
           qk_scale, N: gl.constexpr, T: gl.constexpr, D: gl.constexpr, DV: gl.constexpr, NP: gl.constexpr,
           STAGES: gl.constexpr, MASKED: gl.constexpr, HALF: gl.constexpr, MX: gl.constexpr, COLMAX: gl.constexpr):
     """Tile `it` of the sequence, at ring position j: online-softmax update of (m_i [NS], l_acc [T, NS], acc [DV, N]);
     NS = N / 2 when HALF (the group fits the low half of the padded columns), else N. MX (mxfp4): no per-token
     factors (decoded elements are the values). COLMAX: the column max through `_col_max` (one barrier), else
-    gl.max."""
+    gl.max. MX 3 (checked): kbig, the largest K scale byte seen per thread, is updated (tokens past the sequence
+    included: a stale byte out of the window costs an exact recompute, never a wrong result)."""
     NW: gl.constexpr = gl.num_warps()
     s_mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, N, 16])
     A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_mma, k_width=2)
@@ -278,7 +291,9 @@ def _tile(j, it, m_i, l_acc, acc, vt_prev, q_b, p_s, kc_r, ks_r, kg_r, vc_r, vs_
     slot = j % STAGES
     mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
     # K decode runs while the previous tile's PV wgmma (holding vt_prev) is in flight
-    k = _k_decode(kc_r.index(slot), ks_r.index(slot), A_LAYOUT, T, D, NW, MX)
+    k, kb = _k_decode(kc_r.index(slot), ks_r.index(slot), A_LAYOUT, T, D, NW, MX)
+    if MX == 3:
+        kbig = gl.maximum(kbig, kb)
     # retire the previous PV wgmma (it ran under the K decode): its V^T registers are free for this tile's V^T,
     # decoded under the QK wgmma (holding both would need ~250 registers: spills). Retiring it after the QK issue
     # with wait(1) instead makes ptxas serialise every wgmma (C7514).
@@ -335,7 +350,7 @@ def _tile(j, it, m_i, l_acc, acc, vt_prev, q_b, p_s, kc_r, ks_r, kg_r, vc_r, vs_
         fence_async_shared()
         acc = warpgroup_mma(vt, p_s, acc, is_async=True)
     acc, vt = warpgroup_mma_wait(num_outstanding=1, deps=(acc, vt))     # returns at once: PV stays in flight
-    return m_new, l_acc, acc, vt
+    return m_new, l_acc, acc, vt, kbig
 
 
 @gluon.constexpr_function
@@ -388,6 +403,10 @@ def _consume_tiles(j0, seq_len, n_tiles, qk_scale, q_s, p_s, kc_b, ks_b, kg_b, v
     m_i = gl.full([l_acc.shape[1]], float("-inf"), gl.float32, gl.SliceLayout(0, l_acc.type.layout))
     acc = gl.zeros([DV, N], gl.float32, o_mma)
     vt = gl.zeros([DV, T], gl.bfloat16, A_LAYOUT)
+    if MX == 3:       # the largest K scale byte per thread (its blocks of every tile)
+        kbig = gl.zeros([T // 16, 8, 4], gl.int32, _ks_layout(NW))
+    else:
+        kbig = 0
     n_full = seq_len // T
     # UNROLL full tiles per loop iteration (the same tiles in the same order, so the same arithmetic: bit-identical
     # results): the loop's per-iteration fixed cost (the loop-carried V^T registers' copies into the PV wgmma's
@@ -395,20 +414,25 @@ def _consume_tiles(j0, seq_len, n_tiles, qk_scale, q_s, p_s, kc_b, ks_b, kg_b, v
     for it2 in range(n_full // UNROLL):
         for u in gl.static_range(UNROLL):
             it = it2 * UNROLL + u
-            m_i, l_acc, acc, vt = _tile(j0 + it, it, m_i, l_acc, acc, vt, q_b, p_s, kc_r, ks_r, kg_r, vc_r, vs_r,
-                                        vg_r, ready, empty, seq_len, qk_scale, N, T, D, DV, NP, STAGES, False, HALF, MX,
-                                        COLMAX)
+            m_i, l_acc, acc, vt, kbig = _tile(j0 + it, it, m_i, l_acc, acc, vt, kbig, q_b, p_s, kc_r, ks_r, kg_r,
+                                              vc_r, vs_r, vg_r, ready, empty, seq_len, qk_scale, N, T, D, DV, NP,
+                                              STAGES, False, HALF, MX, COLMAX)
     if UNROLL > 1:
         for it in range(n_full // UNROLL * UNROLL, n_full):
-            m_i, l_acc, acc, vt = _tile(j0 + it, it, m_i, l_acc, acc, vt, q_b, p_s, kc_r, ks_r, kg_r, vc_r, vs_r,
-                                        vg_r, ready, empty, seq_len, qk_scale, N, T, D, DV, NP, STAGES, False, HALF, MX,
-                                        COLMAX)
+            m_i, l_acc, acc, vt, kbig = _tile(j0 + it, it, m_i, l_acc, acc, vt, kbig, q_b, p_s, kc_r, ks_r, kg_r,
+                                              vc_r, vs_r, vg_r, ready, empty, seq_len, qk_scale, N, T, D, DV, NP,
+                                              STAGES, False, HALF, MX, COLMAX)
     if n_full < n_tiles:
-        m_i, l_acc, acc, vt = _tile(j0 + n_full, n_full, m_i, l_acc, acc, vt, q_b, p_s, kc_r, ks_r, kg_r, vc_r, vs_r,
-                                    vg_r, ready, empty, seq_len, qk_scale, N, T, D, DV, NP, STAGES, True, HALF, MX,
-                                    COLMAX)
+        m_i, l_acc, acc, vt, kbig = _tile(j0 + n_full, n_full, m_i, l_acc, acc, vt, kbig, q_b, p_s, kc_r, ks_r,
+                                          kg_r, vc_r, vs_r, vg_r, ready, empty, seq_len, qk_scale, N, T, D, DV, NP,
+                                          STAGES, True, HALF, MX, COLMAX)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-    return (acc, m_i, gl.sum(l_acc, axis=0))
+    l_i = gl.sum(l_acc, axis=0)
+    if MX == 3:       # a K block outside the checked window (stored >= MX_CHK_TOP): every column's l NaN, so the
+        # whole item's output is NaN and the exact REDO launch recomputes it
+        big = gl.max(gl.max(gl.max(kbig, axis=2), axis=1), axis=0)
+        l_i = gl.where(big >= MX_CHK_TOP, float("nan"), l_i)
+    return (acc, m_i, l_i)
 
 
 
