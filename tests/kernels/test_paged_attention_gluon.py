@@ -63,10 +63,12 @@ def _pairs(sw):
 def _mx_k_pairs(hw, mx):
     """_k_decode's mxfp4 pairs, in int32 as the kernel does them: a 16-bit half [b_hr0, b_hr1] (int16, sign-extended
     by .to(int32)) -> (f(b_hr0), f(b_hr0)), (f(b_hr1), f(b_hr1)): f(b) = b << 7 (mx 1), (min(b, 192) + 63) << 7
-    (mx 2, folded)."""
+    (mx 2, folded), (b + 120) << 7 (mx 3, checked: not clamped, the window is checked on the bytes)."""
     from trace_rl.kernels.paged_attention_gluon import MX_ADD, MX_CLAMP
 
     hw = hw.to(torch.int32) & 0xFFFF
+    if mx == 3:
+        return ((hw & 255) + 120) * 0x00800080, ((hw >> 8) + 120) * 0x00800080
     if mx == 2:
         return ((hw & 255).clamp(max=MX_CLAMP.value) + MX_ADD.value) * 0x00800080, \
             ((hw >> 8).clamp(max=MX_CLAMP.value) + MX_ADD.value) * 0x00800080
@@ -75,14 +77,16 @@ def _mx_k_pairs(hw, mx):
 
 def _mx_v_pairs(sw, mx):
     """_vt_decode's mxfp4 pairs (int32 arithmetic shift as on the GPU): [b0 b1 b2 b3] -> (f(b0), f(b2)),
-    (f(b1), f(b3)); mx 2: _MX_PAIRS (and, min.u16x2 by 192, mad by 128 + (63 << 7) per half)."""
+    (f(b1), f(b3)); mx 2: _MX_PAIRS (and, min.u16x2 by 192, mad by 128 + (63 << 7) per half); mx 3: _MX_CHK_PAIRS
+    (min.u16x2 by 135, mad by 128 + (120 << 7))."""
     sw = sw.to(torch.int32)
-    if mx == 2:
+    if mx in (2, 3):
+        top, add = (192, 0x1F801F80) if mx == 2 else (135, 0x3C003C00)
         sw = sw.to(torch.int64) & 0xFFFFFFFF
         out = []
         for a in (sw & 0x00FF00FF, (sw >> 8) & 0x00FF00FF):
-            lo, hi = (a & 0xFFFF).clamp(max=192), (a >> 16).clamp(max=192)
-            out.append(((lo | (hi << 16)) * 128 + 0x1F801F80) & 0xFFFFFFFF)
+            lo, hi = (a & 0xFFFF).clamp(max=top), (a >> 16).clamp(max=top)
+            out.append(((lo | (hi << 16)) * 128 + add) & 0xFFFFFFFF)
         return out
     return (sw << 7) & 0x7F807F80, (sw >> 1) & 0x7F807F80
 
@@ -124,14 +128,14 @@ def _emulate_vt(vc, vs, NP=2, DV=128, T=128, mx=0):
     return y.reshape(DV, T)
 
 
-@pytest.mark.parametrize("fmt,mx", [("nvfp4", 0), ("mxfp4", 1), ("mxfp4", 2)])
+@pytest.mark.parametrize("fmt,mx", [("nvfp4", 0), ("mxfp4", 1), ("mxfp4", 2), ("mxfp4", 3)])
 def test_emulated_decode_matches_shipped_decode(fmt, mx, gen):
     """mx 1: mxfp4 through the bias multiply (mx_fold=False), 2: the bias folded into the pairs (decoded values
-    2**-MX_FOLD of the shipped ones, exactly, for these scales)."""
+    2**-MX_FOLD of the shipped ones, exactly, for these scales), 3: mx_checked (2**-MX_CHK of them)."""
     from trace_rl.formats import kv_layout as L
     from trace_rl.kernels import kv_write
     from trace_rl.kernels.paged_attention import decode_tiles
-    from trace_rl.kernels.paged_attention_gluon import MX_FOLD
+    from trace_rl.kernels.paged_attention_gluon import MX_CHK, MX_FOLD
 
     P, H, D, S = 4, 2, 128, 64
     k = PagedKV.allocate(fmt, P, S, H, D, role="k")
@@ -142,7 +146,7 @@ def test_emulated_decode_matches_shipped_decode(fmt, mx, gen):
     kv_write(v, slots, torch.randn(P * S, H, D, generator=gen).to(torch.bfloat16))
     kd = decode_tiles(k).reshape(P, S, H, D)                       # code x scale (nvfp4: the 2**-7 undone)
     vd = decode_tiles(v).reshape(P, S, H, D)
-    f = (128.0, 1.0, 2.0 ** MX_FOLD)[mx]
+    f = (128.0, 1.0, 2.0 ** MX_FOLD, 2.0 ** MX_CHK)[mx]
     kc, ks = k.codes.view(torch.int32).reshape(P, H, -1), k.scales.view(torch.int32).reshape(P, H, -1)
     vc, vs = v.codes.view(torch.int32).reshape(P, H, -1), v.scales.view(torch.int32).reshape(P, H, -1)
     pi, rho = L.k_dim_of_col(D), L.v_dim_of_row(D)

@@ -62,21 +62,21 @@ _MX_PAIRS = gl.constexpr("""{
 }""")                                                # (min(b, 192) + 63) << 7 per 16-bit half: 0x1F80 = 63 << 7
 # mxfp4 checked (MX = 3, GluonAttentionConfig.mx_checked): the scale folded with an offset of 2**MX_CHK, so one HMUL2
 # per pair gives code x scale x 2**-MX_CHK (2**MX_CHK goes into the float32 score factor and the output, as MX_FOLD
-# does). The pair is 2**(stored - 133) (bf16 exponent field stored + MX_CHK_ADD): exact in bf16 for stored bytes
-# 1..134 (scales 2**-127 .. 2**6: the smallest value, 0.5 x 2**-127 x 2**-5 = 2**-133, is bf16's smallest
-# subnormal; 134 + 120 = 254 the largest finite exponent), so inside that window every decoded element is the exact
-# kernel's times 2**-5, exactly, and so are the scores and the output before their float32 factors: bit-identical.
-# Outside it the launch is made to fail loudly instead of rounding: a V pair clamps to +Inf (stored >= 135: min(b,
-# 135) + 120 = 255), so its block's values are +-Inf / NaN and every output column of those head dims is non-finite
-# (a token past the sequence has its V^T zeroed first); a K pair is not clamped (a wrong finite value, or +Inf,
-# whose products could all share one sign and give a -Inf score: a token silently dropped), instead every thread
-# keeps the largest K scale byte it decoded (2 integer max per tile) and one reduction after the tile loop makes
-# the row sums l NaN when any is >= 135: the whole (sequence, kv head) output NaN. decode_attention_gluon then
-# relaunches the exact kernel (MX = 1) over exactly the items whose output is not finite (REDO), which also keeps
-# a NaN block (stored 255) NaN as the exact kernel makes it. Stored byte 0 is the one that differs without being
-# caught (exact: zeros; here code x 2**-132): kv_layout's E8M0 encoding stores code 254 (2**127) as 0, and no
-# finite block gets code 254 (amax < 2**128 gives <= 252; kv_write and formats/mxfp4.py quantize with that rule),
-# so the KV writer never produces 0.
+# does). The pair is 2**(stored - 7) (bf16 exponent field stored + MX_CHK_ADD), a code's bits are code x 2**-126, so
+# their product is code x 2**(stored - 133) = code x scale x 2**-5: exact in bf16 for stored bytes 1..134 (scales
+# 2**-127 .. 2**6: the smallest value, 0.5 x 2**-127 x 2**-5 = 2**-133, is bf16's smallest subnormal; 134 + 120 = 254
+# the largest finite exponent), so inside that window every decoded element is the exact kernel's times 2**-5,
+# exactly, and so are the scores and the output before their float32 factors: bit-identical. Outside it the launch is
+# made to fail loudly instead of rounding: a V pair clamps to +Inf (stored >= 135: min(b, 135) + 120 = 255), so its
+# block's values are +-Inf / NaN and every output column of those head dims is non-finite (a token past the sequence
+# has its V^T zeroed first); a K pair is not clamped (a wrong finite value, or +Inf, whose products could all share
+# one sign and give a -Inf score: a token silently dropped), instead every thread keeps the largest K scale byte it
+# decoded (2 integer max per tile) and one reduction after the tile loop makes the row sums l NaN when any is >= 135:
+# the whole (sequence, kv head) output NaN. decode_attention_gluon then relaunches the exact kernel (MX = 1) over
+# exactly the items whose output is not finite (REDO), which also keeps a NaN block (stored 255) NaN as the exact
+# kernel makes it. Stored byte 0 is the one that differs without being caught (exact: zeros; here code x 2**-132):
+# kv_layout's E8M0 encoding stores code 254 (2**127) as 0, and no finite block gets code 254 (amax < 2**128 gives <=
+# 252; kv_write and formats/mxfp4.py quantize with that rule), so the KV writer never produces 0.
 MX_CHK = 5
 MX_CHK_ADD, MX_CHK_TOP, MX_CHK_OUT = gl.constexpr(120), gl.constexpr(135), gl.constexpr(2.0 ** MX_CHK)
 _MX_CHK_PAIRS = gl.constexpr("""{
