@@ -9,7 +9,9 @@ nvfp4 3.08, mxfp4 3.43), lean (paged_attention_gluon.LEAN: N = 8, two tiles per 
 column max: nvfp4 2.78, mxfp4 3.21), for nvfp4 also colmax (the column max alone, 2.87: LEAN_WIDE, what groups
 9..16 would run), lean_s2 (LEAN with 2 stages, 2.73) and the persistent kernel without / with the column max
 (persistent, 3.36 with every wgmma serialised by ptxas; persistent_colmax, 2.91, not serialised), for mxfp4 fold
-(the opt-in folded bias, 3.15) and fold_lean (2.82). Method of benchmarks/attention.py (reused): CUDA-graph medians
+(the opt-in folded bias, 3.15), fold_lean (2.82) and checked_lean (paged_attention_gluon.LEAN_CHECKED: the
+2**5-offset fold, exact, out-of-window items recomputed by a second launch: 2.81; its base is the exact lean).
+Method of benchmarks/attention.py (reused): CUDA-graph medians
 (5 calls per graph, 9 replays), the read ceiling measured in the same run, fraction = live cache bytes of that
 format / us / ceiling.
 Each variant's output is compared with its base's (`vs_base`: bit-identical or the max |diff|; the base is the
@@ -45,9 +47,11 @@ VARIANTS = {"nvfp4": {"gluon": dict(), "lean": LEAN, "colmax": dict(col_max=True
                       "persistent_lean": dict(LEAN, persistent=True)},
             "mxfp4": {"gluon": dict(), "lean": LEAN, "colmax": dict(col_max=True),
                       "colmax_u2": dict(col_max=True, unroll=2), "fold": dict(mx_fold=True),
-                      "fold_lean": dict(LEAN, mx_fold=True), "persistent_lean": dict(LEAN, persistent=True)}}
+                      "fold_lean": dict(LEAN, mx_fold=True), "persistent_lean": dict(LEAN, persistent=True),
+                      "checked_lean": dict(LEAN, mx_checked=True)}}
 # what a variant must be bit-identical to (the rest: the shipped default, gluon)
-BASE = {"fold_lean": "fold", "persistent_colmax": "persistent"}   # persistent_lean: against gluon (same bits)
+# (persistent_lean: against gluon, the same bits)
+BASE = {"fold_lean": "fold", "persistent_colmax": "persistent", "checked_lean": "lean"}
 DEV = A.DEV
 ONLY: set[str] = set()      # --variants
 

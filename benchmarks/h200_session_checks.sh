@@ -138,6 +138,11 @@
 #            (252 linears) with per-weight exactness reads vs one batched read vs the bf16 cache (fp8_per_weight_ms,
 #            fp8_batched_ms, bf16_ms, batched_over_bf16), the E4M3 writer at gate/up 24576x4096 old vs direct
 #            (writer_us), writers_bit_identical, fp8_equals_bf16_x32, then its GPU tests (pytest_rc); < 60 s; named only
+#   mxkv     benchmarks/mxkv_h200.sh   issue 15's mxfp4 KV attention at >= 0.75 of the read ceiling: LEAN_CHECKED
+#            (mx_checked: the 2**5-offset scale fold, exact, out-of-window items recomputed by an exact REDO launch) GPU
+#            tests (bit-identical to the exact kernel: in-window extremes, out-of-window and NaN bytes, groups 1-16,
+#            persistent, CUDA graph), then exact DEFAULT / LEAN vs LEAN_CHECKED vs best SDPA at 32 x 8k, 256 x 8k,
+#            32 x 32k, 313 x 8447; summary.json: green + the line to paste (LEAN_MX_CHECKED = True); < 120 s; named only
 # The default order puts first what the stability study's runs depend on (wsync presets engine guided trainattn: ~9 min),
 # then the speed checks (grid gemm gemmwide attn gemmbound): a second call,
 # `BUDGET_S=... benchmarks/h200_session_checks.sh OUT grid gemm gemmwide attn gemmbound`; fp4engine only when named
@@ -217,6 +222,7 @@ for name in $NAMES; do
         opcache) pytest_check "$d" 115 tests/kernels/test_operand_cache.py -m gpu ;;
         fp8cache) bash benchmarks/fp8cache_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         fp8sync) bash benchmarks/fp8sync_h200.sh "$d" > "$d/run.log" 2>&1 ;;
+        mxkv) bash benchmarks/mxkv_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         fp4engine) bash benchmarks/engine_fp4_gluon_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         fixedgluon) BUDGET_S=$(( left - 10 )) bash benchmarks/engine_fixed_gluon_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         engremain) BUDGET_S=$(( left - 10 )) bash benchmarks/engine_remaining_h200.sh "$d" > "$d/run.log" 2>&1 ;;

@@ -37,11 +37,11 @@ def test_emulator_catches_uninitialised_descriptor_and_out_of_range_shared():
 
 SCRIPT = """
 import json
-from trace_rl.kernels.paged_attention_gluon import DEFAULT, LEAN, GluonAttentionConfig
+from trace_rl.kernels.paged_attention_gluon import DEFAULT, LEAN, LEAN_CHECKED, GluonAttentionConfig
 from trace_rl.kernels.paged_attention_gluon_emulate import gluon_attention_report
 out = {}
 for name, c, fmt in (("default", DEFAULT, "nvfp4:row"), ("lean", LEAN, "nvfp4:row"), ("lean_mx", LEAN, "mxfp4"),
-                     ("n8", GluonAttentionConfig(n_pad=8), "nvfp4:row")):
+                     ("n8", GluonAttentionConfig(n_pad=8), "nvfp4:row"), ("lean_checked", LEAN_CHECKED, "mxfp4")):
     r = gluon_attention_report(c, fmt, lens=(600, 2944))
     out[name] = {"errors": r["errors"], "uninitialised": r["uninitialised"]}
 print(json.dumps(out))

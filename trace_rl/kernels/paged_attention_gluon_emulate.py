@@ -66,10 +66,12 @@ def gluon_attention_report(config, kv_format: str = "nvfp4:row", group: int = 4,
 def main() -> int:
     import json
 
-    from trace_rl.kernels.paged_attention_gluon import DEFAULT, LEAN
+    from trace_rl.kernels.paged_attention_gluon import DEFAULT, LEAN, LEAN_CHECKED
 
-    for name, c in (("default", DEFAULT), ("lean", LEAN)):
+    for name, c in (("default", DEFAULT), ("lean", LEAN), ("lean_checked", LEAN_CHECKED)):
         for fmt in ("nvfp4:row", "mxfp4"):
+            if c.mx_checked and fmt != "mxfp4":
+                continue
             r = gluon_attention_report(c, fmt)
             print(name, fmt, json.dumps({k: r[k] for k in ("errors", "first", "uninitialised", "hgmma")}, default=str))
     return 0
