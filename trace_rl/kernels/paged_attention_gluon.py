@@ -15,7 +15,10 @@ One split per (kv head, sequence) program (no split-KV): the first version targe
 (B = 32 / 256 x 8 kv heads: 256 / 2048 programs against 132 SMs x 2 resident CTAs). Scope: nvfp4 or mxfp4 (one
 kernel, the constexpr MX: mxfp4's scales are 32-element E8M0 blocks, whose 2**125 code bias is multiplied as the
 shipped kernel does (the default, exact) or, opt-in mx_fold=True, folded into the scale pairs (MX_FOLD in
-paged_attention_gluon_tiles.py: exact only for scales 2**-70 .. 2**63), and it has no per-token factors, so its
+paged_attention_gluon_tiles.py: exact only for scales 2**-70 .. 2**63) or, opt-in mx_checked=True, folded with a
+2**5 offset that is exact for scales 2**-127 .. 2**6 and checked: items with a block outside that window come out
+non-finite and a second launch (REDO) recomputes exactly those with the exact kernel, so the result is the exact
+kernel's bit for bit (MX_CHK in paged_attention_gluon_tiles.py), and it has no per-token factors, so its
 producer copies four boxes per page, not six), head_dim 128, pages of 64 tokens (128-token tiles = 2 pages), GQA
 group <= 16 (the query heads of a kv head padded to the MMA's N = 16); `decode_attention_gluon` refuses other
 shapes with a message. Gluon has no interpreter: this runs only on an sm_90 GPU; the compile gate's cases
