@@ -121,7 +121,9 @@ GATE = ((GluonAttentionConfig(), 4, 3.15, "nvfp4:row"), (GluonAttentionConfig(st
         # the exact / folded mxfp4 cases' SASS are unchanged by it (the MX 3 code is all behind constexpr branches)
         (GluonAttentionConfig(n_pad=8, unroll=2, col_max=True, mx_checked=True), 8, 2.85, "mxfp4"),
         (GluonAttentionConfig(n_pad=8, unroll=2, col_max=True, mx_checked=True), 4, 2.85, "mxfp4"),
-        (GluonAttentionConfig(mx_checked=True), 16, 3.35, "mxfp4"))
+        (GluonAttentionConfig(mx_checked=True), 16, 3.35, "mxfp4"),
+        # the persistent LEAN_CHECKED (its REDO is the one-program-per-item exact kernel): 2.83 (exact 3.24)
+        (GluonAttentionConfig(persistent=True, n_pad=8, unroll=2, col_max=True, mx_checked=True), 4, 2.87, "mxfp4"))
 # The persistent variant over nvfp4: ptxas serialises every wgmma of its tile loop (C7513, "non wgmma instructions
 # defining input registers of a wgmma between start and end of the pipeline stage": 32 full waits, 3.36 per element
 # at group 4, 3.67 at 16), whatever the register budget (maxnreg 128-168 alike) and with the factor loads after the
