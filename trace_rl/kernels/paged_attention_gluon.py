@@ -87,10 +87,10 @@ def _decode_attention_ws_kernel(q_ptr, out_ptr, bt_ptr, lens_ptr, kc_desc, ks_de
     h = gl.program_id(0)
     b = gl.program_id(1)
     seq_len = gl.load(lens_ptr + b)
-    todo = True
     if REDO:          # mx_checked's second launch: only the items the checked launch left non-finite, else nothing
-        todo = _out_not_finite(out_ptr, b, h, stride_ob, stride_oh, GROUP, N, D)
-        seq_len = gl.where(todo, seq_len, 0)
+        if not _out_not_finite(out_ptr, b, h, stride_ob, stride_oh, GROUP, N, D):
+            return    # the common case: leave before the ring, the barriers and the partitions are set up (the
+            # lowering signals the worker warp to exit first: SASS STS of the exit state, BAR.SYNC 1, EXIT)
     n_tiles = gl.cdiv(seq_len, T)
     NP: gl.constexpr = T // PAGE
     kc_b, ks_b, kg_b, vc_b, vs_b, vg_b, q_s, p_s, ready, empty = _ring(kc_desc, ks_desc, kg_desc, vc_desc, vs_desc,
@@ -102,7 +102,7 @@ def _decode_attention_ws_kernel(q_ptr, out_ptr, bt_ptr, lens_ptr, kc_desc, ks_de
         (_producer, (kc_desc, ks_desc, kg_desc, vc_desc, vs_desc, vg_desc, kc_b, ks_b, kg_b, vc_b, vs_b, vg_b,
                      ready, empty, bt_row, h, seq_len, n_tiles, HKV, NP, PAGE, STAGES, MX)),
     ], [1], [24])
-    _epilogue(acc, l_i, out_ptr, b, h, stride_ob, stride_oh, GROUP, N, D, DV, MX, REDO, todo)
+    _epilogue(acc, l_i, out_ptr, b, h, stride_ob, stride_oh, GROUP, N, D, DV, MX)
 
 
 @dataclass(frozen=True)

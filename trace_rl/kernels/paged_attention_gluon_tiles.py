@@ -438,7 +438,7 @@ def _consume_tiles(j0, seq_len, n_tiles, qk_scale, q_s, p_s, kc_b, ks_b, kg_b, v
 
 @gluon.jit
 def _epilogue(acc, l_i, out_ptr, b, h, stride_ob, stride_oh, GROUP: gl.constexpr, N: gl.constexpr, D: gl.constexpr,
-              DV: gl.constexpr, MX: gl.constexpr, ONLY_IF: gl.constexpr = False, todo=None):
+              DV: gl.constexpr, MX: gl.constexpr):
     """out[b, h's query heads] = O^T / l. nvfp4 V elements decode to code x scale / 2**7 (mxfp4: code x scale); rows
     in V^T's MMA order (kv_layout.v_dim_of_row); a sequence of length 0 (l = 0) gives zeros."""
     if GROUP <= N // 2 and N >= 16:
@@ -458,8 +458,6 @@ def _epilogue(acc, l_i, out_ptr, b, h, stride_ob, stride_oh, GROUP: gl.constexpr
     g, hr, w, mt = rho & 7, (rho >> 3) & 1, (rho >> 4) & 3, rho >> 6
     out_dim = 16 * (2 * w + (g >> 2)) + 4 * (g & 3) + 2 * (mt & 1) + hr + 128 * (mt >> 1)
     keep = gl.expand_dims(out_dim < D, 1) & gl.expand_dims(n < GROUP, 0)
-    if ONLY_IF:       # the REDO launch (mx_checked): write only the items it recomputed
-        keep = keep & todo
     o_ptr = out_ptr + b.to(gl.int64) * stride_ob + gl.expand_dims(h * GROUP + n, 0) * stride_oh \
         + gl.expand_dims(out_dim, 1)
     gl.store(o_ptr, o.to(out_ptr.dtype.element_ty), mask=keep)
