@@ -155,7 +155,34 @@ SMALL_GRID_CANDIDATES = {
                               split_k=2), ("nvfp4", "mxfp4")),
     "w8_split4": (GluonConfig(block_n=128, num_warps=8, stages=2, maxnreg=80, overlap=True, block_k=512, fin=True,
                               split_k=4), ("nvfp4", "mxfp4")),
+    # M = 16 on the large weights (issue 15: nvfp4 2.02-2.07x cuBLAS at M = 16 with every candidate above, target
+    # 2.2x; check `m16`). SMALL_M and the k256 candidates run 3 CTAs per SM (80 registers x 8 warps; k256's 4 slots
+    # ~70 KB at 16 tokens); these trade ring depth for more independent decode -> wgmma pipelines per SM, 256-column
+    # steps (a 512-column slot alone is 34 KB at 16 tokens):
+    #   q_split*    3 slots (52 KB at 16 tokens) and 64 registers (8 warps x 64 x 4 CTAs = 64K; the consumers get
+    #               104 through setmaxnreg, spill-free with overlap): 4 CTAs per SM. K partitions: q_split2 at
+    #               4096x12288 and q_split6 at 12288x4096 are SMALL_M's auto split there (same bits as shipped),
+    #               q_split3 / q_split8 are split3's / split8's
+    #   qn_split8   q_split8 on an 8-token wgmma N (block_m 8): M = 9..16 runs two token tiles (twice the programs,
+    #               half the accumulator and activation slot each) instead of one 16-token tile
+    #   p5_split*   2 slots (35 KB), 48 registers (consumers 72), no overlap (at 48 overlap serialises every
+    #               wgmma): 5 CTAs per SM
+    # (A narrower weight-row tile than 64 is not a config: one consumer warpgroup is one 64-row wgmma.)
+    "q_split2": (GluonConfig(block_n=64, stages=3, maxnreg=64, overlap=True, block_k=256, fin=True, split_k=2),
+                 ("nvfp4", )),
+    "q_split3": (GluonConfig(block_n=64, stages=3, maxnreg=64, overlap=True, block_k=256, fin=True, split_k=3),
+                 ("nvfp4", )),
+    "q_split6": (GluonConfig(block_n=64, stages=3, maxnreg=64, overlap=True, block_k=256, fin=True, split_k=6),
+                 ("nvfp4", )),
+    "q_split8": (GluonConfig(block_n=64, stages=3, maxnreg=64, overlap=True, block_k=256, fin=True, split_k=8),
+                 ("nvfp4", )),
+    "qn_split8": (GluonConfig(block_n=64, stages=3, maxnreg=64, overlap=True, block_k=256, fin=True, split_k=8,
+                              block_m=8), ("nvfp4", )),
+    "p5_split3": (GluonConfig(block_n=64, stages=2, maxnreg=48, block_k=256, fin=True, split_k=3), ("nvfp4", )),
+    "p5_split8": (GluonConfig(block_n=64, stages=2, maxnreg=48, block_k=256, fin=True, split_k=8), ("nvfp4", )),
 }
+# The M = 16 candidates (check `m16`), gated at 16 tokens besides 8.
+M16_CANDIDATES = ("q_split2", "q_split3", "q_split6", "q_split8", "qn_split8", "p5_split3", "p5_split8")
 # The rule `config_for` applies at M <= 16: per format, {weight class: {M bucket: config}}. A weight class is
 # (min rows, max rows, K): a weight of padded rows in [min, max] and exactly K padded columns (the measured shapes
 # only: no extrapolation to other K or rows); classes of a format must not overlap. M bucket 8 covers M = 1..8, 16

@@ -18,7 +18,7 @@ from trace_rl.kernels.fp4_gemm_gluon import (
     _shared_layouts,
     scale_words,
 )
-from trace_rl.kernels.fp4_gemm_gluon_config import M64_CANDIDATES, SMALL_GRID_CANDIDATES
+from trace_rl.kernels.fp4_gemm_gluon_config import M16_CANDIDATES, M64_CANDIDATES, SMALL_GRID_CANDIDATES
 from trace_rl.kernels.hopper_fp4 import COLS, ROWS
 
 # Compile gate (sass_gate.py; Triton 3.6 only: the Gluon API is experimental and version-pinned). The consumer's K
@@ -127,16 +127,25 @@ SMALL_GRID_BUDGET = {("split8", "nvfp4"): 2.75, ("split8", "mxfp4"): 2.5, ("spli
                      ("split3", "nvfp4"): 2.75, ("split3", "mxfp4"): 2.5, ("split4", "nvfp4"): 2.75,
                      ("split4", "mxfp4"): 2.5, ("k256_split2", "nvfp4"): 2.9, ("k256_split3", "nvfp4"): 2.9,
                      ("k256_split6", "nvfp4"): 2.9, ("w8_split2", "nvfp4"): 2.75, ("w8_split2", "mxfp4"): 2.5,
-                     ("w8_split4", "nvfp4"): 2.75, ("w8_split4", "mxfp4"): 2.5}
+                     ("w8_split4", "nvfp4"): 2.75, ("w8_split4", "mxfp4"): 2.5,
+                     # the M = 16 candidates (check `m16`; 256-column steps, 4 / 5 CTAs per SM). Measured (Triton
+                     # 3.6, sm_90): q / qn (64 registers, overlap) 2.82-2.83, p5 (48, no overlap) 2.71-2.72 at 8
+                     # and 16 tokens, no spills, at most one full wgmma wait per step
+                     **{(n, "nvfp4"): 2.9 if n.startswith("q") else 2.8 for n in M16_CANDIDATES}}
 
 
 def small_grid_gate_cases():
+    """Per candidate and format one case at the token tile 8 (nvfp4, W4A4 with bias) / 16 (mxfp4); the M = 16
+    candidates (M16_CANDIDATES) also at 16 tokens, W4A16 (the issue's point; qn's token tile stays 8)."""
     cases = []
     for name, (c, fmts) in SMALL_GRID_CANDIDATES.items():
         for f in fmts:
             bm = 8 if f == "nvfp4" else 16
             case = gate_case(c, bm, SMALL_GRID_BUDGET[(name, f)], f, c.split_k, True, f == "nvfp4")
             cases.append(dataclasses.replace(case, name=f"{case.name} [small grid {name}]"))
+            if name in M16_CANDIDATES and c.tile_m(16) == 16:
+                case = gate_case(c, 16, SMALL_GRID_BUDGET[(name, f)], f, c.split_k, True, False)
+                cases.append(dataclasses.replace(case, name=f"{case.name} [small grid {name} m16]"))
     return cases
 
 
