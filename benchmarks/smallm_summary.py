@@ -4,9 +4,12 @@ M: the 2.2x target) and per point the times, the winner and the checks. Plain Py
 
 from __future__ import annotations
 
+from trace_rl.kernels.fp4_gemm_gluon_config import M_BUCKETS, m_bucket
+
 MARGIN = 0.98       # a candidate replaces the shipped config only at <= 98% of its time in EVERY round of every point
-BUCKET_MS = {8: (1, 4), 16: (16, )}   # SMALL_GRID's M buckets (fp4_gemm_gluon_config.M_BUCKETS) and the measured M
 ISSUE_TARGET = 2.2                    # issue 15: the FP4 W4A16 GEMM at M <= 16 >= 2.2x cuBLAS BF16
+# SMALL_GRID's M buckets (fp4_gemm_gluon_config.M_BUCKETS: 8 = M 1..8, 16 = M 9..16): a bucket's choice must win at
+# every measured M in it (the `m16` check's M = 12 and 16 both land in bucket 16)
 
 
 def _shapes(rows: list[dict]) -> list[tuple[int, int]]:
@@ -79,7 +82,7 @@ def rule_proposal(rows: list[dict], small_grid: dict | None = None, candidates: 
             pts = [r for r in rows if r["fmt"] == fmt and (r["K"], r["N"]) == (K, N)]
             if not pts:
                 continue
-            entries = {b: bucket_choice([r for r in pts if r["M"] in ms]) for b, ms in BUCKET_MS.items()}
+            entries = {b: bucket_choice([r for r in pts if m_bucket(r["M"]) == b]) for b in M_BUCKETS}
             per_shape[f"{K}x{N}"] = entries
             n_pad, k_pad = padded_shape(N, K)
             key = next((k for k in grid[fmt] if k[2] == k_pad and k[0] <= n_pad <= k[1]), (n_pad, n_pad, k_pad))
@@ -112,11 +115,25 @@ def issue_table(rows: list[dict]) -> dict:
             "table": table, "shipped_below_target": missed, "best_at_target": len(met), "points": len(rows)}
 
 
+def bits_vs_shipped(rows: list[dict]) -> dict:
+    """{"fmt KxN": {variant: "same" | "differs" | "mixed"}} over that shape's points (every M and act): whether the
+    variant's output was bit-identical to the shipped launch's (the same K partition gives the same bits)."""
+    seen: dict = {}
+    for r in rows:
+        for n, v in r["variants"].items():
+            b = v.get("bit_identical_vs_shipped")
+            if n != "shipped" and b is not None:
+                seen.setdefault(f"{r['fmt']} {r['K']}x{r['N']}", {}).setdefault(n, set()).add(b)
+    return {shape: {n: "same" if b == {True} else "differs" if b == {False} else "mixed" for n, b in vs.items()}
+            for shape, vs in seen.items()}
+
+
 def summarize(res: dict) -> dict:
     """The check's summary.json body from the sweep's JSON: `rule_proposal` first (its `SMALL_GRID` is the Python to
     paste), `issue_table`, failed checks, then per point the us, the best variant and the ratios."""
     rows = res.get("rows", [])
     s = {"rule_proposal": rule_proposal(rows), "issue_table": issue_table(rows),
+         "bits_vs_shipped": bits_vs_shipped(rows),
          "gemlite": res.get("gemlite"), "weight_copies": res.get("weight_copies"), "total_s": res.get("total_s"),
          "errors": res.get("errors", [])[:8], "skipped": res.get("skipped", [])}
     s["vs_gemlite"] = {f"{r['fmt']} {r['K']}x{r['N']} M={r['M']}": {

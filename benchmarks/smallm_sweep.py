@@ -6,10 +6,10 @@ against the shipped config, cuBLAS BF16 and gemlite, in one run, per weight shap
     python benchmarks/smallm_sweep.py --dry [--shapes ...]                  # each variant's launch, no GPU
 
 Shapes are K x N (x [M, K] @ W^T, W [N, K]; default 4096x1024, the `smallm` check; `smallwide` adds Qwen3-8B's
-4096x12288, 12288x4096, 4096x6144, 4096x4096), in the order given. Per shape, M = 1 / 4 / 16, nvfp4 and mxfp4, W4A16
-(bf16 x) and W4A4 prequantized (x = code x block scale from `quantize_dequant_bf16`, nvfp4 with its per-token row
-scale: the `fp4_linear_prequantized` launch), every variant launched as the shipped path launches it inside a graph
-(`fp4_matmul_gluon(..., pdl=True)`):
+4096x12288, 12288x4096, 4096x6144, 4096x4096), in the order given. Per shape, M = 1 / 4 / 16 (SMALLM_MS), nvfp4 and
+mxfp4, W4A16 (bf16 x) and W4A4 prequantized (x = code x block scale from `quantize_dequant_bf16`, nvfp4 with its
+per-token row scale: the `fp4_linear_prequantized` launch), every variant launched as the shipped path launches it
+inside a graph (`fp4_matmul_gluon(..., pdl=True)`):
 - `shipped`: config None (`config_for`: SMALL_GRID's config where the rule names one, else SMALL_M at its auto split);
 - each of fp4_gemm_gluon_config.SMALL_GRID_CANDIDATES for the format (explicit split), less those making the same
   launch as an earlier variant at the point and those needing more than WAVES waves (`variants`; the row's
@@ -24,6 +24,11 @@ median of 15 replays (kernel_baselines.graph_us), ROUNDS rounds per point, the v
 second round; a variant's `us` is the mean of its round medians, `rounds_us` lists them. The JSON is rewritten after
 every point; past `--budget-s` no new point starts ("skipped"). The summary and the rule proposal: smallm_summary.py.
 No torchrl: torch, triton, trace_rl's kernels and gemlite only.
+
+Env (read at import, so the precompile's worker processes see the same; a check restricts the sweep with them, e.g.
+`m16`): SMALLM_MS, the Ms (comma-separated, each 1..16; default 1,4,16); SMALLM_ROUNDS (default 2); SMALLM_VARIANTS,
+the candidates to time besides `shipped` (comma-separated SMALL_GRID_CANDIDATES names; default all); SMALLM_GEMLITE,
+0 leaves gemlite out (no layers built, no compile; rows say so; default 1).
 """
 
 from __future__ import annotations
@@ -39,12 +44,40 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 SHAPES = [(4096, 1024)]          # (K, N), the `smallm` check's one shape
 WIDE_SHAPES = "4096x12288,12288x4096,4096x6144,4096x4096,4096x1024"     # the `smallwide` check: large ones first
-MS = [1, 4, 16]
 FMTS = ["nvfp4", "mxfp4"]
 ACTS = ["w4a16", "prequant"]
-ROUNDS = 2
 WAVES = 2           # a candidate needing more than WAVES waves of resident programs at a point is not timed there
 DEV = "cuda"
+
+
+def _env_list(name: str, default: str) -> list[str]:
+    return [v.strip() for v in os.environ.get(name, default).split(",") if v.strip()]
+
+
+def _env_ints(name: str, default: str, lo: int, hi: int) -> list[int]:
+    try:
+        vals = [int(v) for v in _env_list(name, default)]
+    except ValueError:
+        vals = []
+    if not vals or any(not lo <= v <= hi for v in vals):
+        raise SystemExit(f"{name} takes comma-separated integers in {lo}..{hi}, got {os.environ.get(name)!r}")
+    return vals
+
+
+MS = _env_ints("SMALLM_MS", "1,4,16", 1, 16)                  # the Gluon small-M path's range
+ROUNDS = _env_ints("SMALLM_ROUNDS", "2", 1, 20)[0]
+VARIANTS = _env_list("SMALLM_VARIANTS", "") or None           # None: every candidate
+GEMLITE = os.environ.get("SMALLM_GEMLITE", "1") != "0"
+
+
+def check_variants() -> None:
+    """SMALLM_VARIANTS must name candidates (a typo would silently time nothing but `shipped`)."""
+    from trace_rl.kernels.fp4_gemm_gluon_config import SMALL_GRID_CANDIDATES
+
+    unknown = sorted(set(VARIANTS or ()) - set(SMALL_GRID_CANDIDATES))
+    if unknown:
+        raise SystemExit(f"SMALLM_VARIANTS names no candidate {unknown}: take names of fp4_gemm_gluon_config."
+                         f"SMALL_GRID_CANDIDATES ({', '.join(SMALL_GRID_CANDIDATES)})")
 
 
 def parse_shapes(text: str) -> list[tuple[int, int]]:
@@ -59,10 +92,12 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
 
 
 def all_variants(fmt: str) -> dict:
-    """name -> GluonConfig (None: the launcher's own choice, `config_for`) for `fmt`, before any per-point filter."""
+    """name -> GluonConfig (None: the launcher's own choice, `config_for`) for `fmt`, before any per-point filter:
+    `shipped` and the candidates of VARIANTS (SMALLM_VARIANTS; None: all) that apply to `fmt`."""
     from trace_rl.kernels.fp4_gemm_gluon_config import SMALL_GRID_CANDIDATES
 
-    return {"shipped": None, **{n: c for n, (c, fmts) in SMALL_GRID_CANDIDATES.items() if fmt in fmts}}
+    return {"shipped": None, **{n: c for n, (c, fmts) in SMALL_GRID_CANDIDATES.items()
+                                if fmt in fmts and (VARIANTS is None or n in VARIANTS)}}
 
 
 def variants(fmt: str, K: int, N: int, M: int, sms: int = 132) -> tuple[dict, dict]:
@@ -77,8 +112,10 @@ def variants(fmt: str, K: int, N: int, M: int, sms: int = 132) -> tuple[dict, di
     timed, excluded, seen = {}, {}, {}
     for name, cfg in all_variants(fmt).items():
         f = _launch_facts(M, fmt, pad, cfg, sms)
-        # the launch: the config's fields but its split_k (0 = auto), and the split it runs at
-        launch = (tuple(sorted((k, v) for k, v in f["config"].items() if k != "split_k")), f["split"])
+        # the launch: the config's fields but its split_k (0 = auto) and block_m, the token tile and split it runs
+        # at (qn_split8's block_m 8 is q_split8's launch at M <= 8)
+        launch = (tuple(sorted((k, v) for k, v in f["config"].items() if k not in ("split_k", "block_m"))),
+                  f["block_m"], f["split"])
         resident = sms * GluonConfig(**f["config"]).ctas_per_sm(f["block_m"], fmt)
         if launch in seen:
             excluded[name] = f"same launch as {seen[launch]}"
@@ -138,7 +175,7 @@ def _compile_job(job: tuple) -> str:
             from kernel_baselines import gemlite_available, gemlite_int4_linear
 
             ok, why = gemlite_available()
-            if not ok:
+            if not ok or not GEMLITE:
                 return ""
             for K, N in shapes:
                 layer = gemlite_int4_linear(torch.randn(N, K, device=DEV, dtype=torch.bfloat16) * 0.02)
@@ -302,8 +339,9 @@ def measure(args) -> None:
            "shapes": [{"K": K, "N": N} for K, N in shapes], "rows": [], "skipped": [], "errors": [],
            "weight_copies": {}}
     save = json_saver(res, args.out)
-    gl_ok, gl_info = gemlite_available()
+    gl_ok, gl_info = gemlite_available() if GEMLITE else (False, "off (SMALLM_GEMLITE=0)")
     res["gemlite"] = gl_info if gl_ok else {"unavailable": gl_info}
+    res["sweep"] = {"Ms": MS, "rounds": ROUNDS, "variants": VARIANTS or "all", "gemlite": GEMLITE}
     save()
     for K, N in shapes:
         if time.time() - start > args.budget_s:
@@ -367,6 +405,7 @@ def main() -> int:
     ap.add_argument("--dry", action="store_true", help="print each variant's launch on 132 SMs (no GPU) and exit")
     args = ap.parse_args()
     args.shapes = parse_shapes(args.shapes)
+    check_variants()
     if args.dry:
         import json
 
