@@ -52,6 +52,13 @@
 #            summary.json: rule_proposal (SMALL_GRID to paste: every shape and M bucket where a candidate wins every
 #            round by >= 2%), issue_table (cuBLAS BF16 / FP4, shipped and best, per shape / M: issue 15's 2.2x);
 #            < 120 s; named only
+#   m16      SMALLM_...=... benchmarks/smallm_h200.sh   issue 15's nvfp4 M = 16 target (2.2x cuBLAS; 2.02-2.07x with the
+#            earlier candidates): the M = 16 candidates (4 CTAs per SM: q_split2/3/6/8, qn_split8 on 8-token tiles;
+#            5: p5_split3/8) + their GPU tests (4 parallel shards), then the sweep at M = 1 / 8 / 12 / 16 on
+#            4096x12288 and 12288x4096, both formats, every candidate but k256_split16 (never within 2 waves there)
+#            vs shipped vs cuBLAS BF16, 3 rounds, gemlite off; summary.json: rule_proposal.SMALL_GRID (the line to
+#            paste; M = 12 and 16 make bucket 16), issue_table (x cuBLAS per shape / M / format), bits_vs_shipped;
+#            < 120 s; named only
 #   gluoneng the engine's Gluon path GPU tests alone (LEAN the default)
 #   gluontests the Gluon attention's GPU tests (every variant, LEAN now the default) + the engine's Gluon path tests
 #   attnintf benchmarks/attention_interference.py  the attention alone / the layer's bf16 GEMMs alone / both interleaved
@@ -194,6 +201,11 @@ for name in $NAMES; do
         smallwide) SMALLM_SHAPES=4096x12288,12288x4096,4096x6144,4096x4096,4096x1024 SMALLM_PRECOMPILE_S=50 \
                    SMALLM_TESTS='[[-](split3|split4|k256_split2|k256_split3|k256_split6|w8_split2|w8_split4)-(nvfp4|mxfp4)' \
                    bash benchmarks/smallm_h200.sh "$d" > "$d/run.log" 2>&1 ;;
+        m16) SMALLM_SHAPES=4096x12288,12288x4096 SMALLM_MS=1,8,12,16 SMALLM_ROUNDS=3 SMALLM_GEMLITE=0 \
+             SMALLM_VARIANTS=q_split2,q_split3,q_split6,q_split8,qn_split8,p5_split3,p5_split8,split2,split3,split4,split8,k256_split2,k256_split3,k256_split4,k256_split6,k256_split8,w8_split2,w8_split4,w8_split8 \
+             SMALLM_TEST_FILES="tests/kernels/test_fp4_gemm_gluon_m16.py tests/kernels/test_fp4_gemm_gluon_small_grid.py" \
+             SMALLM_TESTS='test_fp4_gemm_gluon_m16.py|[[-](q_split2|q_split3|q_split6|q_split8|qn_split8|p5_split3|p5_split8)-nvfp4' \
+             SMALLM_PRECOMPILE_S=50 bash benchmarks/smallm_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         attnfault) bash benchmarks/attention_fault_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         gluontests) pytest_check "$d" 115 -m gpu tests/kernels/test_paged_attention_gluon.py tests/kv/test_gluon_path.py \
                         "tests/engine/test_native_gpu.py::test_gluon_attention_equals_kernels_in_graphs" \

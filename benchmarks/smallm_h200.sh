@@ -18,16 +18,19 @@
 #    in fp4_gemm_gluon_config.SMALL_GRID, or keep; its Python), `vs_gemlite` (W4A16, shipped and best), failed
 #    checks, per point us / best / ratios / splits / bits vs shipped.
 # Env (the `smallwide` check: SMALLM_SHAPES=4096x12288,12288x4096,4096x6144,4096x4096,4096x1024 with
-# SMALLM_TESTS naming the larger-weight candidates): SMALLM_SHAPES, K x N shapes measured in that order (default
-# 4096x1024; the precompile covers all of them, the sweep stops starting points at its budget: later shapes are
-# "skipped"); SMALLM_TESTS, an extended regex the GPU test ids must match (default: every test);
+# SMALLM_TESTS naming the larger-weight candidates; `m16` also SMALLM_MS / SMALLM_ROUNDS / SMALLM_VARIANTS /
+# SMALLM_GEMLITE, read by smallm_sweep.py, and SMALLM_TEST_FILES): SMALLM_SHAPES, K x N shapes measured in that order
+# (default 4096x1024; the precompile covers all of them, the sweep stops starting points at its budget: later shapes
+# are "skipped"); SMALLM_TESTS, an extended regex the GPU test ids must match (default: every test);
+# SMALLM_TEST_FILES, the GPU test files (default tests/kernels/test_fp4_gemm_gluon_small_grid.py);
 # SMALLM_PRECOMPILE_S, the precompile's limit (default 44 s; its hung jobs compile in the sweep, before timing).
 . "$(dirname "$0")/h200_check.sh"
 export GEMLITE_SRC=${GEMLITE_SRC:-$PWD/.gpu/gemlite_src}
 [ -d "$GEMLITE_SRC" ] || echo "gemlite source not at $GEMLITE_SRC: its rows say why; the rest runs" > "$OUT/gemlite.txt"
-TESTS=tests/kernels/test_fp4_gemm_gluon_small_grid.py
+TESTS=${SMALLM_TEST_FILES:-tests/kernels/test_fp4_gemm_gluon_small_grid.py}
 SHAPES=${SMALLM_SHAPES:-4096x1024}
-echo "shapes $SHAPES; tests matching ${SMALLM_TESTS:-.}" > "$OUT/config.txt"
+echo "shapes $SHAPES; Ms ${SMALLM_MS:-1,4,16}; rounds ${SMALLM_ROUNDS:-2}; variants ${SMALLM_VARIANTS:-all}; \
+gemlite ${SMALLM_GEMLITE:-1}; tests $TESTS matching ${SMALLM_TESTS:-.}" > "$OUT/config.txt"
 : > "$OUT/test_ids.txt"
 $PY -m pytest --collect-only -q -p no:cacheprovider $TESTS -m gpu 2>/dev/null | grep "::" \
     | grep -E -- "${SMALLM_TESTS:-.}" > "$OUT/test_ids.txt"
@@ -83,8 +86,13 @@ try:
 except Exception as e:   # noqa: BLE001
     s["bench_error"] = repr(e)
     s["bench_log_tail"] = tail(out, "smallm.log", 15)
-first = ("config", "precompile_rc", "bench_rc", "pytest_rc", "pytest", "pytest_failed", "bench_error", "rule_proposal",
-         "issue_table", "checks_failed", "errors", "skipped")        # what the session log's first 3000 chars show
+s["look_at"] = ("pass: pytest_rc 0, pytest.failures 0, checks_failed []; rule_proposal.SMALL_GRID: the Python to paste "
+                "into fp4_gemm_gluon_config.SMALL_GRID (rule_proposal.changes: what it changes, each winner <= 0.98 of "
+                "the shipped time in every round); issue_table: cuBLAS BF16 / FP4 per shape, M and act, shipped / best "
+                "(target 2.2; shipped_below_target); bits_vs_shipped: same = the shipped K partition")
+# what the session log's first 3000 chars show
+first = ("config", "look_at", "precompile_rc", "bench_rc", "pytest_rc", "pytest", "pytest_failed", "bench_error",
+         "rule_proposal", "issue_table", "bits_vs_shipped", "checks_failed", "errors", "skipped")
 s = {**{k: s[k] for k in first if k in s}, **{k: v for k, v in s.items() if k not in first}}
 write(out, s, 9000)
 PY

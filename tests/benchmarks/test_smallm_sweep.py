@@ -46,7 +46,10 @@ def test_dry_plan_splits():
         assert (nv["k256_split16"]["programs"], nv["w8_split8"]["programs"]) == (256, 64)
         assert nv["k256_split4"]["columns_per_program"] == 1024
         # split4 at 512-column steps is SMALL_M's launch here: not timed twice
-        assert nv["excluded"] == mx["excluded"] == {"split4": "same launch as shipped"}
+        assert mx["excluded"] == {"split4": "same launch as shipped"}
+        # qn_split8 (8-token tiles) is q_split8's launch where M fits one 8-token tile
+        assert nv["excluded"] == {"split4": "same launch as shipped",
+                                  **({"qn_split8": "same launch as q_split8"} if M <= 8 else {})}
         assert set(mx) == {"shipped", "split8", "split2", "split3", "w8_split8", "w8_split2", "w8_split4", "excluded"}
         big = plan["4096x12288"]["nvfp4"][M]
         assert (big["shipped"]["split"], big["shipped"]["programs"]) == (2, 384)
@@ -100,6 +103,11 @@ def _run_sweep(monkeypatch, out):
     from trace_rl.kernels.hopper_fp4 import to_hopper
 
     monkeypatch.setattr(sw, "DEV", "cpu")
+    # the candidates before the M = 16 ones (SMALLM_VARIANTS' filter; the bookkeeping is the same for every
+    # candidate, and each one costs this CPU run ~10 s)
+    from trace_rl.kernels.fp4_gemm_gluon_config import M16_CANDIDATES, SMALL_GRID_CANDIDATES
+
+    monkeypatch.setattr(sw, "VARIANTS", [n for n in SMALL_GRID_CANDIDATES if n not in M16_CANDIDATES])
 
     def weights(fmt, K, N, n, seed=0):
         g = torch.Generator().manual_seed(seed)
@@ -149,7 +157,7 @@ def test_sweep_bookkeeping_and_rule(monkeypatch, tmp_path):
     prop = s["rule_proposal"]
     for fmt in sw.FMTS:
         for shape in ("4096x200", "2048x128"):
-            for bucket in ss.BUCKET_MS:
+            for bucket in ss.M_BUCKETS:
                 e = prop[fmt][shape][bucket]
                 assert e["choice"] == "split8" and e["time_vs_shipped"] == round(5.0 / 5.6, 3), e
                 assert e["same_bits_as_shipped"] is False
@@ -236,12 +244,72 @@ def test_rule_proposal_per_shape_keeps_the_control(monkeypatch):
     assert "nvfp4 4096x12288 M=16 w4a16: shipped 2.178, best 2.378 (w8_split4)" in t["shipped_below_target"]
 
 
+def _sweep_env(env: dict, code: str) -> subprocess.CompletedProcess:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("SMALLM_")}
+    full.update(env, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "benchmarks")]))
+    return subprocess.run([sys.executable, "-c", f"import smallm_sweep as sw; {code}"], env=full, cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_sweep_env_restricts_it():
+    """SMALLM_MS / SMALLM_ROUNDS / SMALLM_VARIANTS / SMALLM_GEMLITE (the `m16` check's restriction), read at import;
+    bad values stop it with what to pass."""
+    p = _sweep_env({"SMALLM_MS": "1, 8,12,16", "SMALLM_ROUNDS": "3", "SMALLM_VARIANTS": "q_split3,split8",
+                    "SMALLM_GEMLITE": "0"},
+                   "sw.check_variants(); print(sw.MS, sw.ROUNDS, sw.GEMLITE, list(sw.all_variants('nvfp4')), "
+                   "list(sw.all_variants('mxfp4')))")
+    assert p.stdout.split() == ["[1,", "8,", "12,", "16]", "3", "False", "['shipped',", "'split8',", "'q_split3']",
+                                "['shipped',", "'split8']"], p.stderr
+    p = _sweep_env({}, "print(sw.MS, sw.ROUNDS, sw.VARIANTS, sw.GEMLITE)")
+    assert p.stdout.strip() == "[1, 4, 16] 2 None True", p.stderr
+    for env, msg in (({"SMALLM_MS": "1,17"}, "SMALLM_MS takes comma-separated integers in 1..16"),
+                     ({"SMALLM_ROUNDS": "x"}, "SMALLM_ROUNDS takes"),
+                     ({"SMALLM_VARIANTS": "q_split3,qsplit8"}, "SMALLM_VARIANTS names no candidate ['qsplit8']")):
+        p = _sweep_env(env, "sw.check_variants()")
+        assert p.returncode != 0 and msg in p.stderr, (env, p.stderr[-500:])
+
+
+def test_summary_buckets_m12_with_m16_and_bits():
+    """M = 12 and 16 both make SMALL_GRID's bucket 16 (M_BUCKETS), M = 1 and 8 bucket 8: a candidate must win at
+    every M of its bucket; bits_vs_shipped per shape and variant over every point."""
+    rows = []
+    for act in sw.ACTS:
+        rows += [_row("nvfp4", 12288, 4096, 16, {"shipped": [10.0, 10.0], "q_split6": [9.0, 9.1],
+                                                 "q_split8": [9.0, 9.0], "cublas_bf16": [22.0, 22.0]}, act),
+                 _row("nvfp4", 12288, 4096, 12, {"shipped": [10.0, 10.0], "q_split6": [9.5, 9.6],
+                                                 "q_split8": [9.9, 9.9], "cublas_bf16": [21.0, 21.0]}, act,
+                      q_split6={"bit_identical_vs_shipped": True}),
+                 _row("nvfp4", 12288, 4096, 8, {"shipped": [10.0, 10.0], "q_split6": [9.5, 9.6],
+                                                "q_split8": [9.0, 9.0], "cublas_bf16": [22.0, 22.0]}, act),
+                 _row("nvfp4", 12288, 4096, 1, {"shipped": [10.0, 10.0], "q_split6": [9.9, 9.9],
+                                                "q_split8": [9.0, 9.0], "cublas_bf16": [22.0, 22.0]}, act)]
+    prop = ss.rule_proposal(rows, {"nvfp4": {}, "mxfp4": {}})
+    e = prop["nvfp4"]["12288x4096"]
+    assert e[16]["points"] == 4 and e[16]["choice"] == "q_split6" and e[16]["same_bits_as_shipped"] is False
+    assert e[8]["points"] == 4 and e[8]["choice"] == "q_split8"              # q_split6 loses at M = 1
+    assert prop["SMALL_GRID"] == ('{"nvfp4": {(4096, 4096, 12288): {8: SMALL_GRID_CANDIDATES["q_split8"][0], '
+                                  '16: SMALL_GRID_CANDIDATES["q_split6"][0]}}, "mxfp4": {}}')
+    assert ss.bits_vs_shipped(rows) == {"nvfp4 12288x4096": {"q_split6": "mixed", "q_split8": "differs"}}
+    t = ss.issue_table(rows)["table"]["nvfp4 12288x4096"]
+    assert t["M=12 w4a16"] == f"{round(21.0 / 10.0, 3)} / {round(21.0 / 9.55, 3)} (q_split6)"
+
+
 def test_registered_as_named_check():
     checks = open(os.path.join(ROOT, "benchmarks", "h200_session_checks.sh")).read()
     assert "smallm) bash benchmarks/smallm_h200.sh" in checks
     wide = checks[checks.index("        smallwide)"):]
     assert "SMALLM_SHAPES=4096x12288,12288x4096,4096x6144,4096x4096,4096x1024" in wide.split(";;")[0]
     assert sw.WIDE_SHAPES in wide.split(";;")[0]
+    m16 = checks[checks.index("        m16)"):].split(";;")[0]
+    assert "#   m16 " in checks and "benchmarks/smallm_h200.sh" in m16
+    for env in ("SMALLM_SHAPES=4096x12288,12288x4096 ", "SMALLM_MS=1,8,12,16 ", "SMALLM_GEMLITE=0 "):
+        assert env in m16
+    from trace_rl.kernels.fp4_gemm_gluon_config import M16_CANDIDATES, SMALL_GRID_CANDIDATES
+
+    named = m16.split("SMALLM_VARIANTS=")[1].split()[0].split(",")
+    assert set(M16_CANDIDATES) <= set(named) <= set(SMALL_GRID_CANDIDATES)
+    tests = m16.split("SMALLM_TESTS='")[1].split("'")[0]
+    assert all(n in tests for n in M16_CANDIDATES) and "test_fp4_gemm_gluon_m16.py" in m16
 
 
 @pytest.mark.slow

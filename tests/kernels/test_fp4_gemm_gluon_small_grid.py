@@ -56,23 +56,35 @@ def test_candidates_are_valid_fin_configs(name, fmt):
         "an even K partition at Qwen3-8B's K = 4096 or 12288"
 
 
+# The committed SMALL_GRID as measured, per (format, K, N) weight: {M bucket (8: M 1..8, 16: M 9..16): candidate}; a
+# missing bucket keeps SMALL_M. After a check's run (`smallm`, `smallwide`, `m16`) pastes rule_proposal.SMALL_GRID,
+# put each line of its rule_proposal.changes here ("nvfp4 4096x12288 M bucket 16: q_split3 ..." ->
+# ("nvfp4", 4096, 12288): {..., 16: "q_split3"}) and take a newly classed shape out of SMALL_M_SHAPES.
+MEASURED_RULE = {
+    # `smallm` (smallm_h200_1202f_summary.json): weights of up to 1024 rows at K = 4096
+    ("nvfp4", 4096, 1024): {8: "k256_split16", 16: "k256_split16"},
+    ("nvfp4", 4096, 512): {8: "k256_split16", 16: "k256_split16"},
+    ("mxfp4", 4096, 1024): {8: "split8"},
+    ("mxfp4", 4096, 512): {8: "split8"},
+    # `smallwide` (smallwide_h200_1202f_summary.json): exactly 12288 / 6144 / 4096 rows at K = 4096
+    ("nvfp4", 4096, 12288): {8: "k256_split2"},
+    ("nvfp4", 4096, 6144): {8: "k256_split2", 16: "k256_split2"},
+    ("nvfp4", 4096, 4096): {8: "k256_split3", 16: "k256_split3"},
+    ("mxfp4", 4096, 12288): {},
+    ("mxfp4", 4096, 6144): {8: "split2", 16: "split2"},
+    ("mxfp4", 4096, 4096): {8: "split3"},
+}
+SMALL_M_SHAPES = ((12288, 4096), (4096, 2048), (8192, 1024), (4096, 8192), (4096, 12800))   # (K, N): no class
+
+
 def test_committed_rule_is_the_measured_small_weight_selection():
-    """The selections of the `smallm` run (4096x1024: benchmarks/results/smallm_h200_1202f_summary.json, weights of up
-    to 1024 rows at K = 4096) and the `smallwide` run (smallwide_h200_1202f_summary.json: exactly 12288 / 6144 / 4096
-    rows at K = 4096); every other weight keeps SMALL_M."""
+    """SMALL_GRID selects MEASURED_RULE's candidate per weight and M bucket; every other weight keeps SMALL_M."""
     cand = {n: c for n, (c, _) in SMALL_GRID_CANDIDATES.items()}
     for M in range(1, 17):
-        small = M <= 8
-        for n in (1024, 512):
-            assert config_for(M, "nvfp4", 4096, n) == cand["k256_split16"]
-            assert config_for(M, "mxfp4", 4096, n) == (cand["split8"] if small else SMALL_M)
-        assert config_for(M, "nvfp4", 4096, 12288) == (cand["k256_split2"] if small else SMALL_M)
-        assert config_for(M, "nvfp4", 4096, 6144) == cand["k256_split2"]
-        assert config_for(M, "nvfp4", 4096, 4096) == cand["k256_split3"]
-        assert config_for(M, "mxfp4", 4096, 12288) == SMALL_M
-        assert config_for(M, "mxfp4", 4096, 6144) == cand["split2"]
-        assert config_for(M, "mxfp4", 4096, 4096) == (cand["split3"] if small else SMALL_M)
-        for k, n in ((12288, 4096), (4096, 2048), (8192, 1024), (4096, 8192), (4096, 12800)):
+        for (fmt, k, n), tiles in MEASURED_RULE.items():
+            name = tiles.get(gc.m_bucket(M))
+            assert config_for(M, fmt, k, n) == (cand[name] if name else SMALL_M), (fmt, k, n, M, name)
+        for k, n in SMALL_M_SHAPES:
             assert config_for(M, "nvfp4", k, n) == config_for(M, "mxfp4", k, n) == SMALL_M, (k, n)
         assert config_for(M, "nvfp4", 4096) == SMALL_M                          # rows unknown
 
