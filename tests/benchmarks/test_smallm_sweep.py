@@ -325,3 +325,5 @@ def test_sh_summary(monkeypatch, tmp_path):
     assert s["bench_rc"] != 0 and "bench_error" not in s, s.get("bench_error")    # no GPU: the test's JSON stays
     assert s["rule_proposal"]["nvfp4"]["4096x200"]["8"]["choice"] == "split8" and len(s["rows"]) == 24  # str keys
     assert s["gemlite_note"] and s["pytest"]["failures"] == 0
+    assert s["look_at"].startswith("pass:") and list(s)[:2] == ["config", "look_at"]
+    assert s["bits_vs_shipped"]["nvfp4 4096x200"]["split8"] == "differs"

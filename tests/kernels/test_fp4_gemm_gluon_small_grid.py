@@ -59,7 +59,8 @@ def test_candidates_are_valid_fin_configs(name, fmt):
 # The committed SMALL_GRID as measured, per (format, K, N) weight: {M bucket (8: M 1..8, 16: M 9..16): candidate}; a
 # missing bucket keeps SMALL_M. After a check's run (`smallm`, `smallwide`, `m16`) pastes rule_proposal.SMALL_GRID,
 # put each line of its rule_proposal.changes here ("nvfp4 4096x12288 M bucket 16: q_split3 ..." ->
-# ("nvfp4", 4096, 12288): {..., 16: "q_split3"}) and take a newly classed shape out of SMALL_M_SHAPES.
+# ("nvfp4", 4096, 12288): {..., 16: "q_split3"}); a shape of SMALL_M_SHAPES that got a class moves here, with an
+# empty entry for the other format (e.g. ("nvfp4", 12288, 4096): {16: "q_split6"}, ("mxfp4", 12288, 4096): {}).
 MEASURED_RULE = {
     # `smallm` (smallm_h200_1202f_summary.json): weights of up to 1024 rows at K = 4096
     ("nvfp4", 4096, 1024): {8: "k256_split16", 16: "k256_split16"},
