@@ -74,15 +74,16 @@ def test_backend_records_the_gemm_it_takes(monkeypatch, gen):
 
 # -- mid M (16 < M <= MID_M_LIMIT): GLUON_MID_M's measured weights only --------------------------------------------
 
-# What gemm_dispatch.GLUON_MID_M ships: empty until check `midm` measures the Gluon path winning (after that run its
-# summary.json rule_proposal.GLUON_MID_M is pasted both into gemm_dispatch.py and here).
-SHIPPED_MID_M = {"nvfp4": {}, "mxfp4": {}}
+# What gemm_dispatch.GLUON_MID_M ships: check `midm`'s rule_proposal.GLUON_MID_M (H200 2026-12-03,
+# benchmarks/results/midm_h200_1203a_summary.json), pasted both into gemm_dispatch.py and here.
+SHIPPED_MID_M = {
+    "nvfp4": {(12288, 4096): 128, (4096, 12288): 64, (6144, 4096): 128, (24576, 4096): 128},
+    "mxfp4": {(12288, 4096): 128, (4096, 12288): 128, (6144, 4096): 128, (4096, 4096): 128, (1024, 4096): 96}}
 
 
-def test_mid_m_table_is_empty_by_default_so_mid_m_takes_triton():
-    """Until the H200 measures a win (check `midm`, summary.json rule_proposal.GLUON_MID_M) no weight is listed: every
-    16 < M linear takes the Triton fp4_matmul, as before the mid-M rule. Data-driven on SHIPPED_MID_M: with entries,
-    a listed weight takes Gluon up to its M and Triton past it, every other weight Triton."""
+def test_mid_m_table_is_the_measured_one():
+    """The shipped table is what the H200 measured (check `midm`): a listed weight takes Gluon up to its M and Triton
+    past it, every other weight (and every M past MID_M_LIMIT) the Triton fp4_matmul."""
     assert gd.GLUON_MID_M == SHIPPED_MID_M
     assert gd.MID_M_LIMIT == 128
     assert all(16 < m <= gd.MID_M_LIMIT for t in SHIPPED_MID_M.values() for m in t.values())

@@ -29,8 +29,12 @@ GLUON_SMALL_M = True      # module switch: False sends every linear to the Trito
 GLUON_MAX_M = 16          # SMALL_M's token tiles (8 / 16): wider M takes the Triton kernel (or cuBLAS past it)
 MID_M_LIMIT = 128         # the mid-M rule's range ends where fp4_dequant.DEQUANT_CUBLAS_MIN_M's cuBLAS path starts
 # {format: {(padded N, padded K): the largest M (GLUON_MAX_M < M <= MID_M_LIMIT) the Gluon GEMM takes}}: measured
-# only (check `midm`); empty: every mid-M linear takes the Triton fp4_matmul.
-GLUON_MID_M: dict[str, dict[tuple[int, int], int]] = {"nvfp4": {}, "mxfp4": {}}
+# only (check `midm`, H200 2026-12-03, benchmarks/results/midm_h200_1203a*.json: per weight, from M = 17 up, the
+# largest M at which the Gluon GEMM beat the Triton fp4_matmul in every round at W4A16 AND W4A4; 1.04-1.5x there).
+# Unlisted (nvfp4 4096x4096 / 4096x1024, mxfp4 4096x24576: Gluon lost at M = 17) take the Triton fp4_matmul.
+GLUON_MID_M: dict[str, dict[tuple[int, int], int]] = {
+    "nvfp4": {(12288, 4096): 128, (4096, 12288): 64, (6144, 4096): 128, (24576, 4096): 128},
+    "mxfp4": {(12288, 4096): 128, (4096, 12288): 128, (6144, 4096): 128, (4096, 4096): 128, (1024, 4096): 96}}
 
 
 def mid_m_max(fmt: str, n_padded: int | None, k_padded: int) -> int:
