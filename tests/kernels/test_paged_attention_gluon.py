@@ -78,15 +78,28 @@ def _mx_k_pairs(hw, mx):
 def _mx_v_pairs(sw, mx):
     """_vt_decode's mxfp4 pairs (int32 arithmetic shift as on the GPU): [b0 b1 b2 b3] -> (f(b0), f(b2)),
     (f(b1), f(b3)); mx 2: _MX_PAIRS (and, min.u16x2 by 192, mad by 128 + (63 << 7) per half); mx 3: _MX_CHK_PAIRS
-    (min.u16x2 by 135, mad by 128 + (120 << 7))."""
+    step by step (prmt to 16-bit halves, add 0x8000 - LO per half, min.s16x2 by 0x8000 + 135 - LO, mad by 128 plus
+    the constant that takes the low half's spill out, mod 2**32)."""
     sw = sw.to(torch.int32)
-    if mx in (2, 3):
-        top, add = (192, 0x1F801F80) if mx == 2 else (135, 0x3C003C00)
+    if mx == 3:
+        from trace_rl.kernels.paged_attention_gluon_tiles import MX_CHK_LO_BYTE as lo_byte
+
+        sw = sw.to(torch.int64) & 0xFFFFFFFF
+        top = 0x8000 + 135 - lo_byte - 0x10000                               # as a signed 16-bit value
+        add = ((lo_byte + 120 - 0x8000) * 128 * 0x00010001) % 2 ** 32
+        out = []
+        for a in (sw & 0x00FF00FF, (sw >> 8) & 0x00FF00FF):
+            a = a + (0x8000 - lo_byte) * 0x00010001                          # no carry: each half < 0x10000
+            h = [((a >> s) & 0xFFFF) for s in (0, 16)]
+            h = [torch.where(x >= 0x8000, x - 0x10000, x).clamp(max=top) & 0xFFFF for x in h]   # min.s16x2
+            out.append(((h[0] | (h[1] << 16)) * 128 + add) & 0xFFFFFFFF)
+        return out
+    if mx == 2:
         sw = sw.to(torch.int64) & 0xFFFFFFFF
         out = []
         for a in (sw & 0x00FF00FF, (sw >> 8) & 0x00FF00FF):
-            lo, hi = (a & 0xFFFF).clamp(max=top), (a >> 16).clamp(max=top)
-            out.append(((lo | (hi << 16)) * 128 + add) & 0xFFFFFFFF)
+            lo, hi = (a & 0xFFFF).clamp(max=192), (a >> 16).clamp(max=192)
+            out.append(((lo | (hi << 16)) * 128 + 0x1F801F80) & 0xFFFFFFFF)
         return out
     return (sw << 7) & 0x7F807F80, (sw >> 1) & 0x7F807F80
 

@@ -1,6 +1,7 @@
 """mxfp4's checked fold in the Gluon FP4-KV decode attention (GluonAttentionConfig.mx_checked, LEAN_CHECKED; the
 constexpr MX = 3 of paged_attention_gluon_tiles, whose MX_CHK comment states the contract): on CPU, the scale pairs
-for every stored byte (exact 2**(stored - 133) in the window 1..134, +Inf V pairs and a flagged K byte outside it),
+for every stored byte (exact 2**(stored - 133) in the window MX_CHK_LO..134, +Inf V pairs and a flagged K byte
+outside it),
 the decoded values against the exact kernel's bit for bit, the writer never storing byte 0, and the config / default
 switch; on an sm_90 GPU with Triton 3.6, the checked launch + its exact REDO bit-identical to the exact kernel over
 ragged caches with in-window extremes, out-of-window and NaN scale bytes in K and V."""
@@ -26,72 +27,93 @@ def _helpers():
     return _bf16, _decode_attention_tests, _mx_k_pairs, _mx_v_pairs, _values
 
 
+def _k_flagged(b):
+    """_k_decode / _consume_tiles' K window check on stored bytes b: stored - MX_CHK_LO as uint32 (a byte below the
+    window wraps to ~2**32), flagged (the item's l NaN: REDO) when >= MX_CHK_TOP - MX_CHK_LO."""
+    from trace_rl.kernels.paged_attention_gluon_tiles import MX_CHK_LO, MX_CHK_TOP
+
+    return ((b.to(torch.int64) - MX_CHK_LO.value) % 2 ** 32) >= MX_CHK_TOP.value - MX_CHK_LO.value
+
+
 def test_checked_pairs_are_exact_in_the_window_and_loud_outside():
     """Every stored byte s (E8M0 code + 1; the exact kernel's scale is 2**(s - 128)): the K and V pairs are 2**(s - 7)
-    for s in 1..134 (times a code's bf16 bits, code x 2**-126: code x scale x 2**-MX_CHK); outside, V's pair is +Inf
-    (its values +-Inf or NaN: every output column of those head dims non-finite) and K's byte is >= MX_CHK_TOP,
-    which the kernel's per-thread max turns into a NaN row sum (the whole item NaN: REDO)."""
+    for s in MX_CHK_LO..134 (times a code's bf16 bits, code x 2**-126: code x scale x 2**-MX_CHK); outside (below
+    MX_CHK_LO, byte 0 included, or >= 135), V's pair is +Inf (its values +-Inf or NaN: every output column of those
+    head dims non-finite) and K's byte is flagged by the kernel's unsigned per-thread max of stored - MX_CHK_LO, which
+    turns into a NaN row sum (the whole item NaN: REDO)."""
     _bf16, _, _mx_k_pairs, _mx_v_pairs, _ = _helpers()
-    from trace_rl.kernels.paged_attention_gluon_tiles import MX_CHK, MX_CHK_TOP
+    from trace_rl.kernels.paged_attention_gluon_tiles import MX_CHK, MX_CHK_LO, MX_CHK_LO_BYTE, MX_CHK_TOP
 
+    assert MX_CHK_LO.value == MX_CHK_LO_BYTE == 64 and MX_CHK_TOP.value == 135
     s = torch.arange(256, dtype=torch.int32)
     words = s | (s.flip(0) << 8) | (s << 16) | (s.flip(0) << 24)
     v02, v13 = _mx_v_pairs(words, 3)
     k02, k13 = _mx_k_pairs((s | (s.flip(0) << 8)).to(torch.int16), 3)
-    window = (s >= 1) & (s <= 134)
+    window = (s >= MX_CHK_LO.value) & (s <= 134)
     want = torch.exp2((s - 128 - MX_CHK + 126).double()).float()
-    for pair, b in ((v02, s), (v13, s.flip(0)), (k02, s), (k13, s.flip(0))):
+    for pair, b, v in ((v02, s, True), (v13, s.flip(0), True), (k02, s, False), (k13, s.flip(0), False)):
         pair = pair.to(torch.int64) & 0xFFFFFFFF
         lo, hi = _bf16(pair & 0xFFFF), _bf16(pair >> 16)
         assert torch.equal(lo, hi)
         inside = window[b.long()]
         assert torch.equal(lo[inside], want[b.long()][inside])
-    assert (_bf16(v02.to(torch.int64) & 0xFFFF)[135:] == torch.inf).all()
-    assert (_bf16((v13.to(torch.int64) >> 16) & 0xFFFF)[:121] == torch.inf).all()        # bytes 255 - i >= 135
-    assert MX_CHK_TOP.value == 135 and all(int(b) >= MX_CHK_TOP.value for b in s[~window][1:])
+        if v:                                                               # V: +Inf outside, on both ends
+            assert (lo[~inside] == torch.inf).all()
+    assert torch.equal(_k_flagged(s), ~window)                              # K: flagged exactly outside
 
 
 def test_checked_decode_is_the_exact_decode_times_2_to_the_minus_5():
     """Each E2M1 code x each in-window byte: the checked value (one product of the code's bf16 bits and the pair) is
     the exact kernel's (bits x 2**125 x 2**(s - 127)) x 2**-5, and both are exact in bf16 (down to bf16's smallest
-    subnormal, 2**-133, at s = 1): so the MMAs see the exact operands scaled by a power of two."""
+    subnormal, 2**-133, at s = 1): so the MMAs see the exact operands scaled by a power of two. Inside the window the
+    checked values are normal bf16 numbers >= 2**(MX_CHK_LO - 134) = 2**-70 (or zero)."""
     _, _, _mx_k_pairs, _mx_v_pairs, _values = _helpers()
-    from trace_rl.kernels.paged_attention_gluon_tiles import MX_CHK
+    from trace_rl.kernels.paged_attention_gluon_tiles import MX_CHK, MX_CHK_LO
 
     nib = torch.arange(16, dtype=torch.int32)
     # a word whose 8 slots hold codes i, i+1, ..; twiddled order does not matter here (all codes are covered)
     x = torch.stack([sum(((n + j) % 16) << (4 * j) for j in range(8)) for n in nib]).to(torch.int32)
-    for s in range(1, 135):
+    for s in range(MX_CHK_LO.value, 135):
         sw = torch.tensor([s | (s << 8) | (s << 16) | (s << 24)], dtype=torch.int64).to(torch.int32)
         chk = _values(x, _mx_v_pairs(sw, 3)[0].to(torch.int32), 3)
         exact = _values(x, _mx_v_pairs(sw, 1)[0], 1)
         for c, e in zip(chk, exact):
             assert torch.equal(c * 2.0 ** MX_CHK, e), s
             assert torch.equal(c.to(torch.bfloat16).float(), c) and torch.equal(e.to(torch.bfloat16).float(), e), s
+            assert ((c == 0) | (c.abs() >= 2.0 ** (MX_CHK_LO.value - 134))).all(), s
     got = sorted({abs(v) for t in _values(x, _mx_v_pairs(torch.tensor([0x80808080]).to(torch.int32), 1)[0], 1)
                   for v in t.tolist()})
     assert got == list(E2M1)                                # stored 128: scale 1, the codes themselves
 
 
-def test_writer_never_stores_scale_byte_zero(gen):
-    """Stored byte 0 is the one the checked path decodes differently without catching it (exact: zeros). The
-    writer's E8M0 table stores code 254 as 0, and no block gets code 254: from zero blocks to bf16's largest and
-    NaN / Inf, kv_write's stored bytes are 1..253 or 255."""
+def test_writer_stores_scale_bytes_1_to_253_or_255(gen):
+    """What the checked window sees from the writers: zero blocks store byte 1 (code 0: below MX_CHK_LO, so a live
+    zero block costs an exact REDO of its item, never a wrong result), finite blocks 1..253 (amax < 2**128 gives
+    codes <= 252), NaN / Inf blocks 255, and never byte 0 (code 254; the checked path would catch it too). kv_write
+    runs on CUDA tensors where a GPU is there (on a CPU-only machine conftest sets TRITON_INTERPRET=1 and it runs in
+    the interpreter); PagedKV.write_reference, the torch writer, must store the same bytes."""
     from trace_rl.formats import kv_layout as L
     from trace_rl.formats.paged_kv import PagedKV
     from trace_rl.kernels import kv_write
+    from trace_rl.kernels.paged_attention_gluon_tiles import MX_CHK_LO
 
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
     for role in "kv":
-        cache = PagedKV.allocate("mxfp4", 4, 64, 2, 128, role=role)
         x = torch.randn(256, 2, 128, generator=gen) * torch.exp2(torch.randint(-140, 128, (256, 2, 1),
                                                                                 generator=gen).float())
         x[:8] = 0.0
         x[8:16] = torch.finfo(torch.bfloat16).max
         x[16, 0, 3], x[17, 1, 40], x[18, 0, 100] = float("nan"), float("inf"), -float("inf")
-        kv_write(cache, torch.arange(256), x.to(torch.bfloat16))
-        stored = cache.scales.flatten().long()
+        x = x.to(torch.bfloat16)
+        ref = PagedKV.allocate("mxfp4", 4, 64, 2, 128, role=role)
+        ref.write_reference(torch.arange(256), x)
+        cache = PagedKV.allocate("mxfp4", 4, 64, 2, 128, role=role, device=dev)
+        kv_write(cache, torch.arange(256, device=dev), x.to(dev))
+        stored = cache.scales.cpu().flatten().long()
+        assert torch.equal(stored, ref.scales.flatten().long())
         assert stored.min() >= 1 and ((stored <= 253) | (stored == 255)).all()
         assert (stored == 255).any() and (stored > 134).any()                 # NaN and out-of-window blocks exist
+        assert (stored == 1).any() and (stored < MX_CHK_LO.value).any()        # zero / tiny blocks: below the window
     assert (L.encode_scales("mxfp4", torch.arange(253)) != 0).all()
 
 
@@ -118,21 +140,26 @@ def test_default_config_follows_lean_mx_checked(monkeypatch):
 
 
 def _corrupt(k, v, bt, lens, gen, mode):
-    """Scale bytes of written pages rewritten at random positions: 'window' in-window extremes (1..12, 128..134) over
-    ~2% of the bytes (stale slots too); 'loud': out-of-window bytes (135, 170..254) and NaN (255) in K of some
-    sequences and V of others, one byte in a full page each; returns the (sequence, kv head) items hit."""
+    """Scale bytes of written pages rewritten at random positions: 'window' in-window extremes (LO..LO+11, 123..134;
+    LO = MX_CHK_LO) over ~2% of the bytes (stale slots too); 'loud': out-of-window bytes above (135, 170..254), below
+    (0, 1, LO - 1) and NaN (255), in K of some sequences and V of others, one byte in a full page each; returns the
+    (sequence, kv head) items hit."""
+    from trace_rl.kernels.paged_attention_gluon_tiles import MX_CHK_LO
+
+    lo = MX_CHK_LO.value
     pages = [bt[b, : -(-n // 64)].tolist() for b, n in enumerate(lens)]
     if mode == "window":
         for cache in (k, v):
             flat = cache.scales.view(-1)
             idx = torch.randint(0, flat.numel(), (flat.numel() // 50, ), generator=gen)
-            vals = torch.cat([torch.randint(1, 13, (len(idx) // 2, ), generator=gen),
-                              torch.randint(128, 135, (len(idx) - len(idx) // 2, ), generator=gen)])
+            vals = torch.cat([torch.randint(lo, lo + 12, (len(idx) // 2, ), generator=gen),
+                              torch.randint(123, 135, (len(idx) - len(idx) // 2, ), generator=gen)])
             flat[idx.to(flat.device)] = vals.to(torch.uint8).to(flat.device)
         return []
     hits = []         # (sequence, kv head): the items that must come out of the REDO
     for b, cache, byte in ((1, k, 135), (4, k, 200), (5, k, 255), (2, v, 135), (6, v, 170), (10, v, 255),
-                           (9, k, 254), (9, v, 254)):
+                           (9, k, 254), (9, v, 254), (7, k, lo - 1), (8, v, lo - 1), (2, k, 0), (8, k, 1),
+                           (6, v, 1), (4, v, 0)):
         if not pages[b]:
             continue
         full = pages[b][: max(1, lens[b] // 64)]              # a full page: the byte's token is a live one

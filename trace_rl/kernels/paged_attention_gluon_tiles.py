@@ -63,33 +63,46 @@ _MX_PAIRS = gl.constexpr("""{
 # mxfp4 checked (MX = 3, GluonAttentionConfig.mx_checked): the scale folded with an offset of 2**MX_CHK, so one HMUL2
 # per pair gives code x scale x 2**-MX_CHK (2**MX_CHK goes into the float32 score factor and the output, as MX_FOLD
 # does). The pair is 2**(stored - 7) (bf16 exponent field stored + MX_CHK_ADD), a code's bits are code x 2**-126, so
-# their product is code x 2**(stored - 133) = code x scale x 2**-5: exact in bf16 for stored bytes 1..134 (scales
-# 2**-127 .. 2**6: the smallest value, 0.5 x 2**-127 x 2**-5 = 2**-133, is bf16's smallest subnormal; 134 + 120 = 254
-# the largest finite exponent), so inside that window every decoded element is the exact kernel's times 2**-5,
-# exactly, and so are the scores and the output before their float32 factors: bit-identical. Outside it the launch is
-# made to fail loudly instead of rounding: a V pair clamps to +Inf (stored >= 135: min(b, 135) + 120 = 255), so its
-# block's values are +-Inf / NaN and every output column of those head dims is non-finite (a token past the sequence
-# has its V^T zeroed first); a K pair is not clamped (a wrong finite value, or +Inf, whose products could all share
-# one sign and give a -Inf score: a token silently dropped), instead every thread keeps the largest K scale byte it
-# decoded (2 integer max per tile) and one reduction after the tile loop makes the row sums l NaN when any is >= 135:
-# the whole (sequence, kv head) output NaN. decode_attention_gluon then relaunches the exact kernel (MX = 1) over
-# exactly the items whose output is not finite (REDO), which also keeps a NaN block (stored 255) NaN as the exact
-# kernel makes it. Stored byte 0 is the one that differs without being caught (exact: zeros; here code x 2**-132):
-# kv_layout's E8M0 encoding stores code 254 (2**127) as 0, and no finite block gets code 254 (amax < 2**128 gives <=
-# 252; kv_write and formats/mxfp4.py quantize with that rule), so the KV writer never produces 0.
+# their product is code x 2**(stored - 133) = code x scale x 2**-5: the exact kernel's element times 2**-5, exactly,
+# for stored bytes MX_CHK_LO..134 (134 + 120 = 254, the largest finite exponent). The window's low end keeps every
+# folded element far from the subnormals: the smallest nonzero one is 0.5 x 2**(MX_CHK_LO - 133) = 2**-70, so a
+# product with a q element or a probability of magnitude >= 2**-51 is a normal float32 in both kernels (>= 2**-121,
+# 2**5 above the float32 subnormals after the fold's 2**-5), and the scores and the output before their float32
+# factors are the exact kernel's times 2**-5: bit-identical (the residual condition, q and P elements below 2**-51,
+# is in docs/kernels.md). In-window bytes 1..63 (scales 2**-127 .. 2**-65, which the writer gives only to blocks of
+# amax < 2**-62, zero blocks included: stored 1) are out of the window here. Outside it the launch is made to fail
+# loudly instead of rounding: a V pair clamps to +Inf (stored - MX_CHK_LO wraps below the window, so one signed 16-bit
+# min clamps both ends: _MX_CHK_PAIRS), so its block's values are +-Inf / NaN and every output column of those head
+# dims is non-finite (a token past the sequence has its V^T zeroed first); a K pair is not clamped (a wrong finite
+# value, or +Inf, whose products could all share one sign and give a -Inf score: a token silently dropped), instead
+# every thread keeps the largest stored - MX_CHK_LO (unsigned: a byte below the window wraps to ~2**32) of the K
+# blocks it decoded (2 integer max per tile; tokens past the sequence count as in-window) and one reduction after the
+# tile loop makes the row sums l NaN when any is >= 135 - MX_CHK_LO: the whole (sequence, kv head) output NaN.
+# decode_attention_gluon then relaunches the exact kernel (MX = 1) over exactly the items whose output is not finite
+# (REDO), which also keeps a NaN block (stored 255) NaN as the exact kernel makes it. Stored byte 0 (code 254, which
+# no writer produces) is below the window, so it is caught too.
 MX_CHK = 5
+MX_CHK_LO_BYTE = 64           # the window's low end (stored byte; python int for the host-side tests)
 MX_CHK_ADD, MX_CHK_TOP, MX_CHK_OUT = gl.constexpr(120), gl.constexpr(135), gl.constexpr(2.0 ** MX_CHK)
-_MX_CHK_PAIRS = gl.constexpr("""{
-    .reg .b32 a, b, c;
-    mov.b32 c, 0x00870087;
-    and.b32 a, $2, 0x00FF00FF;
-    min.u16x2 a, a, c;
-    mad.lo.u32 $0, a, 128, 0x3C003C00;
-    shr.b32 b, $2, 8;
-    and.b32 b, b, 0x00FF00FF;
-    min.u16x2 b, b, c;
-    mad.lo.u32 $1, b, 128, 0x3C003C00;
-}""")                                                # (min(b, 135) + 120) << 7 per 16-bit half: 0x3C00 = 120 << 7
+MX_CHK_LO = gl.constexpr(MX_CHK_LO_BYTE)
+# per 16-bit half of a (bytes 0, 2 of the word; then 1, 3): x = b + 0x8000 - LO (no carry between halves) is, as a
+# signed 16-bit value, -0x8000 + (b - LO) inside and above the window and positive below it, so min.s16x2 with
+# 0x8000 + 135 - LO clamps both ends to 135 - LO; then (x - 0x8000 + LO + 120) << 7 per half is one mad: the low
+# half's 0x8000 << 7 spills into the high half (0x00400000, taken out of the constant), the high half's out of the
+# word (mod 2**32), and the packed result is exact because each half's exponent field (<= 255) fits
+_MX_CHK_PAIRS = gl.constexpr(f"""{{
+    .reg .b32 a, b, c, d;
+    mov.b32 c, {(0x8000 + 135 - MX_CHK_LO_BYTE) * 0x00010001:#010x};
+    mov.b32 d, 0;
+    prmt.b32 a, $2, d, 0x4240;
+    add.u32 a, a, {(0x8000 - MX_CHK_LO_BYTE) * 0x00010001:#010x};
+    min.s16x2 a, a, c;
+    mad.lo.u32 $0, a, 128, {(((MX_CHK_LO_BYTE + 120 - 0x8000) * 128 * 0x00010001) % 2**32):#010x};
+    prmt.b32 b, $2, d, 0x4341;
+    add.u32 b, b, {(0x8000 - MX_CHK_LO_BYTE) * 0x00010001:#010x};
+    min.s16x2 b, b, c;
+    mad.lo.u32 $1, b, 128, {(((MX_CHK_LO_BYTE + 120 - 0x8000) * 128 * 0x00010001) % 2**32):#010x};
+}}""")                # (clamp(b) + 120) << 7 per 16-bit half; +Inf (255 << 7) for b < LO or b >= 135
 
 
 @gluon.jit
@@ -155,12 +168,14 @@ def _ks_layout(nw):
 
 
 @gluon.jit
-def _k_decode(kw_s, ksw_s, A_LAYOUT: gl.constexpr, T: gl.constexpr, D: gl.constexpr, NW: gl.constexpr,
-              MX: gl.constexpr):
+def _k_decode(kw_s, ksw_s, live, A_LAYOUT: gl.constexpr, T: gl.constexpr, D: gl.constexpr, NW: gl.constexpr,
+              MX: gl.constexpr, MASKED: gl.constexpr):
     """K [T, D] in MMA column order from the slot's words [T/16, hr, g, tq, jw] (row 16 n16 + 8 hr + g, word
     tq D/32 + jw: a thread's four words are one LDS.128) and scales [T/16, g, tq]: nvfp4 words, the bytes
     (block 2tq, hr), (2tq+1, hr) of rows g, g + 8 (kv_layout's [rg, g, block, hr] with 8 blocks); mxfp4 16-bit
-    halves, the bytes (block tq, hr) (4 blocks: a thread's row is one block, so both halves of its pair are it)."""
+    halves, the bytes (block tq, hr) (4 blocks: a thread's row is one block, so both halves of its pair are it).
+    MX 3 also returns the largest stored byte - MX_CHK_LO (unsigned) of the thread's blocks; MASKED: of its rows
+    < live (the tile's tokens in the sequence), a stale row counting as 0 (it is masked out of the scores)."""
     KW: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, D // 32], [1, 1, 8, 4, 1], [NW, 1, 1, 1, 1], [4, 3, 2, 1, 0])
     KS: gl.constexpr = _ks_layout(NW)
     w = gl.permute(kw_s.load(KW), (0, 2, 3, 4, 1))                       # [T/16, g, tq, jw, hr]
@@ -174,10 +189,10 @@ def _k_decode(kw_s, ksw_s, A_LAYOUT: gl.constexpr, T: gl.constexpr, D: gl.conste
         p13 = (gl.minimum(hw >> 8, MX_CLAMP) + MX_ADD) * 0x00800080
     elif MX == 3:     # checked: the exponent field stored + MX_CHK_ADD (garbage past the window: flagged below)
         hw = ksw_s.load(KS).to(gl.int32) & 0xFFFF
-        lo = hw & 255
-        hi = hw >> 8
-        p02 = lo * 0x00800080 + MX_CHK_ADD * 0x00800080
-        p13 = hi * 0x00800080 + MX_CHK_ADD * 0x00800080
+        lo = (hw & 255) - MX_CHK_LO                                      # stored - LO: < 0 below the window
+        hi = (hw >> 8) - MX_CHK_LO
+        p02 = lo * 0x00800080 + (MX_CHK_ADD + MX_CHK_LO) * 0x00800080
+        p13 = hi * 0x00800080 + (MX_CHK_ADD + MX_CHK_LO) * 0x00800080
     else:
         p02, p13 = gl.inline_asm_elementwise(_NV_PAIRS, "=r,=r,r", [ksw_s.load(KS)], dtype=(gl.int32, gl.int32),
                                              is_pure=True, pack=1)
@@ -189,7 +204,15 @@ def _k_decode(kw_s, ksw_s, A_LAYOUT: gl.constexpr, T: gl.constexpr, D: gl.conste
     y = gl.permute(y, (0, 4, 1, 3, 7, 6, 2, 5))
     k = gl.convert_layout(gl.reshape(y, [T, D]), A_LAYOUT, assert_trivial=True)
     kb = 0
-    if MX == 3:       # and the largest stored scale byte of the thread's blocks (the caller's window check)
+    if MX == 3:       # and the largest stored byte - LO of the thread's blocks, unsigned (the caller's window check)
+        lo = lo.to(gl.uint32, bitcast=True)
+        hi = hi.to(gl.uint32, bitcast=True)
+        if MASKED:    # rows 16 rg + g (lo) and 16 rg + 8 + g (hi): a stale row (a fresh page's byte 0) is no redo
+            rg = gl.arange(0, T // 16, layout=gl.SliceLayout(1, gl.SliceLayout(2, KS)))
+            g = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, KS)))
+            row = gl.expand_dims(gl.expand_dims(16 * rg, 1) + gl.expand_dims(g, 0), 2)
+            lo = gl.where(row < live, lo, 0)
+            hi = gl.where(row + 8 < live, hi, 0)
         kb = gl.maximum(lo, hi)
     return k, kb
 
@@ -291,7 +314,7 @@ def _tile(j, it, m_i, l_acc, acc, vt_prev, kbig, q_b, p_s, kc_r, ks_r, kg_r, vc_
     slot = j % STAGES
     mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
     # K decode runs while the previous tile's PV wgmma (holding vt_prev) is in flight
-    k, kb = _k_decode(kc_r.index(slot), ks_r.index(slot), A_LAYOUT, T, D, NW, MX)
+    k, kb = _k_decode(kc_r.index(slot), ks_r.index(slot), seq_len - it * T, A_LAYOUT, T, D, NW, MX, MASKED)
     if MX == 3:
         kbig = gl.maximum(kbig, kb)
     # retire the previous PV wgmma (it ran under the K decode): its V^T registers are free for this tile's V^T,
@@ -404,7 +427,7 @@ def _consume_tiles(j0, seq_len, n_tiles, qk_scale, q_s, p_s, kc_b, ks_b, kg_b, v
     acc = gl.zeros([DV, N], gl.float32, o_mma)
     vt = gl.zeros([DV, T], gl.bfloat16, A_LAYOUT)
     if MX == 3:       # the largest K scale byte per thread (its blocks of every tile)
-        kbig = gl.zeros([T // 16, 8, 4], gl.int32, _ks_layout(NW))
+        kbig = gl.zeros([T // 16, 8, 4], gl.uint32, _ks_layout(NW))
     else:
         kbig = 0
     n_full = seq_len // T
@@ -428,10 +451,11 @@ def _consume_tiles(j0, seq_len, n_tiles, qk_scale, q_s, p_s, kc_b, ks_b, kg_b, v
                                           STAGES, True, HALF, MX, COLMAX)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
     l_i = gl.sum(l_acc, axis=0)
-    if MX == 3:       # a K block outside the checked window (stored >= MX_CHK_TOP): every column's l NaN, so the
-        # whole item's output is NaN and the exact REDO launch recomputes it
+    if MX == 3:       # a K block outside the checked window (stored < MX_CHK_LO or >= MX_CHK_TOP: stored - LO,
+        # unsigned, >= TOP - LO): every column's l NaN, so the whole item's output is NaN and the exact REDO
+        # launch recomputes it
         big = gl.max(gl.max(gl.max(kbig, axis=2), axis=1), axis=0)
-        l_i = gl.where(big >= MX_CHK_TOP, float("nan"), l_i)
+        l_i = gl.where(big >= MX_CHK_TOP - MX_CHK_LO, float("nan"), l_i)
     return (acc, m_i, l_i)
 
 
