@@ -10,7 +10,8 @@ column max: nvfp4 2.78, mxfp4 3.21), for nvfp4 also colmax (the column max alone
 9..16 would run), lean_s2 (LEAN with 2 stages, 2.73) and the persistent kernel without / with the column max
 (persistent, 3.36 with every wgmma serialised by ptxas; persistent_colmax, 2.91, not serialised), for mxfp4 fold
 (the opt-in folded bias, 3.15), fold_lean (2.82) and checked_lean (paged_attention_gluon.LEAN_CHECKED: the
-2**5-offset fold, exact, out-of-window items recomputed by a second launch: 2.81; its base is the exact lean).
+2**5-offset fold, exact in its scale window 64..134, out-of-window items recomputed by a second launch: 2.86;
+its base is the exact lean).
 Method of benchmarks/attention.py (reused): CUDA-graph medians
 (5 calls per graph, 9 replays), the read ceiling measured in the same run, fraction = live cache bytes of that
 format / us / ceiling.

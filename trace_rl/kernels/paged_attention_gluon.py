@@ -16,7 +16,8 @@ One split per (kv head, sequence) program (no split-KV): the first version targe
 kernel, the constexpr MX: mxfp4's scales are 32-element E8M0 blocks, whose 2**125 code bias is multiplied as the
 shipped kernel does (the default, exact) or, opt-in mx_fold=True, folded into the scale pairs (MX_FOLD in
 paged_attention_gluon_tiles.py: exact only for scales 2**-70 .. 2**63) or, opt-in mx_checked=True, folded with a
-2**5 offset that is exact for scales 2**-127 .. 2**6 and checked: items with a block outside that window come out
+2**5 offset that is exact for scales 2**-64 .. 2**6 (stored bytes 64..134) and checked: items with a block outside
+that window (zero blocks included: their byte is 1) come out
 non-finite and a second launch (REDO) recomputes exactly those with the exact kernel, so the result is the exact
 kernel's bit for bit (MX_CHK in paged_attention_gluon_tiles.py), and it has no per-token factors, so its
 producer copies four boxes per page, not six), head_dim 128, pages of 64 tokens (128-token tiles = 2 pages), GQA
@@ -140,10 +141,11 @@ class GluonAttentionConfig:
     programs: int = 0
     # mxfp4 only (nvfp4 ignores it, as mx_fold): the scale folded into the pairs with a 2**5 offset (MX = 3,
     # paged_attention_gluon_tiles.MX_CHK: one HMUL2 per pair, no bias multiply, like mx_fold) and checked: exact for
-    # stored scale bytes 1..134, a block outside that window makes its (sequence, kv head) output NaN / Inf, and a
-    # second launch (the exact kernel, REDO) recomputes exactly the items whose output is not finite. The result is
-    # bit-identical to the exact kernel's (NaN blocks and out-of-window scales included) for every byte the KV writer
-    # produces (it never stores 0; tiles.MX_CHK says why). Opt-in until the H200 check mxkv has timed it.
+    # stored scale bytes 64..134 (tiles.MX_CHK_LO: no folded element near the subnormals), a live block outside that
+    # window (zero blocks, byte 1, included) makes its (sequence, kv head) output NaN / Inf, and a second launch (the
+    # exact kernel, REDO) recomputes exactly the items whose output is not finite. The result is bit-identical to
+    # the exact kernel's (NaN blocks and out-of-window scales included) for every stored byte, under the condition
+    # on q and the probabilities in docs/kernels.md. Opt-in until the H200 check mxkv has timed it.
     mx_checked: bool = False
 
     def check(self) -> None:
@@ -185,7 +187,7 @@ LEAN = GluonAttentionConfig(n_pad=8, unroll=2, col_max=True)
 LEAN_WIDE = GluonAttentionConfig(col_max=True)
 LEAN_LOOP = True
 LEAN_WIDE_LOOP = False
-# LEAN with mxfp4's checked fold (mx_checked; compile gate: 2.81 SASS per element at group 8 against exact LEAN's
+# LEAN with mxfp4's checked fold (mx_checked; compile gate: 2.86 SASS per element at group 8 against exact LEAN's
 # 3.21), bit-identical to the exact kernel. LEAN_MX_CHECKED makes it what a call without a config runs over mxfp4
 # caches (groups <= 8; groups 9..16 stay exact): off until the H200 check mxkv (benchmarks/mxkv_h200.sh) has found
 # it bit-identical and timed it (issue 15: mxfp4 at >= 0.75 of the read ceiling). Turning it on is this one line;
