@@ -5,7 +5,8 @@
 # root; python3, torch, Triton 3.6, one H200, device wheels on PYTHONPATH). < 120 s.
 # 1. its GPU tests (tests/kernels/test_paged_attention_gluon_checked.py: checked + REDO == exact bit for bit over
 #    ragged caches with in-window extreme (64..75, 123..134), out-of-window (0, 1, 63, 135..254) and NaN scale bytes;
-#    groups 1 / 4 / 8 / 16, persistent, CUDA graph), one process per config, 5 at once (the compiles are the time) -> OUT/case_<id>.log;
+#    groups 1 / 4 / 8 / 16, persistent, CUDA graph), one process per config, 5 at once (the compiles are the time)
+#    -> OUT/case_<id>.log;
 # 2. timing (benchmarks/attention_sass.py, CUDA-graph medians, the read ceiling measured in the same run): exact
 #    DEFAULT (gluon) vs exact LEAN (lean) vs LEAN_CHECKED (checked_lean, incl. its REDO launch, which finds nothing
 #    to redo on these in-window caches) vs best SDPA over a bf16 cache, mxfp4, Qwen3-8B heads, B x L = 32 x 8k,

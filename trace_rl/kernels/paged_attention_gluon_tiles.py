@@ -305,8 +305,8 @@ def _tile(j, it, m_i, l_acc, acc, vt_prev, kbig, q_b, p_s, kc_r, ks_r, kg_r, vc_
     """Tile `it` of the sequence, at ring position j: online-softmax update of (m_i [NS], l_acc [T, NS], acc [DV, N]);
     NS = N / 2 when HALF (the group fits the low half of the padded columns), else N. MX (mxfp4): no per-token
     factors (decoded elements are the values). COLMAX: the column max through `_col_max` (one barrier), else
-    gl.max. MX 3 (checked): kbig, the largest K scale byte seen per thread, is updated (tokens past the sequence
-    included: a stale byte out of the window costs an exact recompute, never a wrong result)."""
+    gl.max. MX 3 (checked): kbig, the largest K stored byte - MX_CHK_LO (unsigned) seen per thread, is updated
+    (tokens past the sequence count as 0: a fresh page's unwritten byte 0 causes no recompute)."""
     NW: gl.constexpr = gl.num_warps()
     s_mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, N, 16])
     A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_mma, k_width=2)
