@@ -11,7 +11,7 @@ from tests.kernels.test_fp4_dequant import _q, _same_bits
 from trace_rl.backends import PackedWeight, QuantLinear, get_backend
 from trace_rl.backends.fp4 import FP4Backend
 from trace_rl.formats import get_format, per_token
-from trace_rl.kernels import fp4_dequant, operand_cache
+from trace_rl.kernels import fp4_dequant, gemm_dispatch, operand_cache
 from trace_rl.kernels.hopper_fp4 import operand, to_hopper
 from trace_rl.kernels.linear import fp4_linear, fp4_linear_prequantized, hopper_weight
 from trace_rl.kernels.row_quantize import quantize_dequant_bf16
@@ -121,7 +121,7 @@ def test_torch_reference_of_both_paths(monkeypatch, gen):
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 def test_operand_cache_equals_dequant_gpu(fmt, gen):
     """4096x12288 (above DEQUANT_CUBLAS_MAX_WEIGHT: the dequant path forced for the comparison) at M = 128/359/512:
-    the same bits, W4A16 and W4A4 with bias; the backend reports fp4.operand_cache_cublas, and fp4.triton below."""
+    the same bits, W4A16 and W4A4 with bias; the backend reports fp4.operand_cache_cublas, and the dense path below."""
     N, K = 4096, 12288
     w = torch.randn(N, K, generator=gen).cuda() * torch.exp(torch.randn(N, 1, generator=gen)).cuda()
     backend = get_backend("fp4")
@@ -141,7 +141,10 @@ def test_operand_cache_equals_dequant_gpu(fmt, gen):
     layer(torch.randn(128, K, device="cuda", dtype=torch.bfloat16))
     assert backend.paths.last == "fp4.operand_cache_cublas"
     layer(torch.randn(127, K, device="cuda", dtype=torch.bfloat16))
-    assert backend.paths.last == "fp4.triton"
+    # below the cache's rows the dense path: the Gluon GEMM where gemm_dispatch.GLUON_MID_M lists the weight up to 127
+    # rows (mxfp4 4096x12288 since check midm), else the Triton fp4_matmul
+    mid = "fp4.gluon" if gemm_dispatch.mid_m_max(fmt, N, K) >= 127 else "fp4.triton"
+    assert backend.paths.last == mid
 
 
 @pytest.mark.gpu
