@@ -141,6 +141,10 @@
 #            (bit-identical E4M3 operands, accumulator vs float64 and the bf16 cache, graph replay after an in-place
 #            reload), then the bf16 cache's cuBLAS GEMM vs torch._scaled_mm (fast accum off / on) and the whole W4A4
 #            linear both ways at Qwen3-8B's qkv / gate_up / o_proj / down, M = 128 / 313 / 512; < 120 s; named only
+#   mxkvdiag benchmarks/mxkv_diag.py   where LEAN_CHECKED (mxfp4 checked fold) differs from the exact kernel: the GPU
+#            test's 'window' corruption split by side (K / V / both) and end (low bytes LO..LO+11 / high 123..134), 2
+#            seeds, groups 8 / 16 / 1 / 4-persistent: differing elements and items, max abs / rel difference; < 90 s;
+#            named only
 #   fp8sync  benchmarks/fp8sync_h200.sh   the FP8 operand cache's weight sync (issue 16): a Qwen3-8B-shaped mxfp4 sync
 #            (252 linears) with per-weight exactness reads vs one batched read vs the bf16 cache (fp8_per_weight_ms,
 #            fp8_batched_ms, bf16_ms, batched_over_bf16), the E4M3 writer at gate/up 24576x4096 old vs direct
@@ -233,6 +237,7 @@ for name in $NAMES; do
         siluexact) bash benchmarks/silu_exact_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         opcache) pytest_check "$d" 115 tests/kernels/test_operand_cache.py -m gpu ;;
         fp8cache) bash benchmarks/fp8cache_h200.sh "$d" > "$d/run.log" 2>&1 ;;
+        mxkvdiag) timeout 110 $PYTHON benchmarks/mxkv_diag.py --out "$d/summary.json" --seeds 2 > "$d/run.log" 2>&1 ;;
         fp8sync) bash benchmarks/fp8sync_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         mxkv) bash benchmarks/mxkv_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         fp4engine) bash benchmarks/engine_fp4_gluon_h200.sh "$d" > "$d/run.log" 2>&1 ;;
