@@ -139,6 +139,25 @@ def test_default_config_follows_lean_mx_checked(monkeypatch):
     assert gluon.default_config(4, "mxfp4") == gluon.LEAN
 
 
+def test_probability_flush_keeps_folded_products_normal():
+    """The flush threshold against the window: the smallest kept bf16 probability (2**-MX_P_FLUSH_LOG2; p >= it
+    rounds to a bf16 >= it) times the smallest nonzero checked element (0.5 x 2**(MX_CHK_LO - 133)) is a normal
+    float32 with the exact kernel's products 2**MX_CHK larger: both kernels' P x v products are normal, so the
+    checked one's are the exact one's x 2**-MX_CHK bit for bit. Checked in float32 arithmetic too."""
+    from trace_rl.kernels.paged_attention_gluon_tiles import MX_CHK, MX_CHK_LO, MX_P_FLUSH, MX_P_FLUSH_LOG2
+
+    assert MX_P_FLUSH.value == MX_P_FLUSH_LOG2
+    smallest_v = 2.0 ** -1 * 2.0 ** (MX_CHK_LO.value - 133)
+    assert smallest_v == 2.0 ** -70
+    p = torch.tensor(2.0 ** -MX_P_FLUSH_LOG2, dtype=torch.float32)
+    assert p.to(torch.bfloat16).float() == p                                 # exactly a bf16
+    prod = p * torch.tensor(smallest_v, dtype=torch.float32)
+    assert prod >= torch.finfo(torch.float32).tiny                           # normal in the checked kernel
+    assert prod * 2.0 ** MX_CHK == p * torch.tensor(smallest_v * 2.0 ** MX_CHK, dtype=torch.float32)
+    # the largest element the window allows (6 x 2**(134 - 133) folded) times 1 stays finite, far from overflow
+    assert torch.isfinite(torch.tensor(6.0 * 2.0 ** (134 - 133) * 2.0 ** MX_CHK, dtype=torch.float32))
+
+
 def _corrupt(k, v, bt, lens, gen, mode):
     """Scale bytes of written pages rewritten at random positions: 'window' in-window extremes (LO..LO+11, 123..134;
     LO = MX_CHK_LO) over ~2% of the bytes (stale slots too); 'loud': out-of-window bytes above (135, 170..254), below
@@ -187,7 +206,11 @@ CASES = {   # id: (group, GluonAttentionConfig fields of the checked variant; th
 def test_checked_is_bit_identical_to_exact_gpu(case, mode, gen):
     """The checked launch + REDO against the exact kernel of the same fields (mx_checked off), bit for bit (NaN
     included): ragged lengths (full tiles 0, 4, 1, 0, 8, 23, 1, 3, 2, 1, 23; tails; an empty sequence), random
-    caches; 'window': in-window extreme scale bytes everywhere; 'loud': out-of-window / NaN bytes in K and in V."""
+    caches; 'window': in-window extreme scale bytes everywhere; 'loud': out-of-window / NaN bytes in K and in V.
+    'window' holds by the probability flush every mxfp4 path does (probabilities and alpha < 2**-51 to 0,
+    test_probability_flush_keeps_folded_products_normal): its high K bytes (123..134) spread a row's scores ~2**10
+    apart, so most probabilities are tiny, and unflushed their products with the small v of the 64..75 blocks were
+    float32-subnormal in the checked kernel only (two H200 runs failed here at random groups before the flush)."""
     from trace_rl.kernels.paged_attention_gluon import GluonAttentionConfig, decode_attention_gluon
 
     group, fields = CASES[case]

@@ -82,6 +82,9 @@ _MX_PAIRS = gl.constexpr("""{
 # (REDO), which also keeps a NaN block (stored 255) NaN as the exact kernel makes it. Stored byte 0 (code 254, which
 # no writer produces) is below the window, so it is caught too.
 MX_CHK = 5
+# every mxfp4 path flushes probabilities (and the running max's rescale alpha) below 2**-MX_P_FLUSH to 0 (_tile)
+MX_P_FLUSH_LOG2 = 51          # python int for the host-side tests
+MX_P_FLUSH = gl.constexpr(float(MX_P_FLUSH_LOG2))
 MX_CHK_LO_BYTE = 64           # the window's low end (stored byte; python int for the host-side tests)
 MX_CHK_ADD, MX_CHK_TOP, MX_CHK_OUT = gl.constexpr(120), gl.constexpr(135), gl.constexpr(2.0 ** MX_CHK)
 MX_CHK_LO = gl.constexpr(MX_CHK_LO_BYTE)
@@ -354,6 +357,15 @@ def _tile(j, it, m_i, l_acc, acc, vt_prev, kbig, q_b, p_s, kc_r, ks_r, kg_r, vc_
         m_new = gl.maximum(m_i, gl.max(s, axis=0))
     alpha = gl.exp2(m_i - m_new)
     p = gl.exp2(s - gl.expand_dims(m_new, 0))
+    if MX:            # mxfp4 (every MX: the exact kernel and REDO too, so MX 1 and MX 3 stay bit-identical): flush
+        # probabilities < 2**-MX_P_FLUSH to 0, so every P x v product is >= 2**-51 x 2**-70 = 2**-121 (the checked
+        # fold's smallest element, 2**-70): a normal float32 in MX 3 as well, whose products are 2**5 smaller
+        # (docs/kernels.md "mxfp4 checked fold"). The same for alpha: acc (MX 3: the exact acc x 2**-5) x a tiny
+        # alpha is the other place a folded value can turn subnormal in one kernel only; alpha < 2**-51 drops the
+        # previous tiles, as each of their probabilities is then < 2**-51 against the new max. `<`: a NaN score
+        # stays NaN (a NaN K block still poisons the item). Either changes an output by < 2**-51 relative per term.
+        alpha = gl.where(m_i - m_new < -MX_P_FLUSH, 0.0, alpha)
+        p = gl.where(s - gl.expand_dims(m_new, 0) < -MX_P_FLUSH, 0.0, p)
     l_acc = l_acc * gl.expand_dims(alpha, 0) + p
     if not MX:
         p = p * gl.expand_dims(fv, 1)
