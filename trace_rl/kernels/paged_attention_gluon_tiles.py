@@ -85,6 +85,9 @@ MX_CHK = 5
 # every mxfp4 path flushes probabilities (and the running max's rescale alpha) below 2**-MX_P_FLUSH to 0 (_tile)
 MX_P_FLUSH_LOG2 = 51          # python int for the host-side tests
 MX_P_FLUSH = gl.constexpr(float(MX_P_FLUSH_LOG2))
+# p = ex2.ftz(s - m - MX_P_SHIFT) x 2**MX_P_SHIFT: float32's smallest normal 2**-126 = 2**-MX_P_FLUSH x 2**-MX_P_SHIFT
+MX_P_SHIFT = gl.constexpr(float(126 - MX_P_FLUSH_LOG2))
+MX_P_UNSHIFT = gl.constexpr(2.0 ** (126 - MX_P_FLUSH_LOG2))
 MX_CHK_LO_BYTE = 64           # the window's low end (stored byte; python int for the host-side tests)
 MX_CHK_ADD, MX_CHK_TOP, MX_CHK_OUT = gl.constexpr(120), gl.constexpr(135), gl.constexpr(2.0 ** MX_CHK)
 MX_CHK_LO = gl.constexpr(MX_CHK_LO_BYTE)
@@ -302,6 +305,14 @@ def _pad_half(x, fill: gl.constexpr):
 
 
 @gluon.jit
+def _ex2_ftz(x):
+    """2**x with results below float32's normal range flushed to 0 (ex2.approx.ftz, what gl.exp2 gives today; spelt
+    out because the mxfp4 probability flush relies on the ftz)."""
+    return gl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=True,
+                                     pack=1)
+
+
+@gluon.jit
 def _tile(j, it, m_i, l_acc, acc, vt_prev, kbig, q_b, p_s, kc_r, ks_r, kg_r, vc_r, vs_r, vg_r, ready, empty, seq_len,
           qk_scale, N: gl.constexpr, T: gl.constexpr, D: gl.constexpr, DV: gl.constexpr, NP: gl.constexpr,
           STAGES: gl.constexpr, MASKED: gl.constexpr, HALF: gl.constexpr, MX: gl.constexpr, COLMAX: gl.constexpr):
@@ -356,16 +367,20 @@ def _tile(j, it, m_i, l_acc, acc, vt_prev, kbig, q_b, p_s, kc_r, ks_r, kg_r, vc_
     else:
         m_new = gl.maximum(m_i, gl.max(s, axis=0))
     alpha = gl.exp2(m_i - m_new)
-    p = gl.exp2(s - gl.expand_dims(m_new, 0))
     if MX:            # mxfp4 (every MX: the exact kernel and REDO too, so MX 1 and MX 3 stay bit-identical): flush
         # probabilities < 2**-MX_P_FLUSH to 0, so every P x v product is >= 2**-51 x 2**-70 = 2**-121 (the checked
         # fold's smallest element, 2**-70): a normal float32 in MX 3 as well, whose products are 2**5 smaller
-        # (docs/kernels.md "mxfp4 checked fold"). The same for alpha: acc (MX 3: the exact acc x 2**-5) x a tiny
-        # alpha is the other place a folded value can turn subnormal in one kernel only; alpha < 2**-51 drops the
-        # previous tiles, as each of their probabilities is then < 2**-51 against the new max. `<`: a NaN score
-        # stays NaN (a NaN K block still poisons the item). Either changes an output by < 2**-51 relative per term.
+        # (docs/kernels.md "mxfp4 checked fold"). For p through the flush-to-zero ex2 itself: 2**(s - m - 75) is
+        # < 2**-126 (flushed) exactly when 2**(s - m) < 2**-51, then x 2**75 (exact); one FMUL per element, where a
+        # compare + select cost two and pushed the DEFAULT configs into serialised wgmma waits. The same for alpha
+        # (per column, a select): acc (MX 3: the exact acc x 2**-5) x a tiny alpha is the other place a folded
+        # value can turn subnormal in one kernel only; alpha < 2**-51 drops the previous tiles, as each of their
+        # probabilities is then < 2**-51 against the new max. A NaN score stays NaN (a NaN K block still poisons
+        # the item). Either changes an output by < 2**-51 relative per token.
         alpha = gl.where(m_i - m_new < -MX_P_FLUSH, 0.0, alpha)
-        p = gl.where(s - gl.expand_dims(m_new, 0) < -MX_P_FLUSH, 0.0, p)
+        p = _ex2_ftz(s - gl.expand_dims(m_new + MX_P_SHIFT, 0)) * MX_P_UNSHIFT
+    else:
+        p = gl.exp2(s - gl.expand_dims(m_new, 0))
     l_acc = l_acc * gl.expand_dims(alpha, 0) + p
     if not MX:
         p = p * gl.expand_dims(fv, 1)
