@@ -68,8 +68,9 @@ _MX_PAIRS = gl.constexpr("""{
 # folded element far from the subnormals: the smallest nonzero one is 0.5 x 2**(MX_CHK_LO - 133) = 2**-70, so a
 # product with a q element or a probability of magnitude >= 2**-51 is a normal float32 in both kernels (>= 2**-121,
 # 2**5 above the float32 subnormals after the fold's 2**-5), and the scores and the output before their float32
-# factors are the exact kernel's times 2**-5: bit-identical (the residual condition, q and P elements below 2**-51,
-# is in docs/kernels.md). In-window bytes 1..63 (scales 2**-127 .. 2**-65, which the writer gives only to blocks of
+# factors are the exact kernel's times 2**-5: bit-identical (probabilities below 2**-51 are flushed to 0 in every
+# mxfp4 path, _tile; the residual condition, q elements below 2**-51, is in docs/kernels.md).
+# In-window bytes 1..63 (scales 2**-127 .. 2**-65, which the writer gives only to blocks of
 # amax < 2**-62, zero blocks included: stored 1) are out of the window here. Outside it the launch is made to fail
 # loudly instead of rounding: a V pair clamps to +Inf (stored - MX_CHK_LO wraps below the window, so one signed 16-bit
 # min clamps both ends: _MX_CHK_PAIRS), so its block's values are +-Inf / NaN and every output column of those head
