@@ -135,8 +135,8 @@ def test_default_config_follows_lean_mx_checked(monkeypatch):
     assert gluon.default_config(12, "mxfp4") == gluon.default_config(12, "nvfp4:row")
     assert gluon.default_config(0, "mxfp4") == gluon.DEFAULT
     monkeypatch.undo()
-    assert gluon.LEAN_MX_CHECKED is False                   # opt-in until the H200 check mxkv is green
-    assert gluon.default_config(4, "mxfp4") == gluon.LEAN
+    assert gluon.LEAN_MX_CHECKED is True                    # on since the H200 check mxkv was green (_1203c)
+    assert gluon.default_config(4, "mxfp4") == gluon.LEAN_CHECKED
 
 
 def test_probability_flush_keeps_folded_products_normal():

@@ -187,13 +187,14 @@ LEAN = GluonAttentionConfig(n_pad=8, unroll=2, col_max=True)
 LEAN_WIDE = GluonAttentionConfig(col_max=True)
 LEAN_LOOP = True
 LEAN_WIDE_LOOP = False
-# LEAN with mxfp4's checked fold (mx_checked; compile gate: 2.86 SASS per element at group 8 against exact LEAN's
-# 3.21), bit-identical to the exact kernel. LEAN_MX_CHECKED makes it what a call without a config runs over mxfp4
-# caches (groups <= 8; groups 9..16 stay exact): off until the H200 check mxkv (benchmarks/mxkv_h200.sh) has found
-# it bit-identical and timed it (issue 15: mxfp4 at >= 0.75 of the read ceiling). Turning it on is this one line;
+# LEAN with mxfp4's checked fold (mx_checked; compile gate: 2.92 SASS per element at group 8 against exact LEAN's
+# 3.26, both with the probability flush), bit-identical to the exact kernel. LEAN_MX_CHECKED makes it what a call
+# without a config runs over mxfp4 caches (groups <= 8; groups 9..16 stay exact): on since the H200 check mxkv
+# (benchmarks/mxkv_h200.sh, 2026-12-03 `_1203c`, window 64..134 + the probability flush) found it bit-identical in
+# all 10 GPU tests and 1.05-1.08x exact LEAN (0.70-0.77 of the read ceiling). Turning it off is this one line;
 # tests/kernels/test_paged_attention_gluon_checked.py::test_default_config_follows_lean_mx_checked follows it.
 LEAN_CHECKED = GluonAttentionConfig(n_pad=8, unroll=2, col_max=True, mx_checked=True)
-LEAN_MX_CHECKED = False
+LEAN_MX_CHECKED = True
 
 
 def default_config(group: int, kv_format: str | None = None) -> GluonAttentionConfig:
