@@ -32,7 +32,7 @@ def run(seeds: int) -> dict:
     from tests.kernels.test_paged_attention_gluon import _decode_attention_tests
     from tests.kernels.test_paged_attention_gluon_checked import CASES
     from trace_rl.kernels.paged_attention_gluon import GluonAttentionConfig, decode_attention_gluon
-    from trace_rl.kernels.paged_attention_gluon_tiles import MX_CHK_LO
+    from trace_rl.kernels.paged_attention_gluon_kv import MX_CHK_LO
 
     t = _decode_attention_tests()
     lens = [1, 600, 133, 0, 1024, 3000, 255, 384, 256, 129, 2944]

@@ -82,7 +82,7 @@ def _mx_v_pairs(sw, mx):
     the constant that takes the low half's spill out, mod 2**32)."""
     sw = sw.to(torch.int32)
     if mx == 3:
-        from trace_rl.kernels.paged_attention_gluon_tiles import MX_CHK_LO_BYTE as lo_byte
+        from trace_rl.kernels.paged_attention_gluon_kv import MX_CHK_LO_BYTE as lo_byte
 
         sw = sw.to(torch.int64) & 0xFFFFFFFF
         top = 0x8000 + 135 - lo_byte - 0x10000                               # as a signed 16-bit value
@@ -110,7 +110,7 @@ def _join(a, b):
 
 
 def _join8(x, pair, mx=0):
-    """paged_attention_gluon_tiles._join8: dims [.., half, i & 1, i >> 1] of slot i's half."""
+    """paged_attention_gluon_kv._join8: dims [.., half, i & 1, i >> 1] of slot i's half."""
     o = _values(x, pair, mx)
     return _join(_join(_join(o[0], o[1]), _join(o[2], o[3])), _join(_join(o[4], o[5]), _join(o[6], o[7])))
 

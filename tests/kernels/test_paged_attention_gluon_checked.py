@@ -1,5 +1,5 @@
 """mxfp4's checked fold in the Gluon FP4-KV decode attention (GluonAttentionConfig.mx_checked, LEAN_CHECKED; the
-constexpr MX = 3 of paged_attention_gluon_tiles, whose MX_CHK comment states the contract): on CPU, the scale pairs
+constexpr MX = 3 of paged_attention_gluon_kv, whose MX_CHK comment states the contract): on CPU, the scale pairs
 for every stored byte (exact 2**(stored - 133) in the window MX_CHK_LO..134, +Inf V pairs and a flagged K byte
 outside it),
 the decoded values against the exact kernel's bit for bit, the writer never storing byte 0, and the config / default
@@ -30,7 +30,7 @@ def _helpers():
 def _k_flagged(b):
     """_k_decode / _consume_tiles' K window check on stored bytes b: stored - MX_CHK_LO as uint32 (a byte below the
     window wraps to ~2**32), flagged (the item's l NaN: REDO) when >= MX_CHK_TOP - MX_CHK_LO."""
-    from trace_rl.kernels.paged_attention_gluon_tiles import MX_CHK_LO, MX_CHK_TOP
+    from trace_rl.kernels.paged_attention_gluon_kv import MX_CHK_LO, MX_CHK_TOP
 
     return ((b.to(torch.int64) - MX_CHK_LO.value) % 2 ** 32) >= MX_CHK_TOP.value - MX_CHK_LO.value
 
@@ -42,7 +42,7 @@ def test_checked_pairs_are_exact_in_the_window_and_loud_outside():
     head dims non-finite) and K's byte is flagged by the kernel's unsigned per-thread max of stored - MX_CHK_LO, which
     turns into a NaN row sum (the whole item NaN: REDO)."""
     _bf16, _, _mx_k_pairs, _mx_v_pairs, _ = _helpers()
-    from trace_rl.kernels.paged_attention_gluon_tiles import MX_CHK, MX_CHK_LO, MX_CHK_LO_BYTE, MX_CHK_TOP
+    from trace_rl.kernels.paged_attention_gluon_kv import MX_CHK, MX_CHK_LO, MX_CHK_LO_BYTE, MX_CHK_TOP
 
     assert MX_CHK_LO.value == MX_CHK_LO_BYTE == 64 and MX_CHK_TOP.value == 135
     s = torch.arange(256, dtype=torch.int32)
@@ -68,7 +68,7 @@ def test_checked_decode_is_the_exact_decode_times_2_to_the_minus_5():
     subnormal, 2**-133, at s = 1): so the MMAs see the exact operands scaled by a power of two. Inside the window the
     checked values are normal bf16 numbers >= 2**(MX_CHK_LO - 134) = 2**-70 (or zero)."""
     _, _, _mx_k_pairs, _mx_v_pairs, _values = _helpers()
-    from trace_rl.kernels.paged_attention_gluon_tiles import MX_CHK, MX_CHK_LO
+    from trace_rl.kernels.paged_attention_gluon_kv import MX_CHK, MX_CHK_LO
 
     nib = torch.arange(16, dtype=torch.int32)
     # a word whose 8 slots hold codes i, i+1, ..; twiddled order does not matter here (all codes are covered)
@@ -95,7 +95,7 @@ def test_writer_stores_scale_bytes_1_to_253_or_255(gen):
     from trace_rl.formats import kv_layout as L
     from trace_rl.formats.paged_kv import PagedKV
     from trace_rl.kernels import kv_write
-    from trace_rl.kernels.paged_attention_gluon_tiles import MX_CHK_LO
+    from trace_rl.kernels.paged_attention_gluon_kv import MX_CHK_LO
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     for role in "kv":
@@ -144,7 +144,8 @@ def test_probability_flush_keeps_folded_products_normal():
     rounds to a bf16 >= it) times the smallest nonzero checked element (0.5 x 2**(MX_CHK_LO - 133)) is a normal
     float32 with the exact kernel's products 2**MX_CHK larger: both kernels' P x v products are normal, so the
     checked one's are the exact one's x 2**-MX_CHK bit for bit. Checked in float32 arithmetic too."""
-    from trace_rl.kernels.paged_attention_gluon_tiles import MX_CHK, MX_CHK_LO, MX_P_FLUSH, MX_P_FLUSH_LOG2
+    from trace_rl.kernels.paged_attention_gluon_kv import MX_CHK, MX_CHK_LO
+    from trace_rl.kernels.paged_attention_gluon_tiles import MX_P_FLUSH, MX_P_FLUSH_LOG2
 
     assert MX_P_FLUSH.value == MX_P_FLUSH_LOG2
     smallest_v = 2.0 ** -1 * 2.0 ** (MX_CHK_LO.value - 133)
@@ -163,7 +164,7 @@ def _corrupt(k, v, bt, lens, gen, mode):
     LO = MX_CHK_LO) over ~2% of the bytes (stale slots too); 'loud': out-of-window bytes above (135, 170..254), below
     (0, 1, LO - 1) and NaN (255), in K of some sequences and V of others, one byte in a full page each; returns the
     (sequence, kv head) items hit."""
-    from trace_rl.kernels.paged_attention_gluon_tiles import MX_CHK_LO
+    from trace_rl.kernels.paged_attention_gluon_kv import MX_CHK_LO
 
     lo = MX_CHK_LO.value
     pages = [bt[b, : -(-n // 64)].tolist() for b, n in enumerate(lens)]

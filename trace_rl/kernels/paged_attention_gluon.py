@@ -6,7 +6,8 @@ MMA's M, K and V^T decoded in registers as the wgmma A operand, per-token float3
 probabilities), organised against what bounds the shipped kernel (docs/benchmarks.md, "What bounds FP4"): a
 producer warp streams each 128-token tile's pages by TMA into a shared ring, and the consumer warpgroup decodes K
 and V^T in registers while the wgmmas are in flight. The tile code, which this kernel and the persistent variant
-(paged_attention_gluon_persistent.py) share, is paged_attention_gluon_tiles.py; this file holds the
+(paged_attention_gluon_persistent.py) share, is paged_attention_gluon_tiles.py (the K / V^T decode:
+paged_attention_gluon_kv.py); this file holds the
 one-program-per-(kv head, sequence) kernel (`_decode_attention_ws_kernel`: the ring, the two partitions, the
 epilogue), its configuration (`GluonAttentionConfig`), the TMA descriptors and the launcher
 (`decode_attention_gluon`, which checks the scope below).
@@ -15,11 +16,11 @@ One split per (kv head, sequence) program (no split-KV): the first version targe
 (B = 32 / 256 x 8 kv heads: 256 / 2048 programs against 132 SMs x 2 resident CTAs). Scope: nvfp4 or mxfp4 (one
 kernel, the constexpr MX: mxfp4's scales are 32-element E8M0 blocks, whose 2**125 code bias is multiplied as the
 shipped kernel does (the default, exact) or, opt-in mx_fold=True, folded into the scale pairs (MX_FOLD in
-paged_attention_gluon_tiles.py: exact only for scales 2**-70 .. 2**63) or, opt-in mx_checked=True, folded with a
+paged_attention_gluon_kv.py: exact only for scales 2**-70 .. 2**63) or, opt-in mx_checked=True, folded with a
 2**5 offset that is exact for scales 2**-64 .. 2**6 (stored bytes 64..134) and checked: items with a block outside
 that window (zero blocks included: their byte is 1) come out
 non-finite and a second launch (REDO) recomputes exactly those with the exact kernel, so the result is the exact
-kernel's bit for bit (MX_CHK in paged_attention_gluon_tiles.py), and it has no per-token factors, so its
+kernel's bit for bit (MX_CHK in paged_attention_gluon_kv.py), and it has no per-token factors, so its
 producer copies four boxes per page, not six), head_dim 128, pages of 64 tokens (128-token tiles = 2 pages), GQA
 group <= 16 (the query heads of a kv head padded to the MMA's N = 16); `decode_attention_gluon` refuses other
 shapes with a message. Gluon has no interpreter: this runs only on an sm_90 GPU; the compile gate's cases
@@ -39,11 +40,13 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from trace_rl.formats import kv_layout as L
-from trace_rl.kernels.paged_attention_gluon_tiles import (  # noqa: F401 - MX_ADD, MX_CLAMP: this module's names too
+from trace_rl.kernels.paged_attention_gluon_kv import (  # noqa: F401 - MX_ADD, MX_CLAMP: this module's names too
     MX_ADD,
     MX_CHK,
     MX_CLAMP,
     MX_FOLD,
+)
+from trace_rl.kernels.paged_attention_gluon_tiles import (
     _consume_tiles,
     _epilogue,
     _load_q,
@@ -140,7 +143,7 @@ class GluonAttentionConfig:
     # give each program several items)
     programs: int = 0
     # mxfp4 only (nvfp4 ignores it, as mx_fold): the scale folded into the pairs with a 2**5 offset (MX = 3,
-    # paged_attention_gluon_tiles.MX_CHK: one HMUL2 per pair, no bias multiply, like mx_fold) and checked: exact for
+    # paged_attention_gluon_kv.MX_CHK: one HMUL2 per pair, no bias multiply, like mx_fold) and checked: exact for
     # stored scale bytes 64..134 (tiles.MX_CHK_LO: no folded element near the subnormals), a live block outside that
     # window (zero blocks, byte 1, included) makes its (sequence, kv head) output NaN / Inf, and a second launch (the
     # exact kernel, REDO) recomputes exactly the items whose output is not finite. The result is bit-identical to

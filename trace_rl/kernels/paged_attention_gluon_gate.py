@@ -122,7 +122,7 @@ GATE = ((GluonAttentionConfig(), 4, 3.15, "nvfp4:row"), (GluonAttentionConfig(st
         # REDO 3.27 (3.21); the other mxfp4 numbers in these comments are from before it. nvfp4's SASS is unchanged.
         # mxfp4 checked (mx_checked, MX 3: the 2**5-offset fold, exact for stored bytes MX_CHK_LO (64) .. 134; +Inf V
         # pairs outside that window on both ends, the largest K (stored - 64, unsigned) kept per thread;
-        # paged_attention_gluon_tiles.MX_CHK): LEAN_CHECKED 2.86 at groups 8 and 4 (1463 SASS; the folded fold_lean's
+        # paged_attention_gluon_kv.MX_CHK): LEAN_CHECKED 2.86 at groups 8 and 4 (1463 SASS; the folded fold_lean's
         # 2.82) against the exact LEAN's 3.21, and N = 16 (DEFAULT + mx_checked) 3.35 at group 16 (858) against the
         # exact 3.78. The window's low end costs +0.05 (2.81 / 3.31 with the window 1..134, which was not exact: bytes
         # 1..12 made folded products subnormal): per V scale word one add per byte pair (the 0x8000 - LO offset that
