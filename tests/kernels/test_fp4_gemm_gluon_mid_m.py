@@ -18,6 +18,7 @@ import pytest
 import torch
 import triton
 
+from tests.kernels.test_fp4_gemm_gluon_small import _ref, _rel, _weight
 from trace_rl.backends import get_backend
 from trace_rl.backends.fp4 import emulated_linear
 from trace_rl.formats import per_token
@@ -28,22 +29,6 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and
                                       triton.__version__.startswith("3.6")),
                                  reason="needs an sm_90 GPU and Triton 3.6 (Gluon)")]
-
-
-def _weight(N, K, fmt, gen):
-    w = torch.randn(N, K, generator=gen) * torch.exp(torch.randn(N, 1, generator=gen))
-    return get_backend("fp4").prepare_weight(w.cuda(), fmt)
-
-
-def _rel(y, ref):
-    return ((y.double() - ref.double()).norm() / ref.double().norm()).item()
-
-
-def _ref(x, packed, row_scale=None, bias=None):
-    y = x.double() @ packed.q.dequantize().double().T
-    if row_scale is not None:
-        y = y * row_scale.double()[:, None]
-    return y if bias is None else y + bias.double()
 
 
 def _split(M, h, c):
