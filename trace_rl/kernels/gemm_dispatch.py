@@ -52,10 +52,10 @@ def small_m_path(M: int, fmt: str, k_padded: int, capability: tuple[int, int] | 
         return "triton", "GLUON_SMALL_M is off"
     if explicit_config:
         return "triton", "an explicit Triton GemmConfig was given"
-    mid = M > GLUON_MAX_M
-    if mid and M > mid_m_max(fmt, n_padded, k_padded):
+    mid, limit = M > GLUON_MAX_M, mid_m_max(fmt, n_padded, k_padded)
+    if mid and M > limit:
         if (n_padded, k_padded) in (GLUON_MID_M.get(fmt) or {}):
-            return "triton", f"M > {mid_m_max(fmt, n_padded, k_padded)} (GLUON_MID_M's {fmt} {n_padded}x{k_padded})"
+            return "triton", f"M > {limit} (GLUON_MID_M's {fmt} {n_padded}x{k_padded})"
         return "triton", f"M > {GLUON_MAX_M}"
     if M < 1:
         return "triton", "no rows"
@@ -65,12 +65,12 @@ def small_m_path(M: int, fmt: str, k_padded: int, capability: tuple[int, int] | 
         return "triton", "Triton 3.6's Gluon is not importable"
     if fmt not in ("nvfp4", "mxfp4"):
         return "triton", f"format {fmt}"
-    step = mid_m_config(M, fmt, n_padded, k_padded).bk(fmt) if mid else SMALL_M.bk(fmt)
+    step = (mid_m_config(M, fmt, n_padded, k_padded) if mid else SMALL_M).bk(fmt)
     fits = k_padded % step == 0 if mid else small_m_fits(k_padded, fmt)
     if not fits:
         return "triton", f"K pads to {k_padded}, not a multiple of the Gluon GEMM's {step}-column K step"
     if mid:
-        return "gluon", (f"{GLUON_MAX_M} < M <= {mid_m_max(fmt, n_padded, k_padded)} on sm_90 for {fmt} "
+        return "gluon", (f"{GLUON_MAX_M} < M <= {limit} on sm_90 for {fmt} "
                          f"{n_padded}x{k_padded} (GLUON_MID_M): mid_m_config with programmatic dependent launch")
     return "gluon", f"M <= {GLUON_MAX_M} on sm_90: fp4_gemm_gluon.SMALL_M with programmatic dependent launch"
 
