@@ -352,19 +352,15 @@ def sass_gate_cases():
     from trace_rl.kernels.rmsnorm_quantize import _add_rms_norm_quantize_kernel
     from trace_rl.kernels.sass_gate import GateCase
 
-    cases = [GateCase(f"weight_e4m3 mxfp4 {WRITER_BN}x{WRITER_BK}", _weight_e4m3_kernel,
-                      dict(codes_ptr="*u8", scales_ptr="*u8", out_ptr="*u8", inexact_ptr="*i32", N="i32", K="i32",
-                           stride_c="i32", stride_s="i32", stride_o="i32"),
-                      dict(BN=WRITER_BN, BK=WRITER_BK), 4, 1, WRITER_BN * WRITER_BK / 128, GATE_BUDGETS["weight"],
-                      divisible=("codes_ptr", "scales_ptr", "out_ptr", "K", "stride_c", "stride_s", "stride_o"),
-                      register_a=False, forbid=(), whole_kernel=True)]
     wsig = dict(codes_ptr="*u8", scales_ptr="*u8", out_ptr="*u8", inexact_ptr="*i32", N="i32", K="i32",
                 stride_c="i32", stride_s="i32", stride_o="i32")
-    for bn, bk in ((DIRECT_BN, DIRECT_BK),):
-        cases.append(GateCase(f"weight_e4m3_direct mxfp4 {bn}x{bk}", _weight_e4m3_direct_kernel, wsig,
-                              dict(BN=bn, BK=bk), 4, 1, bn * bk / 128, GATE_BUDGETS["weight_direct"],
-                              divisible=("codes_ptr", "scales_ptr", "out_ptr", "K", "stride_c", "stride_s",
-                                         "stride_o"), register_a=False, forbid=(), whole_kernel=True))
+    cases = [GateCase(f"{name} mxfp4 {bn}x{bk}", kernel, wsig, dict(BN=bn, BK=bk), 4, 1, bn * bk / 128,
+                      GATE_BUDGETS[budget],
+                      divisible=("codes_ptr", "scales_ptr", "out_ptr", "K", "stride_c", "stride_s", "stride_o"),
+                      register_a=False, forbid=(), whole_kernel=True)
+             for name, kernel, bn, bk, budget in (
+                 ("weight_e4m3", _weight_e4m3_kernel, WRITER_BN, WRITER_BK, "weight"),
+                 ("weight_e4m3_direct", _weight_e4m3_direct_kernel, DIRECT_BN, DIRECT_BK, "weight_direct"))]
     sig = dict(x_ptr="*bf16", out_ptr="*u8", gscale_ptr="*fp32", n_rows="i32", K="i32", stride_x="i32",
                stride_out="i32")
     for name, K, silu in (("K4096", 4096, False), ("silu exact K12288", 12288, True)):
