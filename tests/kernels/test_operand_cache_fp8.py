@@ -301,4 +301,3 @@ def test_fp8_cache_graph_replay_after_reload_gpu(gen, capture):
     expect = layer(x)
     rel = ((out.double() - expect.double()).norm() / expect.double().norm()).item()
     assert rel < 1e-3
-
