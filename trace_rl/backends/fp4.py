@@ -239,7 +239,7 @@ class FP4Backend(Backend):
         if act_fmt == "bf16" or x.numel() == 0:
             return None
         if _on_kernels(x):
-            from trace_rl.kernels.linear import small_m_gemm, w4a4_quantize_pdl
+            from trace_rl.kernels.linear import small_m_gemm, w4a4_quantize_launch
             from trace_rl.kernels.row_quantize import quantize_dequant_bf16
 
             x2 = x.reshape(-1, K)
@@ -250,7 +250,7 @@ class FP4Backend(Backend):
             # (and in a capture the quantize starts under the kernel before it: kernels.linear.w4a4_quantize_pdl)
             path = small_m_gemm(x2.shape[0], x2.device, packed)
             xq, row_scale = quantize_dequant_bf16(x2 if x2.stride(-1) == 1 else x2.contiguous(), per_token(act_fmt),
-                                                  launch_dependents=path == "gluon", pdl_wait=w4a4_quantize_pdl(path))
+                                                  **w4a4_quantize_launch(path))
             return SharedInput(act_fmt, x.shape, x.dtype, xq, row_scale, kernels=True)
         compute = torch.float64 if x.dtype == torch.float64 else torch.float32
         xf = get_format(per_token(act_fmt)).fake_quantize(x.to(compute))
@@ -266,7 +266,7 @@ class FP4Backend(Backend):
         if act_fmt == "bf16" or gate_up.numel() == 0 or K2 % 2 or not _on_kernels(gate_up):
             return None
         from trace_rl.kernels import swiglu
-        from trace_rl.kernels.linear import small_m_gemm, w4a4_quantize_pdl
+        from trace_rl.kernels.linear import small_m_gemm, w4a4_quantize_launch
         from trace_rl.kernels.row_quantize import quantize_dequant_bf16
 
         if not swiglu.EXACT_SILU:
@@ -279,8 +279,7 @@ class FP4Backend(Backend):
                                kernels=True)
         path = small_m_gemm(x2.shape[0], x2.device, packed)    # the down projection follows at once (as above)
         xq, row_scale = quantize_dequant_bf16(x2 if x2.stride(-1) == 1 else x2.contiguous(), per_token(act_fmt),
-                                              silu_mul=True, launch_dependents=path == "gluon",
-                                              pdl_wait=w4a4_quantize_pdl(path))
+                                              silu_mul=True, **w4a4_quantize_launch(path))
         self.paths.record("fp4.silu_mul_quantize")
         return SharedInput(act_fmt, torch.Size((*gate_up.shape[:-1], K2 // 2)), gate_up.dtype, xq, row_scale,
                            kernels=True)

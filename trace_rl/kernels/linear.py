@@ -53,6 +53,13 @@ def w4a4_quantize_pdl(path: str) -> bool:
             and torch.cuda.is_current_stream_capturing())
 
 
+def w4a4_quantize_launch(path: str) -> dict:
+    """The PDL keywords of the W4A4 activation quantize (`quantize_dequant_bf16`) before a dense GEMM on `path`:
+    launch_dependents before the Gluon GEMM (its prologue under the quantize), pdl_wait where `w4a4_quantize_pdl`
+    says. One place for the callers (`fp4_linear`, FP4Backend's shared-input quantizes)."""
+    return {"launch_dependents": path == "gluon", "pdl_wait": w4a4_quantize_pdl(path)}
+
+
 def derive_layout(q, out: HopperFP4 | None = None) -> HopperFP4:
     """The Hopper layout of `q`: the Triton kernel on CUDA tensors, the torch reference elsewhere."""
     if q.codes.is_cuda:
@@ -167,7 +174,7 @@ def fp4_linear(x: torch.Tensor, packed, act_fmt: str = "bf16", bias: torch.Tenso
     else:   # before the Gluon GEMM the quantize kernel lets it launch early (PDL): its prologue under the quantize;
         # in a capture the quantize is a PDL launch too (its start under the kernel before it)
         xb, row_scale = quantize_dequant_bf16(x2 if x2.stride(-1) == 1 else x2.contiguous(), per_token(act_fmt),
-                                              launch_dependents=path == "gluon", pdl_wait=w4a4_quantize_pdl(path))
+                                              **w4a4_quantize_launch(path))
     y = _dense_matmul(xb, packed, row_scale, bias, x.dtype, config, path)
     return y.reshape(*lead, packed.out_features)
 
