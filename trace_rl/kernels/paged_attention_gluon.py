@@ -311,9 +311,9 @@ def decode_attention_gluon(q: torch.Tensor, k, v, block_table: torch.Tensor, seq
     bt = block_table if block_table.dtype == torch.int32 else block_table.to(torch.int32)
     bt = bt if bt.stride(-1) == 1 else bt.contiguous()
     lens = seq_lens if seq_lens.dtype == torch.int32 else seq_lens.to(torch.int32)
-    qk = scale * LOG2E * _out_factor(mx)
-    args = (q, out, bt, lens, kc, ks, kg, vc, vs, vg, qk, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-            bt.stride(0))
+    tensors = (q, out, bt, lens, kc, ks, kg, vc, vs, vg)
+    strides = (q.stride(0), q.stride(1), out.stride(0), out.stride(1), bt.stride(0))
+    args = (*tensors, scale * LOG2E * _out_factor(mx), *strides)
     consts = dict(HKV=hkv, GROUP=Hq // hkv, N=c.n_pad, D=D, DV=dv, PAGE=PAGE, T=BLOCK_T, STAGES=c.stages, MX=mx)
     if c.persistent:
         from trace_rl.kernels.paged_attention_gluon_persistent import (
@@ -329,7 +329,7 @@ def decode_attention_gluon(q: torch.Tensor, k, v, block_table: torch.Tensor, seq
         _decode_attention_ws_kernel[(hkv, B)](*args, **consts, UNROLL=c.unroll, COLMAX=c.col_max, num_warps=4,
                                               maxnreg=c.maxnreg)
     if mx == 3 and B:   # REDO: the exact kernel (MX 1, its own score factor) over the items left non-finite only
-        args = args[:10] + (scale * LOG2E * _out_factor(1), ) + args[11:]
+        args = (*tensors, scale * LOG2E * _out_factor(1), *strides)
         _decode_attention_ws_kernel[(hkv, B)](*args, **dict(consts, MX=1), UNROLL=c.unroll, COLMAX=c.col_max,
                                               REDO=True, num_warps=4, maxnreg=c.maxnreg)
     return out
