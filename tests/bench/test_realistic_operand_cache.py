@@ -114,23 +114,23 @@ def test_uncached_0_runs_only_the_cached_engine(tmp_path, monkeypatch):
 
 
 def test_layer_cache_bytes_add_up_to_the_model(monkeypatch):
-    """kv_budget subtracts a layer-cut model's missing layers' caches by layer 0's (`_cache_bytes`): every layer's
-    caches are the model's (the lm_head keeps none)."""
+    """kv_budget subtracts a layer-cut model's missing layers' caches by layer 0's (`model_bytes(model, within=...)`):
+    every layer's caches are the model's (the lm_head keeps none)."""
     pytest.importorskip("triton")
     import torch
 
     from trace_rl.bench.measure import build_rollout_model
-    from trace_rl.bench.workloads import _cache_bytes
     from trace_rl.engine import operand_cache as engine_oc
     from trace_rl.plan import PrecisionPlan
 
     monkeypatch.setattr(engine_oc, "why_not", lambda plan, device, kind="bf16": "")
     plan = PrecisionPlan.preset("w4a4-kv4")
     model = build_rollout_model("tiny", plan, torch.device("cpu"), torch.float32, 0)
-    assert _cache_bytes(model, "model.layers.0.") == 0
+    assert engine_oc.model_bytes(model, "model.layers.0.") == 0
     total = engine_oc.attach_model(model, plan, "cpu")
     layers = len(model.model.layers)
-    assert total > 0 and _cache_bytes(model, "model.layers.0.") * layers == total == _cache_bytes(model, "")
+    per_layer = engine_oc.model_bytes(model, "model.layers.0.")
+    assert total > 0 and per_layer * layers == total == engine_oc.model_bytes(model)
 
 
 def test_cache_refused_on_cpu_names_it(tmp_path):

@@ -74,22 +74,12 @@ def kv_budget(args, model, device, layers_scale: float = 1.0) -> tuple[float, fl
                    if "emulated" in lin.quant.backend.available(device).path and lin.quant.weight_fmt != "bf16")
     free -= args.reserve_gb * 2**30 + emulated
     if layers_scale < 1.0:   # the missing layers' operand caches too, where one is attached (it is in `free`)
-        per_layer = bm.weight_bytes(model, within="model.layers.0.") + _cache_bytes(model, "model.layers.0.")
+        from trace_rl.engine.operand_cache import model_bytes
+
+        per_layer = bm.weight_bytes(model, within="model.layers.0.") + model_bytes(model, within="model.layers.0.")
         missing = per_layer * (len(model.model.layers) / layers_scale - len(model.model.layers))
         free = (free - missing) * layers_scale
     return max(free, 0.0), total
-
-
-def _cache_bytes(model, within: str) -> int:
-    """Operand-cache bytes of the dense FP4 linears named `within...` (engine.operand_cache.model_bytes, per layer:
-    a stacked group's operands through its parts' views, its float32 row factors once)."""
-    from trace_rl.engine.operand_cache import KEY
-
-    caches = [lin.quant.packed.layout[KEY] for n, lin in model.linears().items() if n.startswith(within)
-              and getattr(lin, "quant", None) is not None and lin.quant.weight_fmt in ("nvfp4", "mxfp4")
-              and KEY in lin.quant.packed.layout]
-    stacks = {id(oc.stack): oc.stack for oc in caches if getattr(oc, "stack", None) is not None}
-    return sum(oc.nbytes for oc in caches) + sum(st.nbytes for st in stacks.values())
 
 
 def fixed_workload(args, name: str, plan_name: str, response: int, device, bw, log,

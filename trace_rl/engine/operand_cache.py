@@ -75,10 +75,10 @@ def why_not(plan, device: torch.device | str, kind: str = "bf16") -> str:
     return ""
 
 
-def fp4_dense(model) -> list:
-    """The model's dense FP4 QuantLinears."""
-    return [lin.quant for lin in model.linears().values()
-            if getattr(lin, "quant", None) is not None and lin.quant.weight_fmt in ("nvfp4", "mxfp4")]
+def fp4_dense(model, within: str = "") -> list:
+    """The model's dense FP4 QuantLinears (`within`: only those whose Linear's name starts with it)."""
+    return [lin.quant for name, lin in model.linears().items() if name.startswith(within)
+            and getattr(lin, "quant", None) is not None and lin.quant.weight_fmt in ("nvfp4", "mxfp4")]
 
 
 def attach_model(model, plan, device, kind="bf16") -> int:
@@ -119,10 +119,11 @@ def stack_groups(model) -> list[list]:
     return out
 
 
-def model_bytes(model) -> int:
+def model_bytes(model, within: str = "") -> int:
     """Bytes of the operand caches `model` holds (0 without): the bf16 operands (a stack's counted once, through
-    its parts' views) and the stacks' float32 row factors."""
-    caches = [q.packed.layout[KEY] for q in fp4_dense(model) if KEY in q.packed.layout]
+    its parts' views) and the stacks' float32 row factors. `within`: only the Linears whose name starts with it
+    (e.g. one layer's, as bench.workloads.kv_budget scales a layer-cut model)."""
+    caches = [q.packed.layout[KEY] for q in fp4_dense(model, within) if KEY in q.packed.layout]
     stacks = {id(oc.stack): oc.stack for oc in caches if getattr(oc, "stack", None) is not None}
     return sum(oc.nbytes for oc in caches) + sum(st.nbytes for st in stacks.values())
 
