@@ -69,7 +69,7 @@ def test_guarded_run_records_its_estimate_and_only_its_own_counts(tmp_path):
     assert row["estimate_s"] == est["estimate_s"] > 0 and not est["skip"] and est["probe_s"] > 0
     assert set(est["probe"]["step_ms"]) == {2, 4} and est["probe"]["long_context"] == 45     # p + realistic max
     # the probe's prefills and steps are not the run's: one prefill of the 2 prompts, steps = the longest - 1
-    assert row["prefill_tokens"] == 2 * 5 and row["decode_steps"] >= row["lengths"]["max"] - 1
+    assert row["prefill_tokens"] == 2 * 5 and row["decode_steps"] == row["lengths"]["max"] - 1
     assert row["lengths"]["honoured"]
     assert any("realistic time guard: estimated" in line and "runs" in line for line in report["log"])
 
