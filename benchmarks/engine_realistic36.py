@@ -23,11 +23,14 @@ tokens/s, `wall_s` = the run's measured seconds against the guard's `estimate_s`
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
 import time
+
+from engine_remaining_summary import _report as _read_json
+from engine_remaining_summary import _tail as _log_tail
+from h200_summary import write
 
 PLANS = ("bf16", "w4a4-kv4", "w4a4-kv4-mx", "fp8", "w4a16")
 FP4 = ("w4a4-kv4", "w4a4-kv4-mx")
@@ -92,23 +95,16 @@ def run_plans(args, runner=subprocess.run, clock=time.time) -> dict:
                 except subprocess.TimeoutExpired:
                     rc = 124
             metas[plan] = {"rc": rc, "process_s": clock() - t, "timed_out": rc == 124}
-        write(args.out, summarize(args.out, plans, metas, args))
+        write(args.out, summarize(args.out, plans, metas, args), 600)     # the headline into driver.log
     return metas
 
 
 def _report(out: str, plan: str) -> dict | None:
-    try:
-        return json.load(open(os.path.join(out, plan, "rollout.json")))
-    except (OSError, ValueError):
-        return None
+    return _read_json(os.path.join(out, plan, "rollout.json"))
 
 
 def _tail(out: str, plan: str, n: int = 6) -> list[str]:
-    try:
-        lines = open(os.path.join(out, f"{plan}.log")).read().strip().splitlines()
-    except OSError:
-        return []
-    return [x for x in lines if "Warning" not in x and "warnings.warn" not in x][-n:]
+    return _log_tail(os.path.join(out, f"{plan}.log"), n)
 
 
 def summarize(out: str, plans: list[str], metas: dict, args=None) -> dict:
@@ -170,17 +166,11 @@ def summarize(out: str, plans: list[str], metas: dict, args=None) -> dict:
     return s
 
 
-def write(out: str, s: dict) -> None:
-    with open(os.path.join(out, "summary.json"), "w") as f:
-        json.dump(s, f, indent=1, default=str)
-
-
 def main(argv=None) -> dict:
     args = parse_args(argv)
     metas = run_plans(args)
     s = summarize(args.out, [p for p in args.plans.split(",") if p], metas, args)
-    write(args.out, s)
-    print(json.dumps(s, indent=1, default=str)[:6000])
+    write(args.out, s, 6000)
     return s
 
 
