@@ -30,21 +30,18 @@ DRY_LINEARS = [("o_proj", 64, 96), ("down_proj", 32, 160)]
 GATE_UP = (24576, 4096)
 
 
-def _sync(quant_linear, layers, weights, batched: bool) -> float:
-    """ms of one sync of `weights` into `layers` (load_linear_weights), synchronized around it."""
+def _sync(quant_linear, layers, weights, batched: bool, device) -> float:
+    """ms of one sync of `weights` into `layers` (load_linear_weights), synchronized around it (measure.wall_s)."""
     import torch
+
+    from trace_rl.bench.measure import wall_s
 
     if not batched:          # the old behaviour: no deferred check, a host read per FP8 cache
         saved = quant_linear.fp8_sync_check
         quant_linear.fp8_sync_check = contextlib.nullcontext
     try:
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        quant_linear.load_linear_weights([(layer, w, None) for layer, w in zip(layers, weights)])
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        return (time.perf_counter() - t) * 1e3
+        return wall_s(lambda: quant_linear.load_linear_weights([(layer, w, None) for layer, w in zip(layers, weights)]),
+                      torch.device(device)) * 1e3
     finally:
         if not batched:
             quant_linear.fp8_sync_check = saved
@@ -109,10 +106,10 @@ def main() -> None:
     dump()
     times = {k: [] for k in sets}
     for kind, layers in sets.items():            # warm-up: compiles, first-touch
-        _sync(quant_linear, layers, weights, kind != "fp8_per_weight")
+        _sync(quant_linear, layers, weights, kind != "fp8_per_weight", device)
     for _ in range(args.reps):                   # interleaved: drift hits all three alike
         for kind, layers in sets.items():
-            times[kind].append(_sync(quant_linear, layers, weights, kind != "fp8_per_weight"))
+            times[kind].append(_sync(quant_linear, layers, weights, kind != "fp8_per_weight", device))
     for kind, ts in times.items():
         res[f"{kind}_ms"] = statistics.median(ts)
         res[f"{kind}_all_ms"] = [round(t, 3) for t in ts]
