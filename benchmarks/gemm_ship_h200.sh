@@ -51,27 +51,11 @@ timeout $(( left > 20 ? left : 20 )) $PY benchmarks/gemm_ship.py --out "$OUT/gem
 bench_rc=$?
 $PY - "$OUT" "$pre_rc" "$bench_rc" "$test_rc" <<'PY'
 import glob, json, os, sys
-import xml.etree.ElementTree as ET
 sys.path.insert(0, "benchmarks")
-from h200_summary import tail, write
+from h200_summary import pytest_shards, tail, write
 out, pre_rc, bench_rc, test_rc = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 s = {"precompile_rc": pre_rc, "bench_rc": bench_rc, "pytest_rc": test_rc, "precompile_tail": tail(out, "precompile.log", 3)}
-counts, failed = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}, []
-for f in sorted(glob.glob(os.path.join(out, "pytest_*.xml"))):
-    try:
-        for suite in ET.parse(f).getroot().iter("testsuite"):
-            for k in counts:
-                counts[k] += int(suite.get(k, 0))
-            for case in suite.iter("testcase"):
-                if case.find("failure") is not None or case.find("error") is not None:
-                    failed.append(case.get("name"))
-    except Exception as e:   # noqa: BLE001
-        failed.append(f"{f}: {e!r}")
-ids = os.path.join(out, "test_ids.txt")
-counts["collected"] = len(open(ids).read().split()) if os.path.exists(ids) else 0   # 0: collection failed
-s["pytest"], s["pytest_failed"] = counts, failed[:20]
-s["pytest_tails"] = {os.path.basename(f): tail(out, os.path.basename(f), 2)
-                     for f in sorted(glob.glob(os.path.join(out, "pytest_*.log")))}
+s.update(pytest_shards(out))
 try:
     r = json.load(open(os.path.join(out, "gemm_ship.json")))
     s["ceilings"], s["gemlite"] = r.get("ceilings"), r.get("gemlite")

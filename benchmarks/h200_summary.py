@@ -20,3 +20,29 @@ def write(out: str, summary: dict, limit: int | None = None) -> None:
         json.dump(summary, f, indent=1)
     text = json.dumps(summary, indent=1)
     print(text[:limit] if limit else text)
+
+
+def pytest_shards(out: str) -> dict:
+    """The sharded GPU tests of a check (OUT/pytest_<i>.xml / .log, the ids in OUT/test_ids.txt): `pytest`, the
+    junit counts summed (tests / failures / errors / skipped) and `collected` (0: collection failed); `pytest_failed`,
+    the first 20 failed or erroring test names (an unreadable xml counts as one, named with its error); `pytest_tails`,
+    the last 2 lines of each shard's log."""
+    import glob
+    import xml.etree.ElementTree as ET
+
+    counts, failed = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}, []
+    for f in sorted(glob.glob(os.path.join(out, "pytest_*.xml"))):
+        try:
+            for suite in ET.parse(f).getroot().iter("testsuite"):
+                for k in counts:
+                    counts[k] += int(suite.get(k, 0))
+                for case in suite.iter("testcase"):
+                    if case.find("failure") is not None or case.find("error") is not None:
+                        failed.append(case.get("name"))
+        except Exception as e:   # noqa: BLE001 - a cut or corrupt shard is reported, not fatal to the summary
+            failed.append(f"{f}: {e!r}")
+    ids = os.path.join(out, "test_ids.txt")
+    counts["collected"] = len(open(ids).read().split()) if os.path.exists(ids) else 0
+    return {"pytest": counts, "pytest_failed": failed[:20],
+            "pytest_tails": {os.path.basename(f): tail(out, os.path.basename(f), 2)
+                             for f in sorted(glob.glob(os.path.join(out, "pytest_*.log")))}}
