@@ -31,26 +31,16 @@ if [ "${SHIP_TESTS:-1}" != 0 ]; then
     $PY -m pytest --collect-only -q -p no:cacheprovider tests/kernels/test_quantize.py -k launch_dependents 2>/dev/null \
         | grep "::" >> "$OUT/test_ids.txt"      # the quantize kernel with launch_dependents: the same bits
 fi
-pids=()
-set -f          # test ids carry [params]: no globbing
-for i in 0 1 2 3 4 5 6 7; do
-    awk -v i=$i 'NR % 8 == i' "$OUT/test_ids.txt" > "$OUT/shard_$i.txt"
-    [ -s "$OUT/shard_$i.txt" ] || continue
-    timeout 58 $PY -m pytest -v -p no:cacheprovider -rs --junitxml="$OUT/pytest_$i.xml" \
-        $(cat "$OUT/shard_$i.txt") > "$OUT/pytest_$i.log" 2>&1 &
-    pids+=($!)
-done
-set +f
+start_pytest_shards 8 58
 timeout 34 $PY benchmarks/gemm_ship.py --precompile-only --precompile-timeout-s 30 $SHAPE_ARGS > "$OUT/precompile.log" 2>&1
 pre_rc=$?
-test_rc=0
-for p in "${pids[@]}"; do wait "$p" || test_rc=$?; done
+wait_pytest_shards
 left=$(( 112 - ($(date +%s) - start) ))
 timeout $(( left > 20 ? left : 20 )) $PY benchmarks/gemm_ship.py --out "$OUT/gemm_ship.json" $SHAPE_ARGS \
     --budget-s $(( left > 30 ? left - 14 : 15 )) > "$OUT/gemm_ship.log" 2>&1
 bench_rc=$?
 $PY - "$OUT" "$pre_rc" "$bench_rc" "$test_rc" <<'PY'
-import glob, json, os, sys
+import json, os, sys
 sys.path.insert(0, "benchmarks")
 from h200_summary import pytest_shards, tail, write
 out, pre_rc, bench_rc, test_rc = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])

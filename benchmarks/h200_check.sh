@@ -18,3 +18,27 @@ run_pytest() {
         "$@" > "$OUT/pytest.log" 2>&1
     test_rc=$?
 }
+
+# `start_pytest_shards N LIMIT_S`: the test ids in OUT/test_ids.txt dealt round robin into N shards (OUT/shard_<i>.txt),
+# each a background pytest limited to LIMIT_S seconds -> OUT/pytest_<i>.{xml,log} (summed by
+# h200_summary.pytest_shards), so the tests run while the check precompiles; `wait_pytest_shards` then waits for them
+# (before any timing starts) and sets $test_rc: 0 when every shard passed, else a failing shard's rc.
+start_pytest_shards() {
+    local i
+    shard_pids=()
+    set -f          # test ids carry [params]: no globbing
+    for (( i = 0; i < $1; i++ )); do
+        awk -v i=$i -v n=$1 'NR % n == i' "$OUT/test_ids.txt" > "$OUT/shard_$i.txt"
+        [ -s "$OUT/shard_$i.txt" ] || continue
+        timeout $2 $PY -m pytest -v -p no:cacheprovider -rs --junitxml="$OUT/pytest_$i.xml" \
+            $(cat "$OUT/shard_$i.txt") > "$OUT/pytest_$i.log" 2>&1 &
+        shard_pids+=($!)
+    done
+    set +f
+}
+
+wait_pytest_shards() {
+    local p
+    test_rc=0
+    for p in "${shard_pids[@]}"; do wait "$p" || test_rc=$?; done
+}

@@ -35,28 +35,18 @@ gemlite ${SMALLM_GEMLITE:-1}; tests $TESTS matching ${SMALLM_TESTS:-.}" > "$OUT/
 : > "$OUT/test_ids.txt"
 $PY -m pytest --collect-only -q -p no:cacheprovider $TESTS -m gpu 2>/dev/null | grep "::" \
     | grep -E -- "${SMALLM_TESTS:-.}" > "$OUT/test_ids.txt"
-pids=()
-set -f          # test ids carry [params]: no globbing
-for i in 0 1 2 3; do
-    awk -v i=$i 'NR % 4 == i' "$OUT/test_ids.txt" > "$OUT/shard_$i.txt"
-    [ -s "$OUT/shard_$i.txt" ] || continue
-    timeout 55 $PY -m pytest -v -p no:cacheprovider -rs --junitxml="$OUT/pytest_$i.xml" \
-        $(cat "$OUT/shard_$i.txt") > "$OUT/pytest_$i.log" 2>&1 &
-    pids+=($!)
-done
-set +f
+start_pytest_shards 4 55
 PRE_S=${SMALLM_PRECOMPILE_S:-44}
 timeout $(( PRE_S + 4 )) $PY benchmarks/smallm_sweep.py --precompile-only --precompile-timeout-s $PRE_S --shapes "$SHAPES" \
     > "$OUT/precompile.log" 2>&1
 pre_rc=$?
-test_rc=0
-for p in "${pids[@]}"; do wait "$p" || test_rc=$?; done
+wait_pytest_shards
 left=$(( 112 - ($(date +%s) - start) ))
 timeout $(( left > 20 ? left : 20 )) $PY benchmarks/smallm_sweep.py --out "$OUT/smallm.json" --shapes "$SHAPES" \
     --budget-s $(( left > 30 ? left - 14 : 15 )) > "$OUT/smallm.log" 2>&1
 bench_rc=$?
 $PY - "$OUT" "$pre_rc" "$bench_rc" "$test_rc" <<'PY'
-import glob, json, os, sys
+import json, os, sys
 sys.path.insert(0, "benchmarks")
 from h200_summary import pytest_shards, tail, write
 out, pre_rc, bench_rc, test_rc = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])

@@ -73,3 +73,25 @@ def test_check_summary_heredoc(script, tmp_path):
         assert s["pytest_pass"] is False
         keys = list(s)
         assert keys.index("pytest_failed") < keys.index("pytest_pass") < keys.index("pytest_tails")
+
+
+def test_start_and_wait_pytest_shards(tmp_path):
+    """benchmarks/h200_check.sh's sharded run on CPU: 3 ids (one parametrized: no globbing) in 4 shards, the empty
+    one not started, the failing shard's rc in $test_rc, the shards summed by pytest_shards."""
+    (tmp_path / "test_fake.py").write_text("import pytest\n\ndef test_ok():\n    pass\n\n"
+                                           "@pytest.mark.parametrize('p', [1])\ndef test_p(p):\n    pass\n\n"
+                                           "def test_fail():\n    assert False\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    f = tmp_path / "test_fake.py"
+    (out / "test_ids.txt").write_text(f"{f}::test_ok\n{f}::test_p[1]\n{f}::test_fail\n")
+    env = dict(os.environ, PYTHON=sys.executable)
+    p = subprocess.run(["bash", "-c", '. benchmarks/h200_check.sh "$1"; start_pytest_shards 4 60; wait_pytest_shards; '
+                        'echo "test_rc=$test_rc"', "_", str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=180)
+    assert "test_rc=1" in p.stdout, (p.stdout, p.stderr)
+    assert sorted(x.name for x in out.glob("pytest_*.xml")) == ["pytest_1.xml", "pytest_2.xml", "pytest_3.xml"]
+    assert (out / "shard_0.txt").read_text() == ""      # NR % 4 == 0: the 4th id
+    r = hs.pytest_shards(str(out))
+    assert r["pytest"] == {"tests": 3, "failures": 1, "errors": 0, "skipped": 0, "collected": 3}
+    assert r["pytest_failed"] == ["test_fail"]
