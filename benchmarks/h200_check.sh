@@ -2,7 +2,8 @@
 # argument, the checkout first on PYTHONPATH (the device wheels after it), the compiled kernels (never the
 # interpreter), and `run_pytest BUDGET_S ARGS...`, which gives pytest what is left of BUDGET_S seconds since the
 # script started (at least 10) and leaves OUT/pytest.{log,xml} and $test_rc.
-# Their summary heredocs (`$PY - "$OUT" ... <<'PY'`) take `tail` and `write` from benchmarks/h200_summary.py.
+# Their summary heredocs (`$PY - "$OUT" ... <<'PY'`) take `tail`, `write` and `pytest_shards` (the sharded tests below)
+# from benchmarks/h200_summary.py.
 set -u
 OUT=${1:?usage: $0 OUT_DIR}
 mkdir -p "$OUT"
