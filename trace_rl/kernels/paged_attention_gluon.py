@@ -40,6 +40,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from trace_rl.formats import kv_layout as L
+from trace_rl.kernels.fp4_gemm_gluon_epilogue import _gdc_launch, _gdc_wait
 from trace_rl.kernels.paged_attention_gluon_kv import (  # noqa: F401 - MX_ADD, MX_CLAMP: this module's names too
     MX_ADD,
     MX_CHK,
@@ -63,8 +64,13 @@ HEAD_DIM, PAGE, BLOCK_T, N_PAD = 128, 64, 128, 16
 @gluon.jit
 def _producer(kc_desc, ks_desc, kg_desc, vc_desc, vs_desc, vg_desc, kc_b, ks_b, kg_b, vc_b, vs_b, vg_b,
               ready, empty, bt_row, h, seq_len, n_tiles, HKV: gl.constexpr, NP: gl.constexpr,
-              PAGE: gl.constexpr, STAGES: gl.constexpr, MX: gl.constexpr):
-    """1 warp: one (kv head, sequence)'s tiles, ring positions 0 .. n_tiles - 1."""
+              PAGE: gl.constexpr, STAGES: gl.constexpr, MX: gl.constexpr, WAIT: gl.constexpr):
+    """1 warp: one (kv head, sequence)'s tiles, ring positions 0 .. n_tiles - 1. WAIT (a PDL REDO): the worker
+    partition's own griddepcontrol.wait before its first block-table load. It starts only after the default
+    partition's wait, so this one returns at once; it keeps the rule "no global access before the wait" true of
+    each partition's code (the worker's comes first in the SASS, where the gate's first_before rule reads it)."""
+    if WAIT:
+        _gdc_wait()
     _produce_tiles(0, kc_desc, ks_desc, kg_desc, vc_desc, vs_desc, vg_desc, kc_b, ks_b, kg_b, vc_b, vs_b, vg_b,
                    ready, empty, bt_row, h, seq_len, n_tiles, HKV, NP, PAGE, STAGES, MX)
 
@@ -87,14 +93,16 @@ def _decode_attention_ws_kernel(q_ptr, out_ptr, bt_ptr, lens_ptr, kc_desc, ks_de
                                 HKV: gl.constexpr, GROUP: gl.constexpr, N: gl.constexpr, D: gl.constexpr,
                                 DV: gl.constexpr, PAGE: gl.constexpr, T: gl.constexpr, STAGES: gl.constexpr,
                                 MX: gl.constexpr, UNROLL: gl.constexpr = 1, COLMAX: gl.constexpr = False,
-                                REDO: gl.constexpr = False):
+                                REDO: gl.constexpr = False, PDL: gl.constexpr = False):
     h = gl.program_id(0)
     b = gl.program_id(1)
-    seq_len = gl.load(lens_ptr + b)
     if REDO:          # mx_checked's second launch: only the items the checked launch left non-finite, else nothing
+        if PDL:       # launched as a programmatic dependent of the checked launch (redo_pdl): its whole output
+            _gdc_wait()     # complete and visible before the first global access (gate rule first_before)
         if not _out_not_finite(out_ptr, b, h, stride_ob, stride_oh, GROUP, N, D):
             return    # the common case: leave before the ring, the barriers and the partitions are set up (the
             # lowering signals the worker warp to exit first: SASS STS of the exit state, BAR.SYNC 1, EXIT)
+    seq_len = gl.load(lens_ptr + b)
     n_tiles = gl.cdiv(seq_len, T)
     NP: gl.constexpr = T // PAGE
     kc_b, ks_b, kg_b, vc_b, vs_b, vg_b, q_s, p_s, ready, empty = _ring(kc_desc, ks_desc, kg_desc, vc_desc, vs_desc,
@@ -104,8 +112,10 @@ def _decode_attention_ws_kernel(q_ptr, out_ptr, bt_ptr, lens_ptr, kc_desc, ks_de
         (_consumer, (q_ptr, b, h, seq_len, n_tiles, qk_scale, stride_qb, stride_qh, q_s, p_s, kc_b, ks_b, kg_b, vc_b,
                      vs_b, vg_b, ready, empty, GROUP, N, D, DV, T, NP, STAGES, MX, UNROLL, COLMAX)),
         (_producer, (kc_desc, ks_desc, kg_desc, vc_desc, vs_desc, vg_desc, kc_b, ks_b, kg_b, vc_b, vs_b, vg_b,
-                     ready, empty, bt_row, h, seq_len, n_tiles, HKV, NP, PAGE, STAGES, MX)),
+                     ready, empty, bt_row, h, seq_len, n_tiles, HKV, NP, PAGE, STAGES, MX, REDO and PDL)),
     ], [1], [24])
+    if PDL and not REDO:    # the checked launch before a PDL REDO: after the tile loop, so that REDO programs take
+        _gdc_launch()       # no SM slot while programs of this grid still wait to start (they wait in _gdc_wait)
     _epilogue(acc, l_i, out_ptr, b, h, stride_ob, stride_oh, GROUP, N, D, DV, MX)
 
 
@@ -150,6 +160,12 @@ class GluonAttentionConfig:
     # the exact kernel's (NaN blocks and out-of-window scales included) for every stored byte, under the condition
     # on q and the probabilities in docs/kernels.md. Opt-in until the H200 check mxkv has timed it.
     mx_checked: bool = False
+    # mx_checked only: the REDO launch as a programmatic dependent (PDL, `launch_pdl=True`) of the checked launch:
+    # the checked programs signal griddepcontrol.launch_dependents after their tile loop, the REDO programs wait in
+    # griddepcontrol.wait (the checked grid complete, its output flushed) before they read anything. Takes the
+    # second launch's gap off the critical path (at 32 x 8k the whole call is one ~90 us wave); the same items
+    # recomputed by the same kernel: bit-identical. Opt-in (LEAN_REDO_PDL) until the H200 check redopdl has timed it.
+    redo_pdl: bool = False
 
     def check(self) -> None:
         if not 2 <= self.stages <= 6:
@@ -163,6 +179,9 @@ class GluonAttentionConfig:
         if self.mx_fold and self.mx_checked:
             raise ValueError(f"GluonAttentionConfig {self}: mx_fold and mx_checked are two ways to fold mxfp4's scale; "
                              "set one")
+        if self.redo_pdl and not self.mx_checked:
+            raise ValueError(f"GluonAttentionConfig {self}: redo_pdl launches mx_checked's REDO with PDL; set "
+                             "mx_checked=True too (without it there is no REDO launch)")
 
     def mx(self, kv_format: str) -> int:
         """The kernel's MX constexpr for a cache of `kv_format`: 0 nvfp4, 1 mxfp4 exact, 2 folded, 3 checked."""
@@ -198,6 +217,11 @@ LEAN_WIDE_LOOP = False
 # tests/kernels/test_paged_attention_gluon_checked.py::test_default_config_follows_lean_mx_checked follows it.
 LEAN_CHECKED = GluonAttentionConfig(n_pad=8, unroll=2, col_max=True, mx_checked=True)
 LEAN_MX_CHECKED = True
+# LEAN_CHECKED with its REDO launched as a programmatic dependent (redo_pdl); LEAN_REDO_PDL makes it what
+# LEAN_MX_CHECKED selects. Off until the H200 check redopdl (benchmarks/redopdl_h200.sh) finds it bit-identical and
+# not slower at any row; tests/kernels/test_redo_pdl.py::test_default_config_follows_lean_redo_pdl pins it.
+LEAN_CHECKED_PDL = GluonAttentionConfig(n_pad=8, unroll=2, col_max=True, mx_checked=True, redo_pdl=True)
+LEAN_REDO_PDL = False
 
 
 def default_config(group: int, kv_format: str | None = None) -> GluonAttentionConfig:
@@ -207,7 +231,9 @@ def default_config(group: int, kv_format: str | None = None) -> GluonAttentionCo
     if not LEAN_LOOP or group < 1:
         return DEFAULT
     if group <= LEAN.n_pad:
-        return LEAN_CHECKED if LEAN_MX_CHECKED and kv_format == "mxfp4" else LEAN
+        if LEAN_MX_CHECKED and kv_format == "mxfp4":
+            return LEAN_CHECKED_PDL if LEAN_REDO_PDL else LEAN_CHECKED
+        return LEAN
     return LEAN_WIDE if LEAN_WIDE_LOOP else DEFAULT
 
 
@@ -315,6 +341,8 @@ def decode_attention_gluon(q: torch.Tensor, k, v, block_table: torch.Tensor, seq
     strides = (q.stride(0), q.stride(1), out.stride(0), out.stride(1), bt.stride(0))
     args = (*tensors, scale * LOG2E * _out_factor(mx), *strides)
     consts = dict(HKV=hkv, GROUP=Hq // hkv, N=c.n_pad, D=D, DV=dv, PAGE=PAGE, T=BLOCK_T, STAGES=c.stages, MX=mx)
+    pdl = mx == 3 and c.redo_pdl and B > 0      # the checked launch signals, its REDO waits (redo_pdl)
+    signal = {"PDL": True} if pdl else {}       # unset: the cached non-PDL compiles
     if c.persistent:
         from trace_rl.kernels.paged_attention_gluon_persistent import (
             _decode_attention_persistent_kernel,
@@ -324,14 +352,15 @@ def decode_attention_gluon(q: torch.Tensor, k, v, block_table: torch.Tensor, seq
         grid = min(B * hkv, c.programs) if c.programs else persistent_grid(B * hkv, _sms(q.device), c.ctas_per_sm())
         if grid:
             _decode_attention_persistent_kernel[(grid, )](*args, B * hkv, **consts, UNROLL=c.unroll, COLMAX=c.col_max,
-                                                          num_warps=4, maxnreg=c.maxnreg)
+                                                          **signal, num_warps=4, maxnreg=c.maxnreg)
     else:
-        _decode_attention_ws_kernel[(hkv, B)](*args, **consts, UNROLL=c.unroll, COLMAX=c.col_max, num_warps=4,
-                                              maxnreg=c.maxnreg)
+        _decode_attention_ws_kernel[(hkv, B)](*args, **consts, UNROLL=c.unroll, COLMAX=c.col_max, **signal,
+                                              num_warps=4, maxnreg=c.maxnreg)
     if mx == 3 and B:   # REDO: the exact kernel (MX 1, its own score factor) over the items left non-finite only
         args = (*tensors, scale * LOG2E * _out_factor(1), *strides)
         _decode_attention_ws_kernel[(hkv, B)](*args, **dict(consts, MX=1), UNROLL=c.unroll, COLMAX=c.col_max,
-                                              REDO=True, num_warps=4, maxnreg=c.maxnreg)
+                                              REDO=True, **signal, num_warps=4, maxnreg=c.maxnreg,
+                                              **({"launch_pdl": True} if pdl else {}))
     return out
 
 

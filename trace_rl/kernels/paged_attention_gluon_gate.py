@@ -22,7 +22,7 @@ from trace_rl.kernels.paged_attention_gluon_persistent import _decode_attention_
 
 
 def gate_case(c: GluonAttentionConfig, group: int = 4, kv_heads: int = 8, budget: float = 3.35,
-              kv_format: str = "nvfp4:row", full_waits: int = 2, redo: bool = False):
+              kv_format: str = "nvfp4:row", full_waits: int = 2, redo: bool = False, pdl: bool = False):
     from trace_rl.kernels.sass_gate import GateCase
 
     w = _words(kv_format)
@@ -45,6 +45,13 @@ def gate_case(c: GluonAttentionConfig, group: int = 4, kv_heads: int = 8, budget
     if redo:          # mx_checked's second launch: the exact kernel, run only where the checked output is not finite
         consts["REDO"] = True
         kind += " redo"
+    require, first_before, options = ("USETMAXREG", "SYNCS.PHASECHK", "UTMALDG", "SYNCS.ARRIVE"), (), ()
+    if pdl:           # redo_pdl: the checked launch signals launch_dependents (PREEXIT) after its tile loop; the REDO,
+        consts["PDL"] = True      # launched with launch_pdl, waits (ACQBULK) before its first global access
+        kind += " pdl"
+        require += ("ACQBULK", ) if redo else ("PREEXIT", )
+        first_before = ("ACQBULK", ) if redo else ()
+        options = (("launch_pdl", True), ) if redo else ()
     full_waits *= c.unroll
     kind += "" if c.unroll == 1 else f" u{c.unroll}"
     kind += "" if c.n_pad == 16 else f" n{c.n_pad}"
@@ -53,8 +60,8 @@ def gate_case(c: GluonAttentionConfig, group: int = 4, kv_heads: int = 8, budget
                     consts, 4, 1, c.unroll * BLOCK_T * (HEAD_DIM + L.v_rows(HEAD_DIM)) / 128, budget,
                     ("q_ptr", "out_ptr", "bt_ptr", "lens_ptr", "stride_qb", "stride_qh", "stride_ob", "stride_oh",
                      "stride_bt"),
-                    max_full_waits=full_waits, options=(("maxnreg", c.maxnreg), ), innermost=c.persistent,
-                    require=("USETMAXREG", "SYNCS.PHASECHK", "UTMALDG", "SYNCS.ARRIVE"), forbid=())
+                    max_full_waits=full_waits, options=(("maxnreg", c.maxnreg), ) + options, innermost=c.persistent,
+                    require=require, first_before=first_before, forbid=())
 
 
 # Compile gate (sass_gate.py; Triton 3.6 only). Per K/V element of a 128-token tile (256 per consumer thread), sm_90,
@@ -155,6 +162,12 @@ GATE_SERIALISED = ((GluonAttentionConfig(persistent=True), 4, 3.45, "nvfp4:row")
 # mx_checked's REDO launch (the exact kernel with a check of the checked output first): its tile loop is the exact
 # LEAN's (3.21 at group 8), compiled here so that the REDO constexpr cannot break unseen
 GATE_REDO = ((GluonAttentionConfig(n_pad=8, unroll=2, col_max=True), 8, 3.29, "mxfp4"), )
+# redo_pdl (LEAN_CHECKED_PDL): the checked launch with its launch_dependents after the tile loop (the ws kernel and the
+# persistent one; the loop's SASS is LEAN_CHECKED's) and the REDO with griddepcontrol.wait before any global access
+GATE_PDL = ((GluonAttentionConfig(n_pad=8, unroll=2, col_max=True, mx_checked=True), 8, 2.94, "mxfp4", False),
+            (GluonAttentionConfig(persistent=True, n_pad=8, unroll=2, col_max=True, mx_checked=True), 4, 2.95, "mxfp4",
+             False),
+            (GluonAttentionConfig(n_pad=8, unroll=2, col_max=True), 8, 3.29, "mxfp4", True))
 
 
 def sass_gate_cases():
@@ -162,4 +175,6 @@ def sass_gate_cases():
         return []
     return [gate_case(c, group, budget=budget, kv_format=fmt) for c, group, budget, fmt in GATE] + \
         [gate_case(c, group, budget=budget, kv_format=fmt, redo=True) for c, group, budget, fmt in GATE_REDO] + \
+        [gate_case(c, group, budget=budget, kv_format=fmt, redo=redo, pdl=True)
+         for c, group, budget, fmt, redo in GATE_PDL] + \
         [gate_case(c, group, budget=budget, kv_format=fmt, full_waits=32) for c, group, budget, fmt in GATE_SERIALISED]

@@ -35,6 +35,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared
 
+from trace_rl.kernels.fp4_gemm_gluon_epilogue import _gdc_launch
 from trace_rl.kernels.paged_attention_gluon_tiles import _consume_tiles, _epilogue, _load_q, _produce_tiles, _ring
 
 
@@ -113,7 +114,7 @@ def _decode_attention_persistent_kernel(q_ptr, out_ptr, bt_ptr, lens_ptr, kc_des
                                         HKV: gl.constexpr, GROUP: gl.constexpr, N: gl.constexpr, D: gl.constexpr,
                                         DV: gl.constexpr, PAGE: gl.constexpr, T: gl.constexpr,
                                         STAGES: gl.constexpr, MX: gl.constexpr, UNROLL: gl.constexpr = 1,
-                                        COLMAX: gl.constexpr = False):
+                                        COLMAX: gl.constexpr = False, PDL: gl.constexpr = False):
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
     NP: gl.constexpr = T // PAGE
@@ -127,3 +128,5 @@ def _decode_attention_persistent_kernel(q_ptr, out_ptr, bt_ptr, lens_ptr, kc_des
                                 vg_b, ready, empty, bt_ptr, lens_ptr, stride_bt, pid, nprog, work, HKV, NP, PAGE, T,
                                 STAGES, MX)),
     ], [1], [24])
+    if PDL:               # mx_checked with redo_pdl: the REDO launch (a programmatic dependent) may be scheduled
+        _gdc_launch()     # once every program has finished its items; it waits for this grid's completion anyway
