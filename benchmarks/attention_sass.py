@@ -11,7 +11,11 @@ column max: nvfp4 2.78, mxfp4 3.21), for nvfp4 also colmax (the column max alone
 (persistent, 3.36 with every wgmma serialised by ptxas; persistent_colmax, 2.91, not serialised), for mxfp4 fold
 (the opt-in folded bias, 3.15), fold_lean (2.82) and checked_lean (paged_attention_gluon.LEAN_CHECKED: the
 2**5-offset fold, exact in its scale window 64..134, out-of-window items recomputed by a second launch: 2.86;
-its base is the exact lean).
+its base is the exact lean) and checked_lean_pdl (LEAN_CHECKED_PDL: the same with its REDO launched as a
+programmatic dependent, redo_pdl; base the exact lean).
+--pair-rounds N: after a row's variants, each pair of PAIRS (checked_lean_pdl / checked_lean) timed N more times
+alternately (`pairs`: both medians per round and the best of each), so that a few-us difference is not one sample's
+noise.
 Method of benchmarks/attention.py (reused): CUDA-graph medians
 (5 calls per graph, 9 replays), the read ceiling measured in the same run, fraction = live cache bytes of that
 format / us / ceiling.
@@ -49,10 +53,13 @@ VARIANTS = {"nvfp4": {"gluon": dict(), "lean": LEAN, "colmax": dict(col_max=True
             "mxfp4": {"gluon": dict(), "lean": LEAN, "colmax": dict(col_max=True),
                       "colmax_u2": dict(col_max=True, unroll=2), "fold": dict(mx_fold=True),
                       "fold_lean": dict(LEAN, mx_fold=True), "persistent_lean": dict(LEAN, persistent=True),
-                      "checked_lean": dict(LEAN, mx_checked=True)}}
+                      "checked_lean": dict(LEAN, mx_checked=True),
+                      "checked_lean_pdl": dict(LEAN, mx_checked=True, redo_pdl=True)}}
 # what a variant must be bit-identical to (the rest: the shipped default, gluon)
 # (persistent_lean: against gluon, the same bits)
-BASE = {"fold_lean": "fold", "persistent_colmax": "persistent", "checked_lean": "lean"}
+BASE = {"fold_lean": "fold", "persistent_colmax": "persistent", "checked_lean": "lean", "checked_lean_pdl": "lean"}
+PAIRS = {"checked_lean_pdl": "checked_lean"}     # --pair-rounds: timed again alternately
+PAIR_ROUNDS = [0]
 DEV = A.DEV
 ONLY: set[str] = set()      # --variants
 
@@ -81,7 +88,7 @@ def row(fmt: str, batch: int, ctx: int, read_bw: float, gen, log, sdpa: dict | N
     scale = A.D ** -0.5
     sub = slice(0, 2)
     want = decode_attention_reference(q[sub], k, v, table[sub], lens[sub], scale).float()
-    outs = {}
+    outs, fns = {}, {}
     for name, kw in VARIANTS[fmt].items():
         if ONLY and name not in ONLY and name != "gluon":
             continue
@@ -93,17 +100,27 @@ def row(fmt: str, batch: int, ctx: int, read_bw: float, gen, log, sdpa: dict | N
             base_name = BASE.get(name, "gluon")
             if name != base_name and base_name in outs:
                 res["vs_base"] = {"base": base_name, **_diff(got, outs[base_name])}
-            res["us"] = A.graph_us(lambda c=c, k=k, v=v: decode_attention_gluon(q, k, v, table, lens, scale, config=c))
+            fns[name] = lambda c=c, k=k, v=v: decode_attention_gluon(q, k, v, table, lens, scale, config=c)
+            res["us"] = A.graph_us(fns[name])
             res["bw_frac"] = r["roofline_us"] / res["us"]
         except Exception:   # noqa: BLE001
             res = {"error": traceback.format_exc()[-1500:]}
         r[name] = res
         log({name: res})
+    for a, b in PAIRS.items():
+        if PAIR_ROUNDS[0] and a in fns and b in fns:
+            try:
+                rounds = [{n: A.graph_us(fns[n]) for n in (b, a)} for _ in range(PAIR_ROUNDS[0])]
+                r.setdefault("pairs", {})[a] = {"vs": b, "rounds": rounds, f"{a}_best_us": min(x[a] for x in rounds),
+                                                f"{b}_best_us": min(x[b] for x in rounds)}
+            except Exception:   # noqa: BLE001
+                r.setdefault("pairs", {})[a] = {"error": traceback.format_exc()[-800:]}
+            log({"pairs": r["pairs"][a]})
     base = r.get("gluon", {}).get("us")
     for name in VARIANTS[fmt]:
         if name != "gluon" and base and "us" in r.get(name, {}):
             r[name]["speedup_vs_gluon"] = base / r[name]["us"]
-    del k, v, outs
+    del k, v, outs, fns
     if not A.SMOKE:
         torch.cuda.empty_cache()
     if sdpa is None and not A.SMOKE:
@@ -131,7 +148,9 @@ def main() -> None:
     ap.add_argument("--shapes", default="", help='B x L rows to run instead of SHAPES, e.g. "313x4352,313x8447"')
     ap.add_argument("--variants", default="", help="comma list of variant names to time (gluon always; default all): "
                     "a variant whose kernel faults poisons the process's CUDA context for every later row")
+    ap.add_argument("--pair-rounds", type=int, default=0, help="extra alternate timings of each PAIRS pair per row")
     args = ap.parse_args()
+    PAIR_ROUNDS[0] = args.pair_rounds
     ONLY.update(v for v in args.variants.split(",") if v)
     start = time.time()
     import triton

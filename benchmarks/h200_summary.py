@@ -46,3 +46,27 @@ def pytest_shards(out: str) -> dict:
     return {"pytest": counts, "pytest_failed": failed[:20],
             "pytest_tails": {os.path.basename(f): tail(out, os.path.basename(f), 2)
                              for f in sorted(glob.glob(os.path.join(out, "pytest_*.log")))}}
+
+
+def junit(path: str) -> dict | None:
+    """One pytest junit xml's counts (tests / failures / errors / skipped) summed over its suites; None where it is
+    missing or unreadable (a process cut before it wrote it)."""
+    import xml.etree.ElementTree as ET
+
+    if not os.path.exists(path):
+        return None
+    try:
+        counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+        for suite in ET.parse(path).getroot().iter("testsuite"):
+            for k in counts:
+                counts[k] += int(suite.get(k, 0))
+        return counts
+    except Exception:   # noqa: BLE001 - reported as missing, never fatal to the summary
+        return None
+
+
+def passed(rc: int | None, counts: dict | None, expected: int) -> bool:
+    """A pytest run passed: rc 0 and its junit counts `expected` tests, none failed, erroring or skipped (a skip is
+    a GPU test that did not run: no GPU, the wrong Triton)."""
+    return rc == 0 and counts is not None and counts["tests"] == expected and \
+        counts["failures"] == counts["errors"] == counts["skipped"] == 0

@@ -6,7 +6,8 @@
 # 1. its GPU tests (tests/kernels/test_paged_attention_gluon_checked.py: checked + REDO == exact bit for bit over
 #    ragged caches with in-window extreme (64..75, 123..134), out-of-window (0, 1, 63, 135..254) and NaN scale bytes;
 #    groups 1 / 4 / 8 / 16, persistent, CUDA graph), one process per config, 5 at once (the compiles are the time)
-#    -> OUT/case_<id>.log;
+#    -> OUT/case_<id>.{log,xml,rc} (a case passed: pytest rc 0 and its junit xml counts 2 tests, none failed, erroring
+#    or skipped; h200_summary.passed);
 # 2. timing (benchmarks/attention_sass.py, CUDA-graph medians, the read ceiling measured in the same run): exact
 #    DEFAULT (gluon) vs exact LEAN (lean) vs LEAN_CHECKED (checked_lean, incl. its REDO launch, which finds nothing
 #    to redo on these in-window caches) vs best SDPA over a bf16 cache, mxfp4, Qwen3-8B heads, B x L = 32 x 8k,
@@ -18,7 +19,8 @@ T=tests/kernels/test_paged_attention_gluon_checked.py::test_checked_is_bit_ident
 CASES="g4-lean g8-lean g1-lean g16-default g4-persistent-lean"
 pids=()
 for c in $CASES; do
-    timeout 70 $PY -m pytest -q -p no:cacheprovider -m gpu "$T[$c-window]" "$T[$c-loud]" > "$OUT/case_$c.log" 2>&1 &
+    ( timeout 70 $PY -m pytest -q -p no:cacheprovider -m gpu --junitxml="$OUT/case_$c.xml" "$T[$c-window]" \
+        "$T[$c-loud]" > "$OUT/case_$c.log" 2>&1; echo $? > "$OUT/case_$c.rc" ) &
     pids+=($!)
 done
 timeout 70 $PY -m pytest -q -p no:cacheprovider tests/kernels/test_paged_attention_gluon_checked.py -m "not gpu" \
@@ -33,14 +35,16 @@ bench_rc=$?
 $PY - "$OUT" "$bench_rc" $CASES <<'PY'
 import json, os, sys
 sys.path.insert(0, "benchmarks")
-from h200_summary import tail, write
+from h200_summary import junit, passed, tail, write
 out, bench_rc, cases = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 s = {"what": "issue 15: mxfp4 KV decode attention, LEAN_CHECKED (mx_checked) vs the exact LEAN; green = every GPU "
              "test passed, every row bit-identical to lean and faster than it",
      "tests": {}, "rows": [], "bench_rc": bench_rc}
 for c in cases:
-    text = open(os.path.join(out, f"case_{c}.log")).read() if os.path.exists(os.path.join(out, f"case_{c}.log")) else ""
-    s["tests"][c] = {"passed": "2 passed" in text, "tail": text.strip().splitlines()[-3:]}
+    rc_file = os.path.join(out, f"case_{c}.rc")
+    rc = int(open(rc_file).read().strip() or -1) if os.path.exists(rc_file) else None
+    counts = junit(os.path.join(out, f"case_{c}.xml"))
+    s["tests"][c] = {"passed": passed(rc, counts, 2), "rc": rc, "junit": counts, "tail": tail(out, f"case_{c}.log", 3)}
 s["cpu_tests_tail"] = tail(out, "cpu_tests.log", 1)
 bench = os.path.join(out, "attention_sass.json")
 r = json.load(open(bench)) if os.path.exists(bench) else {}

@@ -26,13 +26,23 @@ def test_registered_and_cases_match_the_gpu_test():
     assert attention_sass.BASE["checked_lean"] == "lean"
 
 
-def _summary(tmp_path, passed: bool, identical: bool):
-    """The script's summary heredoc run on fake case logs and a fake attention_sass.json."""
+def junit_xml(tests: int, failures: int = 0, skipped: int = 0) -> str:
+    """A pytest junit xml with these counts (what --junitxml writes, reduced to the counts)."""
+    return (f'<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="0" '
+            f'failures="{failures}" skipped="{skipped}" tests="{tests}"></testsuite></testsuites>')
+
+
+def _summary(tmp_path, passed: bool, identical: bool, skipped: int = 0, xml: bool = True):
+    """The script's summary heredoc run on fake case logs / rcs / junit xmls and a fake attention_sass.json."""
     script = open(SCRIPT).read()
     body = script[script.index("<<'PY'\n") + 7: script.rindex("\nPY")]
     cases = re.search(r'^CASES="([^"]+)"', script, re.M).group(1).split()
     for c in cases:
-        (tmp_path / f"case_{c}.log").write_text("..\n2 passed in 9.1s\n" if passed else "F.\n1 failed, 1 passed\n")
+        # the log's text is not what decides (it used to be: "2 passed" in it)
+        (tmp_path / f"case_{c}.log").write_text("..\n2 passed in 9.1s\n")
+        (tmp_path / f"case_{c}.rc").write_text("0\n" if passed else "1\n")
+        if xml:
+            (tmp_path / f"case_{c}.xml").write_text(junit_xml(2, 0 if passed else 1, skipped))
     row = {"format": "mxfp4", "batch": 32, "context": 8192, "roofline_us": 50.0, "gluon": {"us": 80.0},
            "lean": {"us": 70.0, "bw_frac": 0.71},
            "checked_lean": {"us": 62.0, "bw_frac": 0.806, "vs_base": {"base": "lean", "bit_identical": identical}},
@@ -51,4 +61,8 @@ def test_summary_says_green_only_when_tests_pass_and_bits_match(tmp_path):
     assert abs(e["checked_speedup_over_lean"] - 70 / 62) < 1e-9 and e["bw_frac"] == 0.806
     assert e["bw_target_0.75_met"] and e["checked_lean"]["vs_base"]["bit_identical"]
     assert not _summary(tmp_path, False, True)["green"]
+    assert not _summary(tmp_path, True, True, skipped=2)["green"]           # rc 0 but nothing ran: not a pass
+    for f in tmp_path.glob("case_*.xml"):
+        f.unlink()
+    assert not _summary(tmp_path, True, True, xml=False)["green"]           # no junit: cut before it finished
     assert not _summary(tmp_path, True, False)["green"]
