@@ -154,6 +154,11 @@
 #            tests (bit-identical to the exact kernel: in-window extremes, out-of-window and NaN bytes, groups 1-16,
 #            persistent, CUDA graph), then exact DEFAULT / LEAN vs LEAN_CHECKED vs best SDPA at 32 x 8k, 256 x 8k,
 #            32 x 32k, 313 x 8447; summary.json: green + the line to paste (LEAN_MX_CHECKED = True); < 120 s; named only
+#   redopdl  benchmarks/redopdl_h200.sh   issue 15's mxfp4 KV attention at 32 x 8k (0.70 of the read ceiling): LEAN_CHECKED's
+#            REDO as a programmatic dependent launch (redo_pdl) — its GPU tests (bit-identical to the exact kernel and
+#            the plain REDO, window / loud bytes, groups 1 / 4 / 8, persistent, 9 waves, CUDA graph), then exact LEAN vs
+#            LEAN_CHECKED plain REDO vs PDL REDO vs best SDPA at 32 x 8k, 256 x 8k, 32 x 32k, 313 x 8447; summary.json:
+#            pdl_speedup, bw_frac, green + the line to paste (LEAN_REDO_PDL = True); < 120 s; named only
 # The default order puts first what the stability study's runs depend on (wsync presets engine guided trainattn: ~9 min),
 # then the speed checks (grid gemm gemmwide attn gemmbound): a second call,
 # `BUDGET_S=... benchmarks/h200_session_checks.sh OUT grid gemm gemmwide attn gemmbound`; fp4engine only when named
@@ -240,6 +245,7 @@ for name in $NAMES; do
         mxkvdiag) timeout 110 $PYTHON benchmarks/mxkv_diag.py --out "$d/summary.json" --seeds 2 > "$d/run.log" 2>&1 ;;
         fp8sync) bash benchmarks/fp8sync_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         mxkv) bash benchmarks/mxkv_h200.sh "$d" > "$d/run.log" 2>&1 ;;
+        redopdl) bash benchmarks/redopdl_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         fp4engine) bash benchmarks/engine_fp4_gluon_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         fixedgluon) BUDGET_S=$(( left - 10 )) bash benchmarks/engine_fixed_gluon_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         engremain) BUDGET_S=$(( left - 10 )) bash benchmarks/engine_remaining_h200.sh "$d" > "$d/run.log" 2>&1 ;;
