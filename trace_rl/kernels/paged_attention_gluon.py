@@ -20,7 +20,9 @@ paged_attention_gluon_kv.py: exact only for scales 2**-70 .. 2**63) or, opt-in m
 2**5 offset that is exact for scales 2**-64 .. 2**6 (stored bytes 64..134) and checked: items with a block outside
 that window (zero blocks included: their byte is 1) come out
 non-finite and a second launch (REDO) recomputes exactly those with the exact kernel, so the result is the exact
-kernel's bit for bit (MX_CHK in paged_attention_gluon_kv.py), and it has no per-token factors, so its
+kernel's bit for bit (MX_CHK in paged_attention_gluon_kv.py; opt-in redo_pdl launches that REDO as a programmatic
+dependent of the checked launch, which waits for the checked grid before it reads anything), and it has no per-token
+factors, so its
 producer copies four boxes per page, not six), head_dim 128, pages of 64 tokens (128-token tiles = 2 pages), GQA
 group <= 16 (the query heads of a kv head padded to the MMA's N = 16); `decode_attention_gluon` refuses other
 shapes with a message. Gluon has no interpreter: this runs only on an sm_90 GPU; the compile gate's cases
