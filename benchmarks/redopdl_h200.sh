@@ -12,10 +12,10 @@
 #    counts every test, none failed, erroring or skipped. The CPU tests of test_redo_pdl.py -> OUT/cpu_tests.log.
 # 2. timing (benchmarks/attention_sass.py, CUDA-graph medians, the read ceiling measured in the same run) of exact
 #    DEFAULT (gluon), exact LEAN (lean), LEAN_CHECKED with the plain REDO (checked_lean) and with the PDL REDO
-#    (checked_lean_pdl) in one process, then 3 more alternate rounds of the two checked ones (--pair-rounds), and the
+#    (checked_lean_pdl) in one process, then 5 more alternate rounds of the two checked ones (--pair-rounds), and the
 #    best SDPA over a bf16 cache; mxfp4, Qwen3-8B heads, B x L = 32 x 8k (first: the row under 0.75), 256 x 8k,
 #    32 x 32k, 313 x 8447 -> OUT/attention_sass.json;
-# 3. OUT/summary.json: tests per case, per row checked_us / checked_pdl_us (best of the 4 timings each),
+# 3. OUT/summary.json: tests per case, per row checked_us / checked_pdl_us (best of the 6 timings each),
 #    pdl_speedup, bw_frac (the PDL one's; target 0.75), bit identity to lean; green (every test passed, every row
 #    bit-identical, PDL not slower anywhere beyond a 0.5% noise band) and the line to paste.
 . "$(dirname "$0")/h200_check.sh"
@@ -38,7 +38,7 @@ pids+=($!)
 for p in "${pids[@]}"; do wait "$p"; done
 left=$(( 115 - ($(date +%s) - start) ))
 timeout $(( left > 20 ? left : 20 )) $PY benchmarks/attention_sass.py --out "$OUT/attention_sass.json" --formats mxfp4 \
-    --variants lean,checked_lean,checked_lean_pdl --pair-rounds 3 --shapes 32x8192,256x8192,32x32768,313x8447 \
+    --variants lean,checked_lean,checked_lean_pdl --pair-rounds 5 --shapes 32x8192,256x8192,32x32768,313x8447 \
     --budget-s $(( left > 30 ? left - 15 : 10 )) > "$OUT/attention_sass.log" 2>&1
 bench_rc=$?
 $PY benchmarks/redopdl_summary.py "$OUT" "$bench_rc" $CASES

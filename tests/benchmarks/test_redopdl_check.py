@@ -29,7 +29,7 @@ def test_registered_and_cases_match_the_gpu_tests():
     kw = attention_sass.VARIANTS["mxfp4"]["checked_lean_pdl"]
     assert GluonAttentionConfig(**kw) == LEAN_CHECKED_PDL and attention_sass.BASE["checked_lean_pdl"] == "lean"
     assert attention_sass.PAIRS == {"checked_lean_pdl": "checked_lean"}
-    assert "--pair-rounds 3" in script and "32x8192," in script
+    assert "--pair-rounds 5" in script and "32x8192," in script
 
 
 def _xml(tests: int, failures: int = 0, skipped: int = 0) -> str:
