@@ -6,6 +6,7 @@ NaN rows), the dispatch by M; on the GPU the Qwen/MoE shapes at M = 128, 471, 51
 import pytest
 import torch
 
+from tests.kernels._compare import rel_err
 from trace_rl.backends import PackedWeight, get_backend
 from trace_rl.formats import get_format, per_token
 from trace_rl.kernels import fp4_dequant
@@ -145,7 +146,7 @@ def test_linear_dispatch_by_rows(fmt, monkeypatch, device, gen):
     y_off = fp4_linear(x, packed, fmt)
     assert len(calls) == 2
     assert torch.equal(y_big, y_pre) and torch.equal(y_big[:3].isnan(), y_small.isnan())
-    err = ((y_big.double() - y_off.double()).norm() / y_off.double().norm()).item()
+    err = rel_err(y_big, y_off)
     assert err < 1e-2
     assert fp4_dequant.use_dequant_cublas(4, N, K) is False
     monkeypatch.setattr(fp4_dequant, "ENABLED", True)
@@ -155,10 +156,6 @@ def test_linear_dispatch_by_rows(fmt, monkeypatch, device, gen):
 
 
 # ---- GPU ----
-
-def _rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
-
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -179,9 +176,9 @@ def test_dequant_cublas_gpu(fmt, N, K, gen):
             xb, rs = (x, None) if act_fmt == "bf16" else quantize_dequant_bf16(x, per_token(fmt))
             y = fp4_linear(x, packed, act_fmt, bias)
             y_gemm = fp4_matmul(xb, h, rs, bias, out_dtype=torch.bfloat16)
-            assert _rel(y, y_gemm) < 2e-3, (M, act_fmt)
+            assert rel_err(y, y_gemm) < 2e-3, (M, act_fmt)
             y32 = dequant_matmul(xb, packed.q, h, rs, bias, torch.float32)
-            assert _rel(y32, fp4_matmul(xb, h, rs, bias, out_dtype=torch.float32)) < 1e-5, (M, act_fmt)
+            assert rel_err(y32, fp4_matmul(xb, h, rs, bias, out_dtype=torch.float32)) < 1e-5, (M, act_fmt)
     # NaN: a NaN scale makes its weight row's output column NaN, nothing else
     s = packed.q.scales.view(torch.uint8)
     s.view(N, -1)[5, 0] = 0x7F if fmt == "nvfp4" else 255
@@ -209,8 +206,8 @@ def test_dequant_cublas_backend_path_and_graph_gpu(gen, capture):
     g, out = capture(lambda: layer(x))
     g.replay()
     torch.cuda.synchronize()
-    assert _rel(out, y) < 1e-3          # cuBLAS may pick another algorithm under capture
+    assert rel_err(out, y) < 1e-3          # cuBLAS may pick another algorithm under capture
     layer.load_weight(w * 2)
     g.replay()
     torch.cuda.synchronize()
-    assert _rel(out, 2 * y) < 1e-2
+    assert rel_err(out, 2 * y) < 1e-2

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tests.gpu_marks import gpu36
+from tests.kernels._compare import rel_err, rel_err_dequant
 from trace_rl.backends import get_backend
 from trace_rl.kernels.fp4_gemm import GemmConfig
 from trace_rl.kernels.fp4_gemm_gluon import (
@@ -27,15 +28,9 @@ pytestmark = [pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning"),
               pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning")]
 
 
-
 def _weight(N, K, fmt, gen, device="cpu"):
     w = torch.randn(N, K, generator=gen) * torch.exp(torch.randn(N, 1, generator=gen))
     return get_backend("fp4").prepare_weight(w.to(device), fmt)
-
-
-def _rel_err(y, packed, x):
-    ref = x.double() @ packed.q.to(y.device).dequantize().double().T
-    return ((y.double() - ref).norm() / ref.norm()).item()
 
 
 def test_config_and_launcher_checks(gen):
@@ -115,7 +110,7 @@ def test_gluon_gemm_matches_reference_gpu(cfg, M, N, K, gen):
     x = torch.randn(M, K, generator=gen).to(torch.bfloat16).cuda()
     y = fp4_matmul_gluon(x, h, cfg)
     assert y.shape == (M, N) and y.dtype == torch.bfloat16
-    assert _rel_err(y, packed, x) < 1e-2
+    assert rel_err_dequant(y, packed, x) < 1e-2
     assert torch.equal(y, fp4_matmul_gluon(x, h, cfg))           # deterministic (split-K in fixed order)
 
 
@@ -132,7 +127,7 @@ def test_gluon_gemm_mxfp4_matches_reference_gpu(cfg, M, N, K, gen):
     h = to_hopper(packed.q)
     x = torch.randn(M, K, generator=gen).to(torch.bfloat16).cuda()
     y = fp4_matmul_gluon(x, h, cfg)
-    assert _rel_err(y, packed, x) < 1e-2
+    assert rel_err_dequant(y, packed, x) < 1e-2
     assert torch.equal(y, fp4_matmul_gluon(x, h, cfg))
 
 
@@ -148,7 +143,7 @@ def test_gluon_gemm_misaligned_x_and_out_gpu(gen):
     x = big[:, 1:]
     out = torch.empty(5, 200, dtype=torch.bfloat16, device="cuda")
     assert fp4_matmul_gluon(x, h, out=out) is out
-    assert _rel_err(out, packed, x) < 1e-2
+    assert rel_err_dequant(out, packed, x) < 1e-2
 
 
 for _m in gpu36:
@@ -168,7 +163,7 @@ def test_gluon_gemm_decode_shapes_gpu(fmt, N, K, gen):
     h = to_hopper(packed.q)
     x = torch.randn(M, K, generator=gen).to(torch.bfloat16).cuda()
     y = fp4_matmul_gluon(x, h)
-    assert _rel_err(y, packed, x) < 1e-2
+    assert rel_err_dequant(y, packed, x) < 1e-2
     y1 = fp4_matmul_gluon(x, h, GluonConfig(split_k=1))
     assert torch.equal(y1, fp4_matmul(x, h, config=GemmConfig(16, 128, 128, 1, 4, 3)))
 
@@ -195,9 +190,9 @@ def test_gluon_gemm_wide_tiles_gpu(fmt, M, K, gen):
     x = torch.randn(M, K, generator=gen).to(torch.bfloat16).cuda()
     y = fp4_matmul_gluon(x, h)
     assert y.shape == (M, N)
-    assert _rel_err(y, packed, x) < 1e-2
+    assert rel_err_dequant(y, packed, x) < 1e-2
     shipped = fp4_matmul(x, h, config=GemmConfig(16, 128, 128, 1, 4, 3))   # one binary per format for every M
-    assert ((y.double() - shipped.double()).norm() / shipped.double().norm()).item() < 8e-3
+    assert rel_err(y, shipped) < 8e-3
     assert torch.equal(y, fp4_matmul_gluon(x, h))
 
 
@@ -216,13 +211,13 @@ def test_gluon_gemm_wide_split_and_shapes_gpu(M, split, gen):
 
     cfg = replace(config_for(M), split_k=split)
     y = fp4_matmul_gluon(x, h, cfg)
-    assert _rel_err(y, packed, x) < 1e-2
+    assert rel_err_dequant(y, packed, x) < 1e-2
     assert torch.equal(y, fp4_matmul_gluon(x, h, cfg))
     if split == 3:
         packed = _weight(4096, 12288, "nvfp4", gen, "cuda")
         h = to_hopper(packed.q)
         x = torch.randn(M, 12288, generator=gen).to(torch.bfloat16).cuda()
-        assert _rel_err(fp4_matmul_gluon(x, h), packed, x) < 1e-2
+        assert rel_err_dequant(fp4_matmul_gluon(x, h), packed, x) < 1e-2
 
 
 for _m in gpu36:
@@ -316,4 +311,4 @@ def test_emulated_data_path_matches_reference(fmt, M, N, K, gen):
     y = _emulate(x, h, c.block_n, c.tile_m(M), c.bk(fmt))
     ref = x.double() @ (operand(h).double() * h.row_factor[:N, None].double()).T
     assert torch.allclose(y, ref, rtol=1e-9, atol=1e-9 * ref.abs().max().item())
-    assert _rel_err(y, packed, x) < 1e-2
+    assert rel_err_dequant(y, packed, x) < 1e-2

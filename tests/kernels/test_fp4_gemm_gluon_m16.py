@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from tests.gpu_marks import gpu36
+from tests.kernels._compare import rel_err
 from trace_rl.backends import get_backend
 from trace_rl.kernels.fp4_gemm_gluon_config import (
     M16_CANDIDATES,
@@ -108,10 +109,6 @@ def _weight(N, K, gen, device="cuda"):
     return get_backend("fp4").prepare_weight(w.to(device), "nvfp4")
 
 
-def _rel(y, ref):
-    return ((y.double() - ref.double()).norm() / ref.double().norm()).item()
-
-
 def _ref(x, packed, row_scale=None, bias=None):
     y = x.double() @ packed.q.to(x.device).dequantize().double().T
     if row_scale is not None:
@@ -137,13 +134,13 @@ def test_m16_candidate_same_bits_as_shipped_partition_gpu(name, gen):
             x = torch.randn(M, K, generator=gen).to(torch.bfloat16).cuda()
             y = fp4_matmul_gluon(x, h, c, pdl=True)
             assert torch.equal(y, fp4_matmul_gluon(x, h, twin, pdl=True)), (K, M, twin)
-            assert _rel(y, _ref(x, packed)) < 1e-2
+            assert rel_err(y, _ref(x, packed)) < 1e-2
             if M == 16:
                 rs = torch.rand(M, generator=gen).cuda() + 0.5
                 bias = torch.randn(320, generator=gen).cuda()
                 y4 = fp4_matmul_gluon(x, h, c, row_scale=rs, bias=bias, pdl=True)
                 assert torch.equal(y4, fp4_matmul_gluon(x, h, twin, row_scale=rs, bias=bias, pdl=True)), K
-                assert _rel(y4, _ref(x, packed, rs, bias)) < 1e-2
+                assert rel_err(y4, _ref(x, packed, rs, bias)) < 1e-2
 
 
 @gpu36[0]
@@ -161,13 +158,13 @@ def test_m16_candidate_matches_reference_ragged_gpu(name, gen):
         for M in (5, 13, 16):
             x = torch.randn(M, K, generator=gen).to(torch.bfloat16).cuda()
             y = fp4_matmul_gluon(x, h, c, pdl=True)
-            assert y.shape == (M, N) and torch.isfinite(y).all() and _rel(y, _ref(x, packed)) < 1e-2, (N, K, M)
+            assert y.shape == (M, N) and torch.isfinite(y).all() and rel_err(y, _ref(x, packed)) < 1e-2, (N, K, M)
             assert torch.equal(y, fp4_matmul_gluon(x, h, replace(c, fin=False))), (N, K, M)   # the same split
             if M == 13:
                 rs = torch.rand(M, generator=gen).cuda() + 0.5
                 bias = torch.randn(N, generator=gen).cuda()
                 y4 = fp4_matmul_gluon(x, h, c, row_scale=rs, bias=bias, pdl=True)
-                assert _rel(y4, _ref(x, packed, rs, bias)) < 1e-2
+                assert rel_err(y4, _ref(x, packed, rs, bias)) < 1e-2
 
 
 @gpu36[0]
@@ -188,7 +185,7 @@ def test_m16_candidates_at_the_issue_shapes_gpu(gen):
             split = used.split_k or shipped_split(M, K, N, sms=_sm_count(x.device.index or 0))
             for name, c in CAND.items():
                 y = fp4_matmul_gluon(x, h, c, pdl=True)
-                assert _rel(y, shipped) < 1e-2, (K, N, M, name)
+                assert rel_err(y, shipped) < 1e-2, (K, N, M, name)
                 if partition(c, h.padded[1]) == partition(used, h.padded[1], split):
                     assert torch.equal(y, shipped), (K, N, M, name)
                     same.append((K, N, M, name))

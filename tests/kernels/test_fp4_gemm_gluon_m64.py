@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from tests.gpu_marks import gpu36
+from tests.kernels._compare import rel_err
 from trace_rl.backends import get_backend
 from trace_rl.kernels import fp4_gemm_gluon_config as gc
 from trace_rl.kernels.fp4_gemm_gluon_config import M64_CANDIDATES, SMEM_LIMIT, WIDE, config_for
@@ -90,10 +91,6 @@ def _weight(N, K, fmt, gen, device="cpu"):
     return get_backend("fp4").prepare_weight(w.to(device), fmt)
 
 
-def _rel(y, ref):
-    return ((y.double() - ref.double()).norm() / ref.double().norm()).item()
-
-
 @gpu36[0]
 @gpu36[1]
 @pytest.mark.parametrize("name,fmt", CASES)
@@ -109,7 +106,7 @@ def test_candidate_matches_reference_and_wide_bits_gpu(name, fmt, gen):
         x = torch.randn(M, K, generator=gen).to(torch.bfloat16).cuda()
         y = fp4_matmul_gluon(x, h, c)
         ref = x.double() @ packed.q.to(x.device).dequantize().double().T
-        assert y.shape == (M, 200) and torch.isfinite(y).all() and _rel(y, ref) < 1e-2, (M, _rel(y, ref))
+        assert y.shape == (M, 200) and torch.isfinite(y).all() and rel_err(y, ref) < 1e-2, (M, rel_err(y, ref))
         assert torch.equal(y, fp4_matmul_gluon(x, h, c)), f"{name}: not deterministic at M = {M}"
         bm, bk = c.tile_m(M), c.bk(fmt)
         split = launch_grid(M, h.padded, c, bm, bk, lambda bm=bm: _sm_count(0) * c.ctas_per_sm(bm, fmt))[3]

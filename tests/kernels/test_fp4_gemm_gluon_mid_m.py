@@ -18,7 +18,8 @@ import pytest
 import torch
 import triton
 
-from tests.kernels.test_fp4_gemm_gluon_small import _ref, _rel, _weight
+from tests.kernels._compare import rel_err
+from tests.kernels.test_fp4_gemm_gluon_small import _ref, _weight
 from trace_rl.backends import get_backend
 from trace_rl.backends.fp4 import emulated_linear
 from trace_rl.formats import per_token
@@ -62,7 +63,7 @@ def test_mid_m_config_matches_reference_and_previous_launch(fmt, M, gen):
     assert c.fin
     x = torch.randn(M, K, generator=gen).to(torch.bfloat16).cuda()
     y = fp4_matmul_gluon(x, h, c)
-    assert y.shape == (M, N) and torch.isfinite(y).all() and _rel(y, _ref(x, packed)) < 1e-2
+    assert y.shape == (M, N) and torch.isfinite(y).all() and rel_err(y, _ref(x, packed)) < 1e-2
     auto = _split(M, h, c)
     for split in sorted({auto, 1, 3}):
         prev = fp4_matmul_gluon(x, h, replace(c, fin=False, split_k=split))
@@ -72,7 +73,7 @@ def test_mid_m_config_matches_reference_and_previous_launch(fmt, M, gen):
     rs = torch.rand(M, generator=gen).cuda() + 0.5
     bias = torch.randn(N, generator=gen).cuda()
     y4 = fp4_matmul_gluon(x, h, c, row_scale=rs, bias=bias, pdl=True)
-    assert _rel(y4, _ref(x, packed, rs, bias)) < 1e-2
+    assert rel_err(y4, _ref(x, packed, rs, bias)) < 1e-2
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
@@ -89,7 +90,7 @@ def test_mid_m_issue_shapes(fmt, N, K, gen):
         c = mid_m_config(M, fmt, *h.padded)
         x = torch.randn(M, K, generator=gen).to(torch.bfloat16).cuda()
         y = fp4_matmul_gluon(x, h, c, pdl=True)
-        assert _rel(y, _ref(x, packed)) < 1e-2
+        assert rel_err(y, _ref(x, packed)) < 1e-2
         assert torch.equal(y, fp4_matmul_gluon(x, h, replace(c, fin=False, split_k=_split(M, h, c))))
 
 
@@ -112,7 +113,7 @@ def test_fp4_linear_takes_gluon_at_mid_m(fmt, act, M, monkeypatch, gen):
     backend = get_backend("fp4")
     y = backend.linear(x[:M], packed, act_fmt, bias)
     assert backend.paths.last == "fp4.gluon"
-    assert _rel(y, emulated_linear(x[:M], packed, act_fmt, bias)) < 1e-2
+    assert rel_err(y, emulated_linear(x[:M], packed, act_fmt, bias)) < 1e-2
     assert torch.equal(y, fp4_linear(x[:M], packed, act_fmt, bias))
     if act_fmt != "bf16":
         xq, rs = quantize_dequant_bf16(x[:M], per_token(fmt))
@@ -123,7 +124,7 @@ def test_fp4_linear_takes_gluon_at_mid_m(fmt, act, M, monkeypatch, gen):
     monkeypatch.setattr(gemm_dispatch, "GLUON_MID_M", {"nvfp4": {}, "mxfp4": {}})
     y_triton = backend.linear(x[:M], packed, act_fmt, bias)
     assert backend.paths.last == "fp4.triton"
-    assert _rel(y, y_triton) < 1e-2
+    assert rel_err(y, y_triton) < 1e-2
 
 
 def test_mid_m_pdl_chain_replays_in_a_cuda_graph(monkeypatch, capture, gen):
@@ -199,7 +200,7 @@ def test_engine_decode_b33_takes_the_mid_m_gluon_path(monkeypatch):
     took = {k: paths.counts.get(k, 0) - before.get(k, 0) for k in ("fp4.gluon", "fp4.triton")}
     assert took["fp4.gluon"] > 0 and took["fp4.triton"] == 0, took
     assert torch.isfinite(gluon_logits).all()
-    assert _rel(gluon_logits, triton_logits) < 2e-2
+    assert rel_err(gluon_logits, triton_logits) < 2e-2
     same = (gluon_logits.argmax(-1) == triton_logits.argmax(-1)).float().mean().item()
     assert same >= 0.9, same
     from trace_rl.bench.decode_grid import prime_decode

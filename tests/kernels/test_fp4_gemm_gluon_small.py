@@ -17,6 +17,7 @@ import pytest
 import torch
 import triton
 
+from tests.kernels._compare import rel_err
 from tests.kernels.test_fp4_dequant import _q
 from trace_rl.backends import get_backend
 from trace_rl.backends.fp4 import emulated_linear
@@ -34,10 +35,6 @@ pytestmark = [pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning"),
 def _weight(N, K, fmt, gen):
     w = torch.randn(N, K, generator=gen) * torch.exp(torch.randn(N, 1, generator=gen))
     return get_backend("fp4").prepare_weight(w.cuda(), fmt)
-
-
-def _rel(y, ref):
-    return ((y.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
 def _ref(x, packed, row_scale=None, bias=None):
@@ -70,7 +67,7 @@ def test_small_m_matches_reference_and_previous_launch(fmt, M, N, K, gen):
     h = to_hopper(packed.q)
     x = torch.randn(M, K, generator=gen).to(torch.bfloat16).cuda()
     y = fp4_matmul_gluon(x, h)
-    assert y.shape == (M, N) and _rel(y, _ref(x, packed)) < 1e-2
+    assert y.shape == (M, N) and rel_err(y, _ref(x, packed)) < 1e-2
     for split in sorted({_auto_split(M, h, SMALL_M), 1, 2, 3}):
         prev = fp4_matmul_gluon(x, h, replace(SMALL_M, fin=False, split_k=split))
         for pdl in (False, True):
@@ -91,7 +88,7 @@ def test_small_m_issue_shapes(fmt, N, K, gen):
     for M in (16, 1):
         x = torch.randn(M, K, generator=gen).to(torch.bfloat16).cuda()
         y = fp4_matmul_gluon(x, h, pdl=True)
-        assert _rel(y, _ref(x, packed)) < 1e-2
+        assert rel_err(y, _ref(x, packed)) < 1e-2
         c = config_for(M, fmt, h.padded[1], h.padded[0])
         assert torch.equal(y, fp4_matmul_gluon(x, h, replace(c, fin=False, split_k=c.split_k or
                                                                _auto_split(M, h, c))))
@@ -116,7 +113,7 @@ def test_fp4_linear_takes_gluon(fmt, act, M, monkeypatch, gen):
     y = backend.linear(x, packed, act_fmt, bias)
     assert backend.paths.last == "fp4.gluon"
     ref = emulated_linear(x, packed, act_fmt, bias)
-    assert _rel(y, ref) < 1e-2
+    assert rel_err(y, ref) < 1e-2
     assert torch.equal(y, fp4_linear(x, packed, act_fmt, bias))
     if act_fmt != "bf16":
         xq, rs = quantize_dequant_bf16(x, per_token(fmt))
@@ -124,7 +121,7 @@ def test_fp4_linear_takes_gluon(fmt, act, M, monkeypatch, gen):
     monkeypatch.setattr(gemm_dispatch, "GLUON_SMALL_M", False)
     y_triton = backend.linear(x, packed, act_fmt, bias)
     assert backend.paths.last == "fp4.triton"
-    assert _rel(y, y_triton) < 1e-2
+    assert rel_err(y, y_triton) < 1e-2
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])

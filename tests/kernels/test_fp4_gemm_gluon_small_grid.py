@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from tests.gpu_marks import gpu36
+from tests.kernels._compare import rel_err
 from trace_rl.backends import get_backend
 from trace_rl.kernels import fp4_gemm_gluon_config as gc
 from trace_rl.kernels.fp4_gemm_gluon_config import SMALL_GRID_CANDIDATES, SMALL_M, SMEM_LIMIT, WIDE, config_for
@@ -39,10 +40,6 @@ def _ref(x, packed, row_scale=None, bias=None):
     if row_scale is not None:
         y = y * row_scale.double()[:, None]
     return y if bias is None else y + bias.double()
-
-
-def _rel(y, ref):
-    return ((y.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
 @pytest.mark.parametrize("name,fmt", CASES)
@@ -143,7 +140,7 @@ def test_emulated_data_path_at_candidate_tiles(fmt, BN, bk, gen):
     y = _emulate(x, h, BN, 8, bk)
     ref = x.double() @ (operand(h).double() * h.row_factor[:200, None].double()).T
     assert torch.allclose(y, ref, rtol=1e-9, atol=1e-9 * ref.abs().max().item())
-    assert _rel(y, _ref(x, packed)) < 1e-2
+    assert rel_err(y, _ref(x, packed)) < 1e-2
 
 
 @gpu36[0]
@@ -161,14 +158,14 @@ def test_candidate_matches_reference_and_previous_launch_gpu(name, fmt, N, K, Ms
     for M in Ms:
         x = torch.randn(M, K, generator=gen).to(torch.bfloat16).cuda()
         y = fp4_matmul_gluon(x, h, c, pdl=True)
-        assert y.shape == (M, N) and _rel(y, _ref(x, packed)) < 1e-2, (M, _rel(y, _ref(x, packed)))
+        assert y.shape == (M, N) and rel_err(y, _ref(x, packed)) < 1e-2, (M, rel_err(y, _ref(x, packed)))
         assert torch.equal(y, fp4_matmul_gluon(x, h, replace(c, fin=False))), M     # the same (evened) split
         if M == Ms[0]:
             assert torch.equal(y, fp4_matmul_gluon(x, h, c)), M
             bias = torch.randn(N, generator=gen).cuda()
             rs = torch.rand(M, generator=gen).cuda() + 0.5
             y4 = fp4_matmul_gluon(x, h, c, row_scale=rs, bias=bias, pdl=True)
-            assert _rel(y4, _ref(x, packed, rs, bias)) < 1e-2
+            assert rel_err(y4, _ref(x, packed, rs, bias)) < 1e-2
 
 
 @gpu36[0]

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tests.gpu_marks import gpu36
+from tests.kernels._compare import rel_err, rel_err_dequant
 from trace_rl.backends import get_backend
 from trace_rl.kernels.fp4_gemm_wide256 import (
     SMEM_LIMIT,
@@ -26,18 +27,9 @@ pytestmark = [pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning"),
               pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning")]
 
 
-
 def _weight(N, K, fmt, gen, device="cpu"):
     w = torch.randn(N, K, generator=gen) * torch.exp(torch.randn(N, 1, generator=gen))
     return get_backend("fp4").prepare_weight(w.to(device), fmt)
-
-
-def _rel(y, ref):
-    return ((y.double() - ref.double()).norm() / ref.double().norm()).item()
-
-
-def _rel_err(y, packed, x):
-    return _rel(y, x.double() @ packed.q.to(y.device).dequantize().double().T)
 
 
 def test_config_checks_and_shared_memory():
@@ -121,8 +113,8 @@ def test_wide256_matches_reference_gpu(fmt, M, K, gen):
     x = torch.randn(M, K, generator=gen).to(torch.bfloat16).cuda()
     y = fp4_matmul_wide256(x, h)
     assert y.shape == (M, N) and y.dtype == torch.bfloat16
-    assert _rel_err(y, packed, x) < 1e-2
-    assert _rel(y, fp4_matmul_gluon(x, h)) < 8e-3
+    assert rel_err_dequant(y, packed, x) < 1e-2
+    assert rel_err(y, fp4_matmul_gluon(x, h)) < 8e-3
     assert torch.equal(y, fp4_matmul_wide256(x, h))
 
 
@@ -137,7 +129,7 @@ def test_wide256_variants_and_splits_gpu(name, M, split, gen):
     x = torch.randn(M, 1536, generator=gen).to(torch.bfloat16).cuda()
     cfg = replace(VARIANTS[name], split_k=split)
     y = fp4_matmul_wide256(x, h, cfg)
-    assert _rel_err(y, packed, x) < 1e-2
+    assert rel_err_dequant(y, packed, x) < 1e-2
     assert torch.equal(y, fp4_matmul_wide256(x, h, cfg))
 
 
@@ -147,7 +139,7 @@ def test_wide256_issue_shape_gpu(fmt, gen):
     packed = _weight(4096, 12288, fmt, gen, "cuda")
     h = to_hopper(packed.q)
     x = torch.randn(256, 12288, generator=gen).to(torch.bfloat16).cuda()
-    assert _rel_err(fp4_matmul_wide256(x, h), packed, x) < 1e-2
+    assert rel_err_dequant(fp4_matmul_wide256(x, h), packed, x) < 1e-2
 
 
 def test_stream_k_segments_bound():
@@ -251,8 +243,8 @@ def test_stream_k_matches_reference_gpu(fmt, M, K, grid, gen):
     x = torch.randn(M, K, generator=gen).to(torch.bfloat16).cuda()
     y = fp4_matmul_wide256_sk(x, h, grid=grid)
     assert y.shape == (M, N)
-    assert _rel_err(y, packed, x) < 1e-2
-    assert _rel(y, fp4_matmul_wide256(x, h)) < 8e-3
+    assert rel_err_dequant(y, packed, x) < 1e-2
+    assert rel_err(y, fp4_matmul_wide256(x, h)) < 8e-3
     assert torch.equal(y, fp4_matmul_wide256_sk(x, h, grid=grid))
 
 
@@ -270,7 +262,7 @@ def test_two_ctas_per_sm_matches_reference_gpu(fmt, M, K, gen):
     x = torch.randn(M, K, generator=gen).to(torch.bfloat16).cuda()
     for run in (fp4_matmul_wide256, fp4_matmul_wide256_sk):
         y = run(x, h, WIDE64_2CTA)
-        assert _rel_err(y, packed, x) < 1e-2
+        assert rel_err_dequant(y, packed, x) < 1e-2
         assert torch.equal(y, run(x, h, WIDE64_2CTA))
 
 
@@ -283,7 +275,7 @@ def test_stream_k_issue_shape_and_no_overlap_gpu(gen):
     h = to_hopper(packed.q)
     x = torch.randn(256, 4096, generator=gen).to(torch.bfloat16).cuda()
     for cfg in (VARIANTS["w256"], VARIANTS["w256_nooverlap"]):
-        assert _rel_err(fp4_matmul_wide256_sk(x, h, cfg), packed, x) < 1e-2
+        assert rel_err_dequant(fp4_matmul_wide256_sk(x, h, cfg), packed, x) < 1e-2
 
 
 for _m in gpu36:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tests.gpu_marks import gpu36
+from tests.kernels._compare import rel_err
 from trace_rl.backends.fp4 import grouped_linear_reference, prepare_expert_weights
 from trace_rl.kernels.fp4_grouped_gluon import GLUON_VARIANTS, GROUPED_GLUON, fp4_grouped_matmul_gluon, token_tile
 from trace_rl.kernels.hopper_fp4 import HopperFP4
@@ -23,10 +24,6 @@ def gpu(fn):
 
 
 COUNTS = [17, 0, 1, 46, 0, 70, 3]            # empty experts, one row, over 16 / 32 / 64 rows (two 64-row tiles)
-
-
-def _rel_err(y, ref):
-    return ((y.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
 def test_token_tile_by_mean_rows_per_expert():
@@ -81,7 +78,7 @@ def test_matches_reference_and_triton_kernel(fmt, N, K, tile, gen):
     y = fp4_grouped_matmul_gluon(x.cuda(), offsets.cuda(), hw, bias=b, config=c, out=out, zero_tail=True)
     torch.cuda.synchronize()
     used = int(offsets[-1])
-    assert _rel_err(y[:used], ref[:used]) < 1e-2
+    assert rel_err(y[:used], ref[:used]) < 1e-2
     assert not y[used:].any(), "the rows past offsets[E] must come back as zeros (zero_tail)"
     tri = fp4_grouped_matmul(x.cuda(), offsets.cuda(), hw, bias=b)
     torch.testing.assert_close(y[:used].float(), tri[:used].float(), rtol=2e-2, atol=2e-2 * ref.abs().max().item())
@@ -103,7 +100,7 @@ def test_w4a4_prequantized_matches_triton_kernel(fmt, gen):
     xb, rs = quantize_dequant_bf16(x.cuda(), per_token(fmt))
     ref = grouped_linear_reference(x.cuda(), offsets.cuda(), experts, fmt)
     y = fp4_grouped_matmul_gluon(xb, offsets.cuda(), hw, row_scale=rs, config=GROUPED_GLUON[fmt][32])
-    assert _rel_err(y, ref) < 1e-2
+    assert rel_err(y, ref) < 1e-2
     tri = fp4_grouped_matmul(xb, offsets.cuda(), hw, row_scale=rs)
     torch.testing.assert_close(y.float(), tri.float(), rtol=2e-2, atol=2e-2 * ref.abs().max().item())
 
@@ -118,7 +115,7 @@ def test_moe_shape_all_experts_one_tile(gen):
     experts, hw, offsets, x = _case("nvfp4", N, K, counts, gen, tail=0)
     ref = grouped_linear_reference(x.cuda(), offsets.cuda(), experts, "bf16")
     y = fp4_grouped_matmul_gluon(x.cuda(), offsets.cuda(), hw)
-    assert _rel_err(y, ref) < 1e-2
+    assert rel_err(y, ref) < 1e-2
 
 
 def _box(t: torch.Tensor, start: list, size: list) -> torch.Tensor:
