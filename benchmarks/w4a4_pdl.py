@@ -26,7 +26,6 @@ which does not: there the quantize is scheduled only as the attention's CTAs exi
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -268,24 +267,12 @@ def measure(args) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default="w4a4_pdl.json")
-    ap.add_argument("--budget-s", type=float, default=60.0, help="start no new row after this many seconds")
-    ap.add_argument("--pairs", default=None, help=f"comma list of {list(PAIRS)} (default: all)")
-    ap.add_argument("--ms", default=",".join(map(str, MS)), help="comma list of row counts")
-    ap.add_argument("--fmts", default=None, help=f"comma list of {list(FMTS)} (default: both)")
-    ap.add_argument("--precompile-only", action="store_true")
-    ap.add_argument("--precompile-timeout-s", type=float, default=40.0)
-    ap.add_argument("--workers", type=int, default=12, help="precompile processes")
-    args = ap.parse_args()
-    if args.precompile_only:
-        t0 = time.time()
-        jobs = order(parse_list(args.pairs, PAIRS), parse_list(args.fmts, FMTS), parse_list(args.ms, (), int))
-        errors, hung = precompile(jobs, args.precompile_timeout_s, args.workers)
-        print({"precompile_s": round(time.time() - t0, 1), "errors": errors, "hung": hung}, flush=True)
-        return 1 if errors or hung else 0
-    measure(args)
-    return 0
+    import w4a4_producers as wprod
+
+    def precompile_rows(pairs, fmts, ms, timeout_s, workers):
+        return precompile(order(pairs, fmts, ms), timeout_s, workers)
+
+    return wprod.run_cli(__doc__, "w4a4_pdl.json", PAIRS, FMTS, MS, precompile_rows, measure)
 
 
 if __name__ == "__main__":

@@ -226,27 +226,40 @@ def measure(args) -> None:
     save()
 
 
-def main() -> int:
-    import w4a4_producer_pairs as wp
-
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default="w4a4_producers.json")
+def run_cli(doc: str, out: str, pairs, fmts, ms: list[int], precompile_rows, measure_rows,
+            ms_help: str = "comma list of row counts") -> int:
+    """The command line this bench and w4a4_pdl.py share (the same flags and defaults; `out`: --out's default, `pairs`
+    / `fmts`: what --pairs / --fmts take, `ms`: --ms's default). --precompile-only: precompile_rows(pairs, fmts, ms,
+    timeout_s, workers) -> (errors, hung) on the parsed lists, printed with its time, exit 1 on any error or hung job;
+    else measure_rows(args)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--out", default=out)
     ap.add_argument("--budget-s", type=float, default=60.0, help="start no new row after this many seconds")
-    ap.add_argument("--pairs", default=None, help=f"comma list of {list(wp.PAIRS)} (default: all)")
-    ap.add_argument("--ms", default=",".join(map(str, MS)), help="comma list of row counts (o_proj adds 313)")
-    ap.add_argument("--fmts", default=None, help=f"comma list of {list(wp.FMTS)} (default: both)")
+    ap.add_argument("--pairs", default=None, help=f"comma list of {list(pairs)} (default: all)")
+    ap.add_argument("--ms", default=",".join(map(str, ms)), help=ms_help)
+    ap.add_argument("--fmts", default=None, help=f"comma list of {list(fmts)} (default: both)")
     ap.add_argument("--precompile-only", action="store_true")
     ap.add_argument("--precompile-timeout-s", type=float, default=40.0)
     ap.add_argument("--workers", type=int, default=12, help="precompile processes")
     args = ap.parse_args()
     if args.precompile_only:
         t0 = time.time()
-        errors, hung = precompile(parse_list(args.pairs, wp.PAIRS), parse_list(args.ms, (), int),
-                                  parse_list(args.fmts, wp.FMTS), args.precompile_timeout_s, args.workers)
+        errors, hung = precompile_rows(parse_list(args.pairs, pairs), parse_list(args.fmts, fmts),
+                                       parse_list(args.ms, (), int), args.precompile_timeout_s, args.workers)
         print({"precompile_s": round(time.time() - t0, 1), "errors": errors, "hung": hung}, flush=True)
         return 1 if errors or hung else 0
-    measure(args)
+    measure_rows(args)
     return 0
+
+
+def main() -> int:
+    import w4a4_producer_pairs as wp
+
+    def precompile_rows(pairs, fmts, ms, timeout_s, workers):
+        return precompile(pairs, ms, fmts, timeout_s, workers)
+
+    return run_cli(__doc__, "w4a4_producers.json", wp.PAIRS, wp.FMTS, MS, precompile_rows, measure,
+                   ms_help="comma list of row counts (o_proj adds 313)")
 
 
 if __name__ == "__main__":
