@@ -187,3 +187,49 @@ def test_linear_launches_the_mid_m_config(monkeypatch, gen):
     h = linear.hopper_weight(p)
     assert calls[0] == (8, None, True, True, False)
     assert calls[1] == (40, mid_m_config(40, "nvfp4", *h.padded), True, True, False) and calls[1][1].fin
+
+
+def test_linear_asks_the_mid_m_config_once_per_call(monkeypatch, gen):
+    """An eager mid-M fp4_linear / fp4_linear_prequantized asks `mid_m_config` once per call (the rule's K-step check
+    and the launch share it), and asks again at every call: a GLUON_MID_M patched between calls takes effect (no
+    cache). The rule is answered as on sm_90 with Gluon; both GEMMs are stand-ins (no sm_90 here)."""
+    import sys
+    import types
+
+    from trace_rl.backends import PackedWeight
+    from trace_rl.formats import get_format
+    from trace_rl.kernels import fp4_gemm_gluon_config as gcfg
+    from trace_rl.kernels import linear
+
+    asked, launched = [], []
+
+    def counting(M, fmt, n_padded=None, k_padded=None):
+        asked.append(M)
+        return gcfg.mid_m_config(M, fmt, n_padded, k_padded)
+
+    def gluon(x2, h, config=None, row_scale=None, bias=None, out_dtype=torch.bfloat16, pdl=False):
+        launched.append(("gluon", config))
+        return torch.zeros(x2.shape[0], h.n, dtype=out_dtype)
+
+    def triton(x2, h, row_scale=None, bias=None, out_dtype=torch.bfloat16, config=None):
+        launched.append(("triton", config))
+        return torch.zeros(x2.shape[0], h.n, dtype=out_dtype)
+
+    def as_on_sm90(rows, device, fmt, k_padded, explicit_config, n_padded=None, launch_config=None):
+        return small_m_path(rows, fmt, k_padded, (9, 0), True, explicit_config, True, n_padded, launch_config)[0]
+
+    monkeypatch.setitem(sys.modules, "trace_rl.kernels.fp4_gemm_gluon", types.SimpleNamespace(fp4_matmul_gluon=gluon))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)    # a CPU-only torch has no CUDA
+    monkeypatch.setattr(gd, "mid_m_config", counting)
+    monkeypatch.setattr(linear, "mid_m_config", counting)
+    monkeypatch.setattr(linear, "dense_path", as_on_sm90)
+    monkeypatch.setattr(linear, "fp4_matmul", triton)
+    p = PackedWeight("nvfp4", 200, 512, q=get_format("nvfp4").quantize(torch.randn(200, 512, generator=gen)))
+    monkeypatch.setattr(gd, "GLUON_MID_M", {"nvfp4": {(208, 512): 64}, "mxfp4": {}})     # 200 x 512 pads to 208 x 512
+    x = torch.randn(40, 512, generator=gen).to(torch.bfloat16)
+    linear.fp4_linear(x, p)
+    linear.fp4_linear_prequantized(x, torch.ones(40), p)
+    assert asked == [40, 40] and launched == [("gluon", gcfg.mid_m_config(40, "nvfp4", 208, 512))] * 2
+    monkeypatch.setattr(gd, "GLUON_MID_M", {"nvfp4": {(208, 512): 32}, "mxfp4": {}})     # 40 rows: past the entry
+    linear.fp4_linear(x, p)
+    assert asked == [40, 40] and launched[-1][0] == "triton"

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import logging
 
-from trace_rl.kernels.fp4_gemm_gluon_config import SMALL_M, mid_m_config, small_m_fits
+from trace_rl.kernels.fp4_gemm_gluon_config import SMALL_M, GluonConfig, mid_m_config, small_m_fits
 
 log = logging.getLogger("trace_rl.kernels")
 
@@ -42,12 +42,25 @@ def mid_m_max(fmt: str, n_padded: int | None, k_padded: int) -> int:
     return min(MID_M_LIMIT, (GLUON_MID_M.get(fmt) or {}).get((n_padded, k_padded), GLUON_MAX_M))
 
 
+def mid_config(M: int, fmt: str, n_padded: int | None, k_padded: int) -> GluonConfig | None:
+    """`mid_m_config` where M is in the weight's mid-M range (GLUON_MAX_M < M <= `mid_m_max`): the config the Gluon
+    GEMM launches there if `small_m_path` sends the linear to it; else None. `fp4_linear` asks it once per call and
+    hands it to both the rule (`small_m_path`'s K-step check) and the launch; never cached across calls
+    (GLUON_MID_M and the config tables are module state that tests and benches patch)."""
+    if not GLUON_MAX_M < M <= mid_m_max(fmt, n_padded, k_padded):
+        return None
+    return mid_m_config(M, fmt, n_padded, k_padded)
+
+
 def small_m_path(M: int, fmt: str, k_padded: int, capability: tuple[int, int] | None, gluon: bool,
-                 explicit_config: bool, enabled: bool = True, n_padded: int | None = None) -> tuple[str, str]:
+                 explicit_config: bool, enabled: bool = True, n_padded: int | None = None,
+                 launch_config: GluonConfig | None = None) -> tuple[str, str]:
     """("gluon" | "triton", why) for a dense FP4 linear of M rows on a weight of format `fmt` whose Hopper layout
     is [`n_padded`, `k_padded`], on a device of compute `capability` (None: not CUDA), `gluon`: Triton 3.6's Gluon
     is importable, `explicit_config`: the caller passed a Triton GemmConfig, `enabled`: GLUON_SMALL_M. M <= 16: the
-    small-M path; 16 < M <= GLUON_MID_M's entry for (n_padded, k_padded): the mid-M path (module doc)."""
+    small-M path; 16 < M <= GLUON_MID_M's entry for (n_padded, k_padded): the mid-M path (module doc), whose K step
+    is `launch_config`'s (the caller's `mid_config` for this call: the config it will launch) or, None, that of
+    `mid_m_config` asked here."""
     if not enabled:
         return "triton", "GLUON_SMALL_M is off"
     if explicit_config:
@@ -65,7 +78,9 @@ def small_m_path(M: int, fmt: str, k_padded: int, capability: tuple[int, int] | 
         return "triton", "Triton 3.6's Gluon is not importable"
     if fmt not in ("nvfp4", "mxfp4"):
         return "triton", f"format {fmt}"
-    step = (mid_m_config(M, fmt, n_padded, k_padded) if mid else SMALL_M).bk(fmt)
+    if mid and launch_config is None:
+        launch_config = mid_m_config(M, fmt, n_padded, k_padded)
+    step = (launch_config if mid else SMALL_M).bk(fmt)
     fits = k_padded % step == 0 if mid else small_m_fits(k_padded, fmt)
     if not fits:
         return "triton", f"K pads to {k_padded}, not a multiple of the Gluon GEMM's {step}-column K step"
@@ -110,9 +125,11 @@ def log_path(path: str, why: str) -> None:
                  GLUON_MAX_M, "Gluon" if path == "gluon" else "Triton fp4_matmul", why)
 
 
-def dense_path(rows: int, device, fmt: str, k_padded: int, explicit_config: bool, n_padded: int | None = None) -> str:
-    """`small_m_path` for a linear of `rows` rows on `device` (a torch.device) over an [n_padded, k_padded] layout,
-    logged at M <= GLUON_MAX_M and where GLUON_MID_M sends it to Gluon; "gluon" or "triton"."""
+def dense_path(rows: int, device, fmt: str, k_padded: int, explicit_config: bool, n_padded: int | None = None,
+               launch_config: GluonConfig | None = None) -> str:
+    """`small_m_path` for a linear of `rows` rows on `device` (a torch.device) over an [n_padded, k_padded] layout
+    (`launch_config`: as there), logged at M <= GLUON_MAX_M and where GLUON_MID_M sends it to Gluon; "gluon" or
+    "triton"."""
     if rows > mid_m_max(fmt, n_padded, k_padded):     # no device query or log on the Triton / cuBLAS path
         return "triton"
     cap = None
@@ -121,6 +138,6 @@ def dense_path(rows: int, device, fmt: str, k_padded: int, explicit_config: bool
 
         cap = device_capability(device.index if device.index is not None else torch.cuda.current_device())
     gluon = cap == (9, 0) and GLUON_SMALL_M and gluon_available()
-    path, why = small_m_path(rows, fmt, k_padded, cap, gluon, explicit_config, GLUON_SMALL_M, n_padded)
+    path, why = small_m_path(rows, fmt, k_padded, cap, gluon, explicit_config, GLUON_SMALL_M, n_padded, launch_config)
     log_path(path, why)
     return path

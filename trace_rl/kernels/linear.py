@@ -33,7 +33,7 @@ from trace_rl.kernels import fp4_dequant
 from trace_rl.kernels.fp4_dequant import dequant_matmul, use_dequant_cublas
 from trace_rl.kernels.fp4_gemm import GemmConfig, fp4_matmul
 from trace_rl.kernels.fp4_gemm_gluon_config import mid_m_config
-from trace_rl.kernels.gemm_dispatch import GLUON_MAX_M, dense_path
+from trace_rl.kernels.gemm_dispatch import GLUON_MAX_M, dense_path, mid_config
 from trace_rl.kernels.hopper_fp4 import LAYOUT_KEY, HopperFP4, padded_shape, to_hopper
 from trace_rl.kernels.operand_cache import operand_cache_matmul, use_fp8_operand, use_operand_cache
 from trace_rl.kernels.row_quantize import emits_e4m3, quantize_dequant_bf16, quantize_dequant_e4m3
@@ -91,11 +91,19 @@ def hopper_weight(packed) -> HopperFP4:
     return h
 
 
-def small_m_gemm(rows: int, device, packed, config=None) -> str:
+def small_m_gemm(rows: int, device, packed, config=None, launch_config=None) -> str:
     """"gluon" or "triton": the GEMM a dense linear of `rows` rows on `device` takes below cuBLAS' range
-    (gemm_dispatch: M <= 16, or a GLUON_MID_M weight up to its M)."""
+    (gemm_dispatch: M <= 16, or a GLUON_MID_M weight up to its M; `launch_config`: `_mid_config`'s, if asked)."""
     n_padded, k_padded = padded_shape(packed.out_features, packed.in_features)
-    return dense_path(rows, device, packed.fmt, k_padded, config is not None, n_padded)
+    return dense_path(rows, device, packed.fmt, k_padded, config is not None, n_padded, launch_config)
+
+
+def _mid_config(rows: int, packed, config):
+    """gemm_dispatch.mid_config for this call (None with an explicit Triton config, which takes the Triton GEMM):
+    asked once per call, then handed to `small_m_gemm`'s rule and to `_dense_matmul`'s launch."""
+    if config is not None:
+        return None
+    return mid_config(rows, packed.fmt, *padded_shape(packed.out_features, packed.in_features))
 
 
 def w4a4_e4m3(x2: torch.Tensor, silu_mul: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,12 +118,12 @@ def w4a4_e4m3(x2: torch.Tensor, silu_mul: bool = False) -> tuple[torch.Tensor, t
     return rows_e4m3_reference(quantize_dequant_bf16(x2, "mxfp4", silu_mul)[0])
 
 
-def _dense_matmul(x2, packed, row_scale, bias, out_dtype, config, path: str | None = None):
+def _dense_matmul(x2, packed, row_scale, bias, out_dtype, config, path: str | None = None, launch_config=None):
     """The FP4 GEMM, or at large M (and no explicit config) cuBLAS on the operand cache or dequantize + cuBLAS. At
-    M <= 16 on sm_90, or a GLUON_MID_M weight up to its M (`small_m_gemm`, `path` if the caller already asked) the
-    Gluon GEMM, launched as a
-    programmatic dependent of the kernel before it (fp4_gemm_gluon_epilogue's contract: it reads x and the row
-    scales, and writes, only after that kernel completes)."""
+    M <= 16 on sm_90, or a GLUON_MID_M weight up to its M (`small_m_gemm`; `path` and `launch_config`, the mid-M
+    config it checked, if the caller already asked) the Gluon GEMM, launched as a programmatic dependent of the
+    kernel before it (fp4_gemm_gluon_epilogue's contract: it reads x and the row scales, and writes, only after that
+    kernel completes)."""
     if config is None and use_operand_cache(x2.shape[0], packed):
         return operand_cache_matmul(x2, packed, row_scale, bias, out_dtype)
     if x2.dtype == torch.float8_e4m3fn:
@@ -124,13 +132,19 @@ def _dense_matmul(x2, packed, row_scale, bias, out_dtype, config, path: str | No
                          f"{'a config' if config is not None else 'no FP8 cache'}")
     if config is None and use_dequant_cublas(x2.shape[0], packed.out_features, packed.in_features):
         return dequant_matmul(x2, packed.q, hopper_weight(packed), row_scale, bias, out_dtype)
-    if (path or small_m_gemm(x2.shape[0], x2.device, packed, config)) == "gluon":
+    if path is None:
+        launch_config = _mid_config(x2.shape[0], packed, config)
+        path = small_m_gemm(x2.shape[0], x2.device, packed, config, launch_config)
+    if path == "gluon":
         from trace_rl.kernels.fp4_gemm_gluon import fp4_matmul_gluon
 
         h = hopper_weight(packed)
-        # mid M (gemm_dispatch.GLUON_MID_M): the wide tile on the `fin` kernel (row scale, bias, PDL); M <= 16:
-        # config_for's small-M pick (config None)
-        gc = mid_m_config(x2.shape[0], packed.fmt, *h.padded) if x2.shape[0] > GLUON_MAX_M else None
+        # mid M (gemm_dispatch.GLUON_MID_M): the wide tile on the `fin` kernel (row scale, bias, PDL), the config the
+        # rule checked (asked here only for a caller that named the path without it); M <= 16: config_for's small-M
+        # pick (config None)
+        gc = launch_config
+        if gc is None and x2.shape[0] > GLUON_MAX_M:
+            gc = mid_m_config(x2.shape[0], packed.fmt, *h.padded)
         # PDL only inside a CUDA-graph capture: there the node before the GEMM is the model's own kernel (a norm, a
         # quantize), never a weight writer; in eager mode the kernel before could be a weight sync's in-place layout
         # refresh, whose writes the GEMM's pre-wait weight prefetch would race (and eager decode is launch-bound:
@@ -161,13 +175,15 @@ def fp4_linear(x: torch.Tensor, packed, act_fmt: str = "bf16", bias: torch.Tenso
     if x2.shape[0] == 0:
         return x.new_empty(*lead, packed.out_features)
     row_scale = None
-    path = small_m_gemm(x2.shape[0], x2.device, packed, config)
+    gc = _mid_config(x2.shape[0], packed, config)     # asked once: the rule's K-step check and the launch
+    path = small_m_gemm(x2.shape[0], x2.device, packed, config, gc)
     if config is None and use_fp8_operand(x2.shape[0], packed):
         if act_fmt == "bf16":
             raise ValueError("fp4_linear: an FP8 operand cache multiplies W4A4 mxfp4 activations (E4M3 exactly); "
                              "W4A16 bf16 activations are not E4M3 values: use the bf16 operand cache for W4A16 plans")
         xb, row_scale = w4a4_e4m3(x2 if x2.stride(-1) == 1 else x2.contiguous())
-        return _dense_matmul(xb, packed, row_scale, bias, x.dtype, config, path).reshape(*lead, packed.out_features)
+        return _dense_matmul(xb, packed, row_scale, bias, x.dtype, config, path, gc).reshape(*lead,
+                                                                                             packed.out_features)
     if act_fmt == "bf16":
         xb = x2.to(torch.bfloat16)
         xb = xb if xb.stride(-1) == 1 else xb.contiguous()
@@ -175,7 +191,7 @@ def fp4_linear(x: torch.Tensor, packed, act_fmt: str = "bf16", bias: torch.Tenso
         # in a capture the quantize is a PDL launch too (its start under the kernel before it)
         xb, row_scale = quantize_dequant_bf16(x2 if x2.stride(-1) == 1 else x2.contiguous(), per_token(act_fmt),
                                               **w4a4_quantize_launch(path))
-    y = _dense_matmul(xb, packed, row_scale, bias, x.dtype, config, path)
+    y = _dense_matmul(xb, packed, row_scale, bias, x.dtype, config, path, gc)
     return y.reshape(*lead, packed.out_features)
 
 
