@@ -27,6 +27,26 @@ def graph_us(calls: list, reps: int = 15) -> float:
     return graph_median_us(calls, reps)
 
 
+def interleaved_rounds(names, time_one, rounds: int, errors: list, where: str) -> dict:
+    """{name: what time_one(name) returned, one per round}: `rounds` rounds over `names`, in their order in even rounds
+    and reversed in odd ones (no variant always runs first, on a GPU that is cooler or less warmed up). A failing
+    timing is noted in `errors` ("{where} {name} timing: ...") and loses that one point, not the others."""
+    out = {n: [] for n in names}
+    for r in range(rounds):
+        for n in (list(names) if r % 2 == 0 else list(reversed(names))):
+            try:
+                out[n].append(time_one(n))
+            except Exception as e:   # noqa: BLE001 -- one failing variant must not lose the point
+                errors.append(f"{where} {n} timing: {e!r}"[:400])
+    return out
+
+
+def round_stats(rounds: dict) -> dict:
+    """A point's `us` (the mean of each name's round medians) and `rounds_us` (them), for names timed at least once."""
+    return {"us": {n: round(sum(t) / len(t), 3) for n, t in rounds.items() if t},
+            "rounds_us": {n: [round(u, 3) for u in t] for n, t in rounds.items() if t}}
+
+
 def weight_copies(nbytes: int, target: int = 200 << 20, cap: int = 64) -> int:
     """How many copies of an `nbytes` weight one timed graph cycles through: > `target` (200 MiB) in all, so that
     replays read HBM, not the 50 MB L2; at least 2, at most `cap`."""

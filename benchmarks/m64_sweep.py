@@ -164,6 +164,7 @@ def _point(fmt, K, N, M, ps, hs, w_bf16, graph_us, errors) -> dict:
     """One (format, shape, M) point: checks, then ROUNDS rounds of timing."""
     import torch
     import torch.nn.functional as F
+    from kernel_baselines import interleaved_rounds, round_stats
 
     from trace_rl.kernels.fp4_gemm_gluon import GluonConfig, launch_grid
 
@@ -205,15 +206,8 @@ def _point(fmt, K, N, M, ps, hs, w_bf16, graph_us, errors) -> dict:
              for n, cfg in variants(fmt).items() if row["variants"][n].get("ok")}
     bf = [w_bf16[i % len(w_bf16)] for i in range(len(hs))]
     timed["cublas_bf16"] = lambda: [lambda w=w: F.linear(x, w) for w in bf]
-    rounds = {n: [] for n in timed}
-    for r in range(ROUNDS):
-        for n in (list(timed) if r % 2 == 0 else list(reversed(timed))):
-            try:
-                rounds[n].append(graph_us(timed[n]()))
-            except Exception as e:   # noqa: BLE001
-                errors.append(f"{fmt} {K}x{N} M {M} {n} timing: {e!r}"[:400])
-    row["us"] = {n: round(sum(t) / len(t), 3) for n, t in rounds.items() if t}
-    row["rounds_us"] = {n: [round(u, 3) for u in t] for n, t in rounds.items() if t}
+    row.update(round_stats(interleaved_rounds(timed, lambda n: graph_us(timed[n]()), ROUNDS, errors,
+                                              f"{fmt} {K}x{N} M {M}")))
     fp4 = {n: u for n, u in row["us"].items() if n in row["variants"]}
     cub = row["us"].get("cublas_bf16")
     if fp4:

@@ -127,6 +127,7 @@ def _point(fmt, K, N, M, ps, w_bf16, graph_us, errors) -> dict:
     """One (format, shape, M) point: the dispatch's answers, the outputs, then ROUNDS rounds of timing."""
     import torch
     import torch.nn.functional as F
+    from kernel_baselines import interleaved_rounds, round_stats
 
     from trace_rl.kernels.linear import fp4_linear, small_m_gemm
 
@@ -156,17 +157,13 @@ def _point(fmt, K, N, M, ps, w_bf16, graph_us, errors) -> dict:
         calls[f"{name}_triton"] = (None, lambda act=act: [lambda p=p: fp4_linear(x, p, act) for p in ps])
     bf = [w_bf16[i % len(w_bf16)] for i in range(len(ps))]
     calls["cublas_bf16"] = (None, lambda: [lambda w=w: F.linear(x, w) for w in bf])
-    rounds = {n: [] for n in calls}
-    for r in range(ROUNDS):
-        for n in (list(calls) if r % 2 == 0 else list(reversed(calls))):
-            table, make = calls[n]
-            try:
-                with mid_m_table(table, padded):
-                    rounds[n].append(graph_us(make()))
-            except Exception as e:   # noqa: BLE001 -- one failing variant must not lose the point
-                errors.append(f"{fmt} {K}x{N} M {M} {n} timing: {e!r}"[:400])
-    row["rounds_us"] = {n: [round(u, 3) for u in t] for n, t in rounds.items() if t}
-    row["us"] = {n: round(sum(t) / len(t), 3) for n, t in rounds.items() if t}
+
+    def time_one(n):
+        table, make = calls[n]
+        with mid_m_table(table, padded):
+            return graph_us(make())
+
+    row.update(round_stats(interleaved_rounds(calls, time_one, ROUNDS, errors, f"{fmt} {K}x{N} M {M}")))
     cub = row["us"].get("cublas_bf16")
     for act in ("w4a16", "w4a4"):
         g, t = f"{act}_gluon", f"{act}_triton"

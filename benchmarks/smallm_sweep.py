@@ -252,6 +252,7 @@ def _point(fmt, K, N, M, act, ps, hs, w_bf16, gl_layers, gl_reason, graph_us, er
     """One (shape, format, M, act) point: checks, then ROUNDS rounds of timing."""
     import torch
     import torch.nn.functional as F
+    from kernel_baselines import interleaved_rounds, round_stats
 
     from trace_rl.kernels.fp4_gemm_gluon import GluonConfig, fp4_matmul_gluon, launch_grid
 
@@ -302,15 +303,8 @@ def _point(fmt, K, N, M, act, ps, hs, w_bf16, gl_layers, gl_reason, graph_us, er
             timed["gemlite_int4"] = lambda: [lambda g=g: g(x) for g in gl_layers]
         else:
             row["gemlite_int4"] = gl_reason
-    rounds = {n: [] for n in timed}
-    for r in range(ROUNDS):
-        for n in (list(timed) if r % 2 == 0 else list(reversed(timed))):
-            try:
-                rounds[n].append(graph_us(timed[n]()))
-            except Exception as e:   # noqa: BLE001
-                errors.append(f"{fmt} {K}x{N} M {M} {act} {n} timing: {e!r}"[:400])
-    row["us"] = {n: round(sum(t) / len(t), 3) for n, t in rounds.items() if t}
-    row["rounds_us"] = {n: [round(u, 3) for u in t] for n, t in rounds.items() if t}
+    row.update(round_stats(interleaved_rounds(timed, lambda n: graph_us(timed[n]()), ROUNDS, errors,
+                                              f"{fmt} {K}x{N} M {M} {act}")))
     fp4 = {n: u for n, u in row["us"].items() if n in row["variants"]}
     if fp4:
         best = min(fp4, key=fp4.get)
