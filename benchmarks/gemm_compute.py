@@ -139,6 +139,15 @@ def precompile(workers: int = 16, timeout_s: float = 50.0, jobs: list | None = N
     return errors, hung
 
 
+def precompile_exit(run) -> int:
+    """How a bench's --precompile-only ends: run() -> (errors, hung) as `precompile` returns them, printed with the
+    seconds it took; the exit code 1 on any error or hung job, else 0."""
+    t0 = time.time()
+    errors, hung = run()
+    print({"precompile_s": round(time.time() - t0, 1), "errors": errors, "hung": hung}, flush=True)
+    return 1 if errors or hung else 0
+
+
 def _rel(a, b) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 

@@ -306,10 +306,9 @@ def main() -> int:
     ap.add_argument("--precompile-timeout-s", type=float, default=40.0)
     args = ap.parse_args()
     if args.precompile_only:
-        t0 = time.time()
-        errors, hung = precompile(args.precompile_timeout_s)
-        print({"precompile_s": round(time.time() - t0, 1), "errors": errors, "hung": hung}, flush=True)
-        return 1 if errors or hung else 0
+        import gemm_compute as gcb
+
+        return gcb.precompile_exit(lambda: precompile(args.precompile_timeout_s))
     measure(args)
     return 0
 

@@ -243,11 +243,10 @@ def run_cli(doc: str, out: str, pairs, fmts, ms: list[int], precompile_rows, mea
     ap.add_argument("--workers", type=int, default=12, help="precompile processes")
     args = ap.parse_args()
     if args.precompile_only:
-        t0 = time.time()
-        errors, hung = precompile_rows(parse_list(args.pairs, pairs), parse_list(args.fmts, fmts),
-                                       parse_list(args.ms, (), int), args.precompile_timeout_s, args.workers)
-        print({"precompile_s": round(time.time() - t0, 1), "errors": errors, "hung": hung}, flush=True)
-        return 1 if errors or hung else 0
+        import gemm_compute as gcb
+
+        rows = parse_list(args.pairs, pairs), parse_list(args.fmts, fmts), parse_list(args.ms, (), int)
+        return gcb.precompile_exit(lambda: precompile_rows(*rows, args.precompile_timeout_s, args.workers))
     measure_rows(args)
     return 0
 
