@@ -59,34 +59,19 @@ def fp4_bytes(N: int, K: int, M: int, fmt: str) -> int:
     return N * K // 2 + N * K // (16 if fmt == "nvfp4" else 32) + 4 * N + 2 * M * K + 2 * M * N
 
 
-def _weights(fmt, N, K, n):
-    import torch
-
-    from trace_rl.backends import PackedWeight
-    from trace_rl.kernels import quantize
-    from trace_rl.kernels.linear import hopper_weight
-
-    out = []
-    for _ in range(n):
-        w = torch.randn(N, K, device=DEV, dtype=torch.bfloat16) * 0.02
-        p = PackedWeight(fmt, N, K, q=quantize(w, fmt))
-        hopper_weight(p)                    # derived now: never inside a capture
-        out.append(p)
-    return out
-
-
 def _compile_job(job: tuple) -> str:
     """Worker (spawn): every launch of one (format, K, N, M) row, shipped and Triton, to fill Triton's cache."""
     fmt, K, N, M = job
     try:
         import torch
+        from kernel_baselines import fp4_weights
 
         from trace_rl.formats import per_token
         from trace_rl.kernels.linear import fp4_linear, fp4_linear_prequantized
         from trace_rl.kernels.rmsnorm import add_rms_norm
         from trace_rl.kernels.row_quantize import quantize_dequant_bf16
 
-        (p, ) = _weights(fmt, N, K, 1)
+        (p, ) = fp4_weights(fmt, N, K, 1)
         x = torch.randn(M, K, device=DEV, dtype=torch.bfloat16)
         xq, rs = quantize_dequant_bf16(x, per_token(fmt))
         add_rms_norm(x, None, torch.ones(K, device=DEV, dtype=torch.bfloat16), 1e-6)
@@ -206,6 +191,7 @@ def measure(args) -> None:
     import torch
     from kernel_baselines import (
         ceilings,
+        fp4_weights,
         gemlite_available,
         gemlite_int4_linear,
         graph_us,
@@ -244,7 +230,7 @@ def measure(args) -> None:
             if time.time() - start > args.budget_s:
                 res["skipped"] += [{"K": K, "N": N, "M": M, "fmt": fmt} for M in MS]
                 continue
-            ps = _weights(fmt, N, K, n)
+            ps = fp4_weights(fmt, N, K, n)
             for M in MS:
                 if time.time() - start > args.budget_s:
                     res["skipped"].append({"K": K, "N": N, "M": M, "fmt": fmt})

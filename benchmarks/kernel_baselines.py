@@ -47,6 +47,26 @@ def round_stats(rounds: dict) -> dict:
             "rounds_us": {n: [round(u, 3) for u in t] for n, t in rounds.items() if t}}
 
 
+def fp4_weights(fmt: str, N: int, K: int, n: int, device=DEV) -> list:
+    """n random FP4 PackedWeights [N, K] (bf16 N(0, 0.02) from torch's global generator; on CUDA quantized by the
+    kernel, elsewhere by the backend), their Hopper layouts derived now: never inside a capture."""
+    from trace_rl.backends import PackedWeight, get_backend
+    from trace_rl.kernels.linear import hopper_weight
+
+    out = []
+    for _ in range(n):
+        w = torch.randn(N, K, device=device, dtype=torch.bfloat16) * 0.02
+        if w.is_cuda:
+            from trace_rl.kernels import quantize
+
+            p = PackedWeight(fmt, N, K, q=quantize(w, fmt))
+        else:
+            p = get_backend("fp4").prepare_weight(w, fmt)
+        hopper_weight(p)
+        out.append(p)
+    return out
+
+
 def weight_copies(nbytes: int, target: int = 200 << 20, cap: int = 64) -> int:
     """How many copies of an `nbytes` weight one timed graph cycles through: > `target` (200 MiB) in all, so that
     replays read HBM, not the 50 MB L2; at least 2, at most `cap`."""

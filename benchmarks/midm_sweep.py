@@ -56,22 +56,6 @@ def mid_m_table(fmt: str | None, padded: tuple[int, int] | None):
         gemm_dispatch.GLUON_MID_M = old
 
 
-def _weights(fmt: str, N: int, K: int, n: int) -> list:
-    import torch
-
-    from trace_rl.backends import PackedWeight
-    from trace_rl.kernels import quantize
-    from trace_rl.kernels.linear import hopper_weight
-
-    out = []
-    for _ in range(n):
-        w = torch.randn(N, K, device=DEV, dtype=torch.bfloat16) * 0.02
-        p = PackedWeight(fmt, N, K, q=quantize(w, fmt))
-        hopper_weight(p)                    # derived now: never inside a capture
-        out.append(p)
-    return out
-
-
 def _padded(p) -> tuple[int, int]:
     from trace_rl.kernels.hopper_fp4 import padded_shape
 
@@ -90,10 +74,11 @@ def _compile_job(job: tuple) -> str:
     fmt, K, N, M = job
     try:
         import torch
+        from kernel_baselines import fp4_weights
 
         from trace_rl.kernels.linear import fp4_linear
 
-        (p, ) = _weights(fmt, N, K, 1)
+        (p, ) = fp4_weights(fmt, N, K, 1)
         x = torch.randn(M, K, device=DEV, dtype=torch.bfloat16)
         for table in (fmt, None):
             with mid_m_table(table, _padded(p)):
@@ -184,7 +169,7 @@ def _order() -> list[tuple]:
 
 def measure(args) -> None:
     import torch
-    from kernel_baselines import graph_us, json_saver, run_env, weight_copies
+    from kernel_baselines import fp4_weights, graph_us, json_saver, run_env, weight_copies
 
     start = time.time()
     res = {"env": run_env(torch.cuda.get_device_name(0), sms=torch.cuda.get_device_properties(0).multi_processor_count),
@@ -202,7 +187,7 @@ def measure(args) -> None:
             continue
         try:
             torch.manual_seed(0)
-            ps = _weights(fmt, N, K, weight_copies(N * K // 2))
+            ps = fp4_weights(fmt, N, K, weight_copies(N * K // 2))
             w_bf16 = [torch.randn(N, K, device=DEV, dtype=torch.bfloat16) * 0.02
                       for _ in range(weight_copies(N * K * 2))]
         except Exception as e:   # noqa: BLE001

@@ -175,11 +175,10 @@ def _compile_job(job: tuple) -> str:
     try:
         import torch
         import w4a4_producer_pairs as wp
-        import w4a4_producers as wprod
-        from kernel_baselines import graph_us
+        from kernel_baselines import fp4_weights, graph_us
 
         K, N, prod = PAIRS[pair]
-        (p, ) = wprod.make_weights(fmt, N, K, 1)
+        (p, ) = fp4_weights(fmt, N, K, 1)
         w = torch.randn(N, K, device=DEV, dtype=torch.bfloat16) * 0.02
         inp = wp.make_inputs(prod, M, K, DEV)
         for _, fn, pdl in timed_variants(pair, fmt):
@@ -235,8 +234,7 @@ def parse_list(text, allowed, cast=str) -> list:
 
 def measure(args) -> None:
     import torch
-    import w4a4_producers as wprod
-    from kernel_baselines import json_saver, run_env, weight_copies
+    from kernel_baselines import fp4_weights, json_saver, run_env, weight_copies
 
     start = time.time()
     jobs = order(parse_list(args.pairs, PAIRS), parse_list(args.fmts, FMTS), parse_list(args.ms, (), int))
@@ -255,7 +253,7 @@ def measure(args) -> None:
             torch.manual_seed(0)
             w_bf16 = [torch.randn(N, K, device=DEV, dtype=torch.bfloat16) * 0.02
                       for _ in range(weight_copies(N * K * 2))]
-            weights[(pair, fmt)] = (wprod.make_weights(fmt, N, K, weight_copies(N * K // 2)), w_bf16)
+            weights[(pair, fmt)] = (fp4_weights(fmt, N, K, weight_copies(N * K // 2)), w_bf16)
         ps, w_bf16 = weights[(pair, fmt)]
         row = measure_row(pair, fmt, M, ps, w_bf16, res["errors"])
         res["rows"].append(row)

@@ -84,27 +84,6 @@ def engine_today(pair: str, fmt: str, M: int) -> tuple[str, str, str]:
         "down_proj: fp4_linear(h, p, fmt), its own quantize launch")
 
 
-def make_weights(fmt: str, N: int, K: int, n: int, device=DEV) -> list:
-    """n FP4 PackedWeights with their Hopper layout derived (never inside a capture)."""
-    import torch
-
-    from trace_rl.backends import PackedWeight, get_backend
-    from trace_rl.kernels.linear import hopper_weight
-
-    out = []
-    for _ in range(n):
-        w = torch.randn(N, K, device=device, dtype=torch.bfloat16) * 0.02
-        if w.is_cuda:
-            from trace_rl.kernels import quantize
-
-            p = PackedWeight(fmt, N, K, q=quantize(w, fmt))
-        else:
-            p = get_backend("fp4").prepare_weight(w, fmt)
-        hopper_weight(p)
-        out.append(p)
-    return out
-
-
 def _compile_job(job: tuple) -> str:
     """Worker (spawn): every variant of one (pair, format, M) row, eager and captured (the captured Gluon GEMM is its
     PDL variant, another compile), to fill Triton's cache."""
@@ -112,10 +91,10 @@ def _compile_job(job: tuple) -> str:
     try:
         import torch
         import w4a4_producer_pairs as wp
-        from kernel_baselines import graph_us
+        from kernel_baselines import fp4_weights, graph_us
 
         K, N = wp.PAIRS[pair]
-        (p, ) = make_weights(fmt, N, K, 1)
+        (p, ) = fp4_weights(fmt, N, K, 1)
         w = torch.randn(N, K, device=DEV, dtype=torch.bfloat16) * 0.02
         inp = wp.make_inputs(pair, M, K, DEV)
         for fn in wp.variants(pair, fmt, wp.produce_quantized(pair, inp, fmt)).values():
@@ -184,7 +163,7 @@ def measure_row(pair, fmt, M, ps, w_bf16, graph_us, errors) -> dict:
 def measure(args) -> None:
     import torch
     import w4a4_producer_pairs as wp
-    from kernel_baselines import ceilings, graph_us, json_saver, run_env, weight_copies
+    from kernel_baselines import ceilings, fp4_weights, graph_us, json_saver, run_env, weight_copies
 
     start = time.time()
     pairs, ms, fmts = parse_list(args.pairs, wp.PAIRS), parse_list(args.ms, (), int), parse_list(args.fmts, wp.FMTS)
@@ -208,7 +187,7 @@ def measure(args) -> None:
             if w_bf16 is None:
                 w_bf16 = [torch.randn(N, K, device=DEV, dtype=torch.bfloat16) * 0.02
                           for _ in range(weight_copies(N * K * 2))]
-            ps = make_weights(fmt, N, K, weight_copies(N * K // 2))
+            ps = fp4_weights(fmt, N, K, weight_copies(N * K // 2))
             for M in todo:
                 if time.time() - start > args.budget_s:
                     res["skipped"].append({"pair": pair, "fmt": fmt, "M": M})

@@ -1,8 +1,8 @@
 """What the GEMM benches share, on CPU: kernel_baselines.interleaved_rounds / round_stats (the m64, smallm and midm
 sweeps' timing rounds: the order alternates round by round, a failing timing loses only its own point, noted in
-errors; the stats are the mean of the round medians; the sweeps' own bookkeeping: test_smallm_sweep.py), and
+errors; the stats are the mean of the round medians; the sweeps' own bookkeeping: test_smallm_sweep.py),
 gemm_compute.precompile_exit (how --precompile-only ends in gemm_ship, the m64 / midm / smallm sweeps and the W4A4
-benches: the exit code, and the arguments each script's precompile gets)."""
+benches: the exit code, and the arguments each script's precompile gets) and kernel_baselines.fp4_weights."""
 
 import sys
 
@@ -52,3 +52,15 @@ def test_precompile_only_mains(mod, argv, expect, monkeypatch):
     monkeypatch.setattr(sys, "argv", [mod.__name__, "--precompile-only", *argv])
     assert mod.main() == 0 and seen == [expect]
     assert mod.main() == 1
+
+
+def test_fp4_weights_on_cpu():
+    """kernel_baselines.fp4_weights (gemm_ship, midm_sweep, the W4A4 benches): n distinct weights, layouts derived."""
+    import torch
+
+    from trace_rl.kernels.hopper_fp4 import LAYOUT_KEY
+
+    torch.manual_seed(0)
+    ps = kb.fp4_weights("mxfp4", 24, 64, 2, device="cpu")
+    assert [(p.fmt, p.out_features, p.in_features) for p in ps] == [("mxfp4", 24, 64)] * 2
+    assert all(LAYOUT_KEY in p.layout for p in ps) and not torch.equal(ps[0].q.codes, ps[1].q.codes)
