@@ -18,7 +18,9 @@ activation quantize kernel issues griddepcontrol.launch_dependents at its start,
 prefetch run under it; and inside a CUDA-graph capture (where the GEMM launches with PDL) the quantize is itself
 launched with PDL (`QUANTIZE_PDL`, `w4a4_quantize_pdl`): its CTAs start under the previous kernel's tail and wait
 (griddepcontrol.wait) before their first global access, which takes the separate quantize launch's fixed cost off
-the small-M W4A4 linear (issue 15's o_proj and MLP misses at M <= 16).
+the small-M W4A4 linear (issue 15's o_proj and MLP misses at M <= 16). There the GEMM's config comes from
+fp4_gemm_gluon_prefetch.W4A4_PDL_GRID where it lists the weight (`w4a4_pdl_gemm_config`: a ring deep enough to issue
+all of a program's weight before its PDL wait, so the weight streams under the quantize); W4A16 keeps config_for's.
 
 `fp4_grouped_linear` (mixture of experts) takes the Gluon grouped GEMM (fp4_grouped_gluon.py) or the Triton
 `fp4_grouped_matmul` by grouped_dispatch.py's rule (`GLUON_GROUPED` turns the Gluon one off).
@@ -33,6 +35,7 @@ from trace_rl.kernels import fp4_dequant
 from trace_rl.kernels.fp4_dequant import dequant_matmul, use_dequant_cublas
 from trace_rl.kernels.fp4_gemm import GemmConfig, fp4_matmul
 from trace_rl.kernels.fp4_gemm_gluon_config import mid_m_config
+from trace_rl.kernels.fp4_gemm_gluon_prefetch import w4a4_pdl_config
 from trace_rl.kernels.gemm_dispatch import GLUON_MAX_M, dense_path, mid_config
 from trace_rl.kernels.hopper_fp4 import LAYOUT_KEY, HopperFP4, padded_shape, to_hopper
 from trace_rl.kernels.operand_cache import operand_cache_matmul, use_fp8_operand, use_operand_cache
@@ -51,6 +54,15 @@ def w4a4_quantize_pdl(path: str) -> bool:
     is launch-bound). The quantize waits before any global access, so whatever kernel precedes it is safe."""
     return (QUANTIZE_PDL and path == "gluon" and torch.cuda.is_available()
             and torch.cuda.is_current_stream_capturing())
+
+
+def w4a4_pdl_gemm_config(rows: int, packed, path: str):
+    """The Gluon GEMM config of a W4A4 linear whose activations `fp4_linear` quantizes with its own PDL launch
+    (`w4a4_quantize_pdl`): fp4_gemm_gluon_prefetch.W4A4_PDL_GRID's prefetch-all config for the weight's padded shape
+    and M bucket (the weight stream under the quantize), or None (config_for's pick, as W4A16 runs it)."""
+    if path != "gluon" or rows > GLUON_MAX_M or not w4a4_quantize_pdl(path):
+        return None
+    return w4a4_pdl_config(rows, packed.fmt, *padded_shape(packed.out_features, packed.in_features))
 
 
 def w4a4_quantize_launch(path: str) -> dict:
@@ -121,9 +133,9 @@ def w4a4_e4m3(x2: torch.Tensor, silu_mul: bool = False) -> tuple[torch.Tensor, t
 def _dense_matmul(x2, packed, row_scale, bias, out_dtype, config, path: str | None = None, launch_config=None):
     """The FP4 GEMM, or at large M (and no explicit config) cuBLAS on the operand cache or dequantize + cuBLAS. At
     M <= 16 on sm_90, or a GLUON_MID_M weight up to its M (`small_m_gemm`; `path` and `launch_config`, the mid-M
-    config it checked, if the caller already asked) the Gluon GEMM, launched as a programmatic dependent of the
-    kernel before it (fp4_gemm_gluon_epilogue's contract: it reads x and the row scales, and writes, only after that
-    kernel completes)."""
+    config it checked or the W4A4 PDL path's prefetch-all pick, if the caller already asked) the Gluon GEMM, launched
+    as a programmatic dependent of the kernel before it (fp4_gemm_gluon_epilogue's contract: it reads x and the row
+    scales, and writes, only after that kernel completes)."""
     if config is None and use_operand_cache(x2.shape[0], packed):
         return operand_cache_matmul(x2, packed, row_scale, bias, out_dtype)
     if x2.dtype == torch.float8_e4m3fn:
@@ -191,6 +203,9 @@ def fp4_linear(x: torch.Tensor, packed, act_fmt: str = "bf16", bias: torch.Tenso
         # in a capture the quantize is a PDL launch too (its start under the kernel before it)
         xb, row_scale = quantize_dequant_bf16(x2 if x2.stride(-1) == 1 else x2.contiguous(), per_token(act_fmt),
                                               **w4a4_quantize_launch(path))
+        # the quantize is this GEMM's PDL predecessor: a prefetch-all config (where measured) streams the weight
+        # under it (fp4_gemm_gluon_prefetch; W4A16 and eager calls keep config_for's pick)
+        gc = (w4a4_pdl_gemm_config(x2.shape[0], packed, path) if config is None else None) or gc
     y = _dense_matmul(xb, packed, row_scale, bias, x.dtype, config, path, gc)
     return y.reshape(*lead, packed.out_features)
 
