@@ -102,7 +102,7 @@ def attention_loop(kv_format: str, block_t: int | None = None, stages: int | Non
     n = max(16, 1 << (group - 1).bit_length())
     consts = dict(HKV=kv_heads, D=head_dim, DV=dv, GROUP=group, N=n, PAGE=page, LOG2_PAGE=page.bit_length() - 1,
                   KV_FMT=fmt, BLOCK_T=block_t, MODE=1, DOT_F32=False, SPLIT=split,
-                  LAST_TILE_FIRST=_last_tile_first(fmt, block_t))
+                  LAST_TILE_FIRST=_last_tile_first(fmt, block_t), LAUNCH_DEPS=not split)   # as decode_attention
     sass, usage = compile_sass(_decode_attention_kernel, sig, consts, divisible, num_warps, stages, maxnreg)
     body = loop_body(sass)
     text = "\n".join(body)

@@ -43,6 +43,11 @@ from trace_rl.kernels.kv_decode import DECODE_ASM, DECODE_PURE
 KV_BF16, KV_FP8, KV_NVFP4, KV_MXFP4 = 0, 1, 2, 3
 KV_FORMAT_IDS = {"bf16": KV_BF16, "fp8_e4m3:row": KV_FP8, "nvfp4:row": KV_NVFP4, "mxfp4": KV_MXFP4}
 LOG2E = 1.4426950408889634
+# The last kernel `decode_attention` launches (the attention itself at one split, else the merge) signals
+# griddepcontrol.launch_dependents once its tiles / loads are done, so the engine's next kernel when it is a PDL
+# launch (o_proj's W4A4 quantize in a CUDA graph, kernels.linear.w4a4_quantize_pdl) starts under its last wave.
+# Same results either way (the dependent waits for completion); False turns it off (check `oprojpf`'s A/B).
+LAUNCH_DEPENDENTS = True
 # 64-token tiles over FP4 caches with the partial last tile run after the full tiles gave wrong tails on the H200
 # (docs/benchmarks.md, "Decode attention"); with it run first (the policy below) they pass every check there. The
 # after-order is refused on the GPU; setting this variable to 1 lifts the refusal, for the script that reproduces
@@ -119,7 +124,7 @@ def _decode_attention_kernel(
     qk_scale, stride_qb, stride_qh, stride_ob, stride_oh, stride_bt, tokens_per_split, splits,
     HKV: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, GROUP: tl.constexpr, N: tl.constexpr,
     PAGE: tl.constexpr, LOG2_PAGE: tl.constexpr, KV_FMT: tl.constexpr, BLOCK_T: tl.constexpr, MODE: tl.constexpr,
-    DOT_F32: tl.constexpr, SPLIT: tl.constexpr, LAST_TILE_FIRST: tl.constexpr,
+    DOT_F32: tl.constexpr, SPLIT: tl.constexpr, LAST_TILE_FIRST: tl.constexpr, LAUNCH_DEPS: tl.constexpr = False,
 ):
     h, split, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq_len = tl.load(lens_ptr + b)
@@ -151,6 +156,8 @@ def _decode_attention_kernel(
     if not LAST_TILE_FIRST and t_full < t_hi:
         m_i, l_acc, acc = _tile(q_t, m_i, l_acc, acc, kc, ks, kg, vc, vs, vg, bt_row, h, t_full, t_hi,
                                 qk_scale, HKV, D, DV, PAGE, LOG2_PAGE, BLOCK_T, KV_FMT, MODE, DOT_F32, True, HALF)
+    if LAUNCH_DEPS:   # the tiles are done: the next PDL launch may start under this wave's epilogue (LAUNCH_DEPENDENTS)
+        tl.extra.cuda.gdc_launch_dependents()
     l_i = tl.sum(l_acc, axis=0)
     if HALF:
         acc = _low_half(acc)
@@ -177,7 +184,8 @@ def _decode_attention_kernel(
 
 @triton.jit
 def _merge_splits_kernel(part_ptr, ml_ptr, out_ptr, stride_ob, stride_oh, HQ: tl.constexpr,
-                         HEAD_DIM: tl.constexpr, SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr):
+                         HEAD_DIM: tl.constexpr, SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr,
+                         LAUNCH_DEPS: tl.constexpr = False):
     """Fixed-order merge of the splits' partials (deterministic)."""
     bh = tl.program_id(0)                      # b * HQ + head
     s = tl.arange(0, SPLITS_PAD)
@@ -192,6 +200,8 @@ def _merge_splits_kernel(part_ptr, ml_ptr, out_ptr, stride_ob, stride_oh, HQ: tl
     num = tl.sum(part * w[:, None], axis=0)
     den = tl.sum(l_s * w, axis=0)
     out = tl.where(den == 0, 0.0, num / den)    # a sequence of length 0 gives zeros; NaN stays NaN
+    if LAUNCH_DEPS:                             # loads done: the next PDL launch may start (LAUNCH_DEPENDENTS)
+        tl.extra.cuda.gdc_launch_dependents()
     b, head = bh // HQ, bh % HQ
     tl.store(out_ptr + b.to(tl.int64) * stride_ob + head * stride_oh + d, out.to(out_ptr.dtype.element_ty))
 
@@ -237,12 +247,14 @@ def _cache_args(c: PagedKV):
 def decode_attention(q: torch.Tensor, k: PagedKV, v: PagedKV, block_table: torch.Tensor, seq_lens: torch.Tensor,
                      scale: float, *, block_t: int | None = None, splits: int | None = None,
                      decode: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-                     programs_per_sm: float | None = None, maxnreg: int | None = 0) -> torch.Tensor:
+                     programs_per_sm: float | None = None, maxnreg: int | None = 0,
+                     launch_dependents: bool | None = None) -> torch.Tensor:
     """Kernel version of `decode_attention_reference` (same signature). The launch follows
     `attention_config` (tile per format, splits per shape); the keywords override it for benchmarks and for
     the engine's timed split counts (None / 0: the configured value; maxnreg=None: no register cap). `splits`
     divides the block table's capacity into whole tiles (`split_tokens`: fewer may launch); any count gives the
-    reference's result, merged in a fixed order."""
+    reference's result, merged in a fixed order. `launch_dependents` (None: LAUNCH_DEPENDENTS): the last kernel
+    signals griddepcontrol.launch_dependents once its tiles are done (no effect on the result)."""
     from trace_rl.kernels import interpreting
 
     _check(q, k, v, block_table, seq_lens)
@@ -292,17 +304,19 @@ def decode_attention(q: torch.Tensor, k: PagedKV, v: PagedKV, block_table: torch
     lens = seq_lens if seq_lens.dtype == torch.int32 else seq_lens.to(torch.int32)
     if decode is None:
         decode = DECODE_PURE if interp else DECODE_ASM
+    # the LAST kernel launched signals griddepcontrol.launch_dependents (compiled kernels only, as row_quantize's)
+    deps = (LAUNCH_DEPENDENTS if launch_dependents is None else launch_dependents) and not interp
     qk = scale * LOG2E * (L.NVFP4_FACTOR if fmt_id == KV_NVFP4 else 1.0)
     _decode_attention_kernel[(hkv, splits, B)](
         q, kc, ks, kg, vc, vs, vg, bt, lens, out, part, ml, qk, q.stride(0), q.stride(1), out.stride(0),
         out.stride(1), bt.stride(0), per_split, splits, HKV=hkv, D=D, DV=dv, GROUP=group, N=n_pad, PAGE=page,
         LOG2_PAGE=page.bit_length() - 1,
         KV_FMT=fmt_id, BLOCK_T=block_t, MODE=decode, DOT_F32=interp, SPLIT=splits > 1,
-        LAST_TILE_FIRST=_last_tile_first(fmt_id, block_t),
+        LAST_TILE_FIRST=_last_tile_first(fmt_id, block_t), LAUNCH_DEPS=deps and splits == 1,
         num_warps=num_warps, num_stages=num_stages, **({} if maxnreg is None or interp else {"maxnreg": maxnreg}))
     if splits > 1:
         _merge_splits_kernel[(B * Hq,)](part, ml, out, out.stride(0), out.stride(1), HQ=Hq, HEAD_DIM=D,
-                                        SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits))
+                                        SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits), LAUNCH_DEPS=deps)
     return out
 
 

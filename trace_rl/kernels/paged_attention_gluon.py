@@ -95,7 +95,8 @@ def _decode_attention_ws_kernel(q_ptr, out_ptr, bt_ptr, lens_ptr, kc_desc, ks_de
                                 HKV: gl.constexpr, GROUP: gl.constexpr, N: gl.constexpr, D: gl.constexpr,
                                 DV: gl.constexpr, PAGE: gl.constexpr, T: gl.constexpr, STAGES: gl.constexpr,
                                 MX: gl.constexpr, UNROLL: gl.constexpr = 1, COLMAX: gl.constexpr = False,
-                                REDO: gl.constexpr = False, PDL: gl.constexpr = False):
+                                REDO: gl.constexpr = False, PDL: gl.constexpr = False,
+                                LAUNCH_DEPS: gl.constexpr = False):
     h = gl.program_id(0)
     b = gl.program_id(1)
     if REDO:          # mx_checked's second launch: only the items the checked launch left non-finite, else nothing
@@ -116,8 +117,10 @@ def _decode_attention_ws_kernel(q_ptr, out_ptr, bt_ptr, lens_ptr, kc_desc, ks_de
         (_producer, (kc_desc, ks_desc, kg_desc, vc_desc, vs_desc, vg_desc, kc_b, ks_b, kg_b, vc_b, vs_b, vg_b,
                      ready, empty, bt_row, h, seq_len, n_tiles, HKV, NP, PAGE, STAGES, MX, REDO and PDL)),
     ], [1], [24])
-    if PDL and not REDO:    # the checked launch before a PDL REDO: after the tile loop, so that REDO programs take
-        _gdc_launch()       # no SM slot while programs of this grid still wait to start (they wait in _gdc_wait)
+    if LAUNCH_DEPS or (PDL and not REDO):   # the tiles are done (GluonAttentionConfig.launch_dependents: the
+        _gdc_launch()   # engine's next PDL kernel, o_proj's W4A4 quantize; redo_pdl: the checked launch before its
+        # PDL REDO): after the tile loop, so that dependent programs take no SM slot while programs of this grid
+        # still wait to start (a REDO waits in _gdc_wait; the quantize in its own griddepcontrol.wait)
     _epilogue(acc, l_i, out_ptr, b, h, stride_ob, stride_oh, GROUP, N, D, DV, MX)
 
 
@@ -168,6 +171,15 @@ class GluonAttentionConfig:
     # second launch's gap off the critical path (at 32 x 8k the whole call is one ~90 us wave); the same items
     # recomputed by the same kernel: bit-identical. Opt-in (LEAN_REDO_PDL) until the H200 check redopdl has timed it.
     redo_pdl: bool = False
+    # griddepcontrol.launch_dependents once a program's tiles are done (after the main loop, before the epilogue):
+    # the engine's next kernel, launched with PDL (o_proj's W4A4 activation quantize in a CUDA graph,
+    # kernels.linear.w4a4_quantize_pdl) is scheduled as soon as every program has signalled or exited, so its CTAs
+    # (and, through its own early signal, the GEMM's weight prefetch) start under the attention's last wave instead
+    # of after it. Not at the start: a dependent grid's CTAs become resident once every primary CTA signalled, and
+    # in a multi-wave grid would take the slots of primary CTAs not yet launched. No effect on any result (the
+    # dependent waits for the attention's completion in griddepcontrol.wait) and a no-op when the next kernel is not
+    # a PDL launch. False: the A/B of check `oprojpf`.
+    launch_dependents: bool = True
 
     def check(self) -> None:
         if not 2 <= self.stages <= 6:
@@ -354,15 +366,16 @@ def decode_attention_gluon(q: torch.Tensor, k, v, block_table: torch.Tensor, seq
         grid = min(B * hkv, c.programs) if c.programs else persistent_grid(B * hkv, _sms(q.device), c.ctas_per_sm())
         if grid:
             _decode_attention_persistent_kernel[(grid, )](*args, B * hkv, **consts, UNROLL=c.unroll, COLMAX=c.col_max,
-                                                          **signal, num_warps=4, maxnreg=c.maxnreg)
+                                                          **signal, LAUNCH_DEPS=c.launch_dependents, num_warps=4,
+                                                          maxnreg=c.maxnreg)
     else:
         _decode_attention_ws_kernel[(hkv, B)](*args, **consts, UNROLL=c.unroll, COLMAX=c.col_max, **signal,
-                                              num_warps=4, maxnreg=c.maxnreg)
+                                              LAUNCH_DEPS=c.launch_dependents, num_warps=4, maxnreg=c.maxnreg)
     if mx == 3 and B:   # REDO: the exact kernel (MX 1, its own score factor) over the items left non-finite only
         args = (*tensors, scale * LOG2E * _out_factor(1), *strides)
         _decode_attention_ws_kernel[(hkv, B)](*args, **dict(consts, MX=1), UNROLL=c.unroll, COLMAX=c.col_max,
-                                              REDO=True, **signal, num_warps=4, maxnreg=c.maxnreg,
-                                              **({"launch_pdl": True} if pdl else {}))
+                                              REDO=True, **signal, LAUNCH_DEPS=c.launch_dependents, num_warps=4,
+                                              maxnreg=c.maxnreg, **({"launch_pdl": True} if pdl else {}))
     return out
 
 

@@ -42,6 +42,7 @@ def gate_case(c: GluonAttentionConfig, group: int = 4, kv_heads: int = 8, budget
         sig["work"] = "i32"
     consts["UNROLL"] = c.unroll       # an iteration of the tile loop runs `unroll` tiles, each with its 2 full waits
     consts["COLMAX"] = c.col_max
+    consts["LAUNCH_DEPS"] = c.launch_dependents   # as the launcher: griddepcontrol.launch_dependents (PREEXIT)
     if redo:          # mx_checked's second launch: the exact kernel, run only where the checked output is not finite
         consts["REDO"] = True
         kind += " redo"
@@ -52,6 +53,8 @@ def gate_case(c: GluonAttentionConfig, group: int = 4, kv_heads: int = 8, budget
         require += ("ACQBULK", ) if redo else ("PREEXIT", )
         first_before = ("ACQBULK", ) if redo else ()
         options = (("launch_pdl", True), ) if redo else ()
+    if c.launch_dependents:     # after the tile loop, for the engine's next PDL kernel (o_proj's W4A4 quantize)
+        require += ("PREEXIT", ) if "PREEXIT" not in require else ()
     full_waits *= c.unroll
     kind += "" if c.unroll == 1 else f" u{c.unroll}"
     kind += "" if c.n_pad == 16 else f" n{c.n_pad}"

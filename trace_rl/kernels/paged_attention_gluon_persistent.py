@@ -114,7 +114,8 @@ def _decode_attention_persistent_kernel(q_ptr, out_ptr, bt_ptr, lens_ptr, kc_des
                                         HKV: gl.constexpr, GROUP: gl.constexpr, N: gl.constexpr, D: gl.constexpr,
                                         DV: gl.constexpr, PAGE: gl.constexpr, T: gl.constexpr,
                                         STAGES: gl.constexpr, MX: gl.constexpr, UNROLL: gl.constexpr = 1,
-                                        COLMAX: gl.constexpr = False, PDL: gl.constexpr = False):
+                                        COLMAX: gl.constexpr = False, PDL: gl.constexpr = False,
+                                        LAUNCH_DEPS: gl.constexpr = False):
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
     NP: gl.constexpr = T // PAGE
@@ -128,5 +129,6 @@ def _decode_attention_persistent_kernel(q_ptr, out_ptr, bt_ptr, lens_ptr, kc_des
                                 vg_b, ready, empty, bt_ptr, lens_ptr, stride_bt, pid, nprog, work, HKV, NP, PAGE, T,
                                 STAGES, MX)),
     ], [1], [24])
-    if PDL:               # mx_checked with redo_pdl: the REDO launch (a programmatic dependent) may be scheduled
-        _gdc_launch()     # once every program has finished its items; it waits for this grid's completion anyway
+    if LAUNCH_DEPS or PDL:   # every item done: the next PDL kernel (GluonAttentionConfig.launch_dependents: the
+        _gdc_launch()        # engine's, o_proj's W4A4 quantize; PDL: mx_checked's redo_pdl REDO) may be scheduled;
+        # it waits for this grid's completion anyway
