@@ -199,10 +199,33 @@ def mid_m_gate_cases():
     return cases
 
 
+# The prefetch-all candidates for the W4A4 PDL path (fp4_gemm_gluon_prefetch.PREFETCH_ALL_CANDIDATES, check `oprojpf`)
+# as `fp4_linear` would launch them there: PDL, the W4A4 row scale (with a bias), at token tiles 8 and 16, each at its
+# split (a constexpr of the finish only). The ones that are earlier candidates (k256_split4, split4) are gated above.
+# Budgets as the small-grid candidates' at the same step width (the ring depth changes the slot arithmetic only).
+# Measured (Triton 3.6, sm_90, 2026-12-03): nvfp4 256-column steps 2.79-2.82 (6 / 8 slots), 512 2.66-2.69, mxfp4
+# 2.41-2.44; 80 registers, no spills.
+PREFETCH_ALL_BUDGET = {(256, "nvfp4"): 2.9, (512, "nvfp4"): 2.75, (512, "mxfp4"): 2.5}
+
+
+def prefetch_all_gate_cases():
+    from trace_rl.kernels.fp4_gemm_gluon_prefetch import PREFETCH_ALL_CANDIDATES
+
+    cases = []
+    for name, (c, fmts) in PREFETCH_ALL_CANDIDATES.items():
+        if name in SMALL_GRID_CANDIDATES:
+            continue
+        for f in fmts:
+            for bm in (8, 16):
+                case = gate_case(c, bm, PREFETCH_ALL_BUDGET[(c.bk(f), f)], f, c.split_k, True, True)
+                cases.append(dataclasses.replace(case, name=f"{case.name} [prefetch-all {name}]"))
+    return cases
+
+
 def sass_gate_cases():
     if not triton.__version__.startswith("3.6"):
         return []
     return [gate_case(c, bm, b) for c, bm, b in GATE + GATE_WIDE] + \
         [gate_case(c, bm, b, "mxfp4") for c, bm, b in GATE_MX + GATE_WIDE_MX] + \
         [gate_case(c, bm, SMALL_M_BUDGET[f], f, s, p, r) for c, bm, f, s, p, r in GATE_SMALL_M] + \
-        small_grid_gate_cases() + m64_gate_cases() + mid_m_gate_cases()
+        small_grid_gate_cases() + m64_gate_cases() + mid_m_gate_cases() + prefetch_all_gate_cases()
