@@ -169,15 +169,14 @@ def engine_pair(fmt, M, a_unused, ps, config_name, gen) -> dict:
     from trace_rl.kernels.linear import fp4_linear
     from trace_rl.kernels.paged_attention_gluon import decode_attention_gluon, default_config
 
-    kv = "nvfp4:row" if fmt == "nvfp4" else "mxfp4"
     pages = ENGINE_L // 64
     blocks = ENGINE_B * pages
     table = torch.randperm(blocks, device=DEV).to(torch.int32).reshape(ENGINE_B, pages)
     lens = torch.full((ENGINE_B, ), ENGINE_L, device=DEV, dtype=torch.int32)
     q = torch.randn(ENGINE_B, A.HQ, A.D, device=DEV, dtype=torch.bfloat16)
-    k, v = A.random_cache(kv, "k", blocks, 64, gen), A.random_cache(kv, "v", blocks, 64, gen)
-    base = default_config(A.HQ // A.HKV, kv)
-    res = {"B": ENGINE_B, "L": ENGINE_L, "kv": kv, "attention_config": repr(base)}
+    k, v = A.random_cache(fmt, "k", blocks, 64, gen), A.random_cache(fmt, "v", blocks, 64, gen)
+    base = default_config(A.HQ // A.HKV, k.fmt)
+    res = {"B": ENGINE_B, "L": ENGINE_L, "kv": k.fmt, "attention_config": repr(base)}
     conf = {"shipped": None}
     if config_name:
         conf[config_name] = candidates(fmt)[config_name]
@@ -210,7 +209,7 @@ def _compile_job(job: tuple) -> str:
         ps = wprod.make_weights(fmt, N, K, 2)
         a = torch.randn(M, K, device=DEV, dtype=torch.bfloat16)
         if what == "engine":
-            engine_pair(fmt, M, a, ps, None, torch.Generator(device="cpu"))
+            engine_pair(fmt, M, a, ps, None, torch.Generator(device=DEV).manual_seed(0))
         else:
             with table_entry(fmt, M, variants(fmt)[what][1]):
                 from trace_rl.kernels.linear import fp4_linear
@@ -269,7 +268,8 @@ def measure(args) -> None:
         try:
             row16 = next((r for r in res["rows"] if r["fmt"] == fmt and r["M"] == 16), {})
             best = (row16.get("best") or {}).get("name")
-            res["engine"].append({"fmt": fmt, **engine_pair(fmt, ENGINE_B, None, ps, best, gen)})
+            res["engine"].append({"fmt": fmt, **engine_pair(fmt, ENGINE_B, None, ps, best,
+                                                            torch.Generator(device=DEV).manual_seed(0))})
             print(res["engine"][-1], flush=True)
         except Exception as e:   # noqa: BLE001
             res["errors"].append(f"{fmt} engine pair: {e!r}"[:400])

@@ -31,7 +31,7 @@ CASES = [(name, fmt) for name, (_, fmts) in PREFETCH_ALL_CANDIDATES.items() for 
 @pytest.mark.parametrize("name,fmt", CASES)
 def test_candidates_prefetch_all_of_o_proj(name, fmt):
     c, _ = PREFETCH_ALL_CANDIDATES[name]
-    for n, k in pf.PREFETCH_ALL_SHAPES:
+    for _n, k in pf.PREFETCH_ALL_SHAPES:
         check_prefetch_all(name, c, fmt, k)
         assert prefetches_all(c, fmt, k) and c.stages == steps_per_program(c, fmt, k), "no slot left idle"
 
@@ -80,7 +80,7 @@ def test_k_partitions_against_the_shipped_o_proj_configs():
 def test_committed_table_holds_gated_candidates():
     assert set(pf.W4A4_PDL_GRID) == {"nvfp4", "mxfp4"}
     for fmt, shapes in pf.W4A4_PDL_GRID.items():
-        for (n, k), tiles in shapes.items():
+        for (_n, k), tiles in shapes.items():
             assert set(tiles) <= {8, 16}
             for c in tiles.values():
                 name = next(nm for nm, (cc, f) in PREFETCH_ALL_CANDIDATES.items() if cc == c and fmt in f)
