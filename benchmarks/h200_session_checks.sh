@@ -122,6 +122,12 @@
 #            M = 1/4/16 (+64, no PDL: control), + its GPU tests (on / off bit-identical eager and in a graph);
 #            summary.json: pytest.failures, bits_ok, rows[].pdl_over_old (< 1 = faster), worst_engine_over_w4a16
 #            before / after, over_target_after; < 120 s; named only
+#   oprojpf  benchmarks/oprojpf_h200.sh   issue 15's W4A4 o_proj miss (4096x4096, M <= 16): the prefetch-all Gluon GEMM
+#            configs (fp4_gemm_gluon_prefetch: the ring holds all of a program's weight steps, issued before the PDL
+#            wait on o_proj's own quantize) vs the shipped config vs W4A16, nvfp4 / mxfp4, M = 1/4/8/16, 3 rounds, + the
+#            engine pair (Gluon attention B = 16 x 2048 -> o_proj W4A4 in one graph, the attention's new
+#            launch_dependents on / off) + its 31 GPU tests; summary.json: bits_ok, points[] (W4A4 / W4A16, target
+#            1.15), rule_proposal.W4A4_PDL_GRID (the line to paste), engine[].*_on_over_off; < 120 s; named only
 #   moegluon benchmarks/moe_gluon_h200.sh  the opt-in Gluon grouped FP4 GEMM (trace_rl/kernels/fp4_grouped_gluon.py):
 #            its GPU tests, then at B = 409 / 512 / 128 / 256 routed tokens gate+up and down vs the Triton grouped
 #            kernel, torch._grouped_mm and the cuBLAS expert loop (graph), nvfp4 / mxfp4 (+ W4A4 prequantized);
@@ -235,6 +241,7 @@ for name in $NAMES; do
         mlpfuse) bash benchmarks/mlp_fuse_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         w4a4prod) bash benchmarks/w4a4_producers_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         w4a4pdl) bash benchmarks/w4a4_pdl_h200.sh "$d" > "$d/run.log" 2>&1 ;;
+        oprojpf) bash benchmarks/oprojpf_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         presets) pytest_check "$d" 145 tests/pipelines/test_presets_gpu.py ;;
         engine) pytest_check "$d" 85 tests/engine/test_native_gpu.py -k "not gluon" ;;
         opprof) bash benchmarks/engine_opcache_profile_h200.sh "$d" > "$d/run.log" 2>&1 ;;

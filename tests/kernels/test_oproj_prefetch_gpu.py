@@ -1,8 +1,8 @@
 """GPU (sm_90, Triton 3.6; check `oprojpf`): the prefetch-all configs of the Gluon FP4 GEMM for o_proj's W4A4 PDL path
 (fp4_gemm_gluon_prefetch.py) and the attention's griddepcontrol.launch_dependents:
-- each candidate against the float64 reference at o_proj's 4096x4096 (M = 1 / 16) and a ragged shape (N = 200,
-  K = 1536, M = 5), W4A4 (row scale + bias) under PDL; bit-equal to the shipped config where its K partition is the
-  shipped one (pf_k256_split3 / pf_k512_split3 nvfp4, pf_k512_split3 mxfp4 at M <= 8, split4 mxfp4 at M = 9..16);
+- each candidate against the float64 reference at o_proj's 4096x4096 (M = 1 / 16, W4A4 under PDL) and a ragged
+  shape (N = 200, K = 1536, M = 5, W4A16); bit-equal to the shipped config where its K partition is the shipped one
+  (pf_k256_split3 / pf_k512_split3 nvfp4, pf_k512_split3 mxfp4 at M <= 8, split4 mxfp4 at M = 9..16);
 - fp4_linear's W4A4 path with the table naming a candidate, captured in a CUDA graph after a kernel that writes its
   input (its quantize a PDL launch): the capture launched the candidate, and the replay = the same config run
   eagerly on the eagerly quantized operand;
@@ -38,23 +38,26 @@ def _auto_split(c, h, M, fmt):
 
 @pytest.mark.parametrize("name,fmt", CASES)
 def test_candidate_matches_reference_and_shipped_bits(name, fmt, gen):
+    """W4A4 as fp4_linear launches it (the quantized operand, nvfp4's row scale, PDL: the check's compiles), and
+    W4A16 at a ragged shape."""
+    from trace_rl.formats import per_token
     from trace_rl.kernels.fp4_gemm_gluon import fp4_matmul_gluon
+    from trace_rl.kernels.row_quantize import quantize_dequant_bf16
 
     c, _ = PREFETCH_ALL_CANDIDATES[name]
-    for N, K, Ms in ((4096, 4096, (1, 16)), (200, 1536, (5, ))):
-        packed = _weight(N, K, fmt, gen, "cuda")
-        h = to_hopper(packed.q)
-        for M in Ms:
-            x = torch.randn(M, K, generator=gen).to(torch.bfloat16).cuda()
-            rs = torch.rand(M, generator=gen).cuda() + 0.5
-            bias = torch.randn(N, generator=gen).cuda()
-            y = fp4_matmul_gluon(x, h, c, row_scale=rs, bias=bias, pdl=True)
-            assert y.shape == (M, N) and _rel(y, _ref(x, packed, rs, bias)) < 1e-2, (N, K, M)
-            assert torch.equal(y, fp4_matmul_gluon(x, h, c, row_scale=rs, bias=bias)), "PDL changed the bits"
-            if K == 4096:
-                base = shipped_w4a4_config(M, fmt, *h.padded)
-                if same_partition(c, base, fmt, K, _auto_split(base, h, M, fmt)):
-                    assert torch.equal(y, fp4_matmul_gluon(x, h, base, row_scale=rs, bias=bias, pdl=True)), M
+    packed = _weight(4096, 4096, fmt, gen, "cuda")
+    h = to_hopper(packed.q)
+    for M in (1, 16):
+        xq, rs = quantize_dequant_bf16(torch.randn(M, 4096, generator=gen).to(torch.bfloat16).cuda(), per_token(fmt))
+        y = fp4_matmul_gluon(xq, h, c, row_scale=rs, pdl=True)
+        assert y.shape == (M, 4096) and _rel(y, _ref(xq, packed, rs)) < 1e-2, M
+        base = shipped_w4a4_config(M, fmt, *h.padded)
+        if same_partition(c, base, fmt, 4096, _auto_split(base, h, M, fmt)):
+            assert torch.equal(y, fp4_matmul_gluon(xq, h, base, row_scale=rs, pdl=True)), M
+    packed = _weight(200, 1536, fmt, gen, "cuda")       # a partial row tile; 6 / 3 K steps: the split evened out
+    x = torch.randn(5, 1536, generator=gen).to(torch.bfloat16).cuda()
+    y = fp4_matmul_gluon(x, to_hopper(packed.q), c, pdl=True)
+    assert y.shape == (5, 200) and _rel(y, _ref(x, packed)) < 1e-2
 
 
 @pytest.mark.parametrize("name,fmt", CASES)
