@@ -92,8 +92,13 @@ def test_w4a4_pdl_path_with_candidate_graph_equals_eager(name, fmt, M, capture, 
 
 
 def _caches(fmt, B, L, gen):
-    import attention as A  # benchmarks/attention.py: valid random caches (a CUDA generator)
+    import importlib.util
+    import os
 
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "attention.py")
+    spec = importlib.util.spec_from_file_location("_oprojpf_attention_bench", path)
+    A = importlib.util.module_from_spec(spec)     # benchmarks/attention.py: valid random caches (a CUDA generator)
+    spec.loader.exec_module(A)
     cuda_gen = torch.Generator(device="cuda").manual_seed(int(torch.randint(1 << 30, (1, ), generator=gen)))
     pages = -(-L // 64)
     table = torch.randperm(B * pages, generator=gen).to(torch.int32).reshape(B, pages).cuda()
@@ -103,19 +108,9 @@ def _caches(fmt, B, L, gen):
             table, lens)
 
 
-@pytest.fixture
-def bench_path(monkeypatch):
-    import os
-    import sys
-
-    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
-    yield
-    sys.modules.pop("attention", None)
-
-
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("persistent", [False, True])
-def test_attention_launch_dependents_same_bits_and_pdl_o_proj(fmt, persistent, capture, gen, bench_path):
+def test_attention_launch_dependents_same_bits_and_pdl_o_proj(fmt, persistent, capture, gen):
     from trace_rl.kernels.paged_attention import decode_attention
     from trace_rl.kernels.paged_attention_gluon import decode_attention_gluon, default_config
 
