@@ -126,7 +126,7 @@
 #            configs (fp4_gemm_gluon_prefetch: the ring holds all of a program's weight steps, issued before the PDL
 #            wait on o_proj's own quantize) vs the shipped config vs W4A16, nvfp4 / mxfp4, M = 1/4/8/16, 3 rounds, + the
 #            engine pair (Gluon attention B = 16 x 2048 -> o_proj W4A4 in one graph, the attention's new
-#            launch_dependents on / off) + its 31 GPU tests; summary.json: bits_ok, points[] (W4A4 / W4A16, target
+#            launch_dependents on / off) + its 35 GPU tests; summary.json: bits_ok, points[] (W4A4 / W4A16, target
 #            1.15), rule_proposal.W4A4_PDL_GRID (the line to paste), engine[].*_on_over_off; < 120 s; named only
 #   moegluon benchmarks/moe_gluon_h200.sh  the opt-in Gluon grouped FP4 GEMM (trace_rl/kernels/fp4_grouped_gluon.py):
 #            its GPU tests, then at B = 409 / 512 / 128 / 256 routed tokens gate+up and down vs the Triton grouped

@@ -5,7 +5,7 @@
 # streams under the quantize) vs the shipped config vs W4A16, and the attention's new launch_dependents signal.
 # Usage (from the repo root; python3, torch, Triton 3.6, one H200, device wheels on PYTHONPATH), < 120 s:
 #     benchmarks/oprojpf_h200.sh OUT_DIR
-# 0. the GPU tests tests/kernels/test_oproj_prefetch_gpu.py (31: each candidate vs the float64 reference and bit-equal
+# 0. the GPU tests tests/kernels/test_oproj_prefetch_gpu.py (35: each candidate vs the float64 reference and bit-equal
 #    to the shipped config where the K partition is the same; fp4_linear's W4A4 PDL path with the table naming each
 #    candidate captured in a CUDA graph = the same config eagerly; the Gluon / Triton attention with launch_dependents
 #    on = off, and attention -> o_proj W4A4 in a graph = eager) in 4 background shards -> OUT/pytest_<i>.{log,xml};
