@@ -157,7 +157,7 @@ def summarize_row(row: dict) -> None:
     row["winners"] = sorted((n for n in cands if wins[n]), key=lambda n: med[n])
 
 
-def engine_pair(fmt, M, a_unused, ps, config_name, gen) -> dict:
+def engine_pair(fmt, ps, config_name, gen) -> dict:
     """Gluon attention (B = 16, L = 2048) then o_proj W4A4 on its output, one graph over the weight copies, with the
     attention's launch_dependents on and off; o_proj at the shipped config and at `config_name`."""
     import dataclasses
@@ -212,7 +212,7 @@ def _compile_job(job: tuple) -> str:
         from trace_rl.kernels.linear import fp4_linear
 
         if what == "engine":
-            engine_pair(fmt, M, a, ps, None, torch.Generator(device=DEV).manual_seed(0))
+            engine_pair(fmt, ps, None, torch.Generator(device=DEV).manual_seed(0))
         elif what == "shipped":     # the timed graph and check_bits' eager / QUANTIZE_PDL-off launches
             import w4a4_pdl
 
@@ -273,8 +273,7 @@ def measure(args) -> None:
         try:
             row16 = next((r for r in res["rows"] if r["fmt"] == fmt and r["M"] == 16), {})
             best = (row16.get("best") or {}).get("name")
-            res["engine"].append({"fmt": fmt, **engine_pair(fmt, ENGINE_B, None, ps, best,
-                                                            torch.Generator(device=DEV).manual_seed(0))})
+            res["engine"].append({"fmt": fmt, **engine_pair(fmt, ps, best, torch.Generator(device=DEV).manual_seed(0))})
             print(res["engine"][-1], flush=True)
         except Exception as e:   # noqa: BLE001
             res["errors"].append(f"{fmt} engine pair: {e!r}"[:400])
