@@ -8,7 +8,8 @@ griddepcontrol.launch_dependents (GluonAttentionConfig.launch_dependents) in fro
     python benchmarks/oproj_prefetch.py --precompile-only                     # fill Triton's cache
 
 Rows (nvfp4 and mxfp4, M = 1 / 4 / 8 / 16), microseconds per linear (one CUDA graph over weight copies beyond L2,
-median of 15 replays, `kernel_baselines.graph_us`; 3 rounds, interleaved): `w4a16` (fp4_linear on bf16, its
+median of 15 replays, `kernel_baselines.graph_us`; 3 rounds, alternating order: `kernel_baselines.interleaved_rounds`;
+`rounds_us` per variant, `median_us` their medians): `w4a16` (fp4_linear on bf16, its
 config_for config), `shipped` (fp4_linear(a, p, fmt) with W4A4_PDL_GRID as committed), and each prefetch-all
 candidate (the table's entry for 4096x4096 set to it while captured). The kernel before each quantize in the graph is
 the previous copy's GEMM, which signals launch_dependents at its start. Per row: `ratio_w4a16` (W4A4 / W4A16 per
@@ -139,18 +140,21 @@ def check_bits(fmt, M, a, p) -> dict:
 
 
 def summarize_row(row: dict) -> None:
-    """ratio_w4a16, per-round wins against shipped, best candidate (in place)."""
+    """ratio_w4a16, per-round wins against shipped, best candidate (in place) from row["rounds_us"] ({variant: us per
+    round}, kernel_baselines.interleaved_rounds)."""
     import statistics
 
-    rounds = row["us"]                   # [{variant: us}, ...]
-    med = {n: statistics.median(r[n] for r in rounds if n in r) for n in rounds[0]}
+    rounds = {n: t for n, t in row["rounds_us"].items() if t}
+    med = {n: statistics.median(t) for n, t in rounds.items()}
     row["median_us"] = {n: round(v, 3) for n, v in med.items()}
     if "w4a16" in med:
         row["ratio_w4a16"] = {n: round(v / med["w4a16"], 3) for n, v in med.items() if n != "w4a16"}
     cands = [n for n in med if n not in ("w4a16", "shipped")]
     if "shipped" not in med or not cands:
         return
-    wins = {n: all(n in r and "shipped" in r and r[n] <= WIN * r["shipped"] for r in rounds) for n in cands}
+    ship = rounds["shipped"]       # a win: every round timed for both, and <= WIN x shipped in each
+    wins = {n: len(rounds[n]) == len(ship) == ROUNDS and all(a <= WIN * b for a, b in zip(rounds[n], ship))
+            for n in cands}
     best = min(cands, key=lambda n: med[n])
     row["best"] = {"name": best, "over_shipped": round(med[best] / med["shipped"], 3), "wins": wins[best],
                    "ratio_w4a16": row.get("ratio_w4a16", {}).get(best)}
@@ -204,10 +208,9 @@ def _compile_job(job: tuple) -> str:
     fmt, M, what = job
     try:
         import torch
-        import w4a4_producers as wprod
-        from kernel_baselines import graph_us
+        from kernel_baselines import fp4_weights, graph_us
 
-        ps = wprod.make_weights(fmt, N, K, 2)
+        ps = fp4_weights(fmt, N, K, 2)
         a = torch.randn(M, K, device=DEV, dtype=torch.bfloat16)
         from trace_rl.kernels.linear import fp4_linear
 
@@ -234,7 +237,7 @@ def compile_jobs(fmts, ms) -> list:
 def measure(args) -> None:
     import torch
     import w4a4_producers as wprod
-    from kernel_baselines import json_saver, run_env, weight_copies
+    from kernel_baselines import fp4_weights, interleaved_rounds, json_saver, run_env, weight_copies
 
     start = time.time()
     fmts, ms = wprod.parse_list(args.fmts, FMTS), wprod.parse_list(args.ms, (), int)
@@ -244,25 +247,21 @@ def measure(args) -> None:
     gen = torch.Generator().manual_seed(0)
     for fmt in fmts:
         torch.manual_seed(0)
-        ps = wprod.make_weights(fmt, N, K, weight_copies(N * K // 2))
+        ps = fp4_weights(fmt, N, K, weight_copies(N * K // 2))
         for M in ms:
             if time.time() - start > args.budget_s:
                 res["skipped"].append({"fmt": fmt, "M": M})
                 continue
             a = torch.randn(M, K, generator=gen).to(DEV, torch.bfloat16)
-            row = {"fmt": fmt, "M": M, "K": K, "N": N, "copies": len(ps), "us": []}
+            row = {"fmt": fmt, "M": M, "K": K, "N": N, "copies": len(ps)}
             try:
                 row["bits"] = check_bits(fmt, M, a, ps[0])
             except Exception as e:   # noqa: BLE001
                 res["errors"].append(f"{fmt} M {M} bits: {e!r}"[:400])
-            for _ in range(ROUNDS):
-                r = {}
-                for name in variants(fmt):
-                    try:
-                        r[name] = round(time_variant(name, fmt, M, a, ps), 3)
-                    except Exception as e:   # noqa: BLE001 -- one failing variant must not lose the row
-                        res["errors"].append(f"{fmt} M {M} {name}: {e!r}"[:400])
-                row["us"].append(r)
+            def one(n, f=fmt, m=M, a=a, ps=ps):
+                return time_variant(n, f, m, a, ps)
+            timed = interleaved_rounds(list(variants(fmt)), one, ROUNDS, res["errors"], f"{fmt} M {M}")
+            row["rounds_us"] = {n: [round(u, 3) for u in t] for n, t in timed.items()}
             summarize_row(row)
             res["rows"].append(row)
             save()
@@ -278,7 +277,7 @@ def measure(args) -> None:
         except Exception as e:   # noqa: BLE001
             res["errors"].append(f"{fmt} engine pair: {e!r}"[:400])
         save()
-        del ps
+        ps = None         # free the copies before the next format's
         torch.cuda.empty_cache()
     res["total_s"] = round(time.time() - start, 1)
     save()
@@ -334,13 +333,9 @@ def main() -> int:
         import gemm_compute as gcb
         import w4a4_producers as wprod
 
-        t0 = time.time()
         jobs = compile_jobs(wprod.parse_list(args.fmts, FMTS), wprod.parse_list(args.ms, (), int))
-        errors, hung = gcb.precompile(workers=args.workers, jobs=jobs, job_fn=_compile_job,
-                                      timeout_s=args.precompile_timeout_s)
-        print({"precompile_s": round(time.time() - t0, 1), "jobs": len(jobs), "errors": errors, "hung": hung},
-              flush=True)
-        return 1 if errors or hung else 0
+        return gcb.precompile_exit(lambda: gcb.precompile(workers=args.workers, jobs=jobs, job_fn=_compile_job,
+                                                          timeout_s=args.precompile_timeout_s))
     measure(args)
     return 0
 

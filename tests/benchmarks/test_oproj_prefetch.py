@@ -37,7 +37,8 @@ def test_compile_jobs_cover_both_tiles_and_the_engine_pair():
 
 
 def _row(fmt, M, rounds):
-    row = {"fmt": fmt, "M": M, "us": rounds, "bits": {"shipped": {"graph_pdl_eq_eager": True},
+    rounds = {n: [r[n] for r in rounds] for n in rounds[0]}      # interleaved_rounds' shape: {variant: [us]}
+    row = {"fmt": fmt, "M": M, "rounds_us": rounds, "bits": {"shipped": {"graph_pdl_eq_eager": True},
                                                        "pf_k512_split3": {"eq_eager": True}}}
     bench.summarize_row(row)
     return row

@@ -128,8 +128,8 @@ def test_fp4_linear_passes_the_table_config_to_w4a4_only(act, monkeypatch):
     monkeypatch.setattr(linear, "w4a4_quantize_launch", lambda path: {})   # the CPU quantize takes no PDL keywords
     seen = []
 
-    def spy(x2, packed, row_scale, bias, out_dtype, config, path=None, gluon_config=None):
-        seen.append(gluon_config)
+    def spy(x2, packed, row_scale, bias, out_dtype, config, path=None, launch_config=None):
+        seen.append(launch_config)
         return torch.zeros(x2.shape[0], packed.out_features, dtype=out_dtype)
 
     monkeypatch.setattr(linear, "_dense_matmul", spy)

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from tests.gpu_marks import gpu36
-from tests.kernels.test_fp4_gemm_gluon_small_grid import _ref, _rel, _weight
+from tests.kernels._compare import rel_err as _rel
+from tests.kernels.test_fp4_gemm_gluon_small_grid import _ref, _weight
 from trace_rl.kernels import fp4_gemm_gluon_prefetch as pf
 from trace_rl.kernels import linear
 from trace_rl.kernels.fp4_gemm_gluon_prefetch import PREFETCH_ALL_CANDIDATES, same_partition, shipped_w4a4_config
