@@ -17,8 +17,9 @@ variant, median of rounds; target <= 1.15), `best` (the fastest candidate and wh
 >= 2% in every round: `wins`), `bits` (each candidate's graph output = its eager output on the same quantized operand,
 and = the shipped output where the K partition is the same).
 Engine pair (`engine`): the Gluon decode attention (B = 16, L = 2048, Qwen3-8B heads, the format's cache, its default
-config) then o_proj W4A4 on its output, in one graph over the o_proj weight copies, with the attention's
-launch_dependents on / off, with the shipped config and with the row's best candidate at M = 16.
+config; the same cache every call, so partly L2-resident) then o_proj on its output, in one graph over the o_proj
+weight copies, with the attention's launch_dependents on / off (ABBA, the faster of two), o_proj W4A4 at the shipped
+config and at the M = 16 row's best candidate, and W4A16: `*_on_over_off`, `*_over_w4a16` (attention + o_proj).
 The JSON is rewritten after every row; past `--budget-s` no new row starts ("skipped").
 """
 
@@ -181,15 +182,15 @@ def engine_pair(fmt, ps, config_name, gen) -> dict:
     k, v = A.random_cache(fmt, "k", blocks, 64, gen), A.random_cache(fmt, "v", blocks, 64, gen)
     base = default_config(A.HQ // A.HKV, k.fmt)
     res = {"B": ENGINE_B, "L": ENGINE_L, "kv": k.fmt, "attention_config": repr(base)}
-    conf = {"shipped": None}
+    conf = {"shipped": (fmt, None), "w4a16": ("bf16", None)}
     if config_name:
-        conf[config_name] = candidates(fmt)[config_name]
+        conf[config_name] = (fmt, candidates(fmt)[config_name])
     for deps in (True, False, False, True):      # ABBA: the faster of two per variant
         c = dataclasses.replace(base, launch_dependents=deps)
-        for name, gc in conf.items():
-            def call(p, c=c):
+        for name, (act, gc) in conf.items():
+            def call(p, c=c, act=act):
                 o = decode_attention_gluon(q, k, v, table, lens, A.D ** -0.5, config=c)
-                return fp4_linear(o.reshape(ENGINE_B, A.HQ * A.D), p, fmt)
+                return fp4_linear(o.reshape(ENGINE_B, A.HQ * A.D), p, act)
             key = f"{name}_deps_{'on' if deps else 'off'}_us"
             with table_entry(fmt, ENGINE_B, gc):
                 us = round(graph_us([lambda p=p, call=call: call(p) for p in ps]), 3)
@@ -200,6 +201,10 @@ def engine_pair(fmt, ps, config_name, gen) -> dict:
         on, off = res.get(f"{name}_deps_on_us"), res.get(f"{name}_deps_off_us")
         if on and off:
             res[f"{name}_on_over_off"] = round(on / off, 3)
+    w16 = res.get("w4a16_deps_on_us")
+    for name in conf:          # the engine-like W4A4 / W4A16 (attention + o_proj over attention + o_proj)
+        if name != "w4a16" and w16 and res.get(f"{name}_deps_on_us"):
+            res[f"{name}_over_w4a16"] = round(res[f"{name}_deps_on_us"] / w16, 3)
     return res
 
 
