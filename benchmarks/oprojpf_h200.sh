@@ -19,7 +19,7 @@
 #    best.ratio_w4a16 per format / M: target <= 1.15; best.over_shipped, best.wins); `over_target_shipped` /
 #    `over_target_with_rule` (points still > 1.15); `rule_proposal.W4A4_PDL_GRID` (the line to paste into
 #    trace_rl/kernels/fp4_gemm_gluon_prefetch.py; W4A16 never reads the table); `engine[]` (*_on_over_off < 1: the
-#    attention's signal helps; shipped vs the candidate in the engine-like graph). Follow-up: paste the rule; if
+#    attention's signal helps; *_over_w4a16: attention + o_proj W4A4 over attention + W4A16, shipped / candidate). Follow-up: paste the rule; if
 #    engine on_over_off > 1.02 set GluonAttentionConfig.launch_dependents / paged_attention.LAUNCH_DEPENDENTS False.
 # Env: OPROJPF_MS="1,16" / OPROJPF_FMTS=nvfp4 restrict the rows.
 . "$(dirname "$0")/h200_check.sh"
@@ -45,7 +45,8 @@ out, pre_rc, bench_rc, test_rc = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 s = {"look_at": "pytest failures == 0 and bits_ok; points[].shipped_over_w4a16 / best.ratio_w4a16 (target <= 1.15), "
                 "best.wins (beat shipped by >= 2% every round); rule_proposal.W4A4_PDL_GRID: paste into "
                 "trace_rl/kernels/fp4_gemm_gluon_prefetch.py; engine[].*_on_over_off (< 1: the attention's "
-                "launch_dependents helps; > 1.02: turn it off)",
+                "launch_dependents helps; > 1.02: turn it off), engine[].*_over_w4a16 (attention + o_proj W4A4 over "
+                "attention + o_proj W4A16)",
      "target_w4a4_over_w4a16": TARGET, "precompile_rc": pre_rc, "bench_rc": bench_rc, "pytest_rc": test_rc,
      "precompile_tail": [line[:600] for line in tail(out, "precompile.log", 3)]}
 s.update(pytest_shards(out))
