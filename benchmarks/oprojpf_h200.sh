@@ -19,8 +19,9 @@
 #    best.ratio_w4a16 per format / M: target <= 1.15; best.over_shipped, best.wins); `over_target_shipped` /
 #    `over_target_with_rule` (points still > 1.15); `rule_proposal.W4A4_PDL_GRID` (the line to paste into
 #    trace_rl/kernels/fp4_gemm_gluon_prefetch.py; W4A16 never reads the table); `engine[]` (*_on_over_off < 1: the
-#    attention's signal helps; *_over_w4a16: attention + o_proj W4A4 over attention + W4A16, shipped / candidate). Follow-up: paste the rule; if
-#    engine on_over_off > 1.02 set GluonAttentionConfig.launch_dependents / paged_attention.LAUNCH_DEPENDENTS False.
+#    attention's signal helps; *_over_w4a16: attention + o_proj W4A4 over attention + W4A16, shipped / candidate).
+#    Follow-up: paste the rule; if engine on_over_off > 1.02, set GluonAttentionConfig.launch_dependents /
+#    paged_attention.LAUNCH_DEPENDENTS False.
 # Env: OPROJPF_MS="1,16" / OPROJPF_FMTS=nvfp4 restrict the rows.
 . "$(dirname "$0")/h200_check.sh"
 SEL=(${OPROJPF_MS:+--ms $OPROJPF_MS} ${OPROJPF_FMTS:+--fmts $OPROJPF_FMTS})
