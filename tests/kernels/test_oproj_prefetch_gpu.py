@@ -88,7 +88,7 @@ def test_w4a4_pdl_path_with_candidate_graph_equals_eager(name, fmt, M, capture, 
     torch.cuda.synchronize()
     assert launched[-1] == (c, True), launched[-1]                    # the capture took the table's config, PDL
     xq, rs = quantize_dequant_bf16(x * s, per_token(fmt))
-    assert torch.equal(out, real(xq, h, c, row_scale=rs, out_dtype=torch.bfloat16))
+    assert torch.equal(out, real(xq, h, c, row_scale=rs, out_dtype=torch.bfloat16, pdl=True))   # the graph's compile
     assert launched[0][0] is None                                       # the eager warm-up: config_for's pick
 
 
