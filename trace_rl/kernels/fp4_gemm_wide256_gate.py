@@ -59,17 +59,27 @@ GATE_SK = ((VARIANTS["w256"], 256, 3.3, "nvfp4"), (VARIANTS["w256_nooverlap"], 2
            (VARIANTS["w256"], 256, 3.15, "mxfp4"),
            (WIDE64_2CTA, 64, 3.25, "nvfp4"), (WIDE64_2CTA, 64, 3.1, "mxfp4"))
 
+# the register-side two-segment fix-up (fp4_gemm_wide256_sk2.py): the configs benchmarks/skfix.py times
+# (measured 3.16 / 3.16 / 3.17 / 2.99 / 3.03: the loop is sk's, +~3%)
+GATE_SK2 = ((VARIANTS["w256"], 256, 3.3, "nvfp4"), (VARIANTS["w256_nooverlap"], 256, 3.25, "nvfp4"),
+            (VARIANTS["w256"], 128, 3.3, "nvfp4"), (VARIANTS["w256"], 256, 3.1, "mxfp4"),
+            (VARIANTS["w256"], 128, 3.15, "mxfp4"))
+
 
 def sass_gate_cases():
     if not triton.__version__.startswith("3.6"):
         return []
     return [gate_case(c, bm, b) for c, bm, b in GATE] + [gate_case(c, bm, b, "mxfp4") for c, bm, b in GATE_MX] + \
-        [sk_gate_case(c, bm, b, f) for c, bm, b, f in GATE_SK]
+        [sk_gate_case(c, bm, b, f) for c, bm, b, f in GATE_SK] + \
+        [sk_gate_case(c, bm, b, f, sk2=True) for c, bm, b, f in GATE_SK2]
 
 
-def sk_gate_case(c: Wide256Config, block_m: int, budget: float, fmt: str = "nvfp4", maxseg: int = 3):
-    """The stream-K schedule (fp4_gemm_wide256_sk.py): the same step, the tile loop around it (`innermost`)."""
+def sk_gate_case(c: Wide256Config, block_m: int, budget: float, fmt: str = "nvfp4", maxseg: int = 3,
+                 sk2: bool = False):
+    """The stream-K schedule (fp4_gemm_wide256_sk.py; `sk2`: fp4_gemm_wide256_sk2.py's register-side fix-up): the
+    same step, the tile loop around it (`innermost`)."""
     from trace_rl.kernels.fp4_gemm_wide256_sk import _fp4_gemm_wide256_sk_kernel
+    from trace_rl.kernels.fp4_gemm_wide256_sk2 import _fp4_gemm_wide256_sk2_kernel
     from trace_rl.kernels.sass_gate import GateCase
 
     wl, sl, xl = shared_layouts(block_m)
@@ -80,8 +90,9 @@ def sk_gate_case(c: Wide256Config, block_m: int, budget: float, fmt: str = "nvfp
                stride_om="i32")
     consts = dict(BN=c.block_n, BM=block_m, STAGES=c.slots(block_m), OVERLAP=c.overlap, MX=fmt == "mxfp4",
                   MAXSEG=maxseg)
-    return GateCase(f"gemm wide256 sk {fmt} {block_m}x{c.block_n}x{BK} s{c.slots(block_m)}"
-                    f"{' overlap' if c.overlap else ''} r{c.maxnreg}", _fp4_gemm_wide256_sk_kernel, sig, consts,
+    return GateCase(f"gemm wide256 {'sk2' if sk2 else 'sk'} {fmt} {block_m}x{c.block_n}x{BK} s{c.slots(block_m)}"
+                    f"{' overlap' if c.overlap else ''} r{c.maxnreg}",
+                    _fp4_gemm_wide256_sk2_kernel if sk2 else _fp4_gemm_wide256_sk_kernel, sig, consts,
                     c.num_warps, 1, _steps_per_iteration(c) * c.block_n * BK / (32 * c.num_warps), budget,
                     ("rf_ptr", "out_ptr", "part_ptr", "count_ptr", "stride_om"),
                     max_full_waits=1, options=(("maxnreg", c.maxnreg), ), innermost=True, a_in_flight=True,
