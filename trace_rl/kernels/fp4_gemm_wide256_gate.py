@@ -60,9 +60,9 @@ GATE_SK = ((VARIANTS["w256"], 256, 3.3, "nvfp4"), (VARIANTS["w256_nooverlap"], 2
            (WIDE64_2CTA, 64, 3.25, "nvfp4"), (WIDE64_2CTA, 64, 3.1, "mxfp4"))
 
 # the register-side two-segment fix-up (fp4_gemm_wide256_sk2.py): the configs benchmarks/skfix.py times
-# (measured 3.16 / 3.16 / 3.17 / 2.99 / 3.03: the loop is sk's, +~3%)
+# (measured 3.18 / 3.16 / 3.17 / 3.04 / 3.03: the loop is sk's, +~3%)
 GATE_SK2 = ((VARIANTS["w256"], 256, 3.3, "nvfp4"), (VARIANTS["w256_nooverlap"], 256, 3.25, "nvfp4"),
-            (VARIANTS["w256"], 128, 3.3, "nvfp4"), (VARIANTS["w256"], 256, 3.1, "mxfp4"),
+            (VARIANTS["w256"], 128, 3.3, "nvfp4"), (VARIANTS["w256"], 256, 3.15, "mxfp4"),
             (VARIANTS["w256"], 128, 3.15, "mxfp4"))
 
 
@@ -87,9 +87,9 @@ def sk_gate_case(c: Wide256Config, block_m: int, budget: float, fmt: str = "nvfp
                s_desc=f"tensordesc<i32[{c.block_n}, {SCALE_BOX_WORDS}],{sl!r}>",
                x_desc=f"tensordesc<bf16[{block_m}, {BK}],{xl!r}>", rf_ptr="*fp32", out_ptr="*bf16",
                part_ptr="*fp32", count_ptr="*i32", M="i32", N="i32", KB="i32", n_tiles="i32", TOTAL="i32",
-               stride_om="i32")
+               stride_om="i32", **({"MAXSEG": "i32"} if sk2 else {}))
     consts = dict(BN=c.block_n, BM=block_m, STAGES=c.slots(block_m), OVERLAP=c.overlap, MX=fmt == "mxfp4",
-                  MAXSEG=maxseg)
+                  **({} if sk2 else {"MAXSEG": maxseg}))
     return GateCase(f"gemm wide256 {'sk2' if sk2 else 'sk'} {fmt} {block_m}x{c.block_n}x{BK} s{c.slots(block_m)}"
                     f"{' overlap' if c.overlap else ''} r{c.maxnreg}",
                     _fp4_gemm_wide256_sk2_kernel if sk2 else _fp4_gemm_wide256_sk_kernel, sig, consts,

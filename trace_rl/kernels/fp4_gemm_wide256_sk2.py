@@ -20,6 +20,8 @@ more segments keep `sk`'s scheme (every partial stored, the last ticket sums the
 M = 256 (96 tiles x 32 K steps), 132 CTAs give ranges of 23-24 steps and some tiles three segments, 128 CTAs ranges
 of exactly 24 and two segments everywhere.
 
+The partial slots per tile (MAXSEG) are a runtime argument here (a constexpr in `sk`: one binary per shape).
+
 `fixup=False` (FIXUP) is a timing probe only (benchmarks/skfix.py): every segment stores its accumulator directly,
 so split tiles are WRONG; it measures what the fix-up costs.
 """
@@ -48,8 +50,7 @@ from trace_rl.kernels.hopper_fp4 import COLS, ROWS, HopperFP4
 
 @gluon.jit
 def _finish_segment2(acc, t, seg, n_segs, n_tiles, M, N, rf_ptr, out_ptr, part_ptr, count_ptr, stride_om,
-                     BN: gl.constexpr, BM: gl.constexpr, MAXSEG: gl.constexpr, FIXUP: gl.constexpr,
-                     PEEK: gl.constexpr):
+                     MAXSEG, BN: gl.constexpr, BM: gl.constexpr, FIXUP: gl.constexpr, PEEK: gl.constexpr):
     """Tile t's segment `seg` of `n_segs`: direct store; two segments: the second adds the first's partial in
     registers (module docstring); more: fp4_gemm_wide256_sk._finish_segment's scheme."""
     layout: gl.constexpr = acc.type.layout
@@ -62,7 +63,7 @@ def _finish_segment2(acc, t, seg, n_segs, n_tiles, M, N, rf_ptr, out_ptr, part_p
     if n_segs == 1 or not FIXUP:
         _store_tile(acc, rows, offs_m, M, N, rf_ptr, out_ptr, stride_om)
     else:
-        base = part_ptr + t.to(gl.int64) * (MAXSEG * BN * BM)
+        base = part_ptr + t.to(gl.int64) * MAXSEG * (BN * BM)
         offs = gl.expand_dims(m_loc, 0) * BN + gl.expand_dims(r_loc, 1)
         if n_segs == 2:
             # peek: 1 = the other segment's partial is stored and released (its ticket below); PEEK=False (tests)
@@ -91,9 +92,8 @@ def _finish_segment2(acc, t, seg, n_segs, n_tiles, M, N, rf_ptr, out_ptr, part_p
 
 @gluon.jit
 def _consumer_sk2(w_bufs, s_bufs, x_bufs, ready, empty, lo, hi, G, TOTAL, KB, n_tiles, M, N, rf_ptr, out_ptr,
-                  part_ptr, count_ptr, stride_om, BN: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr,
-                  OVERLAP: gl.constexpr, MX: gl.constexpr, MAXSEG: gl.constexpr, FIXUP: gl.constexpr,
-                  PEEK: gl.constexpr):
+                  part_ptr, count_ptr, stride_om, MAXSEG, BN: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr,
+                  OVERLAP: gl.constexpr, MX: gl.constexpr, FIXUP: gl.constexpr, PEEK: gl.constexpr):
     """fp4_gemm_wide256_sk._consumer_sk (the same layouts and step loop) with `_finish_segment2`."""
     NW: gl.constexpr = gl.num_warps()
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
@@ -124,14 +124,14 @@ def _consumer_sk2(w_bufs, s_bufs, x_bufs, ready, empty, lo, hi, G, TOTAL, KB, n_
         c_first = _cta_of(t * KB, G, TOTAL)
         n_segs = _cta_of(t * KB + KB - 1, G, TOTAL) - c_first + 1
         _finish_segment2(acc, t, gl.program_id(0) - c_first, n_segs, n_tiles, M, N, rf_ptr, out_ptr, part_ptr,
-                         count_ptr, stride_om, BN, BM, MAXSEG, FIXUP, PEEK)
+                         count_ptr, stride_om, MAXSEG, BN, BM, FIXUP, PEEK)
 
 
-@gluon.jit(do_not_specialize=["M", "N", "KB", "n_tiles", "TOTAL"])
+@gluon.jit(do_not_specialize=["M", "N", "KB", "n_tiles", "TOTAL", "MAXSEG"])
 def _fp4_gemm_wide256_sk2_kernel(w_desc, s_desc, x_desc, rf_ptr, out_ptr, part_ptr, count_ptr, M, N, KB, n_tiles,
-                                 TOTAL, stride_om, BN: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr,
-                                 OVERLAP: gl.constexpr, MX: gl.constexpr, MAXSEG: gl.constexpr,
-                                 FIXUP: gl.constexpr = True, PEEK: gl.constexpr = True):
+                                 TOTAL, stride_om, MAXSEG, BN: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr,
+                                 OVERLAP: gl.constexpr, MX: gl.constexpr, FIXUP: gl.constexpr = True,
+                                 PEEK: gl.constexpr = True):
     G = gl.num_programs(0)
     c = gl.program_id(0)
     lo = (c * TOTAL) // G
@@ -140,8 +140,7 @@ def _fp4_gemm_wide256_sk2_kernel(w_desc, s_desc, x_desc, rf_ptr, out_ptr, part_p
     SW_STEP: gl.constexpr = 1 if MX else 2
     gl.warp_specialize([
         (_consumer_sk2, (w_bufs, s_bufs, x_bufs, ready, empty, lo, hi, G, TOTAL, KB, n_tiles, M, N, rf_ptr, out_ptr,
-                         part_ptr, count_ptr, stride_om, BN, BM, STAGES, OVERLAP, MX, MAXSEG, FIXUP,
-                         PEEK)),
+                         part_ptr, count_ptr, stride_om, MAXSEG, BN, BM, STAGES, OVERLAP, MX, FIXUP, PEEK)),
         (_producer_sk, (w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, lo, hi, KB, n_tiles, BN, BM,
                         SW_STEP, STAGES)),
     ], [1], [24])
@@ -192,7 +191,7 @@ def fp4_matmul_wide256_sk2(x2: torch.Tensor, w: HopperFP4, config: Wide256Config
     s_desc = TensorDescriptor(scales, list(scales.shape), list(scales.stride()), [c.block_n, SCALE_BOX_WORDS], sl)
     x_desc = TensorDescriptor(x2, list(x2.shape), list(x2.stride()), [bm, BK], xl)
     _fp4_gemm_wide256_sk2_kernel[(g, )](
-        w_desc, s_desc, x_desc, w.row_factor, out, part, counters, M, N, kb, n_tiles, total, out.stride(0),
-        BN=c.block_n, BM=bm, STAGES=c.slots(bm), OVERLAP=c.overlap, MX=w.fmt == "mxfp4", MAXSEG=maxseg,
-        FIXUP=fixup, PEEK=peek, num_warps=c.num_warps, maxnreg=c.maxnreg)
+        w_desc, s_desc, x_desc, w.row_factor, out, part, counters, M, N, kb, n_tiles, total, out.stride(0), maxseg,
+        BN=c.block_n, BM=bm, STAGES=c.slots(bm), OVERLAP=c.overlap, MX=w.fmt == "mxfp4", FIXUP=fixup, PEEK=peek,
+        num_warps=c.num_warps, maxnreg=c.maxnreg)
     return out
