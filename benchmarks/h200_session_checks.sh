@@ -74,6 +74,11 @@
 #   gemm256  benchmarks/gemm_wide256_h200.sh       the 256-token Gluon FP4 GEMM (fp4_gemm_wide256, opt-in) vs
 #            cuBLAS BF16 and the existing wide Gluon configs at M = 256/512/64/128, both formats, + its GPU
 #            tests; named only
+#   skfix    benchmarks/skfix_h200.sh             issue 15's M = 256 / 512 (0.8x cuBLAS): the stream-K 256-token GEMM with
+#            the register-side two-segment fix-up (fp4_gemm_wide256_sk2) + its GPU tests, vs cuBLAS BF16 and the old
+#            best (wide / w256 / sk_bm128 / sk) at 4096x12288 and 12288x4096, both formats, 3 rounds; the rate probe
+#            (w256 over 66 / 96 / 132 tiles + SM clock) says whether all-SM schedules can beat 96 SMs; < 120 s; named
+#            only
 #   fp4engine benchmarks/engine_fp4_gluon_h200.sh the FP4 engine's decode step with attention forced to the Triton
 #            kernel vs the Gluon kernel (Qwen3-8B shape, B = 100 / 256, 8k) and the bf16 engine, after the Gluon
 #            engine and kernel GPU tests (which GLUON_IN_AUTO rests on); not in the default list: name it
@@ -233,6 +238,7 @@ for name in $NAMES; do
         attnmid) timeout 110 $PYTHON benchmarks/attention_sass.py --out "$d/attention_sass.json" --budget-s 90 \
                      --shapes 313x4352,313x2048,313x8447 --variants lean,persistent_lean > "$d/run.log" 2>&1 ;;
         gemm256) bash benchmarks/gemm_wide256_h200.sh "$d" > "$d/run.log" 2>&1 ;;
+        skfix) bash benchmarks/skfix_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         opgemm) timeout 110 $PYTHON benchmarks/opcache_gemm_m.py --out "$d/summary.json" --budget-s 85 > "$d/run.log" 2>&1 ;;
         gpusuite) GPU_SUITE_S=$(( left - 20 > 400 ? 400 : left - 20 )) bash benchmarks/gpu_suite_h200.sh "$d" > "$d/run.log" 2>&1 ;;
         moegluon) bash benchmarks/moe_gluon_h200.sh "$d" > "$d/run.log" 2>&1 ;;

@@ -166,6 +166,47 @@ def rate_probe(res: dict, save, rounds: int) -> None:
     save()
 
 
+def summarize(res: dict) -> dict:
+    """summary.json's body: per point us and x cuBLAS of every variant, the best old / new variant, whether the new
+    one beat the old best in every round, the issue target (0.8x); the rate probe and what it says."""
+    out = {"target_x_cublas": 0.8, "points": [], "errors": res.get("errors", [])[:6],
+           "poisoned_by": res.get("poisoned_by"), "skipped": [s["point"] for s in res.get("skipped", [])]}
+    for p in res.get("points", []):
+        us, rounds = p.get("us", {}), p.get("rounds_us", {})
+        cub = us.get("cublas")
+        if not cub:
+            out["points"].append({k: p[k] for k in ("fmt", "K", "N", "M")} | {"error": "not timed"})
+            continue
+        old = min((n for n in OLD if n in us), key=us.get, default=None)
+        new = min((n for n in NEW if n in us), key=us.get, default=None)
+        c = {k: p[k] for k in ("fmt", "K", "N", "M")}
+        c["cublas_us"] = cub
+        c["x_cublas"] = {n: round(cub / u, 3) for n, u in us.items() if n != "cublas"}
+        c["us"] = us
+        c["best_old"] = [old, us.get(old), c["x_cublas"].get(old)] if old else None
+        c["best_new"] = [new, us.get(new), c["x_cublas"].get(new)] if new else None
+        if old and new:
+            olds = [min(rounds[n][r] for n in OLD if n in rounds and r < len(rounds[n]))
+                    for r in range(len(rounds[new]))]
+            c["new_beats_old_every_round"] = all(a < b for a, b in zip(rounds[new], olds))
+            c["new_vs_old"] = round(us[old] / us[new], 3)
+        best = min((n for n in OLD + NEW if n in us), key=us.get, default=None)
+        c["best"] = best
+        c["meets_0.8"] = bool(best and cub / us[best] >= 0.8)
+        c["max_rel_diff_vs_wide"] = max(p.get("rel_diff_vs_wide", {}).values(), default=None)
+        c["fixup_cost_us"] = round(us["sk2"] - us["sk2_nofixup"], 2) if "sk2" in us and "sk2_nofixup" in us else None
+        out["points"].append(c)
+    rate = res.get("rate")
+    if rate and all(f"n{t}" in rate["us"] for t in RATE_TILES):
+        u = rate["us"]
+        out["rate"] = {"us": u, "clock": rate.get("clock"),
+                       "n132_over_n96": round(u["n132"] / u["n96"], 3), "n96_over_n66": round(u["n96"] / u["n66"], 3),
+                       "reading": "n132_over_n96 ~1.0: an SM's rate holds with all 132 busy, so a balanced "
+                                  "schedule's loss is its own (fix-up, pipeline); ~1.375 (= 132/96): the machine "
+                                  "(L2 bandwidth / clocks: see clock) bounds the 256-token tile at full occupancy"}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
