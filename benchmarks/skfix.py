@@ -196,6 +196,15 @@ def summarize(res: dict) -> dict:
         c["max_rel_diff_vs_wide"] = max(p.get("rel_diff_vs_wide", {}).values(), default=None)
         c["fixup_cost_us"] = round(us["sk2"] - us["sk2_nofixup"], 2) if "sk2" in us and "sk2_nofixup" in us else None
         out["points"].append(c)
+    wins = [f"{c['fmt']} {c['K']}x{c['N']} M={c['M']}: {c['best_new'][0]}" for c in out["points"]
+            if c.get("new_beats_old_every_round")]
+    out["wiring"] = {"new_wins_every_round": wins, "how": (
+        "not wired (dispatch defaults unchanged). If it wins: a per-weight table in gemm_dispatch like GLUON_MID_M "
+        "({fmt: {(padded N, padded K): (max M, 'sk2' | 'sk2_bm128')}}) consulted by dense_path for MID_M_LIMIT < M "
+        "<= 512 on sm_90 + Gluon, ahead of fp4_dequant's dequantize + cuBLAS (M >= DEQUANT_CUBLAS_MIN_M) when the "
+        "operand cache is off (with the cache on, the engine's M >= 128 linears use cached operands, not this "
+        "kernel); first give sk2's _store_tile fp4_gemm_gluon_epilogue's W4A4 row scale and bias (fp4_linear needs "
+        "both) and time it against the dequantize + cuBLAS path, which this check does not")}
     rate = res.get("rate")
     if rate and all(f"n{t}" in rate["us"] for t in RATE_TILES):
         u = rate["us"]
