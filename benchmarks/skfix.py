@@ -8,7 +8,8 @@ grid, stream-K at 128 tokens) and the old stream-K (nvfp4), plus two probes of w
 
 Points: (K, N) in gemm_wide256.SHAPES x M = 256, 512 x nvfp4, mxfp4. Variants (`VARIANTS` below): cublas (F.linear on
 bf16 weight copies), OLD = wide (config_for(M)), w256 (the 256-token grid at its auto split), sk_bm128, and sk (the
-old stream-K, 256 tokens); NEW = sk2 (256 tokens), sk2_bm128 (128 tokens), each at fp4_gemm_wide256_sk2.default_grid;
+old stream-K, 256 tokens); NEW = sk2 (256 tokens), sk2_bm128 (128 tokens), sk2_nooverlap (the old sk was faster
+without overlap: 59.5 against 75.2 us), each at fp4_gemm_wide256_sk2.default_grid;
 the probe sk2_nofixup (every segment stored directly: WRONG split tiles, timing only: what the fix-up costs). Each
 point: every output compared with the wide kernel's (rel_diff_vs_wide), then `rounds` interleaved rounds of CUDA-graph
 medians over weight copies beyond L2 (kernel_baselines: graph_us / interleaved_rounds / round_stats).
@@ -50,7 +51,7 @@ from trace_rl.kernels.linear import hopper_weight  # noqa: E402
 DEV = "cuda"
 BM128 = Wide256Config(block_m=128)
 OLD = ("wide", "w256", "sk_bm128", "sk")
-NEW = ("sk2", "sk2_bm128")
+NEW = ("sk2", "sk2_bm128", "sk2_nooverlap")
 PROBES = ("sk2_nofixup", )
 RATE_TILES = (66, 96, 132)
 
@@ -73,8 +74,8 @@ def launcher(name: str, M: int, fmt: str, sms: int, h0):
     if name in ("sk", "sk_bm128"):
         cfg = BM128 if name.endswith("bm128") else WIDE256
         return lambda x, h: fp4_matmul_wide256_sk(x, h, cfg)
-    if name in ("sk2", "sk2_bm128"):
-        cfg = BM128 if name.endswith("bm128") else WIDE256
+    if name in ("sk2", "sk2_bm128", "sk2_nooverlap"):
+        cfg = {"sk2": WIDE256, "sk2_bm128": BM128, "sk2_nooverlap": replace(WIDE256, overlap=False)}[name]
         return lambda x, h: fp4_matmul_wide256_sk2(x, h, cfg)
     if name == "sk2_nofixup":
         return lambda x, h: fp4_matmul_wide256_sk2(x, h, WIDE256, fixup=False)
