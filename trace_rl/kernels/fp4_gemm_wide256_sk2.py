@@ -67,8 +67,9 @@ def _finish_segment2(acc, t, seg, n_segs, n_tiles, M, N, rf_ptr, out_ptr, part_p
         offs = gl.expand_dims(m_loc, 0) * BN + gl.expand_dims(r_loc, 1)
         if n_segs == 2:
             # peek: 1 = the other segment's partial is stored and released (its ticket below); PEEK=False (tests)
-            # takes the path of two segments finishing together
-            peer = gl.atomic_add(count_ptr + t, 0, sem="acquire", scope="gpu") if PEEK else 0
+            # never sees 1, so takes the path of two segments finishing together (the branch stays a runtime one:
+            # a constant `peer` tripped an assertion in Triton 3.6's LLVM lowering)
+            peer = gl.atomic_add(count_ptr + t, 0, sem="acquire", scope="gpu") + (0 if PEEK else 2)
             if peer == 1:
                 gl.atomic_xchg(count_ptr + t, 0)                # ready for the next launch
                 # (only this path adds in registers: the race path below too made ptxas spill, STACK 1296 bytes)
