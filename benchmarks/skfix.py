@@ -115,9 +115,9 @@ def precompile(Ms: list, fmts: list, workers: int = 10) -> list:
         return [e for e in pool.map(_compile_job, jobs) if e]
 
 
-def clock_under_load(calls: list, seconds: float = 0.25) -> dict:
-    """nvidia-smi's SM clock (MHz), power (W) and throttle reasons sampled while `calls` replay (a CUDA graph queued
-    for ~`seconds`)."""
+def clock_under_load(calls: list, seconds: float = 0.8) -> dict:
+    """nvidia-smi's SM clock (MHz), power (W) and temperature (C) sampled while `calls` replay (a CUDA graph queued
+    for ~`seconds`; nvidia-smi itself takes ~0.1-0.3 s to answer)."""
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         for fn in calls:
@@ -130,13 +130,13 @@ def clock_under_load(calls: list, seconds: float = 0.25) -> dict:
     reps = max(1, int(seconds / max(time.perf_counter() - t, 1e-6)))
     for _ in range(reps):
         g.replay()
-    time.sleep(seconds / 3)
+    time.sleep(0.2)
     try:
         q = subprocess.run(["nvidia-smi", "-i", str(torch.cuda.current_device()),
-                            "--query-gpu=clocks.sm,power.draw,clocks_throttle_reasons.active",
-                            "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=5).stdout
-        sm, power, reasons = (v.strip() for v in q.strip().split(","))
-        out = {"sm_mhz": float(sm), "power_w": float(power), "throttle": reasons}
+                            "--query-gpu=clocks.sm,power.draw,temperature.gpu", "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True, timeout=5).stdout
+        sm, power, temp = (float(v) for v in q.strip().split(","))
+        out = {"sm_mhz": sm, "power_w": power, "temp_c": temp}
     except Exception as e:   # noqa: BLE001 -- a probe: report, do not lose the run
         out = {"error": repr(e)[:200]}
     torch.cuda.synchronize()
