@@ -109,8 +109,9 @@ def precompile(Ms: list, fmts: list, workers: int = 10) -> list:
     from multiprocessing import get_context
 
     jobs = [(f, K, N, M, n) for f in fmts for M in Ms for n in ("sk", "sk_bm128") if timed(n, f) for K, N in SHAPES]
-    jobs += [(f, 1024, 4096, M, n) for f in fmts for M in Ms for n in OLD + NEW + PROBES if not n.startswith("sk_")
-             and n != "sk"]
+    # the rest: one binary per format and token tile (M = 256 and 512 share them), `wide` per M (config_for)
+    jobs += [(f, 1024, 4096, Ms[0], n) for f in fmts for n in OLD + NEW + PROBES if n not in ("wide", "sk", "sk_bm128")]
+    jobs += [(f, 1024, 4096, M, "wide") for f in fmts for M in Ms]
     with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=get_context("spawn")) as pool:
         return [e for e in pool.map(_compile_job, jobs) if e]
 
