@@ -4,7 +4,7 @@
 # current best and the old stream-K, and two probes of why the old stream-K was slow. One H200, python3, torch,
 # Triton 3.6 (device wheels on PYTHONPATH), < 120 s:
 # 0. its GPU tests (tests/kernels/test_fp4_gemm_wide256_sk2.py -m gpu: float64 reference at odd shapes, equal to
-#    the old stream-K at the same grid, the race path, deterministic) in 4 background shards -> OUT/pytest_<i>;
+#    the old stream-K at the same grid, the race path, deterministic) in 6 background shards -> OUT/pytest_<i>;
 #    meanwhile benchmarks/skfix.py --precompile-only -> OUT/precompile.log; the tests are waited for before timing
 # 1. benchmarks/skfix.py -> OUT/skfix.json (+ .log): the `rate` probe (the 256-token grid at split 1 over 66 / 96 /
 #    132 tiles of 4096 x 128, nvidia-smi clock / power under each), then 4096x12288 and 12288x4096 (K x N), M = 256,
@@ -18,12 +18,16 @@
 TESTS=tests/kernels/test_fp4_gemm_wide256_sk2.py
 : > "$OUT/test_ids.txt"
 $PY -m pytest --collect-only -q -p no:cacheprovider $TESTS -m gpu 2>/dev/null | grep "::" > "$OUT/test_ids.txt"
-start_pytest_shards 4 60
-timeout 50 $PY benchmarks/skfix.py --precompile-only --out /dev/null > "$OUT/precompile.log" 2>&1
+start_pytest_shards 6 66
+timeout 55 $PY benchmarks/skfix.py --precompile-only --out /dev/null > "$OUT/precompile.log" 2>&1
 pre_rc=$?
 wait_pytest_shards
+# a CUDA error in the new kernel's tests (sticky: it would poison every later launch of the timing process): time
+# only cuBLAS and the old variants
+no_new=""
+grep -qE "CUDA error|illegal (instruction|memory)|misaligned address" "$OUT"/pytest_*.log 2>/dev/null && no_new=--no-new
 left=$(( 114 - ($(date +%s) - start) ))
-timeout $(( left > 20 ? left : 20 )) $PY benchmarks/skfix.py --out "$OUT/skfix.json" \
+timeout $(( left > 20 ? left : 20 )) $PY benchmarks/skfix.py --out "$OUT/skfix.json" $no_new \
     --budget-s $(( left > 30 ? left - 14 : 15 )) > "$OUT/skfix.log" 2>&1
 bench_rc=$?
 $PY - "$OUT" "$pre_rc" "$bench_rc" "$test_rc" <<'PY'
@@ -31,7 +35,8 @@ import json, os, sys
 sys.path.insert(0, "benchmarks")
 from h200_summary import pytest_shards, tail, write
 out, pre_rc, bench_rc, test_rc = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-s = {"precompile_rc": pre_rc, "bench_rc": bench_rc, "pytest_rc": test_rc,
+s = {"verdict_keys": "points[].meets_0.8 / new_beats_old_every_round / x_cublas; rate.n132_over_n96; wiring",
+     "precompile_rc": pre_rc, "bench_rc": bench_rc, "pytest_rc": test_rc,
      "precompile_tail": [line[:600] for line in tail(out, "precompile.log", 3)]}
 s.update(pytest_shards(out))
 try:
