@@ -6,13 +6,14 @@ grid, stream-K at 128 tokens) and the old stream-K (nvfp4), plus two probes of w
     python benchmarks/skfix.py --out skfix.json [--rounds 3] [--budget-s 60]
     python benchmarks/skfix.py --precompile-only --out /dev/null
 
-Points: (K, N) in gemm_wide256.SHAPES x M = 256, 512 x nvfp4, mxfp4. Variants (`VARIANTS` below): cublas (F.linear on
-bf16 weight copies), OLD = wide (config_for(M)), w256 (the 256-token grid at its auto split), sk_bm128, and sk (the
-old stream-K, 256 tokens); NEW = sk2 (256 tokens), sk2_bm128 (128 tokens), sk2_nooverlap (the old sk was faster
-without overlap: 59.5 against 75.2 us), each at fp4_gemm_wide256_sk2.default_grid;
-the probe sk2_nofixup (every segment stored directly: WRONG split tiles, timing only: what the fix-up costs). Each
-point: every output compared with the wide kernel's (rel_diff_vs_wide), then `rounds` interleaved rounds of CUDA-graph
-medians over weight copies beyond L2 (kernel_baselines: graph_us / interleaved_rounds / round_stats).
+Points: (K, N) in gemm_wide256.SHAPES x M = 256, 512 x nvfp4, mxfp4. Variants (OLD / NEW / PROBES below): cublas
+(F.linear on bf16 weight copies); OLD = wide (config_for(M)), w256 (the 256-token grid at its auto split), sk_bm128,
+sk (the old stream-K at 256 tokens, nvfp4 only); NEW = sk2 (256 tokens), sk2_bm128 (128 tokens), sk2_nooverlap (the
+old sk was faster without overlap: 59.5 against 75.2 us), each at fp4_gemm_wide256_sk2.default_grid, and sk2_allsm
+(nvfp4 only: sk2 on every SM, sk's grid: the fix-up change alone); the probe sk2_nofixup (every segment stored
+directly: WRONG split tiles, timing only: what the fix-up costs). Each point: every output compared with the wide
+kernel's (rel_diff_vs_wide), then `rounds` interleaved rounds of CUDA-graph medians over weight copies beyond L2
+(kernel_baselines: graph_us / interleaved_rounds / round_stats).
 
 Probe `rate` (first, nvfp4, K = 4096, M = 256): the 256-token grid at split 1 over N = 128 x 66 / 96 / 132 tiles (one
 CTA of 32 K steps per tile, no fix-up at all): us per call as the busy SMs grow from 66 to 132. If the 132-tile call
@@ -51,7 +52,7 @@ from trace_rl.kernels.linear import hopper_weight  # noqa: E402
 DEV = "cuda"
 BM128 = Wide256Config(block_m=128)
 OLD = ("wide", "w256", "sk_bm128", "sk")
-NEW = ("sk2", "sk2_bm128", "sk2_nooverlap")
+NEW = ("sk2", "sk2_bm128", "sk2_nooverlap", "sk2_allsm")
 PROBES = ("sk2_nofixup", )
 RATE_TILES = (66, 96, 132)
 
@@ -77,14 +78,16 @@ def launcher(name: str, M: int, fmt: str, sms: int, h0):
     if name in ("sk2", "sk2_bm128", "sk2_nooverlap"):
         cfg = {"sk2": WIDE256, "sk2_bm128": BM128, "sk2_nooverlap": replace(WIDE256, overlap=False)}[name]
         return lambda x, h: fp4_matmul_wide256_sk2(x, h, cfg)
+    if name == "sk2_allsm":      # every SM (sk's grid): the fix-up change without default_grid's choice
+        return lambda x, h: fp4_matmul_wide256_sk2(x, h, WIDE256, grid=sms * WIDE256.ctas_per_sm(WIDE256.tile_m(M)))
     if name == "sk2_nofixup":
         return lambda x, h: fp4_matmul_wide256_sk2(x, h, WIDE256, fixup=False)
     raise ValueError(f"skfix: unknown variant {name!r}")
 
 
 def timed(name: str, fmt: str) -> bool:
-    """The old 256-token stream-K (`sk`, a diagnostic: 0.48x at the issue's shape) only for nvfp4."""
-    return name != "sk" or fmt == "nvfp4"
+    """The diagnostics (the old 256-token stream-K `sk`: 0.48x at the issue's shape; `sk2_allsm`) only for nvfp4."""
+    return name not in ("sk", "sk2_allsm") or fmt == "nvfp4"
 
 
 def _compile_job(job: tuple) -> str:
