@@ -9,8 +9,8 @@
 # 1. benchmarks/skfix.py -> OUT/skfix.json (+ .log): the `rate` probe (the 256-token grid at split 1 over 66 / 96 /
 #    132 tiles of 4096 x 128, nvidia-smi clock / power under each), then 4096x12288 and 12288x4096 (K x N), M = 256,
 #    512, nvfp4 / mxfp4: cuBLAS BF16, OLD = wide / w256 / sk_bm128 / sk (nvfp4), NEW = sk2 / sk2_bm128 /
-#    sk2_nooverlap (+ sk2_allsm, nvfp4), the probe sk2_nofixup (wrong split tiles: timing only); CUDA-graph medians over weight copies
-#    beyond L2, 3 rounds
+#    sk2_nooverlap (+ sk2_allsm, nvfp4), the probe sk2_nofixup (wrong split tiles: timing only); CUDA-graph
+#    medians over weight copies beyond L2, 3 rounds
 # 2. OUT/summary.json: pytest counts / failures; per point x_cublas of each variant (target 0.8: `meets_0.8`),
 #    best_old / best_new, new_beats_old_every_round, fixup_cost_us (sk2 - sk2_nofixup); rate.n132_over_n96 (~1.0:
 #    the old sk's loss was its own; ~1.375: the machine bounds the 256-token tile with every SM busy).
