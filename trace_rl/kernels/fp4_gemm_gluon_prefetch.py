@@ -97,9 +97,14 @@ def check_prefetch_all(name: str, c: GluonConfig, fmt: str, k_padded: int) -> No
                          f"{steps} or raise split_k")
 
 
-# {format: {(padded N, padded K): {M bucket (8: M 1..8, 16: M 9..16): config}}}: module doc. Empty until check
-# `oprojpf` has measured a win (its summary.json's rule_proposal is this dict's line to paste).
-W4A4_PDL_GRID: dict[str, dict[tuple[int, int], dict[int, GluonConfig]]] = {"nvfp4": {}, "mxfp4": {}}
+# {format: {(padded N, padded K): {M bucket (8: M 1..8, 16: M 9..16): config}}}: module doc. Filled from check
+# `oprojpf` (2026-12-03, H200, benchmarks/results/oprojpf_h200_1203d_summary.json; 35 GPU tests passed): o_proj W4A4 /
+# W4A16 at M = 16 nvfp4 1.48 -> 1.14 (pf_k256_split2, 0.77 of the shipped time), mxfp4 1.20 -> 1.07 (pf_k512_split2,
+# 0.89). Bucket 8 stays empty: no candidate won at M = 1 (0.99-1.03 of the shipped time), though they did at M = 4 / 8.
+W4A4_PDL_GRID: dict[str, dict[tuple[int, int], dict[int, GluonConfig]]] = {
+    "nvfp4": {(4096, 4096): {16: PREFETCH_ALL_CANDIDATES["pf_k256_split2"][0]}},
+    "mxfp4": {(4096, 4096): {16: PREFETCH_ALL_CANDIDATES["pf_k512_split2"][0]}},
+}
 
 
 def w4a4_pdl_config(M: int, fmt: str, n_padded: int, k_padded: int) -> GluonConfig | None:
