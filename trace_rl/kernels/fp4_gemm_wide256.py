@@ -230,11 +230,11 @@ def _steps256(w_raw, s_raw, x_bufs, ready, empty, it0, kb0, n, acc, W_LAYOUT: gl
 
 
 @gluon.jit
-def _consumer256(w_bufs, s_bufs, x_bufs, ready, empty, kb_lo, n_iters, BN: gl.constexpr, BM: gl.constexpr,
-                 STAGES: gl.constexpr, OVERLAP: gl.constexpr, MX: gl.constexpr):
-    """Default partition (BN / 16 warps, warp w owning weight rows 16 w ..): per 128-column step, LDS.128 of the
-    words, the step's scale words out of the slot's box (`_step_scale_words`), decode to the register A operand,
-    HGMMA 64xBMx16 x 8 against the activation slot (`_steps256`); returns (acc, )."""
+def _segment256(w_bufs, s_bufs, x_bufs, ready, empty, it0, kb0, n, BN: gl.constexpr, BM: gl.constexpr,
+                STAGES: gl.constexpr, OVERLAP: gl.constexpr, MX: gl.constexpr):
+    """`n` steps from ring position `it0` (K step kb0 + j of the box grid) into a fresh accumulator (`_steps256`),
+    with the consumer's layouts and raw views of the ring: one place for `_consumer256` and the stream-K
+    consumers (fp4_gemm_wide256_sk, _sk2), which call it per tile segment."""
     NW: gl.constexpr = gl.num_warps()
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
     A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
@@ -253,8 +253,17 @@ def _consumer256(w_bufs, s_bufs, x_bufs, ready, empty, kb_lo, n_iters, BN: gl.co
                                                   [4, 3, 2, 1, 0])
         s_raw = s_bufs._reinterpret(gl.int32, [STAGES, BN // 16, 2, 8, 2, 2],
                                     gl.SwizzledSharedLayout(1, 1, 1, [4, 3, 2, 1, 0]))
-    acc = _steps256(w_raw, s_raw, x_bufs, ready, empty, 0, kb_lo, n_iters, gl.zeros([BN, BM], gl.float32, mma),
-                    W_LAYOUT, A_LAYOUT, S_LAYOUT, BN, STAGES, MX, BOX_STEPS, OVERLAP)
+    return _steps256(w_raw, s_raw, x_bufs, ready, empty, it0, kb0, n, gl.zeros([BN, BM], gl.float32, mma),
+                     W_LAYOUT, A_LAYOUT, S_LAYOUT, BN, STAGES, MX, BOX_STEPS, OVERLAP)
+
+
+@gluon.jit
+def _consumer256(w_bufs, s_bufs, x_bufs, ready, empty, kb_lo, n_iters, BN: gl.constexpr, BM: gl.constexpr,
+                 STAGES: gl.constexpr, OVERLAP: gl.constexpr, MX: gl.constexpr):
+    """Default partition (BN / 16 warps, warp w owning weight rows 16 w ..): per 128-column step, LDS.128 of the
+    words, the step's scale words out of the slot's box (`_step_scale_words`), decode to the register A operand,
+    HGMMA 64xBMx16 x 8 against the activation slot (`_steps256`); returns (acc, )."""
+    acc = _segment256(w_bufs, s_bufs, x_bufs, ready, empty, 0, kb_lo, n_iters, BN, BM, STAGES, OVERLAP, MX)
     return (acc, )
 
 

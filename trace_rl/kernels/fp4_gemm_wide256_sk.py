@@ -36,7 +36,7 @@ from trace_rl.kernels.fp4_gemm_wide256 import (
     BK,
     SCALE_BOX_WORDS,
     Wide256Config,
-    _steps256,
+    _segment256,
     checked_inputs,
     shared_layouts,
 )
@@ -139,24 +139,6 @@ def _consumer_sk(w_bufs, s_bufs, x_bufs, ready, empty, lo, hi, G, TOTAL, KB, n_t
                  OVERLAP: gl.constexpr, MX: gl.constexpr, MAXSEG: gl.constexpr):
     """The consumer warpgroups (fp4_gemm_wide256._consumer256's step), over the range's tile segments, each
     finished here; `it0` carries the ring position across segments."""
-    NW: gl.constexpr = gl.num_warps()
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
-    A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-    W_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 2, 2], [1, 1, 8, 4, 1, 1], [NW, 1, 1, 1, 1, 1],
-                                              [5, 4, 3, 2, 1, 0])
-    RAW6: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [5, 4, 3, 2, 1, 0])
-    w_raw = w_bufs._reinterpret(gl.int32, [STAGES, BN // 16, 2, 8, 4, 2, 2], RAW6)
-    if MX:
-        BOX_STEPS: gl.constexpr = 4
-        S_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1], [1, 1, 8, 4], [NW, 1, 1, 1], [3, 2, 1, 0])
-        s_raw = s_bufs._reinterpret(gl.int32, [STAGES, BN // 16, 2, 8, 4],
-                                    gl.SwizzledSharedLayout(1, 1, 1, [3, 2, 1, 0]))
-    else:
-        BOX_STEPS: gl.constexpr = 2
-        S_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 2], [1, 1, 8, 4, 1], [NW, 1, 1, 1, 1],
-                                                  [4, 3, 2, 1, 0])
-        s_raw = s_bufs._reinterpret(gl.int32, [STAGES, BN // 16, 2, 8, 2, 2],
-                                    gl.SwizzledSharedLayout(1, 1, 1, [4, 3, 2, 1, 0]))
     t_first = lo // KB
     it0 = 0
     for t in range(t_first, (hi - 1) // KB + 1):
@@ -164,9 +146,7 @@ def _consumer_sk(w_bufs, s_bufs, x_bufs, ready, empty, lo, hi, G, TOTAL, KB, n_t
         n = gl.minimum(hi, (t + 1) * KB) - k_lo
         # n steps of tile t from ring position it0 (every slot released, every wgmma retired; OVERLAP in pairs:
         # fp4_gemm_wide256._steps256 says why)
-        acc = _steps256(w_raw, s_raw, x_bufs, ready, empty, it0, k_lo - t * KB, n,
-                        gl.zeros([BN, BM], gl.float32, mma), W_LAYOUT, A_LAYOUT, S_LAYOUT, BN, STAGES, MX,
-                        BOX_STEPS, OVERLAP)
+        acc = _segment256(w_bufs, s_bufs, x_bufs, ready, empty, it0, k_lo - t * KB, n, BN, BM, STAGES, OVERLAP, MX)
         it0 += n
         c_first = _cta_of(t * KB, G, TOTAL)
         n_segs = _cta_of(t * KB + KB - 1, G, TOTAL) - c_first + 1
