@@ -61,14 +61,18 @@ PREFETCH_ALL_CANDIDATES: dict[str, tuple[GluonConfig, tuple[str, ...]]] = {
 PREFETCH_ALL_SHAPES = ((4096, 4096), )
 
 
+def _evened_split(kb: int, split: int) -> tuple[int, int]:
+    """(splits, K steps per split) of `split` over kb K steps, evened out so no split is empty: the launcher's
+    arithmetic (fp4_gemm_gluon.launch_grid, not importable here without Gluon)."""
+    s = _cdiv(kb, _cdiv(kb, max(1, min(split, kb))))
+    return s, _cdiv(kb, s)
+
+
 def steps_per_program(c: GluonConfig, fmt: str, k_padded: int) -> int:
-    """K steps each program of `c` (an explicit split) runs on a weight of `k_padded` columns (the launcher's evened
-    split, fp4_gemm_gluon.launch_grid)."""
+    """K steps each program of `c` (an explicit split) runs on a weight of `k_padded` columns (`_evened_split`)."""
     if not c.split_k:
         raise ValueError(f"steps_per_program: {c} has no explicit split_k (the auto split depends on the device)")
-    kb = k_padded // c.bk(fmt)
-    split = _cdiv(kb, _cdiv(kb, min(c.split_k, kb)))
-    return _cdiv(kb, split)
+    return _evened_split(k_padded // c.bk(fmt), c.split_k)[1]
 
 
 def prefetches_all(c: GluonConfig, fmt: str, k_padded: int) -> bool:
@@ -128,7 +132,6 @@ def same_partition(a: GluonConfig, b: GluonConfig, fmt: str, k_padded: int, spli
     def cols(c, split):
         bk = c.bk(fmt)
         kb = k_padded // bk
-        s = _cdiv(kb, _cdiv(kb, min(split, kb)))
-        per = _cdiv(kb, s)
+        s, per = _evened_split(kb, split)
         return [(i * per * bk, min((i + 1) * per, kb) * bk) for i in range(s)]
     return cols(a, a.split_k) == cols(b, b.split_k or split_b or 1)
