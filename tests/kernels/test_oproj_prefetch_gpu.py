@@ -63,7 +63,7 @@ def test_candidate_matches_reference_and_shipped_bits(name, fmt, gen):
 
 @pytest.mark.parametrize("name,fmt", CASES)
 @pytest.mark.parametrize("M", [1, 16])
-def test_w4a4_pdl_path_with_candidate_graph_equals_eager(name, fmt, M, capture, gen, monkeypatch):
+def test_w4a4_pdl_path_with_candidate_graph_equals_direct_launch(name, fmt, M, capture, gen, monkeypatch):
     from trace_rl.formats import per_token
     from trace_rl.kernels import fp4_gemm_gluon
     from trace_rl.kernels.row_quantize import quantize_dequant_bf16
