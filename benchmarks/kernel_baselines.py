@@ -27,6 +27,21 @@ def graph_us(calls: list, reps: int = 15) -> float:
     return graph_median_us(calls, reps)
 
 
+def capture_graph(fn):
+    """(graph, output): `fn` run once on a side stream (its compiles and allocations happen outside the capture,
+    as in the engine's DecodeGraphs), then captured in a CUDA graph, not replayed. The benches' bit checks
+    (w4a4_pdl, oproj_prefetch) and tests/kernels' `capture` fixture all capture through it."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+    return g, out
+
+
 def interleaved_rounds(names, time_one, rounds: int, errors: list, where: str) -> dict:
     """{name: what time_one(name) returned, one per round}: `rounds` rounds over `names`, in their order in even rounds
     and reversed in odd ones (no variant always runs first, on a GPU that is cooler or less warmed up). A failing

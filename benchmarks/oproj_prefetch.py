@@ -91,15 +91,9 @@ def time_variant(name, fmt, M, a, ps) -> float:
 def graph_once(fn):
     """fn captured in a CUDA graph (warmed up on a side stream), replayed once: its output."""
     import torch
+    from kernel_baselines import capture_graph
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = fn()
+    g, out = capture_graph(fn)
     g.replay()
     torch.cuda.synchronize()
     return out.clone()

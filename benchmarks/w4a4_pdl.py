@@ -97,21 +97,12 @@ def check_bits(fn) -> dict:
     for bit (w4a4_producer_pairs.same_bits)."""
     import torch
     import w4a4_producer_pairs as wp
+    from kernel_baselines import capture_graph
 
     eager = fn().clone()
     outs = {}
     for pdl in (False, True):
-        def capture():
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                fn()
-            torch.cuda.current_stream().wait_stream(side)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                out = fn()
-            return g, out
-        g, out = with_switch(pdl, capture)
+        g, out = with_switch(pdl, lambda: capture_graph(fn))
         g.replay()
         torch.cuda.synchronize()
         outs[pdl] = out.clone()

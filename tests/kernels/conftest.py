@@ -14,6 +14,8 @@ if not torch.cuda.is_available():
 
 pytest.importorskip("triton", reason="the kernels need triton (pip install trace-rl[triton])")
 
+from benchmarks.kernel_baselines import capture_graph  # noqa: E402 (after TRITON_INTERPRET is set)
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -33,15 +35,6 @@ def gen() -> torch.Generator:
 @pytest.fixture
 def capture():
     """capture(fn) -> (graph, output): `fn` warmed up once on a side stream (allocations and compiles happen
-    outside the capture, as in the engine), then captured in a CUDA graph."""
-    def run(fn):
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn()
-        torch.cuda.current_stream().wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            out = fn()
-        return g, out
-    return run
+    outside the capture, as in the engine), then captured in a CUDA graph (benchmarks/kernel_baselines.py's
+    capture_graph, which the benches' bit checks use too)."""
+    return capture_graph
