@@ -10,6 +10,8 @@ import sys
 import attention_sass
 import redopdl_summary as R
 
+from tests.benchmarks.test_mxkv_check import junit_xml
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "benchmarks", "redopdl_h200.sh")
 
@@ -32,11 +34,6 @@ def test_registered_and_cases_match_the_gpu_tests():
     assert "--pair-rounds 5" in script and "32x8192," in script
 
 
-def _xml(tests: int, failures: int = 0, skipped: int = 0) -> str:
-    return (f'<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="0" '
-            f'failures="{failures}" skipped="{skipped}" tests="{tests}"></testsuite></testsuites>')
-
-
 def _row(plain: float, pdl: float, rounds: list, identical: bool = True) -> dict:
     return {"format": "mxfp4", "batch": 32, "context": 8192, "roofline_us": 66.0, "gluon": {"us": 111.0},
             "lean": {"us": 96.0}, "checked_lean": {"us": plain, "vs_base": {"base": "lean", "bit_identical": True}},
@@ -49,7 +46,7 @@ def _summary(tmp_path, rows, failed: str = "", skipped: int = 0, cases=("a", "b"
     for c in cases:
         (tmp_path / f"case_{c}.expected").write_text("4\n")
         (tmp_path / f"case_{c}.rc").write_text("1\n" if c == failed else "0\n")
-        (tmp_path / f"case_{c}.xml").write_text(_xml(4, int(c == failed), skipped))
+        (tmp_path / f"case_{c}.xml").write_text(junit_xml(4, int(c == failed), skipped))
     (tmp_path / "attention_sass.json").write_text(json.dumps({"ceilings": {"read_TBps": 4.4}, "rows": rows}))
     R.main([str(tmp_path), "0", *cases])
     return json.load(open(tmp_path / "summary.json"))
