@@ -25,7 +25,6 @@ The JSON is rewritten after every row; past `--budget-s` no new row starts ("ski
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import sys
@@ -319,24 +318,15 @@ def summarize(res: dict) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default="oprojpf.json")
-    ap.add_argument("--budget-s", type=float, default=60.0, help="start no new row after this many seconds")
-    ap.add_argument("--ms", default=",".join(map(str, MS)), help="comma list of row counts (<= 16)")
-    ap.add_argument("--fmts", default=None, help=f"comma list of {list(FMTS)} (default: both)")
-    ap.add_argument("--precompile-only", action="store_true")
-    ap.add_argument("--precompile-timeout-s", type=float, default=40.0)
-    ap.add_argument("--workers", type=int, default=12, help="precompile processes")
-    args = ap.parse_args()
-    if args.precompile_only:
-        import gemm_compute as gcb
-        import w4a4_producers as wprod
+    import w4a4_producers as wprod
 
-        jobs = compile_jobs(wprod.parse_list(args.fmts, FMTS), wprod.parse_list(args.ms, (), int))
-        return gcb.precompile_exit(lambda: gcb.precompile(workers=args.workers, jobs=jobs, job_fn=_compile_job,
-                                                          timeout_s=args.precompile_timeout_s))
-    measure(args)
-    return 0
+    def precompile_rows(_pairs, fmts, ms, timeout_s, workers):
+        import gemm_compute as gcb
+
+        return gcb.precompile(workers=workers, jobs=compile_jobs(fmts, ms), job_fn=_compile_job, timeout_s=timeout_s)
+
+    return wprod.run_cli(__doc__, "oprojpf.json", None, FMTS, MS, precompile_rows, measure,
+                         ms_help="comma list of row counts (<= 16)")
 
 
 if __name__ == "__main__":

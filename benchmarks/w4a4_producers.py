@@ -207,14 +207,15 @@ def measure(args) -> None:
 
 def run_cli(doc: str, out: str, pairs, fmts, ms: list[int], precompile_rows, measure_rows,
             ms_help: str = "comma list of row counts") -> int:
-    """The command line this bench and w4a4_pdl.py share (the same flags and defaults; `out`: --out's default, `pairs`
-    / `fmts`: what --pairs / --fmts take, `ms`: --ms's default). --precompile-only: precompile_rows(pairs, fmts, ms,
-    timeout_s, workers) -> (errors, hung) on the parsed lists, printed with its time, exit 1 on any error or hung job;
-    else measure_rows(args)."""
+    """The command line this bench, w4a4_pdl.py and oproj_prefetch.py share (the same flags and defaults; `out`:
+    --out's default, `pairs` / `fmts`: what --pairs / --fmts take (pairs None: no --pairs flag, precompile_rows gets
+    []), `ms`: --ms's default). --precompile-only: precompile_rows(pairs, fmts, ms, timeout_s, workers) -> (errors,
+    hung) on the parsed lists, printed with its time, exit 1 on any error or hung job; else measure_rows(args)."""
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--out", default=out)
     ap.add_argument("--budget-s", type=float, default=60.0, help="start no new row after this many seconds")
-    ap.add_argument("--pairs", default=None, help=f"comma list of {list(pairs)} (default: all)")
+    if pairs is not None:
+        ap.add_argument("--pairs", default=None, help=f"comma list of {list(pairs)} (default: all)")
     ap.add_argument("--ms", default=",".join(map(str, ms)), help=ms_help)
     ap.add_argument("--fmts", default=None, help=f"comma list of {list(fmts)} (default: both)")
     ap.add_argument("--precompile-only", action="store_true")
@@ -224,7 +225,8 @@ def run_cli(doc: str, out: str, pairs, fmts, ms: list[int], precompile_rows, mea
     if args.precompile_only:
         import gemm_compute as gcb
 
-        rows = parse_list(args.pairs, pairs), parse_list(args.fmts, fmts), parse_list(args.ms, (), int)
+        rows = (parse_list(args.pairs, pairs) if pairs is not None else [], parse_list(args.fmts, fmts),
+                parse_list(args.ms, (), int))
         return gcb.precompile_exit(lambda: precompile_rows(*rows, args.precompile_timeout_s, args.workers))
     measure_rows(args)
     return 0

@@ -1,4 +1,4 @@
-"""The command line benchmarks/w4a4_pdl.py and benchmarks/w4a4_producers.py share (w4a4_producers.run_cli): each
+"""The command line benchmarks/w4a4_pdl.py, w4a4_producers.py and oproj_prefetch.py share (w4a4_producers.run_cli): each
 script's flags and defaults, and --precompile-only's rows and exit code, with the measurement and the precompile
 stubbed (CPU; what they run is tested in test_w4a4_pdl.py / test_w4a4_producers.py)."""
 
@@ -43,3 +43,40 @@ def test_precompile_only_rows(monkeypatch):
     assert _run(w4a4_pdl, ["--precompile-only", "--ms", "16"], monkeypatch, ([], ["hung"]))[0] == 1
     with pytest.raises(SystemExit, match="not among"):
         _run(w4a4_pdl, ["--precompile-only", "--pairs", "layer_input"], monkeypatch)
+
+
+def test_oproj_prefetch_cli(monkeypatch):
+    """benchmarks/oproj_prefetch.py's command line: the same flags and defaults without --pairs; --precompile-only
+    hands gemm_compute.precompile its compile jobs, timeout and workers (stubbed), exit 1 on an error or hung job."""
+    import gemm_compute
+    import oproj_prefetch
+
+    seen = {}
+    monkeypatch.setattr(oproj_prefetch, "measure", lambda args: seen.setdefault("measure", vars(args)))
+
+    def precompile(**kw):
+        seen["precompile"] = kw
+        return seen.get("result", ([], []))
+
+    monkeypatch.setattr(gemm_compute, "precompile", precompile)
+
+    def run(argv):
+        seen.clear()
+        monkeypatch.setattr(sys, "argv", ["oproj_prefetch.py", *argv])
+        return oproj_prefetch.main()
+
+    assert run([]) == 0 and "precompile" not in seen
+    assert seen["measure"] == {k: v for k, v in DEFAULTS.items() if k != "pairs"} | {"out": "oprojpf.json",
+                                                                                      "ms": "1,4,8,16"}
+    assert run(["--precompile-only", "--ms", "4,16", "--fmts", "mxfp4", "--precompile-timeout-s", "5",
+                "--workers", "3"]) == 0 and "measure" not in seen
+    assert seen["precompile"] == {"workers": 3, "jobs": oproj_prefetch.compile_jobs(["mxfp4"], [4, 16]),
+                                  "job_fn": oproj_prefetch._compile_job, "timeout_s": 5.0}
+    seen["result"] = ([], ["hung"])
+    monkeypatch.setattr(sys, "argv", ["oproj_prefetch.py", "--precompile-only"])
+    assert oproj_prefetch.main() == 1
+    assert seen["precompile"]["jobs"] == oproj_prefetch.compile_jobs(["nvfp4", "mxfp4"], [1, 4, 8, 16])
+    with pytest.raises(SystemExit):
+        run(["--pairs", "o_proj"])                       # no --pairs: one fixed shape
+    with pytest.raises(SystemExit, match="not among"):
+        run(["--precompile-only", "--fmts", "fp8"])
