@@ -18,6 +18,7 @@ import torch
 
 from tests.gpu_marks import gpu36
 from tests.kernels._compare import rel_err as _rel
+from tests.kernels.test_fp4_gemm_gluon_mid_m import _split
 from tests.kernels.test_fp4_gemm_gluon_small_grid import _ref, _weight
 from trace_rl.kernels import fp4_gemm_gluon_prefetch as pf
 from trace_rl.kernels import linear
@@ -28,13 +29,6 @@ pytestmark = gpu36 + [pytest.mark.filterwarnings("ignore:invalid value:RuntimeWa
                       pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning")]
 
 CASES = [(name, fmt) for name, (_, fmts) in PREFETCH_ALL_CANDIDATES.items() for fmt in fmts]
-
-
-def _auto_split(c, h, M, fmt):
-    from trace_rl.kernels.fp4_gemm_gluon import _sm_count, launch_grid
-
-    bm = c.tile_m(M)
-    return launch_grid(M, h.padded, c, bm, c.bk(fmt), lambda: _sm_count(0) * c.ctas_per_sm(bm, fmt))[3]
 
 
 @pytest.mark.parametrize("name,fmt", CASES)
@@ -53,7 +47,7 @@ def test_candidate_matches_reference_and_shipped_bits(name, fmt, gen):
         y = fp4_matmul_gluon(xq, h, c, row_scale=rs, pdl=True)
         assert y.shape == (M, 4096) and _rel(y, _ref(xq, packed, rs)) < 1e-2, M
         base = shipped_w4a4_config(M, fmt, *h.padded)
-        if same_partition(c, base, fmt, 4096, _auto_split(base, h, M, fmt)):
+        if same_partition(c, base, fmt, 4096, _split(M, h, base)):
             assert torch.equal(y, fp4_matmul_gluon(xq, h, base, row_scale=rs, pdl=True)), M
     packed = _weight(200, 1536, fmt, gen, "cuda")       # a partial row tile; 6 / 3 K steps: the split evened out
     x = torch.randn(5, 1536, generator=gen).to(torch.bfloat16).cuda()
