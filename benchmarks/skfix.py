@@ -221,7 +221,7 @@ def summarize(res: dict) -> dict:
     return out
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--M", default="256,512")
@@ -238,10 +238,10 @@ def main() -> None:
     Ms = [int(m) for m in args.M.split(",")]
     fmts = args.formats.split(",")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    if args.precompile_only:
-        errs = precompile(Ms, fmts)
-        print({"precompile_s": round(time.time() - start, 1), "errors": errs}, flush=True)
-        return
+    if args.precompile_only:   # exit 1 on any compile error, so skfix_h200.sh's precompile_rc reports it
+        from gemm_compute import precompile_exit
+
+        return precompile_exit(lambda: (precompile(Ms, fmts), []))
     res = {"env": run_env(torch.cuda.get_device_name(0), sms=sms), "points": [], "skipped": [], "errors": [],
            "new_timed": not args.no_new}
     save = json_saver(res, args.out)
@@ -293,7 +293,8 @@ def main() -> None:
                 print({k: pt[k] for k in ("fmt", "K", "N", "M", "us")}, flush=True)
     res["total_s"] = round(time.time() - start, 1)
     save()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
