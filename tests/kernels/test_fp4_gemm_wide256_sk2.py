@@ -41,7 +41,8 @@ def test_default_grid():
 
 
 def _finish_two(order):
-    """The two-segment finish of fp4_gemm_wide256_sk2._finish_segment2 as atomic steps, run in `order` (a sequence
+    """A pure-Python MODEL of fp4_gemm_wide256_sk2._finish_segment2's two-segment finish (the protocol, not the kernel:
+    the GPU tests check the kernel), as atomic steps run in `order` (a sequence
     of segment ids, each id once per step of that segment: 4 steps each at most). Returns (tile outputs written,
     the counter afterwards)."""
     mem = {"count": 0, "part": {}, "out": []}
